@@ -1,0 +1,94 @@
+"""pip_check: the dependency closure, by `python -m pip check`, parsed into structured problems."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from . import capture
+
+# The three lines pip check writes (pip/_internal/commands/check.py).
+MISSING = re.compile(r"^(?P<project>\S+) (?P<version>\S+) requires (?P<requirement>.+), which is not installed\.$")
+CONFLICT = re.compile(
+    r"^(?P<project>\S+) (?P<version>\S+) has requirement (?P<requirement>.+), "
+    r"but you have (?P<dependency>\S+) (?P<installed>\S+)\.$"
+)
+UNSUPPORTED = re.compile(r"^(?P<project>\S+) (?P<version>\S+) is not supported on this platform\.?$")
+CLEAN = "No broken requirements found."
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse(output: str):
+    problems, unparsed = [], []
+    for line in output.splitlines():
+        line = line.strip()
+        if not line or line == CLEAN:
+            continue
+        m = MISSING.match(line)
+        if m:
+            problems.append(dict(kind="missing", line=line, **m.groupdict()))
+            continue
+        m = CONFLICT.match(line)
+        if m:
+            problems.append(dict(kind="conflict", line=line, **m.groupdict()))
+            continue
+        m = UNSUPPORTED.match(line)
+        if m:
+            problems.append(dict(kind="unsupported_platform", line=line, **m.groupdict()))
+            continue
+        unparsed.append(line)
+    return problems, unparsed
+
+
+def summarize(p: dict) -> str:
+    if p["kind"] == "missing":
+        return "%s %s requires %s (not installed)" % (p["project"], p["version"], p["requirement"])
+    if p["kind"] == "conflict":
+        return "%s %s requires %s, has %s %s" % (
+            p["project"],
+            p["version"],
+            p["requirement"],
+            p["dependency"],
+            p["installed"],
+        )
+    return "%s %s is not supported on this platform" % (p["project"], p["version"])
+
+
+def run(params: dict) -> dict:
+    done = capture.run(
+        [sys.executable, "-m", "pip", "check"], timeout=capture.child_timeout(), new_group=False
+    )
+    out, err = done.out.text(), done.err.text()
+    data = {"returncode": done.returncode, "python": sys.executable}
+    if "No module named pip" in err:
+        return {
+            "status": "ERROR",
+            "detail": "pip is not installed for %s; install pip in the image or drop the pip_check stage"
+            % sys.executable,
+            "data": data,
+        }
+    problems, unparsed = parse(out)
+    ignore = set(normalize(n) for n in params.get("ignore", []))
+    for p in problems:
+        p["ignored"] = normalize(p["project"]) in ignore
+    data.update(problems=problems, unparsed=unparsed)
+    counted = [p for p in problems if not p["ignored"]]
+    if done.returncode == 0 and not problems and CLEAN in out:
+        return {"status": "PASS", "detail": "no broken requirements", "data": data}
+    if done.returncode == 0 and not counted and problems:
+        return {"status": "PASS", "detail": "%d problems, all ignored by the pipeline" % len(problems), "data": data}
+    if counted:
+        text = "; ".join(summarize(p) for p in counted)
+        return {"status": "FAIL", "detail": "%d problems: %s" % (len(counted), text), "data": data}
+    if done.returncode != 0 and problems:  # only ignored ones, but pip still failed
+        return {"status": "PASS", "detail": "%d problems, all ignored by the pipeline" % len(problems), "data": data}
+    # pip failed and said nothing we understand: never a PASS.
+    last = (unparsed or err.strip().splitlines() or ["no output"])[-1]
+    return {
+        "status": "ERROR",
+        "detail": "pip check exited %s with output imagegate could not parse: %s" % (done.returncode, last[:300]),
+        "data": data,
+    }

@@ -1,0 +1,45 @@
+"""One stage in its own process: run the probe, write its result JSON to the path given."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+from . import controller
+
+
+def main(argv) -> int:
+    sid, result_path = argv[0], argv[1]
+    plan = controller.load_plan(controller.bundle_path())
+    stage = [s for s in plan["stages"] if s["id"] == sid][0]
+    try:
+        probe = _probe(stage["probe"])
+        result = probe.run(stage.get("params", {}))
+    except Exception as e:  # a probe bug is an ERROR of the stage, with the traceback as evidence
+        result = {
+            "status": "ERROR",
+            "detail": "probe raised %s: %s" % (type(e).__name__, str(e)[:300]),
+            "data": {"traceback": traceback.format_exc()},
+        }
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def _probe(name):
+    if name == "pip_check":
+        from . import pip_check as mod
+    elif name == "find_spec":
+        from . import find_spec as mod
+    elif name == "cli":
+        from . import cli as mod
+    elif name == "av_roundtrip":
+        from . import av_roundtrip as mod
+    else:
+        raise ValueError("unknown in-image probe %r" % name)
+    return mod
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

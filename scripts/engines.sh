@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs (if missing) and starts a Docker engine, Podman's Docker-compatible API service.
+# Idempotent: an engine that already answers is left alone. PIDs go to $IMAGEGATE_STATE (default
+# /run/imagegate-ci) so they can be stopped by PID, never by name.
+set -euo pipefail
+state=${IMAGEGATE_STATE:-/run/imagegate-ci}
+mkdir -p "$state"
+
+need_pkgs=()
+command -v dockerd >/dev/null || need_pkgs+=(docker.io)
+command -v podman >/dev/null || need_pkgs+=(podman)
+command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
+command -v skopeo >/dev/null || need_pkgs+=(skopeo)
+command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
+command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
+command -v pigz >/dev/null || need_pkgs+=(pigz)
+if [ -f "$(dirname "$0")/../.ci/apt-packages.txt" ]; then
+  while read -r pkg; do
+    case "$pkg" in ''|'#'*) continue;; esac
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+  done < "$(dirname "$0")/../.ci/apt-packages.txt"
+fi
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "engines: installing ${need_pkgs[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+wait_for() {  # wait_for SECONDS CMD...
+  local n=$1; shift
+  for _ in $(seq 1 "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 1; done
+  return 1
+}
+
+if ! docker -H unix:///var/run/docker.sock version >/dev/null 2>&1; then
+  # No CAP_SYS_RESOURCE here (lowered ulimits), cgroup v1/hybrid (cgroupfs), no bridge/iptables.
+  nohup dockerd --host unix:///var/run/docker.sock \
+    --iptables=false --ip6tables=false --bridge=none \
+    --exec-opt native.cgroupdriver=cgroupfs \
+    --default-ulimit nofile=4096:4096 --default-ulimit nproc=4096:4096 \
+    --data-root /var/lib/docker --pidfile /var/run/docker.pid \
+    >"$state/dockerd.log" 2>&1 &
+  echo $! >"$state/dockerd.pid"
+  wait_for 60 docker -H unix:///var/run/docker.sock version || { tail -20 "$state/dockerd.log" >&2; exit 1; }
+fi
+
+mkdir -p /etc/containers
+if ! grep -q imagegate /etc/containers/containers.conf 2>/dev/null; then
+  cat >/etc/containers/containers.conf <<'CONF'
+# written by imagegate scripts/engines.sh: crun fails on this host's hybrid cgroups; runc works
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+CONF
+fi
+if ! curl -sf --unix-socket /run/podman.sock http://d/_ping >/dev/null 2>&1; then
+  rm -f /run/podman.sock
+  nohup podman system service --time=0 unix:///run/podman.sock >"$state/podman.log" 2>&1 &
+  echo $! >"$state/podman.pid"
+  wait_for 30 curl -sf --unix-socket /run/podman.sock http://d/_ping || { tail -20 "$state/podman.log" >&2; exit 1; }
+fi
+echo "engines: docker $(docker -H unix:///var/run/docker.sock version -f '{{.Server.Version}}'), podman API on /run/podman.sock" >&2

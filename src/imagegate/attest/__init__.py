@@ -1,0 +1,2 @@
+"""Attestations: the in-toto Statement with the acceptance predicate (DSSE signing, keys and
+verification live beside it)."""

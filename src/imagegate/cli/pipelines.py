@@ -1,0 +1,65 @@
+"""Commands: pipelines list / show / schema."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from imagegate import pipeline
+from imagegate.cli._app import app, fail
+from imagegate.errors import ImagegateError
+from imagegate.pipeline.schema import pipeline_schema_text
+
+pipelines_app = typer.Typer(
+    help="Built-in pipelines and the pipeline file format.\n\n"
+    "Examples:\n\n  imagegate pipelines list\n\n  imagegate pipelines show vllm\n\n"
+    "  imagegate pipelines schema > pipeline.schema.json",
+    no_args_is_help=True,
+)
+app.add_typer(pipelines_app, name="pipelines")
+
+
+@pipelines_app.command("list")
+def list_() -> None:
+    """List the built-in pipelines (use the name with `run -p NAME`)."""
+    table = Table("name", "version", "stages", "description")
+    for name in pipeline.builtin_names():
+        p = pipeline.load(name).pipeline
+        table.add_row(name, p.version, ", ".join(s.id for s in p.stages), (p.description or "").strip().split("\n")[0])
+    Console().print(table)
+
+
+@pipelines_app.command("show")
+def show(name: str = typer.Argument(..., help="A built-in name or a pipeline file.")) -> None:
+    """Print a pipeline's YAML after validating it.
+
+    Example: imagegate pipelines show vllm
+    """
+    try:
+        loaded = pipeline.load(name)
+    except ImagegateError as e:
+        raise fail(e) from e
+    typer.echo(loaded.text, nl=False)
+
+
+@pipelines_app.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of the pipeline file (apiVersion imagegate/v1).
+
+    Example: imagegate pipelines schema > pipeline.schema.json
+    """
+    typer.echo(pipeline_schema_text(), nl=False)
+
+
+@pipelines_app.command("validate")
+def validate(path: str = typer.Argument(..., help="A pipeline file.")) -> None:
+    """Validate a pipeline file; errors name the file, the line and the key.
+
+    Example: imagegate pipelines validate my-pipeline.yaml
+    """
+    try:
+        loaded = pipeline.load(path)
+    except ImagegateError as e:
+        raise fail(e) from e
+    typer.echo(f"{path}: valid ({loaded.pipeline.name}, {len(loaded.pipeline.stages)} stages)")

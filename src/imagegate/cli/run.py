@@ -1,0 +1,99 @@
+"""Command: run."""
+
+from __future__ import annotations
+
+import enum
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+import typer
+from rich.console import Console
+
+from imagegate import runner
+from imagegate.cli._app import app, fail
+from imagegate.drivers.interface import Driver
+from imagegate.errors import ImagegateError, UsageError
+from imagegate.model import exit_code
+from imagegate.report import console as console_report
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def _sigterm(_signum: int, _frame: FrameType | None) -> None:
+    # Turn SIGTERM (CI cancelling the job) into the same path as Ctrl-C: containers get removed.
+    raise KeyboardInterrupt
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  imagegate run myorg/vllm:0.11 -p vllm\n\n"
+    "  imagegate run app:latest -p python -m numpy -m av --format json > statement.json\n\n"
+    "  imagegate run app:latest -p ./my-pipeline.yaml --require-complete\n\n"
+    "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
+    "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
+    "--require-complete), 2 could not decide (ERROR), 3 usage or input error."
+)
+def run(
+    image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
+    pipeline: str = typer.Option("python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang) or a YAML file."),
+    module: list[str] = typer.Option([], "--module", "-m", help="Module for the find_spec stage (repeatable)."),
+    out: Path = typer.Option(Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."),
+    require_complete: bool = typer.Option(False, "--require-complete", help="A deferred verdict exits 1."),
+    timeout: float = typer.Option(None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."),
+    memory: str = typer.Option("8g", "--memory", help="Container memory limit."),
+    here: bool = typer.Option(False, "--here", help="Run in this environment instead of a container (local driver)."),
+    python: str = typer.Option(None, "--python", help="With --here: the interpreter to run the probes with."),
+    source: str = typer.Option(None, "--source", help="For the layers stage: read the image from this transport."),
+    expect_config: str = typer.Option(None, "--expect-config", help="For the layers stage: the official config digest."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
+) -> None:
+    """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
+    err = Console(stderr=True)
+    notify = (lambda _m: None) if quiet or fmt is Format.json else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]"))
+    try:
+        if image is None and not here:
+            raise UsageError("no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment")
+        if python and not here:
+            raise UsageError("--python goes with --here", hint="in a container the image's own python is used")
+        driver: Driver
+        if here:
+            from imagegate.drivers.local import LocalDriver
+
+            driver = LocalDriver(python)
+        else:
+            from imagegate.drivers.docker import DockerDriver
+
+            driver = DockerDriver(memory=memory)
+        opts = runner.RunOptions(
+            pipeline=pipeline,
+            modules=module,
+            out=out,
+            timeout=timeout,
+            source=source,
+            expect_config=expect_config,
+        )
+        if threading_main():
+            signal.signal(signal.SIGTERM, _sigterm)
+        record = runner.run(image or "local", driver, opts, notify)
+    except ImagegateError as e:
+        raise fail(e) from e
+    except KeyboardInterrupt:
+        print("imagegate: interrupted; the container was removed", file=sys.stderr)
+        raise typer.Exit(130) from None
+    if fmt is Format.json:
+        sys.stdout.write(runner.statement_json(record) + "\n")
+    else:
+        console_report.render(record, Console())
+    raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

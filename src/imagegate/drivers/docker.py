@@ -1,0 +1,255 @@
+"""The docker driver: Docker Engine or Podman through the Docker API (the SDK honours
+DOCKER_HOST). The bundle is streamed through the container's stdin into its tmpfs /tmp: this
+works with a read-only root, remote engines and Podman alike (put_archive into a read-only root
+is refused, and bind mounts need the file on the engine's host).
+
+Sandbox: no network, all capabilities dropped, no new privileges, read-only root, pids and
+memory limits, GPUs hidden; the container is removed on every path."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import docker
+import docker.errors
+
+from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer
+from imagegate.errors import EngineError, UsageError
+from imagegate.model import ImageFacts
+
+LABEL = "io.imagegate.run"
+
+# Runs first in the image's python: read "<length>\n<zip bytes>" from stdin, check the sha256,
+# write the bundle to the tmpfs and exec it. Python 3.8+ standard library.
+LOADER = (
+    "import hashlib,os,sys,tempfile\n"
+    "r=sys.stdin.buffer\n"
+    "n=int(r.readline())\n"
+    "b=r.read(n)\n"
+    "if len(b)!=n or hashlib.sha256(b).hexdigest()!=sys.argv[1]:\n"
+    " sys.stderr.write('imagegate: bundle transfer incomplete (%d of %d bytes)\\n'%(len(b),n));sys.exit(97)\n"
+    "d=tempfile.mkdtemp(prefix='imagegate-bundle-')\n"
+    "p=os.path.join(d,'imagegate.pyz')\n"
+    "f=open(p,'wb');f.write(b);f.close()\n"
+    "os.execv(sys.executable,[sys.executable,p]+sys.argv[2:])\n"
+)
+
+HIDDEN_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void", "TMPDIR": "/tmp"}
+
+
+def _not_found(err: Exception) -> bool:
+    text = str(err).lower()
+    return "not found" in text or "no such file" in text
+
+
+class DockerDriver:
+    name = "docker"
+
+    def __init__(self, *, memory: str = "8g", pids: int = 4096, tmpfs_size: str = "1g") -> None:
+        try:
+            self.client = docker.from_env(timeout=120)
+            self.client.ping()
+        except docker.errors.DockerException as e:
+            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+            raise EngineError(
+                f"container engine at {host}: not reachable ({e})",
+                hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
+            ) from e
+        self.memory = memory
+        self.pids = pids
+        self.tmpfs_size = tmpfs_size
+        self._env: dict[str, Any] | None = None
+
+    def environment(self) -> dict[str, Any]:
+        if self._env is None:
+            v = self.client.version()
+            names = [c.get("Name", "") for c in v.get("Components", [])]
+            engine = "podman" if any("podman" in n.lower() for n in names) else "docker"
+            self._env = {
+                "driver": self.name,
+                "engine": engine,
+                "engine_version": v.get("Version"),
+                "api_version": v.get("ApiVersion"),
+                "os": v.get("Os"),
+                "arch": v.get("Arch"),
+                "docker_host": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+            }
+        return self._env
+
+    def resolve(self, reference: str) -> ImageFacts:
+        try:
+            attrs = self.client.api.inspect_image(reference)
+        except docker.errors.ImageNotFound as e:
+            raise UsageError(
+                f"image {reference}: not found in the {self.environment()['engine']} engine",
+                hint=f"build it, or pull it first (docker pull {reference}); imagegate runs what the engine has",
+            ) from e
+        except docker.errors.APIError as e:
+            if e.status_code is not None and 400 <= e.status_code < 500:
+                raise UsageError(f"image reference {reference!r}: {e.explanation or e}") from e
+            raise EngineError(f"inspecting image {reference}: {e}") from e
+        image_id = attrs["Id"] if attrs["Id"].startswith("sha256:") else "sha256:" + attrs["Id"]
+        repo_digests = tuple(attrs.get("RepoDigests") or ())
+        manifest_digest = None
+        repository = None
+        if repo_digests:
+            repository, _, manifest_digest = repo_digests[0].partition("@")
+        else:
+            repository = _repository_of(reference)
+        plat = "/".join(x for x in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if x)
+        return ImageFacts(
+            reference=reference,
+            config_digest=image_id,
+            manifest_digest=manifest_digest,
+            repo_digests=repo_digests,
+            platform=plat or None,
+            repository=repository,
+        )
+
+    def run_bundle(
+        self, image: ImageFacts, bundle: bytes, bundle_sha256: str, interpreters: list[str], deadline_s: float
+    ) -> BundleRun:
+        deadline = time.monotonic() + deadline_s
+        tried: list[str] = []
+        last_error = ""
+        for interpreter in interpreters:
+            tried.append(interpreter)
+            result = self._run_once(image, bundle, bundle_sha256, interpreter, deadline)
+            if result is not None:
+                result.tried = tried
+                return result
+            last_error = f"{interpreter}: not found in the image"
+        return BundleRun(
+            b"",
+            b"",
+            None,
+            tried=tried,
+            error=f"no python interpreter in the image (tried {', '.join(tried)}): {last_error}",
+        )
+
+    def _run_once(
+        self, image: ImageFacts, bundle: bytes, sha: str, interpreter: str, deadline: float
+    ) -> BundleRun | None:
+        """None when the interpreter does not exist in the image."""
+        api = self.client.api
+        host_config = api.create_host_config(
+            network_mode="none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size}"},
+            pids_limit=self.pids,
+            mem_limit=self.memory,
+        )
+        container = api.create_container(
+            image.config_digest or image.reference,
+            entrypoint=[interpreter, "-c", LOADER, sha],
+            stdin_open=True,
+            stdin_once=True,
+            tty=False,
+            environment=HIDDEN_GPU_ENV,
+            labels={LABEL: "1"},
+            host_config=host_config,
+            network_disabled=True,
+        )
+        cid = container["Id"]
+        out, err = CappedBuffer(STDOUT_CAP), CappedBuffer(STDERR_CAP)
+        timed_out = False
+        sock: Any = None
+        try:
+            sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            raw: socket.socket = getattr(sock, "_sock", sock)
+            try:
+                api.start(cid)
+            except docker.errors.APIError as e:
+                if _not_found(e):
+                    return None
+                raise EngineError(f"starting a container of {image.reference}: {e}") from e
+            raw.sendall(b"%d\n" % len(bundle) + bundle)
+            timed_out = not _read_frames(raw, out, err, deadline)
+            exit_code = None if timed_out else self._wait_exit(cid, deadline)
+            if exit_code is None:
+                timed_out = True
+            if exit_code == 127 and not out.total and b"not found" in err.value().lower():
+                return None  # podman reports a missing executable as exit 127 on some paths
+            return BundleRun(
+                out.value(),
+                err.value(),
+                exit_code,
+                timed_out=timed_out,
+                interpreter=interpreter,
+                stdout_total=out.total,
+                stderr_total=err.total,
+                error="overall deadline reached; container killed" if timed_out else None,
+                facts={"container_id": cid, "memory": self.memory, "pids_limit": self.pids},
+            )
+        except docker.errors.APIError as e:
+            raise EngineError(f"running {image.reference}: {e}") from e
+        finally:
+            if sock is not None:
+                with contextlib.suppress(Exception):
+                    sock.close()
+            self._remove(cid)
+
+    def _wait_exit(self, cid: str, deadline: float) -> int | None:
+        # wait(timeout=) is only an HTTP timeout (ConnectionError on a unix socket): poll instead.
+        while time.monotonic() < deadline:
+            state = self.client.api.inspect_container(cid)["State"]
+            if not state.get("Running"):
+                code = state.get("ExitCode")
+                return int(code) if code is not None else None
+            time.sleep(0.05)
+        return None
+
+    def _remove(self, cid: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            try:
+                self.client.api.remove_container(cid, force=True, v=True)
+            except docker.errors.APIError as e:
+                if "removal of container" in str(e) and "already in progress" in str(e):
+                    return
+                raise
+
+
+def _read_frames(raw: socket.socket, out: CappedBuffer, err: CappedBuffer, deadline: float) -> bool:
+    """Demultiplex the attach stream (8-byte headers: stream id, size) until EOF.
+    False when the deadline passed first."""
+    pending = bytearray()
+    sinks = {1: out, 2: err}
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        raw.settimeout(min(remaining, 1.0))
+        try:
+            chunk = raw.recv(1 << 20)
+        except (TimeoutError, socket.timeout):
+            continue
+        except OSError:
+            return True
+        if not chunk:
+            return True
+        pending += chunk
+        while len(pending) >= 8:
+            stream, size = struct.unpack(">BxxxL", pending[:8])
+            if len(pending) < 8 + size:
+                break
+            sink = sinks.get(stream)
+            if sink is not None:
+                sink.feed(bytes(pending[8 : 8 + size]))
+            del pending[: 8 + size]
+
+
+def _repository_of(reference: str) -> str | None:
+    if reference.startswith("sha256:"):
+        return None
+    name = reference.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return name

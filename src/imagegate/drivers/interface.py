@@ -1,0 +1,62 @@
+"""Where a bundle runs. A driver resolves the image once, runs the bundle with the image's own
+interpreter under a deadline, and returns the raw output; it never interprets events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from imagegate.model import ImageFacts
+
+# What the runner keeps of the controller's output: events are small (stage output is capped
+# inside), so this only bounds what a misbehaving image could push at us.
+STDOUT_CAP = 64 * 1024 * 1024
+STDERR_CAP = 1024 * 1024
+
+
+@dataclass
+class BundleRun:
+    stdout: bytes
+    stderr: bytes
+    exit_code: int | None  # None: killed or never started
+    timed_out: bool = False
+    interpreter: str | None = None  # the one that started
+    tried: list[str] = field(default_factory=list)
+    error: str | None = None  # why nothing (or not everything) ran, in words
+    stdout_total: int = 0
+    stderr_total: int = 0
+    facts: dict[str, Any] = field(default_factory=dict)  # e.g. container id, limits
+
+
+class Driver(Protocol):
+    name: str
+
+    def environment(self) -> dict[str, Any]:
+        """Engine name, version, API version, OS/arch; what the attestation records."""
+        ...
+
+    def resolve(self, reference: str) -> ImageFacts:
+        """Raise UsageError when the image does not exist."""
+        ...
+
+    def run_bundle(
+        self, image: ImageFacts, bundle: bytes, bundle_sha256: str, interpreters: list[str], deadline_s: float
+    ) -> BundleRun: ...
+
+
+class CappedBuffer:
+    """Keeps at most `cap` bytes (the head), counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buf = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap - len(self.buf)
+        if room > 0:
+            self.buf += chunk[:room]
+
+    def value(self) -> bytes:
+        return bytes(self.buf)

@@ -1,0 +1,104 @@
+"""The local driver (`run --here`): the bundle runs with this environment's interpreter (or
+--python PATH). It is what runs inside a Pod, and on any machine or virtual environment."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer
+from imagegate.errors import UsageError
+from imagegate.model import ImageFacts
+
+
+class LocalDriver:
+    name = "local"
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python
+
+    def environment(self) -> dict[str, Any]:
+        return {
+            "driver": self.name,
+            "engine": None,
+            "host": platform.node(),
+            "os": platform.system().lower(),
+            "arch": platform.machine(),
+        }
+
+    def resolve(self, reference: str) -> ImageFacts:
+        # No image: the environment itself is under test. The reference (e.g. the Pod's image)
+        # is recorded as given; its digest comes from elsewhere (pod collect, --expect-config).
+        return ImageFacts(reference=reference, config_digest=None)
+
+    def run_bundle(
+        self, image: ImageFacts, bundle: bytes, bundle_sha256: str, interpreters: list[str], deadline_s: float
+    ) -> BundleRun:
+        candidates = [self.python] if self.python else [sys.executable, *interpreters]
+        tried: list[str] = []
+        exe = None
+        for cand in candidates:
+            tried.append(cand)
+            exe = cand if os.path.sep in cand and os.access(cand, os.X_OK) else shutil.which(cand)
+            if exe:
+                break
+        if not exe:
+            if self.python:
+                raise UsageError(f"--python {self.python}: not an executable", hint="give a python interpreter")
+            return BundleRun(b"", b"", None, tried=tried, error=f"no python interpreter (tried {', '.join(tried)})")
+        with tempfile.TemporaryDirectory(prefix="imagegate-local-") as tmp:
+            path = Path(tmp) / "imagegate.pyz"
+            path.write_bytes(bundle)
+            return _run(
+                [exe, str(path)], deadline_s, interpreter=exe, tried=tried, env=dict(os.environ)
+            )
+
+
+
+def _pump(stream: IO[bytes], sink: CappedBuffer) -> None:
+    while chunk := stream.read1(1 << 16):
+        sink.feed(chunk)
+
+
+def _run(argv: list[str], deadline_s: float, *, interpreter: str, tried: list[str], env: dict[str, str]) -> BundleRun:
+    out, err = CappedBuffer(STDOUT_CAP), CappedBuffer(STDERR_CAP)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    pumps = [threading.Thread(target=_pump, args=(s, b), daemon=True) for s, b in ((proc.stdout, out), (proc.stderr, err))]
+    for t in pumps:
+        t.start()
+    timed_out = False
+    start = time.monotonic()
+    try:
+        proc.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for t in pumps:
+        t.join(timeout=5)
+    return BundleRun(
+        out.value(),
+        err.value(),
+        None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        interpreter=interpreter,
+        tried=tried,
+        stdout_total=out.total,
+        stderr_total=err.total,
+        error="overall deadline reached; process group killed" if timed_out else None,
+        facts={"wall_s": round(time.monotonic() - start, 3)},
+    )

@@ -1,0 +1,119 @@
+"""Results as data: stage statuses, tokens, the verdict and its exit code (DESIGN.md)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Side = Literal["inside", "outside"]
+
+
+class Status(str, enum.Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"  # the check ran and the image is wrong
+    ERROR = "ERROR"  # the check could not run (timeout, crash, missing interpreter)
+    DEFERRED = "DEFERRED"  # needs something this environment lacks (e.g. a GPU)
+    SKIPPED = "SKIPPED"  # a stage it needs did not pass
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class EvidenceFile:
+    """A file in the attempt folder, path relative to it."""
+
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass
+class StageResult:
+    id: str
+    probe: str
+    side: Side
+    status: Status
+    detail: str
+    duration_s: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+    evidence: list[EvidenceFile] = field(default_factory=list)
+
+    @property
+    def token(self) -> str:
+        return token(self.id, self.status)
+
+
+def token(stage_id: str, status: Status) -> str:
+    return f"{stage_id.upper()}_{status.value}"
+
+
+def verdict(stages: Iterable[StageResult]) -> str:
+    """FAIL > ERROR > PASS; deferred stages (none failed or errored) give
+    CPU_PASS_<IDS>_DEFERRED, e.g. CPU_PASS_GPU_CLI_DEFERRED. A run where nothing ran is ERROR:
+    an empty pipeline proves nothing."""
+    stages = list(stages)
+    if not stages:
+        return "ERROR"
+    statuses = {s.status for s in stages}
+    if Status.FAIL in statuses:
+        return "FAIL"
+    if Status.ERROR in statuses:
+        return "ERROR"
+    deferred = [s.id.upper() for s in stages if s.status is Status.DEFERRED]
+    if not deferred:
+        if all(s.status is Status.SKIPPED for s in stages):
+            return "ERROR"
+        return "PASS"
+    return "CPU_PASS_" + "_".join(deferred) + "_DEFERRED"
+
+
+EXIT_ACCEPTED = 0
+EXIT_REJECTED = 1
+EXIT_UNDECIDED = 2
+EXIT_USAGE = 3
+
+
+def exit_code(verdict_token: str, *, require_complete: bool = False) -> int:
+    if verdict_token == "PASS":
+        return EXIT_ACCEPTED
+    if verdict_token == "FAIL":
+        return EXIT_REJECTED
+    if verdict_token == "ERROR":
+        return EXIT_UNDECIDED
+    if verdict_token.endswith("_DEFERRED"):
+        return EXIT_REJECTED if require_complete else EXIT_ACCEPTED
+    raise ValueError(f"unknown verdict {verdict_token!r}")
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What the driver learned about the image it ran. `config_digest` is the image ID
+    (sha256 of the config blob); `manifest_digest` is known only for pushed/pulled images."""
+
+    reference: str
+    config_digest: str | None
+    manifest_digest: str | None = None
+    repo_digests: tuple[str, ...] = ()
+    platform: str | None = None
+    repository: str | None = None
+
+
+@dataclass
+class RunRecord:
+    """Everything one attempt produced; the attestation and every report are built from it."""
+
+    attempt_id: str
+    attempt_dir: str
+    pipeline: Mapping[str, Any]  # name, version, sha256, source
+    plan: Mapping[str, Any]
+    image: ImageFacts
+    environment: dict[str, Any]  # driver, engine, gpu, python, ...
+    stages: list[StageResult]
+    started_at: str
+    finished_at: str
+    verdict: str
+    imagegate_version: str
+    bundle_sha256: str | None = None

@@ -1,0 +1,125 @@
+"""The pipeline file (apiVersion imagegate/v1): a strict, versioned list of stages."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from imagegate.pipeline.params import (
+    AvRoundtripParams,
+    CliParams,
+    FindSpecParams,
+    LayersParams,
+    PipCheckParams,
+)
+
+API_VERSION = "imagegate/v1"
+INSIDE_PROBES = ("pip_check", "find_spec", "cli", "av_roundtrip")
+OUTSIDE_PROBES = ("layers",)
+Requirement = Literal["gpu"]
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from 90, 90.5, "90s", "5m", "1h", "500ms"."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '90s', '5m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value.strip())):
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    else:
+        raise ValueError(f"{value!r} is not a duration (use seconds, or '90s', '5m', '1h')")
+    if seconds <= 0:
+        raise ValueError("a duration must be positive")
+    return seconds
+
+
+class _StageBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$", description="Unique; upper-cased in tokens.")
+    description: str | None = None
+    needs: list[str] = Field(default_factory=list, description="Earlier stages that must PASS first.")
+    requires: list[Requirement] = Field(
+        default_factory=list,
+        description="Capabilities the stage needs; where missing it is DEFERRED (and still run for the record).",
+    )
+    timeout: float = Field(default=300.0, description="Seconds, or '90s', '5m'.")
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: object) -> float:
+        return parse_duration(v)
+
+    @property
+    def side(self) -> Literal["inside", "outside"]:
+        return "outside" if self.probe in OUTSIDE_PROBES else "inside"  # type: ignore[attr-defined]
+
+
+class PipCheckStage(_StageBase):
+    probe: Literal["pip_check"]
+    with_: PipCheckParams = Field(default_factory=PipCheckParams, alias="with")
+
+
+class FindSpecStage(_StageBase):
+    probe: Literal["find_spec"]
+    with_: FindSpecParams = Field(default_factory=FindSpecParams, alias="with")
+
+
+class CliStage(_StageBase):
+    probe: Literal["cli"]
+    with_: CliParams = Field(alias="with")
+
+
+class AvRoundtripStage(_StageBase):
+    probe: Literal["av_roundtrip"]
+    with_: AvRoundtripParams = Field(default_factory=AvRoundtripParams, alias="with")
+
+
+class LayersStage(_StageBase):
+    probe: Literal["layers"]
+    with_: LayersParams = Field(default_factory=LayersParams, alias="with")
+
+
+Stage = Annotated[
+    PipCheckStage | FindSpecStage | CliStage | AvRoundtripStage | LayersStage,
+    Field(discriminator="probe"),
+]
+
+
+class Pipeline(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, title="imagegate pipeline")
+
+    apiVersion: Literal["imagegate/v1"]  # noqa: N815  (the file's key)
+    kind: Literal["Pipeline"] = "Pipeline"
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    version: str = Field(default="1", description="The pipeline's own version, recorded in attestations.")
+    description: str | None = None
+    python: str | None = Field(
+        default=None, description="The image's interpreter; default: the first of python3, python."
+    )
+    stop_on_fail: bool = Field(default=False, description="Skip the remaining stages after a FAIL.")
+    stages: list[Stage] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _graph(self) -> Pipeline:
+        seen: dict[str, str] = {}
+        for stage in self.stages:
+            if stage.id in seen:
+                raise ValueError(f"stage id {stage.id!r} is used twice; ids must be unique")
+            for need in stage.needs:
+                if need not in seen:
+                    raise ValueError(
+                        f"stage {stage.id!r} needs {need!r}, which is not an earlier stage "
+                        f"(earlier: {', '.join(seen) or 'none'})"
+                    )
+                if stage.side == "inside" and seen[need] == "outside":
+                    raise ValueError(
+                        f"stage {stage.id!r} runs in the image and cannot need the outside stage {need!r}"
+                    )
+            seen[stage.id] = stage.side
+        return self

@@ -1,0 +1,127 @@
+"""Parameters of each probe (`with:` in a pipeline stage). Strict: unknown keys are errors."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PipCheckParams(Params):
+    ignore: list[str] = Field(
+        default_factory=list,
+        description="Distribution names whose problems are reported but do not fail the stage.",
+    )
+
+
+class FindSpecParams(Params):
+    modules: list[str] = Field(
+        default_factory=list, description="Module names; `--module` on the command line adds more."
+    )
+    allow_namespace: list[str] = Field(
+        default_factory=list,
+        description="Modules that may legitimately be namespace packages (e.g. `nvidia`); other "
+        "namespace-only hits fail, since any stray folder on sys.path satisfies them.",
+    )
+
+    @field_validator("modules", "allow_namespace")
+    @classmethod
+    def _dotted(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+                raise ValueError(f"{name!r} is not a dotted module name")
+        return v
+
+
+class VersionCase(Params):
+    when: str = Field(description="Version specifier, e.g. '>=0.11' or '>=0.9,<0.11'.")
+    args: list[str]
+    command: list[str] | None = Field(default=None, description="Replaces the stage's target for this case.")
+    module: str | None = Field(default=None, description="Replaces the stage's target for this case.")
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> VersionCase:
+        if self.command and self.module:
+            raise ValueError("give command or module, not both")
+        return self
+
+    @field_validator("when")
+    @classmethod
+    def _spec(cls, v: str) -> str:
+        for part in v.split(","):
+            if not re.fullmatch(r"\s*(==|!=|>=|<=|>|<)\s*\d+(\.\d+)*\s*", part):
+                raise ValueError(f"{v!r}: use comparisons like '>=0.11' or '>=0.9,<0.11'")
+        return v
+
+
+class ArgsByVersion(Params):
+    distribution: str = Field(description="Installed distribution whose version picks the case.")
+    cases: list[VersionCase] = Field(min_length=1)
+
+
+class CliParams(Params):
+    command: list[str] | None = Field(
+        default=None,
+        description="argv; argv[0] is a console script (run in-process through its entry point, so "
+        "a platform override applies) or an executable on PATH.",
+    )
+    module: str | None = Field(default=None, description="Run as `python -m MODULE ARGS`.")
+    entry_point: str | None = Field(default=None, description="`package.module:function`.")
+    args: list[str] = Field(default_factory=list, description="Arguments after the command.")
+    args_by_version: ArgsByVersion | None = Field(
+        default=None, description="Pick `args` by the installed version of a distribution."
+    )
+    platform: str | None = Field(
+        default=None, description="Built-in platform override run before the CLI builds its parser: vllm-cpu."
+    )
+    platform_code: str | None = Field(
+        default=None, description="Python code run in the CLI's process before it starts."
+    )
+    platform_checked_against: list[str] = Field(
+        default_factory=list, description="Versions the override was checked against (recorded as evidence)."
+    )
+    expect_exit: int = 0
+    stdout_regex: str | None = None
+    stderr_regex: str | None = None
+    record_raw: bool = Field(
+        default=False, description="Also run without the override and keep that output as evidence."
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> CliParams:
+        given = [n for n in ("command", "module", "entry_point") if getattr(self, n)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of command, module, entry_point")
+        if self.platform and self.platform_code:
+            raise ValueError("give platform or platform_code, not both")
+        if self.platform and self.platform not in PLATFORM_OVERRIDES:
+            raise ValueError(f"unknown platform {self.platform!r}; built-in: {', '.join(PLATFORM_OVERRIDES)}")
+        for rx in (self.stdout_regex, self.stderr_regex):
+            if rx is not None:
+                re.compile(rx)
+        return self
+
+
+PLATFORM_OVERRIDES = ("vllm-cpu",)
+
+
+class AvRoundtripParams(Params):
+    frames: int = Field(default=8, ge=1, le=1000)
+    width: int = Field(default=64, ge=16, le=4096)
+    height: int = Field(default=64, ge=16, le=4096)
+    codec: str = "mpeg4"
+
+
+class LayersParams(Params):
+    expect_config_digest: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="The official config digest; --expect-config overrides it.",
+    )
+    platform: str | None = Field(default=None, description="For an index: os/arch[/variant].")

@@ -1,0 +1,1 @@
+"""How results are written: console table, JSON (the statement), and more formats."""

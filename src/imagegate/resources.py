@@ -1,0 +1,27 @@
+"""Where the files shipped beside the code are: probes/, pipelines/, manifests/ at the project
+root in a checkout, or under imagegate/_data/ in an installed wheel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_HERE = Path(__file__).parent
+
+
+def _dir(name: str) -> Path:
+    installed = _HERE / "_data" / name
+    if installed.is_dir():
+        return installed
+    return _HERE.parent.parent / name
+
+
+def probes_dir() -> Path:
+    return _dir("probes")
+
+
+def pipelines_dir() -> Path:
+    return _dir("pipelines")
+
+
+def manifests_dir() -> Path:
+    return _dir("manifests")

@@ -1,0 +1,246 @@
+"""One acceptance run: plan → bundle → driver → events → stage results → outside stages →
+verdict → evidence and statement. Outcomes are data; only setup problems raise."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imagegate import __version__, bundle, pipeline, plan as planning, protocol
+from imagegate.attest.statement import build_statement
+from imagegate.drivers.interface import BundleRun, Driver
+from imagegate.evidence import Attempt, sha256_file
+from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
+from imagegate.outside import OutsideContext, Outcome, load_outside_probe
+from imagegate.pipeline.model import Pipeline
+
+STARTUP_SLACK_S = 60.0  # container start + interpreter start + bundle transfer
+
+
+@dataclass
+class RunOptions:
+    pipeline: str
+    modules: Sequence[str] = ()
+    out: Path = Path("imagegate-runs")
+    timeout: float | None = None  # overall; default: the stages' timeouts added up + slack
+    source: str | None = None
+    expect_config: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Notify = Callable[[str], None]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
+    loaded = pipeline.load(opts.pipeline)
+    full_plan = planning.build_plan(loaded, modules=opts.modules)
+    inside = planning.inside_plan(full_plan)
+    bun = bundle.build(inside)
+    image = driver.resolve(reference)
+    env = dict(driver.environment())
+    attempt = Attempt(opts.out, image)
+    notify(f"attempt {attempt.dir}")
+    started = _now()
+    attempt.write("pipeline.yaml", loaded.text)
+    attempt.write_json("plan.json", full_plan)
+    attempt.write("bundle.pyz", bun.data)
+
+    results: list[StageResult] = []
+    run_facts: dict[str, Any] = {}
+    if inside["stages"]:
+        interpreters = [loaded.pipeline.python] if loaded.pipeline.python else ["python3", "python"]
+        deadline = opts.timeout or sum(s["timeout"] for s in inside["stages"]) + STARTUP_SLACK_S
+        notify(f"running {len(inside['stages'])} stages in {reference} ({env.get('engine') or env['driver']})")
+        t0 = time.monotonic()
+        br = driver.run_bundle(image, bun.data, bun.sha256, interpreters, deadline)
+        run_facts = {
+            "interpreter": br.interpreter,
+            "interpreters_tried": br.tried,
+            "exit_code": br.exit_code,
+            "timed_out": br.timed_out,
+            "error": br.error,
+            "wall_s": round(time.monotonic() - t0, 3),
+            "stdout_bytes": br.stdout_total,
+            "stderr_bytes": br.stderr_total,
+            **br.facts,
+        }
+        attempt.write("controller.stdout.jsonl", br.stdout)
+        attempt.write("controller.stderr.log", br.stderr)
+        events = protocol.parse(br.stdout)
+        if events.start:
+            env["python"] = events.start.get("python")
+            env["gpu"] = events.start.get("gpu")
+            env["in_image"] = {k: events.start.get(k) for k in ("executable", "platform", "uid", "home_redirected_to")}
+        results += inside_results(inside, events, br, attempt)
+    results += outside_results(full_plan, loaded.pipeline, image, driver, opts, attempt, results, notify)
+    attempt.write_json("run.json", {"driver": env, "bundle_sha256": bun.sha256, "run": run_facts})
+    record = RunRecord(
+        attempt_id=attempt.id,
+        attempt_dir=str(attempt.dir),
+        pipeline=full_plan["pipeline"],
+        plan=full_plan,
+        image=image,
+        environment=env,
+        stages=results,
+        started_at=started,
+        finished_at=_now(),
+        verdict=verdict(results),
+        imagegate_version=__version__,
+        bundle_sha256=bun.sha256,
+    )
+    statement = build_statement(record)
+    attempt.write_json("statement.json", statement)
+    attempt.append_index(
+        {
+            "attempt": attempt.id,
+            "verdict": record.verdict,
+            "reference": reference,
+            "pipeline": full_plan["pipeline"]["name"],
+            "finished": record.finished_at,
+        }
+    )
+    return record
+
+
+def _cut_reason(br: BundleRun, events: protocol.Events) -> str:
+    if br.error and br.exit_code is None and not br.timed_out:
+        return br.error
+    if br.timed_out:
+        return br.error or "overall deadline reached"
+    if events.start is None:
+        tail = br.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        return f"the controller did not start (exit {br.exit_code}): {tail[0][:300]}"
+    return f"the run was cut: no end event (exit {br.exit_code})"
+
+
+def inside_results(
+    inside: dict[str, Any], events: protocol.Events, br: BundleRun, attempt: Attempt
+) -> list[StageResult]:
+    out: list[StageResult] = []
+    cut = None if events.end is not None else _cut_reason(br, events)
+    for n, stage in enumerate(inside["stages"], 1):
+        sid = stage["id"]
+        ev = events.stages.get(sid)
+        if ev is None:
+            # Missing `end` means the run was cut: stages that did not report are ERROR.
+            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, cut or "stage did not report"))
+            continue
+        try:
+            status = Status(ev.get("status"))
+        except ValueError:
+            status = Status.ERROR
+        folder = f"stages/{n:02d}-{sid}"
+        files = [
+            attempt.write(f"{folder}/stdout.txt", ev.get("stdout", "")),
+            attempt.write(f"{folder}/stderr.txt", ev.get("stderr", "")),
+        ]
+        for name, text in sorted((ev.get("artifacts") or {}).items()):
+            safe = Path(str(name)).name  # never a path from inside the image
+            files.append(attempt.write(f"{folder}/{safe}", str(text)))
+        data = dict(ev.get("data") or {})
+        for key in ("ran_for_record", "stdout_bytes", "stderr_bytes"):
+            if key in ev:
+                data[key] = ev[key]
+        files.append(
+            attempt.write_json(
+                f"{folder}/result.json",
+                {"id": sid, "status": status.value, "detail": ev.get("detail", ""), "data": data},
+            )
+        )
+        out.append(
+            StageResult(
+                sid,
+                stage["probe"],
+                "inside",
+                status,
+                str(ev.get("detail", "")),
+                float(ev.get("duration_s") or 0.0),
+                data,
+                files,
+            )
+        )
+    return out
+
+
+def outside_results(
+    full_plan: dict[str, Any],
+    pipe: Pipeline,
+    image: ImageFacts,
+    driver: Driver,
+    opts: RunOptions,
+    attempt: Attempt,
+    earlier: list[StageResult],
+    notify: Notify,
+) -> list[StageResult]:
+    by_id = {s.id: s for s in pipe.stages}
+    done = {r.id: r for r in earlier}
+    out: list[StageResult] = []
+    failed_before = any(r.status is Status.FAIL for r in earlier)
+    offset = len(earlier)
+    for n, stage in enumerate([s for s in full_plan["stages"] if s["side"] == "outside"], offset + 1):
+        sid = stage["id"]
+        unmet = [x for x in stage["needs"] if done.get(x) is None or done[x].status is not Status.PASS]
+        if unmet or (pipe.stop_on_fail and failed_before):
+            why = (
+                "needs " + ", ".join(f"{x} is {done[x].status.value if x in done else 'not run'}" for x in unmet)
+                if unmet
+                else "stop_on_fail: an earlier stage failed"
+            )
+            res = StageResult(sid, stage["probe"], "outside", Status.SKIPPED, why)
+        else:
+            folder = Path(f"stages/{n:02d}-{sid}")
+            (attempt.dir / folder).mkdir(parents=True, exist_ok=False)
+            ctx = OutsideContext(
+                image=image,
+                driver=driver.name,
+                stage_dir=attempt.dir / folder,
+                source=opts.source,
+                expect_config_digest=opts.expect_config,
+                docker_client=getattr(driver, "client", None),
+                inside_results=dict(done),
+                options=dict(opts.extra),
+            )
+            notify(f"outside stage {sid} ({stage['probe']})")
+            t0 = time.monotonic()
+            try:
+                outcome = load_outside_probe(stage["probe"])(ctx, by_id[sid].with_)
+            except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
+                outcome = Outcome(Status.ERROR, f"{type(e).__name__}: {e}")
+            files = []
+            for p in sorted((attempt.dir / folder).rglob("*")):
+                if p.is_file():
+                    rel = str(p.relative_to(attempt.dir))
+                    files.append(EvidenceFile(rel, sha256_file(p), p.stat().st_size))
+            files.append(
+                attempt.write_json(
+                    f"{folder}/result.json",
+                    {"id": sid, "status": outcome.status.value, "detail": outcome.detail, "data": outcome.data},
+                )
+            )
+            res = StageResult(
+                sid,
+                stage["probe"],
+                "outside",
+                outcome.status,
+                outcome.detail,
+                time.monotonic() - t0,
+                outcome.data,
+                files,
+            )
+        out.append(res)
+        done[sid] = res
+        failed_before = failed_before or res.status is Status.FAIL
+    return out
+
+
+def statement_json(record: RunRecord) -> str:
+    return json.dumps(build_statement(record), indent=2, sort_keys=True)
