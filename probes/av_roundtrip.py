@@ -25,7 +25,7 @@ def run(params: dict) -> dict:
     try:
         import av
     except ImportError as e:
-        return {"status": "FAIL", "detail": "the image lacks PyAV: import av failed: %s" % e, "data": {}}
+        return {"status": "FAIL", "detail": f"the image lacks PyAV: import av failed: {e}", "data": {}}
     data = {"av_version": getattr(av, "__version__", None), "codec": codec, "width": width, "height": height}
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as out:

@@ -3,6 +3,7 @@ prints 100 MB costs a few hundred KiB of memory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,14 +104,10 @@ def run(argv, timeout=None, env=None, cwd=None, cap: int = DEFAULT_CAP, new_grou
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _kill(proc: subprocess.Popen) -> None:

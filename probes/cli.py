@@ -91,12 +91,18 @@ def pick_args(params: dict, data: dict):
     version = dist_version(by["distribution"])
     data["version_choice"] = {"distribution": by["distribution"], "version": version}
     if version is None:
-        return None, params, "%s is not installed, so no arguments can be picked for it" % by["distribution"]
+        return (
+            None,
+            params,
+            "{} is not installed, so no arguments can be picked for it".format(by["distribution"]),
+        )
     for case in by["cases"]:
         if versions.matches(version, case["when"]):
             data["version_choice"].update(when=case["when"], args=case["args"], note=case.get("note"))
             if case.get("command") or case.get("module"):
-                params = dict(params, command=case.get("command"), module=case.get("module"), entry_point=None)
+                params = dict(
+                    params, command=case.get("command"), module=case.get("module"), entry_point=None
+                )
             return list(case["args"]), params, None
     data["version_choice"].update(when=None, args=args, note="no case matched; default args")
     return args, params, None
@@ -105,25 +111,29 @@ def pick_args(params: dict, data: dict):
 def build(params: dict, args, override):
     """-> (argv to execute, how) or raises LookupError with a reason."""
     if params.get("module"):
-        spec = {"kind": "module", "target": params["module"], "argv": [params["module"]] + args}
+        spec = {"kind": "module", "target": params["module"], "argv": [params["module"], *args]}
     elif params.get("entry_point"):
-        spec = {"kind": "entry_point", "target": params["entry_point"], "argv": [params["entry_point"]] + args}
+        spec = {
+            "kind": "entry_point",
+            "target": params["entry_point"],
+            "argv": [params["entry_point"], *args],
+        }
     else:
         command = list(params["command"])
         target = console_script(command[0])
         if target is None:
             if override:
                 raise LookupError(
-                    "%s is not a console script of any installed distribution; a platform override "
-                    "needs one (or use module/entry_point)" % command[0]
+                    f"{command[0]} is not a console script of any installed distribution; a platform override "
+                    "needs one (or use module/entry_point)"
                 )
             exe = shutil.which(command[0])
             if exe is None:
-                raise LookupError("%s: not found on PATH nor as a console script" % command[0])
-            return [exe] + command[1:] + args, "executable %s" % exe
+                raise LookupError(f"{command[0]}: not found on PATH nor as a console script")
+            return [exe, *command[1:], *args], f"executable {exe}"
         spec = {"kind": "entry_point", "target": target, "argv": command + args}
     spec["override"] = override
-    how = "%s %s in-process" % (spec["kind"].replace("_", " "), spec["target"])
+    how = "{} {} in-process".format(spec["kind"].replace("_", " "), spec["target"])
     return [sys.executable, "-c", BOOTSTRAP, json.dumps(spec)], how
 
 
@@ -166,25 +176,35 @@ def run(params: dict) -> dict:
     data.update(returncode=done.returncode, timed_out=done.timed_out, stdout_bytes=done.out.total)
     cmd = " ".join(shown)
     if done.timed_out:
-        return {"status": "FAIL", "detail": "%s: timed out" % cmd, "data": data, "artifacts": artifacts}
+        return {"status": "FAIL", "detail": f"{cmd}: timed out", "data": data, "artifacts": artifacts}
     problems = []
     if done.returncode != params.get("expect_exit", 0):
         reason = last_exception(err, out)
         problems.append(
-            "exit %s (expected %s)%s" % (done.returncode, params.get("expect_exit", 0), ": " + reason if reason else "")
+            "exit {} (expected {}){}".format(
+                done.returncode, params.get("expect_exit", 0), ": " + reason if reason else ""
+            )
         )
     for key, text in (("stdout_regex", out), ("stderr_regex", err)):
         rx = params.get(key)
         if rx and not re.search(rx, text, re.MULTILINE):
-            problems.append("%s %r did not match" % (key.split("_")[0], rx))
+            problems.append("{} {!r} did not match".format(key.split("_")[0], rx))
     suffix = ""
     if data.get("platform"):
-        suffix = " (platform %s)" % data["platform"]
+        suffix = " (platform {})".format(data["platform"])
     vc = data.get("version_choice")
     if vc:
-        suffix += "; %s %s" % (vc["distribution"], vc["version"])
+        suffix += "; {} {}".format(vc["distribution"], vc["version"])
     if problems:
-        return {"status": "FAIL", "detail": "%s: %s%s" % (cmd, "; ".join(problems), suffix), "data": data,
-                "artifacts": artifacts}
-    return {"status": "PASS", "detail": "%s: exit %s%s" % (cmd, done.returncode, suffix), "data": data,
-            "artifacts": artifacts}
+        return {
+            "status": "FAIL",
+            "detail": "{}: {}{}".format(cmd, "; ".join(problems), suffix),
+            "data": data,
+            "artifacts": artifacts,
+        }
+    return {
+        "status": "PASS",
+        "detail": f"{cmd}: exit {done.returncode}{suffix}",
+        "data": data,
+        "artifacts": artifacts,
+    }

@@ -8,13 +8,13 @@ stable mount path keeps pointing at the current files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shutil
 import sys
 import tempfile
-import time
 import traceback
 
 from . import capture
@@ -44,10 +44,8 @@ def load_plan(path: str) -> dict:
 
 def gpu_facts() -> dict:
     devices = []
-    try:
+    with contextlib.suppress(OSError):
         devices = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
-    except OSError:
-        pass
     nvd = os.environ.get("NVIDIA_VISIBLE_DEVICES")
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     hidden = nvd in ("void", "none", "") or cvd == ""
@@ -74,7 +72,11 @@ def main(argv=None) -> int:
 
 def run_plan(argv) -> int:
     bundle = bundle_path()
-    plan = load_plan(bundle) if not argv else json.load(open(argv[0]))
+    if argv:  # a plan file given explicitly (debugging a bundle by hand)
+        with open(argv[0]) as f:
+            plan = json.load(f)
+    else:
+        plan = load_plan(bundle)
     work = tempfile.mkdtemp(prefix="imagegate-")
     cwd = os.path.join(work, "cwd")  # empty: no stray folder can satisfy find_spec from here
     os.mkdir(cwd)
@@ -125,12 +127,12 @@ def run_stage(stage, plan, statuses, capabilities, stopped_by, bundle, work, cwd
     sid = stage["id"]
     base = {"event": "stage", "id": sid, "probe": stage["probe"], "duration_s": 0.0}
     if stopped_by is not None:
-        return dict(base, status="SKIPPED", detail="stop_on_fail: %s failed" % stopped_by)
+        return dict(base, status="SKIPPED", detail=f"stop_on_fail: {stopped_by} failed")
     unmet_needs = [n for n in stage.get("needs", []) if statuses.get(n) != "PASS"]
     if unmet_needs:
-        why = ", ".join("%s is %s" % (n, statuses.get(n, "not run")) for n in unmet_needs)
+        why = ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
         return dict(base, status="SKIPPED", detail="needs " + why)
-    result_path = os.path.join(work, "result-%s.json" % sid)
+    result_path = os.path.join(work, f"result-{sid}.json")
     stage_env = dict(env)
     stage_env.update(stage.get("env", {}))
     stage_env["IMAGEGATE_STAGE_TIMEOUT"] = str(stage["timeout"])
@@ -143,7 +145,7 @@ def run_stage(stage, plan, statuses, capabilities, stopped_by, bundle, work, cwd
             cap=STAGE_OUTPUT_CAP,
         )
     except OSError as e:
-        return dict(base, status="ERROR", detail="could not start the stage: %s" % e)
+        return dict(base, status="ERROR", detail=f"could not start the stage: {e}")
     event = dict(base, duration_s=round(done.duration, 3))
     event["stdout"] = done.out.text()
     event["stderr"] = done.err.text()
@@ -157,11 +159,11 @@ def run_stage(stage, plan, statuses, capabilities, stopped_by, bundle, work, cwd
         except ValueError:
             result = None
     if done.timed_out:
-        event.update(status="ERROR", detail="timed out after %gs (killed)" % stage["timeout"])
+        event.update(status="ERROR", detail="timed out after {:g}s (killed)".format(stage["timeout"]))
     elif result is None:
         last = [ln for ln in event["stderr"].splitlines() if ln.strip()][-1:] or ["no output"]
         event.update(
-            status="ERROR", detail="probe exited %s without a result: %s" % (done.returncode, last[0][:300])
+            status="ERROR", detail=f"probe exited {done.returncode} without a result: {last[0][:300]}"
         )
     else:
         event.update(status=result["status"], detail=result.get("detail", ""))
@@ -172,7 +174,7 @@ def run_stage(stage, plan, statuses, capabilities, stopped_by, bundle, work, cwd
         # Ran for the record: its outcome is evidence, not a verdict, on a host without them.
         event["ran_for_record"] = {"status": event["status"], "detail": event["detail"]}
         event["status"] = "DEFERRED"
-        event["detail"] = "requires %s, not present here; ran for the record: %s" % (
+        event["detail"] = "requires {}, not present here; ran for the record: {}".format(
             ", ".join(unmet),
             event["ran_for_record"]["detail"] or event["ran_for_record"]["status"],
         )

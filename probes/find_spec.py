@@ -8,6 +8,7 @@ namespace-only hits are reported as such (and fail unless the pipeline allows th
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -23,10 +24,8 @@ def _distributions_of(name: str):
     mapping = getattr(md, "packages_distributions", None)
     if mapping is not None:  # Python >= 3.10
         for dist_name in mapping().get(top, []):
-            try:
+            with contextlib.suppress(Exception):
                 found.append({"name": dist_name, "version": md.version(dist_name)})
-            except Exception:
-                pass
         return found
     for dist in md.distributions():  # Python 3.8/3.9: look at each distribution's files
         try:
@@ -54,7 +53,7 @@ def check(name: str, allow_namespace) -> dict:
         rec.update(
             found=False,
             error={"type": type(e).__name__, "message": str(e)[:2000]},
-            reason="importing %s raised %s: %s" % (parent, type(e).__name__, str(e)[:300]),
+            reason=f"importing {parent} raised {type(e).__name__}: {str(e)[:300]}",
         )
         return rec
     if spec is None:
@@ -70,7 +69,7 @@ def check(name: str, allow_namespace) -> dict:
         if len(dists) > 1:
             rec["distributions"] = dists
     if namespace and name not in allow_namespace:
-        rec["reason"] = "only a namespace package (no __init__.py), from %s" % ", ".join(locations)
+        rec["reason"] = "only a namespace package (no __init__.py), from {}".format(", ".join(locations))
     return rec
 
 
@@ -84,9 +83,9 @@ def run(params: dict) -> dict:
     namespace_only = [r for r in records if r["found"] and r.get("reason")]
     data = {"modules": records, "cwd": os.getcwd(), "sys_path": sys.path}
     if missing or namespace_only:
-        parts = ["%s: %s" % (r["module"], r["reason"]) for r in missing + namespace_only]
+        parts = ["{}: {}".format(r["module"], r["reason"]) for r in missing + namespace_only]
         return {"status": "FAIL", "detail": "; ".join(parts), "data": data}
     found = ", ".join(
-        "%s%s" % (r["module"], " (%s)" % r["version"] if r.get("version") else "") for r in records
+        "{}{}".format(r["module"], " ({})".format(r["version"]) if r.get("version") else "") for r in records
     )
     return {"status": "PASS", "detail": "found " + found, "data": data}

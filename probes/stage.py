@@ -12,14 +12,14 @@ from . import controller
 def main(argv) -> int:
     sid, result_path = argv[0], argv[1]
     plan = controller.load_plan(controller.bundle_path())
-    stage = [s for s in plan["stages"] if s["id"] == sid][0]
+    stage = next(s for s in plan["stages"] if s["id"] == sid)
     try:
         probe = _probe(stage["probe"])
         result = probe.run(stage.get("params", {}))
     except Exception as e:  # a probe bug is an ERROR of the stage, with the traceback as evidence
         result = {
             "status": "ERROR",
-            "detail": "probe raised %s: %s" % (type(e).__name__, str(e)[:300]),
+            "detail": f"probe raised {type(e).__name__}: {str(e)[:300]}",
             "data": {"traceback": traceback.format_exc()},
         }
     with open(result_path, "w") as f:
@@ -37,7 +37,7 @@ def _probe(name):
     elif name == "av_roundtrip":
         from . import av_roundtrip as mod
     else:
-        raise ValueError("unknown in-image probe %r" % name)
+        raise ValueError(f"unknown in-image probe {name!r}")
     return mod
 
 

@@ -12,7 +12,7 @@ _RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(.*)$")
 def parse(version: str):
     m = _RELEASE.match(version)
     if not m:
-        raise ValueError("unparseable version %r" % version)
+        raise ValueError(f"unparseable version {version!r}")
     release = [int(x) for x in m.group(1).split(".")]
     while len(release) > 1 and release[-1] == 0:
         release.pop()
@@ -27,7 +27,7 @@ def matches(version: str, spec: str) -> bool:
     for part in spec.split(","):
         m = re.match(r"^\s*(==|!=|>=|<=|>|<)\s*(\S+)\s*$", part)
         if not m:
-            raise ValueError("bad specifier %r" % part)
+            raise ValueError(f"bad specifier {part!r}")
         op, want = m.group(1), parse(m.group(2))
         # A bare "0.11" bound means the final release: 0.11.0rc1 is below >=0.11.
         ok = {

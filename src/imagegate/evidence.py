@@ -34,7 +34,9 @@ class Attempt:
         try:
             self.image_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UsageError(f"evidence folder {out}: cannot create it ({e.strerror})", hint="pass --out DIR") from e
+            raise UsageError(
+                f"evidence folder {out}: cannot create it ({e.strerror})", hint="pass --out DIR"
+            ) from e
         self.id = f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
         self.dir = self.image_dir / self.id
         self.dir.mkdir(exist_ok=False)  # exclusive: a clash raises instead of mixing two runs
@@ -44,7 +46,7 @@ class Attempt:
         if isinstance(data, str):
             data = data.encode("utf-8")
         path = self.dir / rel
-        if ".." in Path(rel).parts or path.is_absolute() and not str(path).startswith(str(self.dir)):
+        if ".." in Path(rel).parts or (path.is_absolute() and not str(path).startswith(str(self.dir))):
             raise ValueError(f"evidence path {rel!r} escapes the attempt folder")
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "xb") as f:

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imagegate import __version__, bundle, pipeline, plan as planning, protocol
+from imagegate import __version__, bundle, pipeline, protocol
+from imagegate import plan as planning
 from imagegate.attest.statement import build_statement
 from imagegate.drivers.interface import BundleRun, Driver
 from imagegate.evidence import Attempt, sha256_file
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
-from imagegate.outside import OutsideContext, Outcome, load_outside_probe
+from imagegate.outside import Outcome, OutsideContext, load_outside_probe
 from imagegate.pipeline.model import Pipeline
 
 STARTUP_SLACK_S = 60.0  # container start + interpreter start + bundle transfer
@@ -40,35 +41,92 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
+@dataclass(frozen=True)
+class Prepared:
+    """What a run needs before it touches an image: the validated pipeline, the plan, the bundle."""
+
+    loaded: pipeline.LoadedPipeline
+    plan: dict[str, Any]
+    inside: dict[str, Any]
+    bundle: bundle.Bundle
+
+    @property
+    def interpreters(self) -> list[str]:
+        py = self.loaded.pipeline.python
+        return [py] if py else ["python3", "python"]
+
+    def deadline(self, override: float | None) -> float:
+        return override or sum(s["timeout"] for s in self.inside["stages"]) + STARTUP_SLACK_S
+
+
+def prepare(opts: RunOptions) -> Prepared:
     loaded = pipeline.load(opts.pipeline)
     full_plan = planning.build_plan(loaded, modules=opts.modules)
     inside = planning.inside_plan(full_plan)
-    bun = bundle.build(inside)
+    return Prepared(loaded, full_plan, inside, bundle.build(inside))
+
+
+def new_attempt(prep: Prepared, image: ImageFacts, out: Path) -> Attempt:
+    """A fresh attempt folder holding the run's inputs."""
+    attempt = Attempt(out, image)
+    attempt.write("pipeline.yaml", prep.loaded.text)
+    attempt.write_json("plan.json", prep.plan)
+    attempt.write("bundle.pyz", prep.bundle.data)
+    return attempt
+
+
+def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
+    prep = prepare(opts)
     image = driver.resolve(reference)
     env = dict(driver.environment())
-    attempt = Attempt(opts.out, image)
+    attempt = new_attempt(prep, image, opts.out)
     notify(f"attempt {attempt.dir}")
     started = _now()
-    attempt.write("pipeline.yaml", loaded.text)
-    attempt.write_json("plan.json", full_plan)
-    attempt.write("bundle.pyz", bun.data)
+    br = None
+    if prep.inside["stages"]:
+        notify(
+            f"running {len(prep.inside['stages'])} stages in {reference} ({env.get('engine') or env['driver']})"
+        )
+        br = driver.run_bundle(
+            image, prep.bundle.data, prep.bundle.sha256, prep.interpreters, prep.deadline(opts.timeout)
+        )
+    return conclude(
+        prep,
+        image,
+        env,
+        br,
+        attempt,
+        opts,
+        started=started,
+        docker_client=getattr(driver, "client", None),
+        notify=notify,
+    )
 
-    results: list[StageResult] = []
+
+def conclude(
+    prep: Prepared,
+    image: ImageFacts,
+    env: dict[str, Any],
+    br: BundleRun | None,
+    attempt: Attempt,
+    opts: RunOptions,
+    *,
+    started: str,
+    docker_client: Any = None,
+    notify: Notify = lambda _m: None,
+    extra_stages: Sequence[StageResult] = (),
+) -> RunRecord:
+    """From the controller's raw output (however it was obtained: container, local process, Pod
+    log) to stage results, outside stages, the verdict, the evidence and the statement."""
+    results: list[StageResult] = list(extra_stages)
     run_facts: dict[str, Any] = {}
-    if inside["stages"]:
-        interpreters = [loaded.pipeline.python] if loaded.pipeline.python else ["python3", "python"]
-        deadline = opts.timeout or sum(s["timeout"] for s in inside["stages"]) + STARTUP_SLACK_S
-        notify(f"running {len(inside['stages'])} stages in {reference} ({env.get('engine') or env['driver']})")
-        t0 = time.monotonic()
-        br = driver.run_bundle(image, bun.data, bun.sha256, interpreters, deadline)
+    if br is not None:
         run_facts = {
             "interpreter": br.interpreter,
             "interpreters_tried": br.tried,
             "exit_code": br.exit_code,
             "timed_out": br.timed_out,
             "error": br.error,
-            "wall_s": round(time.monotonic() - t0, 3),
             "stdout_bytes": br.stdout_total,
             "stderr_bytes": br.stderr_total,
             **br.facts,
@@ -79,15 +137,22 @@ def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambd
         if events.start:
             env["python"] = events.start.get("python")
             env["gpu"] = events.start.get("gpu")
-            env["in_image"] = {k: events.start.get(k) for k in ("executable", "platform", "uid", "home_redirected_to")}
-        results += inside_results(inside, events, br, attempt)
-    results += outside_results(full_plan, loaded.pipeline, image, driver, opts, attempt, results, notify)
-    attempt.write_json("run.json", {"driver": env, "bundle_sha256": bun.sha256, "run": run_facts})
+            env["in_image"] = {
+                k: events.start.get(k) for k in ("executable", "platform", "uid", "home_redirected_to")
+            }
+        results += inside_results(prep.inside, events, br, attempt)
+    driver_name = str(env.get("driver", "unknown"))
+    results += outside_results(
+        prep.plan, prep.loaded.pipeline, image, driver_name, docker_client, opts, attempt, results, notify
+    )
+    attempt.write_json(
+        "run.json", {"environment": env, "bundle_sha256": prep.bundle.sha256, "run": run_facts}
+    )
     record = RunRecord(
         attempt_id=attempt.id,
         attempt_dir=str(attempt.dir),
-        pipeline=full_plan["pipeline"],
-        plan=full_plan,
+        pipeline=prep.plan["pipeline"],
+        plan=prep.plan,
         image=image,
         environment=env,
         stages=results,
@@ -95,16 +160,15 @@ def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambd
         finished_at=_now(),
         verdict=verdict(results),
         imagegate_version=__version__,
-        bundle_sha256=bun.sha256,
+        bundle_sha256=prep.bundle.sha256,
     )
-    statement = build_statement(record)
-    attempt.write_json("statement.json", statement)
+    attempt.write_json("statement.json", build_statement(record))
     attempt.append_index(
         {
             "attempt": attempt.id,
             "verdict": record.verdict,
-            "reference": reference,
-            "pipeline": full_plan["pipeline"]["name"],
+            "reference": image.reference,
+            "pipeline": prep.plan["pipeline"]["name"],
             "finished": record.finished_at,
         }
     )
@@ -132,7 +196,9 @@ def inside_results(
         ev = events.stages.get(sid)
         if ev is None:
             # Missing `end` means the run was cut: stages that did not report are ERROR.
-            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, cut or "stage did not report"))
+            out.append(
+                StageResult(sid, stage["probe"], "inside", Status.ERROR, cut or "stage did not report")
+            )
             continue
         try:
             status = Status(ev.get("status"))
@@ -175,7 +241,8 @@ def outside_results(
     full_plan: dict[str, Any],
     pipe: Pipeline,
     image: ImageFacts,
-    driver: Driver,
+    driver_name: str,
+    docker_client: Any,
     opts: RunOptions,
     attempt: Attempt,
     earlier: list[StageResult],
@@ -191,7 +258,8 @@ def outside_results(
         unmet = [x for x in stage["needs"] if done.get(x) is None or done[x].status is not Status.PASS]
         if unmet or (pipe.stop_on_fail and failed_before):
             why = (
-                "needs " + ", ".join(f"{x} is {done[x].status.value if x in done else 'not run'}" for x in unmet)
+                "needs "
+                + ", ".join(f"{x} is {done[x].status.value if x in done else 'not run'}" for x in unmet)
                 if unmet
                 else "stop_on_fail: an earlier stage failed"
             )
@@ -201,11 +269,11 @@ def outside_results(
             (attempt.dir / folder).mkdir(parents=True, exist_ok=False)
             ctx = OutsideContext(
                 image=image,
-                driver=driver.name,
+                driver=driver_name,
                 stage_dir=attempt.dir / folder,
                 source=opts.source,
                 expect_config_digest=opts.expect_config,
-                docker_client=getattr(driver, "client", None),
+                docker_client=docker_client,
                 inside_results=dict(done),
                 options=dict(opts.extra),
             )
@@ -223,7 +291,12 @@ def outside_results(
             files.append(
                 attempt.write_json(
                     f"{folder}/result.json",
-                    {"id": sid, "status": outcome.status.value, "detail": outcome.detail, "data": outcome.data},
+                    {
+                        "id": sid,
+                        "status": outcome.status.value,
+                        "detail": outcome.detail,
+                        "data": outcome.data,
+                    },
                 )
             )
             res = StageResult(

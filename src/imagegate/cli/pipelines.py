@@ -26,7 +26,9 @@ def list_() -> None:
     table = Table("name", "version", "stages", "description")
     for name in pipeline.builtin_names():
         p = pipeline.load(name).pipeline
-        table.add_row(name, p.version, ", ".join(s.id for s in p.stages), (p.description or "").strip().split("\n")[0])
+        table.add_row(
+            name, p.version, ", ".join(s.id for s in p.stages), (p.description or "").strip().split("\n")[0]
+        )
     Console().print(table)
 
 

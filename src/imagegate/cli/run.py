@@ -40,27 +40,51 @@ def _sigterm(_signum: int, _frame: FrameType | None) -> None:
 )
 def run(
     image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
-    pipeline: str = typer.Option("python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang) or a YAML file."),
-    module: list[str] = typer.Option([], "--module", "-m", help="Module for the find_spec stage (repeatable)."),
-    out: Path = typer.Option(Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."),
-    fmt: Format = typer.Option(Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."),
+    pipeline: str = typer.Option(
+        "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang) or a YAML file."
+    ),
+    module: list[str] = typer.Option(
+        [], "--module", "-m", help="Module for the find_spec stage (repeatable)."
+    ),
+    out: Path = typer.Option(
+        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
+    ),
+    fmt: Format = typer.Option(
+        Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
+    ),
     require_complete: bool = typer.Option(False, "--require-complete", help="A deferred verdict exits 1."),
-    timeout: float = typer.Option(None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."),
+    timeout: float = typer.Option(
+        None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
+    ),
     memory: str = typer.Option("8g", "--memory", help="Container memory limit."),
-    here: bool = typer.Option(False, "--here", help="Run in this environment instead of a container (local driver)."),
+    here: bool = typer.Option(
+        False, "--here", help="Run in this environment instead of a container (local driver)."
+    ),
     python: str = typer.Option(None, "--python", help="With --here: the interpreter to run the probes with."),
-    source: str = typer.Option(None, "--source", help="For the layers stage: read the image from this transport."),
-    expect_config: str = typer.Option(None, "--expect-config", help="For the layers stage: the official config digest."),
+    source: str = typer.Option(
+        None, "--source", help="For the layers stage: read the image from this transport."
+    ),
+    expect_config: str = typer.Option(
+        None, "--expect-config", help="For the layers stage: the official config digest."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     err = Console(stderr=True)
-    notify = (lambda _m: None) if quiet or fmt is Format.json else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]"))
+    notify = (
+        (lambda _m: None)
+        if quiet or fmt is Format.json
+        else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]"))
+    )
     try:
         if image is None and not here:
-            raise UsageError("no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment")
+            raise UsageError(
+                "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
+            )
         if python and not here:
-            raise UsageError("--python goes with --here", hint="in a container the image's own python is used")
+            raise UsageError(
+                "--python goes with --here", hint="in a container the image's own python is used"
+            )
         driver: Driver
         if here:
             from imagegate.drivers.local import LocalDriver

@@ -150,7 +150,6 @@ class DockerDriver:
             image.config_digest or image.reference,
             entrypoint=[interpreter, "-c", LOADER, sha],
             stdin_open=True,
-            stdin_once=True,
             tty=False,
             environment=HIDDEN_GPU_ENV,
             labels={LABEL: "1"},
@@ -228,7 +227,7 @@ def _read_frames(raw: socket.socket, out: CappedBuffer, err: CappedBuffer, deadl
         raw.settimeout(min(remaining, 1.0))
         try:
             chunk = raw.recv(1 << 20)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             continue
         except OSError:
             return True

@@ -53,29 +53,40 @@ class LocalDriver:
                 break
         if not exe:
             if self.python:
-                raise UsageError(f"--python {self.python}: not an executable", hint="give a python interpreter")
-            return BundleRun(b"", b"", None, tried=tried, error=f"no python interpreter (tried {', '.join(tried)})")
+                raise UsageError(
+                    f"--python {self.python}: not an executable", hint="give a python interpreter"
+                )
+            return BundleRun(
+                b"", b"", None, tried=tried, error=f"no python interpreter (tried {', '.join(tried)})"
+            )
         with tempfile.TemporaryDirectory(prefix="imagegate-local-") as tmp:
             path = Path(tmp) / "imagegate.pyz"
             path.write_bytes(bundle)
-            return _run(
-                [exe, str(path)], deadline_s, interpreter=exe, tried=tried, env=dict(os.environ)
-            )
-
+            return _run([exe, str(path)], deadline_s, interpreter=exe, tried=tried, env=dict(os.environ))
 
 
 def _pump(stream: IO[bytes], sink: CappedBuffer) -> None:
-    while chunk := stream.read1(1 << 16):
+    while chunk := os.read(stream.fileno(), 1 << 16):
         sink.feed(chunk)
 
 
-def _run(argv: list[str], deadline_s: float, *, interpreter: str, tried: list[str], env: dict[str, str]) -> BundleRun:
+def _run(
+    argv: list[str], deadline_s: float, *, interpreter: str, tried: list[str], env: dict[str, str]
+) -> BundleRun:
     out, err = CappedBuffer(STDOUT_CAP), CappedBuffer(STDERR_CAP)
     proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    pumps = [threading.Thread(target=_pump, args=(s, b), daemon=True) for s, b in ((proc.stdout, out), (proc.stderr, err))]
+    pumps = [
+        threading.Thread(target=_pump, args=(s, b), daemon=True)
+        for s, b in ((proc.stdout, out), (proc.stderr, err))
+    ]
     for t in pumps:
         t.start()
     timed_out = False

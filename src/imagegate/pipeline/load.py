@@ -12,7 +12,9 @@ from pydantic import ValidationError
 
 from imagegate import resources
 from imagegate.errors import UsageError
-from imagegate.pipeline.model import Pipeline
+from imagegate.pipeline.model import INSIDE_PROBES, OUTSIDE_PROBES, Pipeline
+
+PROBE_TAGS = (*INSIDE_PROBES, *OUTSIDE_PROBES)
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,8 @@ def _yaml_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """Drop pydantic's union tag (…, 'stages', 2, 'cli', 'with', …) so the path follows the YAML."""
     out: list[Any] = []
     for i, part in enumerate(loc):
-        if i >= 2 and loc[i - 2] == "stages" and isinstance(loc[i - 1], int) and isinstance(part, str):
-            if part in ("pip_check", "find_spec", "cli", "av_roundtrip", "layers"):
-                continue
+        if i >= 2 and loc[i - 2] == "stages" and isinstance(loc[i - 1], int) and part in PROBE_TAGS:
+            continue
         out.append("with" if part == "with_" else part)
     return tuple(out)
 

@@ -94,7 +94,7 @@ Stage = Annotated[
 class Pipeline(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, title="imagegate pipeline")
 
-    apiVersion: Literal["imagegate/v1"]  # noqa: N815  (the file's key)
+    apiVersion: Literal["imagegate/v1"]
     kind: Literal["Pipeline"] = "Pipeline"
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     version: str = Field(default="1", description="The pipeline's own version, recorded in attestations.")

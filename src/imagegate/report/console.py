@@ -1,4 +1,5 @@
-"""The console view of a run: a table of stages, the verdict line, the evidence path."""
+"""The console view of a run: a table of stages, the reasons of what did not pass, the verdict
+line, the evidence path."""
 
 from __future__ import annotations
 
@@ -17,18 +18,25 @@ STYLE = {
 }
 
 
-def one_line(text: str, width: int = 160) -> str:
+def one_line(text: str, width: int = 90) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def verdict_style(verdict: str) -> str:
+    if verdict == "PASS":
+        return "bold green"
+    return "bold red" if verdict in ("FAIL", "ERROR") else "bold yellow"
+
+
 def render(record: RunRecord, console: Console) -> None:
-    table = Table(title=f"imagegate {record.pipeline['name']} · {record.image.reference}", title_justify="left")
-    table.add_column("stage")
-    table.add_column("status")
-    table.add_column("token")
-    table.add_column("time", justify="right")
-    table.add_column("reason", overflow="fold")
+    title = f"imagegate {record.pipeline['name']} · {record.image.reference}"
+    table = Table(title=title, title_justify="left")
+    table.add_column("stage", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("token", no_wrap=True)
+    table.add_column("time", justify="right", no_wrap=True)
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=90)
     for s in record.stages:
         table.add_row(
             s.id,
@@ -38,7 +46,13 @@ def render(record: RunRecord, console: Console) -> None:
             one_line(s.detail),
         )
     console.print(table)
-    style = "bold green" if record.verdict == "PASS" else "bold red" if record.verdict in ("FAIL", "ERROR") else "bold yellow"
-    console.print(Text.assemble("verdict: ", (record.verdict, style)))
-    console.print(f"image: {record.image.config_digest or record.image.reference}")
-    console.print(f"evidence: {record.attempt_dir}")
+    # The full reasons of every stage that did not pass, one problem a line: the table keeps one.
+    for s in record.stages:
+        if s.status is Status.PASS or len(s.detail) <= 90 and "; " not in s.detail:
+            continue
+        console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
+        for part in s.detail.split("; "):
+            console.print(f"  - {part}", soft_wrap=True, highlight=False)
+    console.print(Text.assemble("verdict: ", (record.verdict, verdict_style(record.verdict))))
+    console.print(f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True)
+    console.print(f"evidence: {record.attempt_dir}", soft_wrap=True, highlight=False)

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Build the test images from Debian packages and real PyPI wheels, offline inside the build.
+
+Each image is tagged `imagegate-test/NAME:latest` and `imagegate-test/NAME:<recipe hash>`; an
+image whose hash tag exists is not rebuilt, so a warm machine starts in seconds and a fresh one
+builds everything from nothing. Wheels are downloaded on the host (`pip download`) into a cache
+and installed with `pip install --no-index` during `docker build --network none`.
+
+Usage: build.py [NAME ...]    (default: all)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).parent
+CACHE = Path(os.environ.get("IMAGEGATE_TEST_CACHE", Path.home() / ".cache" / "imagegate-test"))
+PY_TAGS = ["--python-version", "3.11", "--implementation", "cp", "--only-binary=:all:"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"]
+
+# name -> recipe. "base" images come from mmdebstrap; the others build FROM another one.
+RECIPES: dict[str, dict] = {
+    "python": {"debian": ["python3", "python3-pip"]},
+    # Real broken dependency set: nixl 1.2.0 requires nixl-cu12 and nixl-cu13 (not installed);
+    # moviepy 2.2.1 requires pillow<12.0,>=9.2.0 but pillow 12.2.0 is installed.
+    "conflict": {"from": "python", "wheels": ["moviepy==2.2.1", "pillow==12.2.0", "nixl==1.2.0"]},
+    "av": {"from": "python", "wheels": ["av==14.2.0"]},
+    "nopip": {"from": "python", "run": "rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*"},
+    # An imitation of vLLM (tests/images/vllm_imitation, named as such) whose parser fails without
+    # a GPU the way vLLM >= 0.9 does, plus real PyAV.
+    "vllm-like": {"from": "python", "wheels": ["av==14.2.0"], "local": ["vllm_imitation"]},
+    # No interpreter at all: one text file.
+    "nopython": {"scratch": True},
+}
+
+
+def sh(*argv: str, **kw) -> subprocess.CompletedProcess:
+    print("+", " ".join(argv)[:200], file=sys.stderr, flush=True)
+    return subprocess.run(argv, check=True, **kw)
+
+
+def image_exists(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
+
+
+def tree_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def recipe_hash(name: str) -> str:
+    r = RECIPES[name]
+    h = hashlib.sha256(json.dumps(r, sort_keys=True).encode())
+    if "from" in r:
+        h.update(recipe_hash(r["from"]).encode())
+    for local in r.get("local", []):
+        h.update(tree_digest(HERE / local).encode())
+    return h.hexdigest()[:16]
+
+
+def debian_mirrors() -> list[str]:
+    """deb lines from the machine's own deb822 sources (never a host name written here)."""
+    lines = []
+    for src in Path("/etc/apt/sources.list.d").glob("*.sources"):
+        stanza: dict[str, str] = {}
+        for raw in src.read_text().splitlines() + [""]:
+            if not raw.strip():
+                if stanza.get("types", "").startswith("deb") and "uris" in stanza:
+                    for suite in stanza.get("suites", "bookworm").split():
+                        lines.append(f"deb {stanza['uris'].split()[0]} {suite} {stanza.get('components', 'main')}")
+                stanza = {}
+            elif not raw.startswith("#") and ":" in raw:
+                k, v = raw.split(":", 1)
+                stanza[k.strip().lower()] = v.strip()
+    return lines
+
+
+def build_debian(name: str, tag: str) -> None:
+    r = RECIPES[name]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        mirrors = debian_mirrors()
+        sh("mmdebstrap", "--quiet", "--variant=apt", "--include=" + ",".join(r["debian"]), "bookworm", str(rootfs), *mirrors)
+        sh(
+            "docker", "import",
+            "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "--change", 'CMD ["python3"]',
+            str(rootfs), tag,
+        )  # fmt: skip
+
+
+def local_wheel(src: Path, out: Path) -> Path:
+    """A wheel built by hand from a source tree (deterministic, no build backend needed)."""
+    pkg = next(p for p in src.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    version = "0.11.0"
+    dist = f"{pkg.name}-{version}.dist-info"
+    files: dict[str, bytes] = {}
+    for p in sorted(pkg.rglob("*.py")):
+        files[str(p.relative_to(src))] = p.read_bytes()
+    files[f"{dist}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {pkg.name}\nVersion: {version}\n"
+        "Summary: imitation of vLLM's device inference, for imagegate tests (not vLLM)\n"
+    ).encode()
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: imagegate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{dist}/entry_points.txt"] = b"[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
+    record = io.StringIO()
+    for n, data in files.items():
+        import base64
+
+        d = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.write(f"{n},sha256={d},{len(data)}\n")
+    record.write(f"{dist}/RECORD,,\n")
+    files[f"{dist}/RECORD"] = record.getvalue().encode()
+    path = out / f"{pkg.name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, data in files.items():
+            zf.writestr(zipfile.ZipInfo(n, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    return path
+
+
+def download_wheels(reqs: list[str]) -> list[Path]:
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    sh(sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PY_TAGS, *platforms, "-d", str(wheels), *reqs)
+    found = []
+    for req in reqs:
+        name, _, ver = req.partition("==")
+        stem = name.replace("-", "_").lower()
+        matches = [p for p in wheels.glob("*.whl") if p.name.lower().startswith(f"{stem}-{ver}-")]
+        if not matches:
+            raise SystemExit(f"build.py: no wheel for {req} in {wheels}")
+        found.append(matches[0])
+    return found
+
+
+def build_derived(name: str, tag: str) -> None:
+    r = RECIPES[name]
+    base = f"imagegate-test/{r['from']}:{recipe_hash(r['from'])}"
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = Path(tmp)
+        (ctx / "wheels").mkdir()
+        lines = [f"FROM {base}"]
+        if r.get("wheels") or r.get("local"):
+            for w in download_wheels(r.get("wheels", [])):
+                (ctx / "wheels" / w.name).write_bytes(w.read_bytes())
+            for local in r.get("local", []):
+                local_wheel(HERE / local, ctx / "wheels")
+            lines += [
+                "COPY wheels/ /tmp/wheels/",
+                "RUN python3 -m pip install -q --no-index --no-deps --break-system-packages /tmp/wheels/*.whl"
+                " && rm -rf /tmp/wheels /root/.cache",
+            ]
+        if r.get("run"):
+            lines.append(f"RUN {r['run']}")
+        (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")
+        sh("docker", "build", "-q", "--network", "none", "-t", tag, str(ctx), env=dict(os.environ, DOCKER_BUILDKIT="0"))
+
+
+def build_scratch(tag: str) -> None:
+    buf = io.BytesIO()
+    import tarfile
+
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        data = b"an image with no interpreter, for imagegate tests\n"
+        info = tarfile.TarInfo("README")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    sh("docker", "import", "--change", 'CMD ["/nothing"]', "-", tag, input=buf.getvalue())
+
+
+def build(name: str) -> str:
+    tag = f"imagegate-test/{name}:{recipe_hash(name)}"
+    if not image_exists(tag):
+        r = RECIPES[name]
+        if "from" in r:
+            build(r["from"])
+            build_derived(name, tag)
+        elif r.get("scratch"):
+            build_scratch(tag)
+        else:
+            build_debian(name, tag)
+    sh("docker", "tag", tag, f"imagegate-test/{name}:latest")
+    return tag
+
+
+def main(argv: list[str]) -> int:
+    for name in argv or list(RECIPES):
+        if name not in RECIPES:
+            print(f"build.py: unknown image {name!r}; known: {', '.join(RECIPES)}", file=sys.stderr)
+            return 3
+        build(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
