@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from imagegate.errors import UsageError
@@ -11,7 +11,10 @@ from imagegate.pipeline import LoadedPipeline
 from imagegate.pipeline.model import FindSpecStage
 
 
-def build_plan(loaded: LoadedPipeline, *, modules: Sequence[str] = ()) -> dict[str, Any]:
+def build_plan(
+    loaded: LoadedPipeline, *, modules: Sequence[str] = (), extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`extra`: command-line options that may add stages (e.g. an advisory database)."""
     p = loaded.pipeline
     find_spec_stages = [s for s in p.stages if isinstance(s, FindSpecStage)]
     if modules and not find_spec_stages:

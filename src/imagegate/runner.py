@@ -61,7 +61,7 @@ class Prepared:
 
 def prepare(opts: RunOptions) -> Prepared:
     loaded = pipeline.load(opts.pipeline)
-    full_plan = planning.build_plan(loaded, modules=opts.modules)
+    full_plan = planning.build_plan(loaded, modules=opts.modules, extra=opts.extra)
     inside = planning.inside_plan(full_plan)
     return Prepared(loaded, full_plan, inside, bundle.build(inside))
 

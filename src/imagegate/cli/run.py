@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -17,6 +18,7 @@ from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
+from imagegate.report import formats
 
 
 class Format(str, enum.Enum):
@@ -67,6 +69,8 @@ def run(
     expect_config: str = typer.Option(
         None, "--expect-config", help="For the layers stage: the official config digest."
     ),
+    report: list[str] = typer.Option([], "--report", help="Also write FORMAT=PATH (repeatable), e.g. json=out.json."),
+    advisory_db: Path = typer.Option(None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
@@ -85,6 +89,10 @@ def run(
             raise UsageError(
                 "--python goes with --here", hint="in a container the image's own python is used"
             )
+        reports = [formats.parse_spec(r) for r in report]
+        extra: dict[str, Any] = {}
+        if advisory_db is not None:
+            extra["advisory_db"] = advisory_db
         driver: Driver
         if here:
             from imagegate.drivers.local import LocalDriver
@@ -101,6 +109,7 @@ def run(
             timeout=timeout,
             source=source,
             expect_config=expect_config,
+            extra=extra,
         )
         if threading_main():
             signal.signal(signal.SIGTERM, _sigterm)
@@ -110,6 +119,10 @@ def run(
     except KeyboardInterrupt:
         print("imagegate: interrupted; the container was removed", file=sys.stderr)
         raise typer.Exit(130) from None
+    try:
+        formats.write_reports(record, reports)
+    except OSError as e:
+        raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
     if fmt is Format.json:
         sys.stdout.write(runner.statement_json(record) + "\n")
     else:

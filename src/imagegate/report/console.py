@@ -48,7 +48,7 @@ def render(record: RunRecord, console: Console) -> None:
     console.print(table)
     # The full reasons of every stage that did not pass, one problem a line: the table keeps one.
     for s in record.stages:
-        if s.status is Status.PASS or len(s.detail) <= 90 and "; " not in s.detail:
+        if s.status is Status.PASS or (len(s.detail) <= 90 and "; " not in s.detail):
             continue
         console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
         for part in s.detail.split("; "):
