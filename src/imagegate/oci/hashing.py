@@ -1,0 +1,251 @@
+"""One pass over a blob: the digest and size of its bytes and, for a layer, the diffID of its
+decompressed stream, in bounded memory. Compression is detected from the bytes (as Docker and
+containers/image do), not trusted from a media type."""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import lzma
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import zstandard
+from isal import igzip_lib
+
+from imagegate.oci.digest import new_hasher
+from imagegate.oci.zstdframes import ZstdFrameWalker
+
+READ_CHUNK = 1 << 20  # compressed bytes per read
+OUT_CHUNK = 4 << 20  # decompressed bytes per step: bounds memory whatever the ratio
+# zstd's own default limit (window log 27); a frame asking for more is refused, not allocated.
+ZSTD_MAX_WINDOW = 1 << 27
+# A layer that inflates past this is treated as a decompression bomb (CUDA layers reach ~10 GiB).
+DEFAULT_MAX_UNCOMPRESSED = 64 << 30
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+BZIP2_MAGIC = b"BZh"
+
+
+class Reader(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
+def sniff_compression(head: bytes) -> str:
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(ZSTD_MAGIC):
+        return "zstd"
+    if head.startswith(XZ_MAGIC):
+        return "xz"
+    if head.startswith(BZIP2_MAGIC):
+        return "bzip2"
+    return "none"
+
+
+# isal's stubs declare IsalError as an instance; at run time it is an Exception subclass.
+_ISAL_ERROR: type[Exception] = igzip_lib.IsalError  # type: ignore[assignment]
+
+
+class DecompressError(Exception):
+    pass
+
+
+class _Tee:
+    """Reads from the source, hashing and counting every byte; stops at `limit` bytes so that a
+    source longer than declared cannot make us read forever."""
+
+    def __init__(
+        self, src: Reader, hasher: hashlib._Hash, limit: int | None, on_bytes: Callable[[int], None]
+    ):
+        self.src, self.hasher, self.limit, self.on_bytes = src, hasher, limit, on_bytes
+        self.count = 0
+        self.hit_limit = False
+        self.observer: Callable[[bytes], None] | None = None
+
+    def read(self, n: int) -> bytes:
+        if self.limit is not None:
+            n = min(n, self.limit - self.count)
+            if n <= 0:
+                self.hit_limit = True
+                return b""
+        data = self.src.read(n)
+        if data:
+            self.hasher.update(data)
+            self.count += len(data)
+            self.on_bytes(len(data))
+            if self.observer is not None:
+                self.observer(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(READ_CHUNK):
+            pass
+
+
+class _PushReader:
+    """Pull-style reader over a push-style decompressor (gzip, xz, bzip2): never asks it for
+    more than `n` bytes at once, so a bomb cannot grow a buffer."""
+
+    def __init__(self, src: _Prefixed, kind: str):
+        self.src, self.kind = src, kind
+        self.dec = self._new()
+        self.pending = b""  # input left after a finished member (concatenated gzip members)
+
+    def _new(self) -> igzip_lib.IgzipDecompressor | lzma.LZMADecompressor | bz2.BZ2Decompressor:
+        if self.kind == "gzip":
+            return igzip_lib.IgzipDecompressor(flag=igzip_lib.DECOMP_GZIP)
+        if self.kind == "xz":
+            return lzma.LZMADecompressor()
+        return bz2.BZ2Decompressor()
+
+    def read(self, n: int) -> bytes:
+        while True:
+            if self.dec.eof:
+                rest = self.dec.unused_data + self.pending
+                self.pending = b""
+                if not rest:
+                    rest = self.src.read(READ_CHUNK)
+                    if not rest:
+                        return b""  # clean end after a complete member
+                if self.kind != "gzip" or not rest.startswith(GZIP_MAGIC[:1]):
+                    # Go's multistream gzip reader (Docker's) refuses trailing garbage too.
+                    raise DecompressError(f"trailing data after the end of the {self.kind} stream")
+                self.dec = self._new()
+                self.pending = rest
+            if self.dec.needs_input:
+                data = self.pending or self.src.read(READ_CHUNK)
+                self.pending = b""
+                if not data:
+                    raise DecompressError(f"the {self.kind} stream ends early (truncated)")
+            else:
+                data = b""
+            try:
+                out = self.dec.decompress(data, n)
+            except (_ISAL_ERROR, OSError, EOFError, lzma.LZMAError, ValueError) as e:
+                raise DecompressError(f"invalid {self.kind} data: {e}") from e
+            if out:
+                return out
+
+
+def _open_decompressor(kind: str, src: _Prefixed) -> Reader:
+    if kind == "zstd":
+        dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
+        return dctx.stream_reader(src, read_size=READ_CHUNK, read_across_frames=True)  # type: ignore[arg-type]
+    return _PushReader(src, kind)
+
+
+@dataclass(frozen=True)
+class BlobDigests:
+    size: int  # bytes read (at most declared size + 1)
+    digest: str | None  # of the bytes read; None when reading stopped early (too long)
+    too_long: bool  # more bytes than declared: reading stopped there
+    compression: str  # gzip | zstd | xz | bzip2 | none
+    diff_id: str | None = None  # sha256 of the decompressed stream (layers only)
+    uncompressed_size: int | None = None
+    decompress_error: str | None = None
+
+
+def digest_blob(
+    src: Reader,
+    *,
+    algorithm: str = "sha256",
+    declared_size: int | None = None,
+    layer: bool = True,
+    max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
+    on_bytes: Callable[[int], None] = lambda n: None,
+) -> BlobDigests:
+    """Hash `src` once: the blob digest, and for a layer the diffID, in the same pass."""
+    outer = new_hasher(algorithm)
+    limit = None if declared_size is None else declared_size + 1
+    tee = _Tee(src, outer, limit, on_bytes)
+    head = tee.read(READ_CHUNK)
+    kind = sniff_compression(head) if layer else "none"
+    diff_id = uncompressed = error = None
+    if layer and kind == "none":
+        # Uncompressed: the diffID is the sha256 of the very bytes; hash once when it is sha256.
+        inner = outer if outer.name == "sha256" else hashlib.sha256(head)
+        if inner is not outer:
+            tee.hasher = _Both(outer, inner)  # type: ignore[assignment]
+        tee.drain()
+        diff_id, uncompressed = "sha256:" + inner.hexdigest(), tee.count
+    elif layer:
+        inner = hashlib.sha256()
+        total = 0
+        tee_with_head = _Prefixed(head, tee)
+        frames = ZstdFrameWalker() if kind == "zstd" else None
+        if frames is not None:
+            frames.feed(head)
+            tee.observer = frames.feed
+        try:
+            dec = _open_decompressor(kind, tee_with_head)
+            while True:
+                chunk = dec.read(OUT_CHUNK)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > max_uncompressed:
+                    raise DecompressError(
+                        f"the layer decompresses to more than {max_uncompressed} bytes, the limit "
+                        "(a decompression bomb?); stopped there"
+                    )
+                inner.update(chunk)
+            if frames is not None:
+                tee.drain()
+                if frames.error:
+                    raise DecompressError(f"invalid zstd data: {frames.error}")
+                if not frames.at_frame_boundary:
+                    raise DecompressError("the zstd stream ends inside a frame (truncated)")
+            elif tee_with_head.read(1):
+                raise DecompressError(f"trailing data after the end of the {kind} stream")
+            diff_id, uncompressed = "sha256:" + inner.hexdigest(), total
+        except DecompressError as e:
+            error = str(e)
+        except zstandard.ZstdError as e:
+            error = f"invalid zstd data: {e}"
+        tee.drain()  # the blob digest covers every byte, whatever the decompressor made of them
+    else:
+        tee.drain()
+    too_long = tee.hit_limit or (limit is not None and tee.count >= limit)
+    return BlobDigests(
+        size=tee.count,
+        digest=None if too_long else f"{outer.name}:{outer.hexdigest()}",
+        too_long=too_long,
+        compression=kind,
+        diff_id=diff_id,
+        uncompressed_size=uncompressed,
+        decompress_error=error,
+    )
+
+
+class _Both:
+    def __init__(self, a: hashlib._Hash, b: hashlib._Hash):
+        self.a, self.b = a, b
+
+    def update(self, data: bytes) -> None:
+        self.a.update(data)
+        self.b.update(data)
+
+
+class _Prefixed:
+    """The sniffed head, then the rest of the source."""
+
+    def __init__(self, head: bytes, src: Reader):
+        self.head, self.src = head, src
+
+    def read(self, n: int = READ_CHUNK) -> bytes:
+        if self.head:
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        return self.src.read(n)
+
+
+def decompressing_reader(src: Reader) -> Reader:
+    """`src`'s bytes, decompressed when they start with a known magic (a gzipped docker save)."""
+    head = src.read(READ_CHUNK)
+    kind = sniff_compression(head)
+    pre = _Prefixed(head, src)
+    return pre if kind == "none" else _open_decompressor(kind, pre)

@@ -1,0 +1,104 @@
+"""Image references (`[registry/]repository[:tag][@digest]`) as Docker and containers/image
+parse them: a first component with a dot, a colon or `localhost` is a registry; otherwise the
+image lives on Docker Hub, where one-component names are under `library/`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from imagegate.errors import UsageError
+from imagegate.oci.digest import is_digest
+
+DOCKER_HUB = "docker.io"
+# Docker Hub's API endpoint; "docker.io" is only the name users write.
+DOCKER_HUB_ENDPOINT = "registry-1.docker.io"
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+_TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+_HOST_RE = re.compile(
+    r"^(?:\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*)"
+    r"(?::[0-9]+)?$"
+)
+_MAX_NAME = 255
+
+
+@dataclass(frozen=True)
+class Reference:
+    registry: str  # as written, e.g. "docker.io", "127.0.0.1:5000"
+    repository: str  # e.g. "library/python"
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def ref(self) -> str:
+        """What to ask the registry for: the digest when pinned, else the tag (default latest)."""
+        return self.digest or self.tag or "latest"
+
+    @property
+    def endpoint(self) -> str:
+        return DOCKER_HUB_ENDPOINT if self.registry == DOCKER_HUB else self.registry
+
+    def with_digest(self, digest: str) -> Reference:
+        return Reference(self.registry, self.repository, self.tag, digest)
+
+    def __str__(self) -> str:
+        s = f"{self.registry}/{self.repository}"
+        if self.tag:
+            s += f":{self.tag}"
+        if self.digest:
+            s += f"@{self.digest}"
+        return s
+
+
+def _bad(text: str, why: str) -> UsageError:
+    return UsageError(
+        f"invalid image reference {text!r}: {why}",
+        hint="write it as [registry/]repository[:tag][@sha256:...], e.g. 127.0.0.1:5000/team/app:1.0",
+    )
+
+
+def parse_reference(text: str) -> Reference:
+    if not text or text != text.strip():
+        raise _bad(text, "empty or surrounded by spaces")
+    rest, digest = text, None
+    if "@" in rest:
+        rest, _, digest = rest.partition("@")
+        if not is_digest(digest):
+            raise _bad(text, f"{digest!r} is not a digest (sha256: and 64 lowercase hex characters)")
+    registry = DOCKER_HUB
+    first, sep, remainder = rest.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
+        if not _HOST_RE.match(first):
+            raise _bad(text, f"{first!r} is not a registry host[:port]")
+        registry, rest = first, remainder
+    tag = None
+    name, sep, maybe_tag = rest.rpartition(":")
+    if sep and "/" not in maybe_tag:
+        if not _TAG_RE.match(maybe_tag):
+            raise _bad(text, f"{maybe_tag!r} is not a valid tag")
+        rest, tag = name, maybe_tag
+    if not rest:
+        raise _bad(text, "no repository name")
+    if rest.lower() != rest and _PATH_RE.match(rest.lower()):
+        raise _bad(text, "repository names must be lowercase")
+    if not _PATH_RE.match(rest):
+        raise _bad(text, f"{rest!r} is not a repository path (lowercase letters, digits, . _ - and /)")
+    if registry in (DOCKER_HUB, "index.docker.io"):
+        registry = DOCKER_HUB
+        if "/" not in rest:
+            rest = "library/" + rest
+    if len(registry) + 1 + len(rest) > _MAX_NAME:
+        raise _bad(text, f"the name is longer than {_MAX_NAME} characters")
+    return Reference(registry, rest, tag, digest)
+
+
+def is_loopback_registry(registry: str) -> bool:
+    """Loopback registries are spoken to over plain HTTP, as Docker allows by default."""
+    host = registry
+    if host.startswith("["):
+        host = host[1 : host.index("]")]
+    else:
+        host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -1,0 +1,439 @@
+"""A client for the OCI distribution API (registries), pull and push.
+
+Why our own client on httpx rather than a library: the Python registry clients we looked at
+(oras-py, python-dxf, docker-registry-client) sit on `requests`, stream blobs without resuming,
+and either lack the containers/Docker credential lookup or retries with backoff; each of them
+is as much code to wrap as this. httpx gives streaming, timeouts and redirect handling that drops
+`Authorization` when a blob redirect leaves the registry's origin.
+
+Speaks: HTTPS (plain HTTP for loopback registries, as Docker allows; `insecure` tries HTTPS
+without verification, then HTTP), the Bearer token flow from `WWW-Authenticate` (with Basic
+credentials or an identity token at the token endpoint), Basic auth, and retries with
+exponential backoff on 429, 5xx and broken connections (`Retry-After` honoured; a blob read cut
+mid-way resumes with a Range request). Push primitives (blob upload, manifest PUT) are what an
+attestation uploader needs, the way cosign attaches signatures.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from urllib.parse import urlencode, urljoin
+
+import httpx
+
+from imagegate import __version__
+from imagegate.errors import UsageError
+from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
+from imagegate.oci.digest import digest_of, is_digest
+from imagegate.oci.manifest import ACCEPT_ALL
+from imagegate.oci.reference import is_loopback_registry
+from imagegate.oci.sources.interface import BlobNotFound, SourceError
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+USER_AGENT = f"imagegate/{__version__}"
+_CHUNK = 1 << 20
+
+
+class RegistryError(SourceError):
+    """The registry could not be reached or answered an error: exit 2 (could not decide)."""
+
+
+class AuthenticationError(RegistryError):
+    pass
+
+
+class NotFound(RegistryError):
+    pass
+
+
+@dataclass(frozen=True)
+class FetchedManifest:
+    raw: bytes
+    media_type: str
+    digest: str
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+        errs = body.get("errors") if isinstance(body, dict) else None
+        if errs:
+            return "; ".join(f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errs)
+    except (ValueError, httpx.ResponseNotRead):
+        pass
+    return resp.reason_phrase or str(resp.status_code)
+
+
+class RegistryClient:
+    def __init__(
+        self,
+        registry: str,
+        *,
+        insecure: bool = False,
+        credentials: Credentials | None = None,
+        lookup: bool = True,
+        retries: int = 5,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        timeout_s: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ):
+        self.registry = registry
+        self.insecure = insecure
+        self._credentials = credentials
+        self._lookup, self._env = lookup, env
+        self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 15.0)),
+            follow_redirects=True,
+            verify=not insecure,
+            headers={"User-Agent": USER_AGENT},
+        )
+        self._base: str | None = None
+        self._auth: dict[str, str] = {}  # scope -> Authorization header value
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _base_url(self) -> str:
+        if self._base is None:
+            if is_loopback_registry(self.registry):
+                self._base = f"http://{self.registry}"
+            elif not self.insecure:
+                self._base = f"https://{self.registry}"
+            else:
+                # skopeo's --tls-verify=false: HTTPS without verification, else plain HTTP.
+                try:
+                    self._http.get(f"https://{self.registry}/v2/")
+                    self._base = f"https://{self.registry}"
+                except httpx.TransportError:
+                    self._base = f"http://{self.registry}"
+        return self._base
+
+    def _creds(self, repository: str) -> Credentials | None:
+        if self._credentials is None and self._lookup:
+            return lookup_credentials(self.registry, repository, self._env)
+        return self._credentials
+
+    def _sleep(self, attempt: int, resp: httpx.Response | None) -> None:
+        delay = min(self.max_backoff_s, self.backoff_s * (2**attempt))
+        if resp is not None and resp.headers.get("Retry-After", "").isdigit():
+            delay = min(self.max_backoff_s * 4, float(resp.headers["Retry-After"]))
+        time.sleep(delay * (0.75 + random.random() / 2))  # jitter: do not retry in lockstep
+
+    def request(
+        self,
+        method: str,
+        path_or_url: str,
+        *,
+        scope: str,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        stream: bool = False,
+        ok: tuple[int, ...] = (200,),
+    ) -> httpx.Response:
+        """Send with auth and retries. `scope` is the token scope, e.g. `repository:a/b:pull`.
+        Returns a response whose status is in `ok`; raises RegistryError otherwise."""
+        url = path_or_url if "://" in path_or_url else self._base_url() + path_or_url
+        authed_once = False
+        attempt = 0
+        last: str = ""
+        while True:
+            hdrs = dict(headers or {})
+            with self._lock:
+                auth = self._auth.get(scope) or self._auth.get("*")
+            if auth:
+                hdrs["Authorization"] = auth
+            resp: httpx.Response | None = None
+            try:
+                req = self._http.build_request(method, url, headers=hdrs, content=content)
+                resp = self._http.send(req, stream=stream)
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code == 401 and not authed_once:
+                    authed_once = True
+                    challenge = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+                    resp.close()
+                    self._authenticate(challenge, scope)
+                    continue
+                if resp.status_code in ok:
+                    return resp
+                if resp.status_code not in RETRY_STATUSES:
+                    if stream:
+                        resp.read()
+                    raise self._status_error(method, url, resp)
+                last = f"HTTP {resp.status_code}"
+                resp.close()
+            if attempt >= self.retries:
+                raise RegistryError(
+                    f"{self.registry}: {method} {httpx.URL(url).path} failed after {attempt + 1} tries ({last})",
+                    hint="the registry may be down or overloaded; try again later",
+                )
+            self._sleep(attempt, resp)
+            attempt += 1
+
+    def _status_error(self, method: str, url: str, resp: httpx.Response) -> RegistryError:
+        path = httpx.URL(url).path
+        text = _error_text(resp)
+        if resp.status_code == 401:
+            return AuthenticationError(
+                f"{self.registry}: authentication failed for {path} (401: {text})",
+                hint=f"log in with `docker login {self.registry}` or set REGISTRY_AUTH_FILE to an auth.json",
+            )
+        if resp.status_code == 403:
+            return AuthenticationError(f"{self.registry}: access to {path} denied (403: {text})")
+        if resp.status_code == 404:
+            return NotFound(f"{self.registry}: {path} not found (404: {text})")
+        return RegistryError(f"{self.registry}: {method} {path} answered {resp.status_code} ({text})")
+
+    def _authenticate(self, challenge: Challenge | None, scope: str) -> None:
+        repository = scope.split(":")[1] if scope.count(":") >= 2 else None
+        creds = self._creds(repository or "")
+        if challenge is None or challenge.scheme == "basic":
+            if creds is None or (creds.identity_token and not creds.password):
+                raise AuthenticationError(
+                    f"{self.registry}: the registry requires authentication (401) and no credentials were found",
+                    hint=f"log in with `docker login {self.registry}`, or set REGISTRY_AUTH_FILE to an auth.json",
+                )
+            value = "Basic " + base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
+            with self._lock:
+                self._auth["*"] = value
+            return
+        if challenge.scheme != "bearer" or "realm" not in challenge.params:
+            raise AuthenticationError(
+                f"{self.registry}: unsupported authentication scheme {challenge.scheme!r}"
+            )
+        token = self._fetch_token(challenge, scope, creds)
+        with self._lock:
+            self._auth[scope] = f"Bearer {token}"
+
+    def _fetch_token(self, challenge: Challenge, scope: str, creds: Credentials | None) -> str:
+        realm = challenge.params["realm"]
+        service = challenge.params.get("service")
+        scopes = [scope] if scope != "*" else []
+        if challenge.params.get("scope") and challenge.params["scope"] not in scopes:
+            scopes.append(challenge.params["scope"])
+        try:
+            if creds and creds.identity_token:
+                form = {
+                    "grant_type": "refresh_token",
+                    "refresh_token": creds.identity_token,
+                    "client_id": "imagegate",
+                }
+                if service:
+                    form["service"] = service
+                if scopes:
+                    form["scope"] = " ".join(scopes)
+                resp = self._http.post(realm, data=form)
+            else:
+                query: list[tuple[str, str]] = [("service", service)] if service else []
+                query += [("scope", s) for s in scopes]
+                auth = httpx.BasicAuth(creds.username, creds.password) if creds else None
+                sep = "&" if "?" in realm else "?"
+                resp = self._http.get(realm + (sep + urlencode(query) if query else ""), auth=auth)
+        except httpx.TransportError as e:
+            raise RegistryError(f"{self.registry}: the token server {realm} could not be reached: {e}") from e
+        if resp.status_code in (401, 403):
+            raise AuthenticationError(
+                f"{self.registry}: the token server refused {'the credentials' if creds else 'anonymous access'} "
+                f"({resp.status_code})",
+                hint=f"log in with `docker login {self.registry}` or check REGISTRY_AUTH_FILE",
+            )
+        if resp.status_code != 200:
+            raise RegistryError(f"{self.registry}: the token server answered {resp.status_code}")
+        try:
+            body = resp.json()
+            token = body.get("token") or body.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str) or not token:
+            raise RegistryError(f"{self.registry}: the token server answered without a token")
+        return token
+
+    # -- pull ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _scope(repository: str, actions: str = "pull") -> str:
+        return f"repository:{repository}:{actions}"
+
+    def get_manifest(
+        self, repository: str, ref: str, accept: tuple[str, ...] = ACCEPT_ALL
+    ) -> FetchedManifest:
+        resp = self.request(
+            "GET",
+            f"/v2/{repository}/manifests/{ref}",
+            scope=self._scope(repository),
+            headers={"Accept": ", ".join(accept)},
+        )
+        raw = resp.content
+        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        algorithm = ref.partition(":")[0] if is_digest(ref) else "sha256"
+        digest = digest_of(raw, algorithm)
+        if is_digest(ref) and digest != ref:
+            raise RegistryError(
+                f"{self.registry}/{repository}: the manifest served for {ref} hashes to {digest}"
+            )
+        return FetchedManifest(raw, media_type, digest)
+
+    def head_manifest(self, repository: str, ref: str) -> tuple[str, str, int] | None:
+        """(digest, media type, size) of a manifest, or None if the registry has none."""
+        try:
+            resp = self.request(
+                "HEAD",
+                f"/v2/{repository}/manifests/{ref}",
+                scope=self._scope(repository),
+                headers={"Accept": ", ".join(ACCEPT_ALL)},
+            )
+        except NotFound:
+            return None
+        return (
+            resp.headers.get("Docker-Content-Digest", ""),
+            resp.headers.get("Content-Type", ""),
+            int(resp.headers.get("Content-Length", "0")),
+        )
+
+    def blob_size(self, repository: str, digest: str) -> int | None:
+        try:
+            resp = self.request("HEAD", f"/v2/{repository}/blobs/{digest}", scope=self._scope(repository))
+        except NotFound:
+            return None
+        return int(resp.headers.get("Content-Length", "0"))
+
+    @contextmanager
+    def open_blob(self, repository: str, digest: str) -> Iterator[BlobStream]:
+        stream = BlobStream(self, repository, digest)
+        try:
+            stream.open(0)
+            yield stream
+        finally:
+            stream.close()
+
+    def list_tags(self, repository: str) -> list[str]:
+        tags: list[str] = []
+        url: str | None = f"/v2/{repository}/tags/list"
+        while url:
+            resp = self.request("GET", url, scope=self._scope(repository))
+            tags += resp.json().get("tags") or []
+            nxt = resp.links.get("next", {}).get("url")
+            url = urljoin(str(resp.url), nxt) if nxt else None
+        return tags
+
+    # -- push ------------------------------------------------------------------------------
+
+    def upload_blob(self, repository: str, data: bytes, digest: str | None = None) -> str:
+        """Monolithic upload (POST, then PUT with the bytes); skipped when the blob exists."""
+        digest = digest or digest_of(data)
+        if digest_of(data, digest.partition(":")[0]) != digest:
+            raise UsageError(f"upload_blob: the data does not hash to {digest}")
+        if self.blob_size(repository, digest) is not None:
+            return digest
+        scope = self._scope(repository, "pull,push")
+        resp = self.request("POST", f"/v2/{repository}/blobs/uploads/", scope=scope, ok=(202,))
+        location = resp.headers.get("Location")
+        if not location:
+            raise RegistryError(f"{self.registry}: the upload answer has no Location")
+        url = urljoin(str(resp.url), location)
+        url += ("&" if "?" in url else "?") + urlencode({"digest": digest})
+        self.request(
+            "PUT",
+            url,
+            scope=scope,
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+            ok=(201,),
+        )
+        return digest
+
+    def put_manifest(self, repository: str, ref: str, raw: bytes, media_type: str) -> str:
+        resp = self.request(
+            "PUT",
+            f"/v2/{repository}/manifests/{ref}",
+            scope=self._scope(repository, "pull,push"),
+            content=raw,
+            headers={"Content-Type": media_type},
+            ok=(201,),
+        )
+        return resp.headers.get("Docker-Content-Digest") or digest_of(raw)
+
+
+class BlobStream:
+    """A blob body read in chunks; a connection cut mid-way is resumed with a Range request."""
+
+    def __init__(self, client: RegistryClient, repository: str, digest: str):
+        self.client, self.repository, self.digest = client, repository, digest
+        self.offset = 0
+        self.size: int | None = None
+        self._resp: httpx.Response | None = None
+        self._iter: Iterator[bytes] | None = None
+        self._buf = b""
+        self._resumes = 0
+
+    def open(self, offset: int) -> None:
+        headers = {"Accept-Encoding": "identity"}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        try:
+            resp = self.client.request(
+                "GET",
+                f"/v2/{self.repository}/blobs/{self.digest}",
+                scope=f"repository:{self.repository}:pull",
+                headers=headers,
+                stream=True,
+                ok=(200, 206),
+            )
+        except NotFound as e:
+            raise BlobNotFound(f"{self.client.registry}/{self.repository}: no blob {self.digest}") from e
+        # A 200 to a Range request: the registry ignored it; drop what we already have.
+        skip = offset if offset and resp.status_code == 200 else 0
+        if self.size is None and resp.status_code == 200 and "Content-Length" in resp.headers:
+            self.size = int(resp.headers["Content-Length"])
+        self._resp, self._iter = resp, resp.iter_raw(_CHUNK)
+        while skip:
+            chunk = next(self._iter, b"")
+            if not chunk:
+                break
+            self._buf = chunk[skip:]
+            skip = max(0, skip - len(chunk))
+
+    def read(self, n: int) -> bytes:
+        while not self._buf:
+            if self._iter is None:
+                return b""
+            try:
+                chunk = next(self._iter, b"")
+            except httpx.TransportError:
+                if self._resumes >= self.client.retries:
+                    raise
+                self._resumes += 1
+                self.close()
+                self.client._sleep(self._resumes - 1, None)
+                self.open(self.offset)
+                continue
+            if not chunk:
+                self.close()
+                return b""
+            self._buf = chunk
+        out, self._buf = self._buf[:n], self._buf[n:]
+        self.offset += len(out)
+        return out
+
+    def close(self) -> None:
+        if self._resp is not None:
+            self._resp.close()
+        self._resp, self._iter = None, None

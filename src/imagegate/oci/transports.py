@@ -1,0 +1,84 @@
+"""Source strings, named as containers/image (skopeo, podman) names them:
+`docker://REF` (a registry; also a bare REF), `docker-daemon:REF` (the local engine),
+`docker-archive:PATH[:NAME:TAG]` (`docker save`), `oci:DIR[:TAG]` (OCI image layout)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from imagegate.errors import UsageError
+from imagegate.oci.hashing import decompressing_reader
+from imagegate.oci.manifest import DEFAULT_PLATFORM, parse_platform
+from imagegate.oci.reference import parse_reference
+from imagegate.oci.sources.archive import DockerArchiveSource, TarStream, is_compressed_file
+from imagegate.oci.sources.daemon import DaemonArchive
+from imagegate.oci.sources.interface import Source
+from imagegate.oci.sources.layout import OciLayoutSource
+from imagegate.oci.sources.registry import RegistrySource
+
+TRANSPORTS = ("docker://", "docker-daemon:", "docker-archive:", "oci:")
+# Transports containers/image has that we do not read: say so instead of guessing a registry.
+_OTHER_TRANSPORTS = ("containers-storage", "dir", "oci-archive", "ostree", "sif", "tarball")
+_ENGINE_ID = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
+
+
+def _usage(spec: str, why: str) -> UsageError:
+    return UsageError(
+        f"invalid image source {spec!r}: {why}",
+        hint="use docker://REF (or a bare REF), docker-daemon:REF, docker-archive:PATH or oci:DIR[:TAG]",
+    )
+
+
+def open_source(
+    spec: str,
+    *,
+    platform: str | None = None,
+    insecure: bool = False,
+    docker_client: Any | None = None,
+) -> Source:
+    """The source named by `spec`. Malformed strings raise UsageError (exit 3)."""
+    plat = parse_platform(platform or DEFAULT_PLATFORM)
+    if spec.startswith("docker://"):
+        return RegistrySource(parse_reference(spec[len("docker://") :]), plat, insecure=insecure)
+    if spec.startswith("docker-daemon:"):
+        ref = spec[len("docker-daemon:") :]
+        if not ref:
+            raise _usage(spec, "no image after docker-daemon:")
+        if not _ENGINE_ID.match(ref):
+            parse_reference(ref)  # refuses malformed names before asking the engine
+        return DaemonArchive(ref, docker_client)
+    if spec.startswith("docker-archive:"):
+        path, _, wanted = spec[len("docker-archive:") :].partition(":")
+        if not path:
+            raise _usage(spec, "no path after docker-archive:")
+        if not os.path.isfile(path):
+            raise UsageError(f"{spec}: no such file {path}")
+        if is_compressed_file(path):
+            # A compressed `docker save` cannot be read in place: read it once, front to back.
+            return TarStream(spec, lambda: _Closing(path), wanted or None, plat)
+        return DockerArchiveSource(path, wanted or None, plat)
+    if spec.startswith("oci:"):
+        directory, _, tag = spec[len("oci:") :].partition(":")
+        if not directory:
+            raise _usage(spec, "no directory after oci:")
+        return OciLayoutSource(directory, tag or None, plat)
+    scheme = re.match(r"^([a-z][a-z0-9+.-]*)(://|:)", spec)
+    if scheme and (scheme.group(2) == "://" or scheme.group(1) in _OTHER_TRANSPORTS):
+        raise _usage(spec, f"transport {scheme.group(1)!r} is not supported")
+    return RegistrySource(parse_reference(spec), plat, insecure=insecure)
+
+
+class _Closing:
+    """The decompressed bytes of a file, closing the file with the reader."""
+
+    def __init__(self, path: str):
+        self._file = open(path, "rb")  # noqa: SIM115  (closed by close())
+        self._reader = decompressing_reader(self._file)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._reader.read(n)
+
+    def close(self) -> None:
+        self._file.close()
