@@ -1,27 +1,74 @@
-"""The in-toto Statement v1 with imagegate's acceptance predicate."""
+"""The in-toto Statement v1 with imagegate's acceptance predicate
+(manifests/acceptance-v1.schema.json, specified in manifests/acceptance-v1.md)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
 from typing import Any
 
+from imagegate.evidence import sha256_file
 from imagegate.model import RunRecord
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
 
+# Files of an attempt folder that are not evidence: the statement itself and what signs it.
+NOT_EVIDENCE = ("statement.json",)
+NOT_EVIDENCE_PREFIXES = ("attestation.", "vsa.")
+
+
+def environment_digest(env: Any) -> str:
+    """sha256 of the predicate's `environment` as canonical JSON: a verifier recomputes it, so
+    the subject of an image-less run is still bound to something checkable."""
+    return hashlib.sha256(canonical_json(env)).hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
 
 def subject(record: RunRecord) -> tuple[list[dict[str, Any]], str]:
     """Subject: the repository name and the manifest digest; an image never pushed has only its
-    config digest, and then the subject uses it (the predicate says which)."""
+    config digest, and then the subject uses it; a run in an environment without an image (the
+    local driver) names the environment and uses the digest of its recorded facts. The
+    predicate's `image.subjectDigest` says which."""
     img = record.image
     name = img.repository or img.reference
-    if img.manifest_digest:
-        algo, _, hexd = img.manifest_digest.partition(":")
-        return [{"name": name, "digest": {algo: hexd}}], "manifest"
-    if img.config_digest:
-        algo, _, hexd = img.config_digest.partition(":")
-        return [{"name": name, "digest": {algo: hexd}}], "config"
-    return [{"name": name, "digest": {}}], "none"
+    for kind, value in (("manifest", img.manifest_digest), ("config", img.config_digest)):
+        if value:
+            algo, _, hexd = value.partition(":")
+            return [{"name": name, "digest": {algo: hexd}}], kind
+    return [{"name": name, "digest": {"sha256": environment_digest(environment(record))}}], "environment"
+
+
+def _gpu_present(env: dict[str, Any]) -> bool | None:
+    gpu = env.get("gpu")
+    if isinstance(gpu, dict) and isinstance(gpu.get("present"), bool):
+        return bool(gpu["present"])
+    return None
+
+
+def attempt_evidence(record: RunRecord) -> list[dict[str, Any]]:
+    """Every file of the attempt folder that no stage lists (plan, pipeline, bundle, controller
+    output, run facts), with its sha256: together with the stages' files, all of the evidence."""
+    root = Path(record.attempt_dir)
+    if not root.is_dir():
+        return []
+    listed = {f.path for s in record.stages for f in s.evidence}
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if not p.is_file() or rel in listed or rel in NOT_EVIDENCE or rel.startswith(NOT_EVIDENCE_PREFIXES):
+            continue
+        out.append({"path": rel, "sha256": sha256_file(p), "size": p.stat().st_size})
+    return out
+
+
+def environment(record: RunRecord) -> dict[str, Any]:
+    env = dict(record.environment)
+    return {**env, "driver": env.get("driver"), "engine": env.get("engine"), "gpuPresent": _gpu_present(env)}
 
 
 def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
@@ -39,7 +86,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
             "platform": img.platform,
             "subjectDigest": subject_kind,
         },
-        "environment": record.environment,
+        "environment": environment(record),
         "stages": [
             {
                 "id": s.id,
@@ -53,6 +100,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
             }
             for s in record.stages
         ],
+        "evidence": attempt_evidence(record),
         "bundleSha256": record.bundle_sha256,
         "attempt": {"id": record.attempt_id},
         "startedOn": record.started_at,
@@ -69,3 +117,10 @@ def build_statement(record: RunRecord) -> dict[str, Any]:
         "predicateType": PREDICATE_TYPE,
         "predicate": predicate(record, kind),
     }
+
+
+def evidence_files(statement: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every evidence file a statement lists (stages' and the attempt's), in order."""
+    pred = statement.get("predicate") or {}
+    files = [f for s in pred.get("stages") or [] for f in s.get("evidence") or []]
+    return files + list(pred.get("evidence") or [])

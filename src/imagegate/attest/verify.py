@@ -1,0 +1,324 @@
+"""Verify an acceptance attestation: the signature, the statement's form, the subject against the
+image's digest, every evidence file's sha256 when the evidence folder is there, the verdict.
+Every check is data (a `Check` in a `Report`); a mismatch names what differs. Only unreadable
+input raises."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from imagegate.attest import bundle, dsse
+from imagegate.attest.keys import PublicKey
+from imagegate.attest.statement import (
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    environment_digest,
+    evidence_files,
+)
+from imagegate.errors import UsageError
+from imagegate.evidence import sha256_file
+
+Outcome = Literal["ok", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # signature, payloadType, statement, subject, evidence, statement.json, verdict
+    outcome: Outcome
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome != "failed"
+
+
+@dataclass
+class Report:
+    source: str  # what was verified: a file, or a registry reference and layer
+    checks: list[Check] = field(default_factory=list)
+    statement: dict[str, Any] | None = None
+    predicate_type: str | None = None  # as the payload says, even when it is not ours
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    @property
+    def verdict(self) -> str | None:
+        pred = (self.statement or {}).get("predicate")
+        return str(pred.get("verdict")) if isinstance(pred, dict) and "verdict" in pred else None
+
+    def add(self, name: str, outcome: Outcome, detail: str) -> None:
+        self.checks.append(Check(name, outcome, detail))
+
+
+def read_envelopes(path: Path) -> list[dsse.Envelope]:
+    """A DSSE envelope (`.dsse.json`), a Sigstore bundle (`.sigstore.json`), or JSON lines of
+    envelopes (`.intoto.jsonl`, which may hold several)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        obj = None
+    if obj is not None:
+        return [_one(obj, path)]
+    out = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(_one(json.loads(line), path))
+        except ValueError as e:
+            raise UsageError(f"attestation {path}: line {n} is not JSON") from e
+    if not out:
+        raise UsageError(f"attestation {path}: empty")
+    return out
+
+
+def _one(obj: object, path: Path) -> dsse.Envelope:
+    try:
+        if bundle.is_bundle(obj):
+            assert isinstance(obj, dict)
+            return bundle.envelope_of(obj)
+        return dsse.from_dict(obj)
+    except UsageError as e:
+        raise UsageError(
+            f"attestation {path}: {e}", hint="pass attestation.dsse.json, .intoto.jsonl or .sigstore.json"
+        ) from e
+
+
+def _short(digest: str) -> str:
+    algo, _, hexd = digest.partition(":")
+    return f"{algo}:{hexd[:12]}…" if hexd else digest
+
+
+def verify_envelope(
+    envelope: dsse.Envelope,
+    key: PublicKey,
+    *,
+    source: str,
+    predicate_type: str = PREDICATE_TYPE,
+    image_digests: Sequence[str] = (),
+    image_name: str | None = None,
+    expect_verdict: str | None = None,
+) -> Report:
+    """`image_digests`: the image's digests (`sha256:...`, manifest and/or config) that the
+    subject must name; empty: not checked. The evidence is checked by `check_evidence`."""
+    rep = Report(source)
+    if envelope.payload_type == dsse.INTOTO_PAYLOAD_TYPE:
+        rep.add("payloadType", "ok", envelope.payload_type)
+    else:
+        rep.add(
+            "payloadType", "failed", f"is {envelope.payload_type!r}, expected {dsse.INTOTO_PAYLOAD_TYPE!r}"
+        )
+    if envelope.verified_by(key):
+        rep.add("signature", "ok", f"verified with key {key.fingerprint} ({key.algorithm})")
+    else:
+        rep.add(
+            "signature",
+            "failed",
+            f"no signature verifies with key {key.fingerprint}: signed with another key, or the "
+            "attestation was changed after signing",
+        )
+    statement = _statement(envelope, predicate_type, rep)
+    if statement is None:
+        return rep
+    rep.statement = statement
+    _check_subject(statement, image_digests, image_name, rep)
+    if expect_verdict is not None:
+        got = rep.verdict
+        if got == expect_verdict:
+            rep.add("verdict", "ok", got)
+        else:
+            rep.add("verdict", "failed", f"is {got}, expected {expect_verdict}")
+    return rep
+
+
+def _statement(envelope: dsse.Envelope, predicate_type: str, rep: Report) -> dict[str, Any] | None:
+    try:
+        st = json.loads(envelope.payload)
+    except (ValueError, UnicodeDecodeError) as e:
+        rep.add("statement", "failed", f"the payload is not JSON ({e})")
+        return None
+    problems = []
+    if not isinstance(st, dict):
+        rep.add("statement", "failed", "the payload is not a JSON object")
+        return None
+    rep.predicate_type = str(st.get("predicateType"))
+    if st.get("_type") != STATEMENT_TYPE:
+        problems.append(f"_type is {st.get('_type')!r}, expected {STATEMENT_TYPE!r}")
+    if st.get("predicateType") != predicate_type:
+        problems.append(f"predicateType is {st.get('predicateType')!r}, expected {predicate_type!r}")
+    subjects = st.get("subject")
+    if not isinstance(subjects, list) or not subjects or not all(_subject_ok(s) for s in subjects):
+        problems.append("subject is not a list of {name, digest} with at least one digest")
+    if not isinstance(st.get("predicate"), dict):
+        problems.append("predicate is not an object")
+    if problems:
+        rep.add("statement", "failed", "; ".join(problems))
+        return None
+    rep.add("statement", "ok", f"in-toto Statement v1, {predicate_type}")
+    return st
+
+
+def _subject_ok(s: object) -> bool:
+    return isinstance(s, dict) and isinstance(s.get("digest"), dict) and bool(s["digest"])
+
+
+def _subject_digests(statement: Mapping[str, Any]) -> list[str]:
+    return [f"{a}:{h}" for s in statement["subject"] for a, h in s["digest"].items()]
+
+
+def _check_subject(
+    statement: dict[str, Any], image_digests: Sequence[str], name: str | None, rep: Report
+) -> None:
+    subj = _subject_digests(statement)
+    image = statement["predicate"].get("image") or {}
+    kind = image.get("subjectDigest")
+    # The subject must be the digest the predicate says it is (the signature covers both, so a
+    # mismatch means the statement was made wrong, not changed in transit; still worth a name).
+    expected = {
+        "manifest": image.get("manifestDigest"),
+        "config": image.get("configDigest"),
+        "environment": "sha256:" + environment_digest(statement["predicate"].get("environment")),
+    }.get(str(kind))
+    if expected is not None and expected not in subj:
+        rep.add(
+            "subject",
+            "failed",
+            f"subject {', '.join(subj)} is not the {kind} digest {expected} the predicate records",
+        )
+        return
+    if not image_digests:
+        rep.add("subject", "skipped", f"{', '.join(subj)} ({kind} digest); pass --image to check it")
+        return
+    hit = [d for d in image_digests if d in subj]
+    what = name or "the image"
+    if hit:
+        rep.add("subject", "ok", f"{hit[0]} is {what}'s digest")
+    else:
+        rep.add(
+            "subject",
+            "failed",
+            f"subject {', '.join(_short(d) for d in subj)} is not {what} "
+            f"({', '.join(_short(d) for d in image_digests)})",
+        )
+
+
+def _safe_rel(path: object) -> str | None:
+    if not isinstance(path, str) or not path:
+        return None
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or "\\" in path:
+        return None
+    return path
+
+
+def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
+    files = evidence_files(statement)
+    bad = 0
+    for f in files:
+        rel = _safe_rel(f.get("path"))
+        if rel is None:
+            rep.add("evidence", "failed", f"{f.get('path')!r}: not a path inside the attempt folder")
+            bad += 1
+            continue
+        p = root / rel
+        if not p.is_file():
+            rep.add("evidence", "failed", f"{rel}: missing from {root}")
+            bad += 1
+            continue
+        got = sha256_file(p)
+        if got != f.get("sha256"):
+            rep.add(
+                "evidence",
+                "failed",
+                f"{rel}: changed (sha256 {got[:16]}…, attested {str(f.get('sha256'))[:16]}…)",
+            )
+            bad += 1
+    if not bad:
+        rep.add("evidence", "ok", f"{len(files)} files match their sha256 in {root}")
+    _check_statement_copy(statement, root, rep)
+
+
+def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) -> None:
+    # statement.json is the readable copy beside the evidence; it must say what was signed.
+    copy = root / "statement.json"
+    if not copy.is_file():
+        return
+    try:
+        same = json.loads(copy.read_bytes()) == statement
+    except ValueError:
+        same = False
+    if same:
+        rep.add("statement.json", "ok", "the same statement as the signed payload")
+    else:
+        rep.add("statement.json", "failed", f"{copy} differs from the signed statement")
+
+
+def evidence_dir_for(attestation: Path, statement: Mapping[str, Any]) -> Path | None:
+    """The attempt folder beside an attestation file: its own folder when any evidence file the
+    statement lists is there (a copied attestation alone is checked without evidence)."""
+    folder = attestation.parent
+    for f in evidence_files(dict(statement)):
+        rel = _safe_rel(f.get("path"))
+        if rel and (folder / rel).exists():
+            return folder
+    return None
+
+
+def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> Report | None:
+    """Of several attestations (a .jsonl file, an image's `.att`): the first that passes; else the
+    first of our predicate type, whose failures explain why; else the first."""
+    reports = list(reports)
+    ours = [r for r in reports if r.predicate_type == predicate_type]
+    return next((r for r in reports if r.ok), None) or next(iter(ours), None) or next(iter(reports), None)
+
+
+def verify_file(
+    path: Path,
+    key: PublicKey,
+    *,
+    image_digests: Sequence[str] = (),
+    image_name: str | None = None,
+    evidence_dir: Path | None = None,
+    evidence: bool = True,
+    expect_verdict: str | None = None,
+    predicate_type: str = PREDICATE_TYPE,
+) -> Report:
+    """Verify an attestation file. The evidence is checked in `evidence_dir`, else in the
+    attestation's own folder when the evidence is there; `evidence=False` skips it."""
+    reports = []
+    envelopes = read_envelopes(path)
+    for n, env in enumerate(envelopes, 1):
+        source = str(path) if len(envelopes) == 1 else f"{path} line {n}"
+        rep = verify_envelope(
+            env,
+            key,
+            source=source,
+            predicate_type=predicate_type,
+            image_digests=image_digests,
+            image_name=image_name,
+            expect_verdict=expect_verdict,
+        )
+        if evidence and rep.statement is not None:
+            folder = evidence_dir or evidence_dir_for(path, rep.statement)
+            if folder is None:
+                rep.add("evidence", "skipped", f"no evidence folder beside {path}; pass --evidence DIR")
+            else:
+                check_evidence(rep.statement, folder, rep)
+        reports.append(rep)
+    chosen = choose(reports, predicate_type)
+    assert chosen is not None  # read_envelopes never returns an empty list
+    return chosen
