@@ -21,6 +21,7 @@ from imagegate.attest.statement import (
 )
 from imagegate.errors import UsageError
 from imagegate.evidence import sha256_file
+from imagegate.oci.digest import is_digest
 
 Outcome = Literal["ok", "failed", "skipped"]
 
@@ -321,4 +322,59 @@ def verify_file(
         reports.append(rep)
     chosen = choose(reports, predicate_type)
     assert chosen is not None  # read_envelopes never returns an empty list
+    return chosen
+
+
+def image_digests(image: str, *, insecure: bool = False) -> tuple[str, list[str]]:
+    """(name, digests) of `--image`: a digest as written (`sha256:...`), or a registry reference
+    resolved now (its manifest digest and, for an image manifest, its config digest)."""
+    from imagegate.attest import attach
+
+    if is_digest(image):
+        return image, [image]
+    ref = attach.parse_image(image)
+    with attach.client_for(ref, insecure=insecure) as client:
+        remote = attach.resolve(client, ref)
+    return str(ref), list(remote.digests)
+
+
+def verify_image(
+    image: str,
+    key: PublicKey,
+    *,
+    expect_verdict: str | None = None,
+    predicate_type: str = PREDICATE_TYPE,
+    insecure: bool = False,
+) -> Report:
+    """Fetch the attestations attached to `image` in its registry and verify them: passes when
+    one of them, of our predicate type, passes every check."""
+    from imagegate.attest import attach
+
+    ref = attach.parse_image(image)
+    with attach.client_for(ref, insecure=insecure) as client:
+        remote = attach.resolve(client, ref)
+        fetched = attach.fetch(client, remote)
+    pinned = f"{ref.registry}/{ref.repository}@{remote.digests[0]}"
+    if not fetched:
+        rep = Report(pinned)
+        rep.add(
+            "attestation",
+            "failed",
+            f"no attestation attached to {pinned} (tag {attach.attestation_tag(remote.digests[0])})",
+        )
+        return rep
+    reports = [
+        verify_envelope(
+            f.envelope,
+            key,
+            source=f.source,
+            predicate_type=predicate_type,
+            image_digests=remote.digests,
+            image_name=str(ref),
+            expect_verdict=expect_verdict,
+        )
+        for f in fetched
+    ]
+    chosen = choose(reports, predicate_type)
+    assert chosen is not None
     return chosen

@@ -4,6 +4,7 @@ each command group lives in its own module and registers itself on the shared ap
 from __future__ import annotations
 
 from imagegate.cli import (  # noqa: F401  (registers commands)
+    attest,
     oci,
     pipelines,
     run,

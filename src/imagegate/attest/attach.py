@@ -1,0 +1,235 @@
+"""Attestations in the registry, stored the way cosign stores key-signed attestations
+(`cosign attest --key`), so that cosign, Kyverno and sigstore policy-controller find them:
+an image manifest tagged `sha256-<hex>.att` in the image's repository, one layer per DSSE
+envelope (media type `application/vnd.dsse.envelope.v1+json`, annotations
+`dev.cosignproject.cosign/signature: ""` and `predicateType`), appended to what is already there
+rather than replacing it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imagegate.attest import dsse
+from imagegate.errors import UsageError
+from imagegate.oci.digest import digest_of, is_digest, split_digest
+from imagegate.oci.manifest import DOCKER_MANIFEST, MANIFEST_TYPES, OCI_CONFIG, OCI_MANIFEST
+from imagegate.oci.reference import Reference, parse_reference
+from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
+
+DSSE_LAYER_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"  # empty for attestations: the signature is inside
+PREDICATE_TYPE_ANNOTATION = "predicateType"  # what cosign writes and filters on
+INTOTO_PREDICATE_TYPE_ANNOTATION = "in-toto.io/predicate-type"  # what other scanners filter on
+MAX_ENVELOPE_BYTES = 16 << 20  # an attestation layer is a JSON document; refuse anything larger
+
+
+@dataclass(frozen=True)
+class Attached:
+    reference: str  # repository@digest of the image
+    tag: str  # sha256-<hex>.att
+    manifest_digest: str  # of the new .att manifest
+    layer_digest: str
+    layers: int  # in the .att manifest now
+    already: bool  # the same envelope was there: nothing pushed
+
+
+@dataclass(frozen=True)
+class RemoteImage:
+    reference: Reference  # pinned: .digest is set
+    digests: tuple[str, ...]  # manifest digest, then the config digest when there is one
+
+
+@dataclass(frozen=True)
+class FetchedEnvelope:
+    source: str  # REPO:TAG layer N
+    envelope: dsse.Envelope
+
+
+def parse_image(text: str) -> Reference:
+    return parse_reference(text.removeprefix("docker://"))
+
+
+def client_for(ref: Reference, *, insecure: bool = False) -> RegistryClient:
+    return RegistryClient(ref.endpoint, insecure=insecure)
+
+
+def attestation_tag(digest: str) -> str:
+    algo, hexd = split_digest(digest)
+    return f"{algo}-{hexd}.att"
+
+
+def resolve(client: RegistryClient, ref: Reference) -> RemoteImage:
+    """The digest `ref` names now (a tag is resolved once: later steps use the digest, as cosign
+    does, so a tag moved mid-way cannot mix two images), and its config digest if it is an
+    image manifest (for statements made before the image was pushed)."""
+    try:
+        top = client.get_manifest(ref.repository, ref.ref)
+    except NotFound as e:
+        raise UsageError(f"image {ref}: not found in the registry", hint="push it first") from e
+    digests = [top.digest]
+    if top.media_type in MANIFEST_TYPES:
+        try:
+            config = json.loads(top.raw).get("config", {}).get("digest")
+        except (ValueError, AttributeError):
+            config = None
+        if isinstance(config, str) and is_digest(config):
+            digests.append(config)
+    return RemoteImage(ref.with_digest(top.digest), tuple(digests))
+
+
+def _existing(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | None:
+    try:
+        found = client.get_manifest(repo, tag, accept=(OCI_MANIFEST, DOCKER_MANIFEST))
+    except NotFound:
+        return None
+    try:
+        doc = json.loads(found.raw)
+    except ValueError as e:
+        raise RegistryError(f"{repo}:{tag}: the existing attestation manifest is not JSON") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
+        raise RegistryError(f"{repo}:{tag}: the existing attestation manifest has no layers list")
+    return doc
+
+
+def _read_blob(client: RegistryClient, repo: str, digest: str, limit: int = MAX_ENVELOPE_BYTES) -> bytes:
+    chunks, total = [], 0
+    with client.open_blob(repo, digest) as stream:
+        while chunk := stream.read(1 << 20):
+            total += len(chunk)
+            if total > limit:
+                raise RegistryError(f"{repo}: blob {digest} is larger than {limit} bytes; not an attestation")
+            chunks.append(chunk)
+    data = b"".join(chunks)
+    if digest_of(data, digest.partition(":")[0]) != digest:
+        raise RegistryError(f"{repo}: blob {digest} does not hash to its digest")
+    return data
+
+
+def _config(client: RegistryClient, repo: str, old: dict[str, Any] | None, diff_ids: list[str]) -> bytes:
+    """The .att image's config, as go-containerregistry's `mutate.Append` keeps it: the earlier
+    config (if readable) with every layer's diff ID (the layers are not compressed: diff ID =
+    digest) and one empty history entry per layer."""
+    cfg: dict[str, Any] = {
+        "architecture": "",
+        "created": "0001-01-01T00:00:00Z",
+        "os": "",
+        "config": {},
+    }
+    desc = (old or {}).get("config") or {}
+    if old and isinstance(desc.get("digest"), str):
+        try:
+            loaded = json.loads(_read_blob(client, repo, desc["digest"]))
+            if isinstance(loaded, dict):
+                cfg = loaded
+        except (RegistryError, ValueError):
+            pass  # an unreadable earlier config is rebuilt; the layers are what matters
+    history = list(cfg.get("history") or [])
+    history += [{"created": "0001-01-01T00:00:00Z"}] * (len(diff_ids) - len(history))
+    cfg["history"] = history[: len(diff_ids)]
+    cfg["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
+    return json.dumps(cfg, separators=(",", ":")).encode()
+
+
+def attach(
+    client: RegistryClient, ref: Reference, envelope: dsse.Envelope, *, allow_other_subject: bool = False
+) -> Attached:
+    image = resolve(client, ref)
+    statement = _statement(envelope)
+    subjects = [
+        f"{a}:{h}" for s in statement.get("subject") or [] for a, h in (s.get("digest") or {}).items()
+    ]
+    if not allow_other_subject and image.digests[0] not in subjects:
+        raise UsageError(
+            f"attestation subject {', '.join(subjects) or '(none)'} is not {ref} ({image.digests[0]})",
+            hint="attach an attestation to the image it was made for (run it on the pushed image, "
+            "or push the image that was run)",
+        )
+    repo = ref.repository
+    tag = attestation_tag(image.digests[0])
+    predicate_type = str(statement.get("predicateType", ""))
+    layer = envelope.to_json(indent=None).rstrip(b"\n")  # compact, as cosign writes it
+    layer_digest = digest_of(layer)
+    old = _existing(client, repo, tag)
+    layers: list[dict[str, Any]] = list(old["layers"]) if old else []
+    pinned = f"{ref.registry}/{repo}@{image.digests[0]}"
+    if any(isinstance(x, dict) and x.get("digest") == layer_digest for x in layers):
+        return Attached(pinned, tag, "", layer_digest, len(layers), True)
+    client.upload_blob(repo, layer, layer_digest)
+    layers.append(
+        {
+            "mediaType": DSSE_LAYER_MEDIA_TYPE,
+            "size": len(layer),
+            "digest": layer_digest,
+            "annotations": {
+                SIGNATURE_ANNOTATION: "",
+                PREDICATE_TYPE_ANNOTATION: predicate_type,
+                INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type,
+            },
+        }
+    )
+    config = _config(client, repo, old, [str(x.get("digest")) for x in layers])
+    config_digest = client.upload_blob(repo, config)
+    media_type = str(old.get("mediaType") or OCI_MANIFEST) if old else OCI_MANIFEST
+    manifest: dict[str, Any] = {
+        "schemaVersion": 2,
+        "mediaType": media_type,
+        "config": {
+            "mediaType": str(((old or {}).get("config") or {}).get("mediaType") or OCI_CONFIG),
+            "size": len(config),
+            "digest": config_digest,
+        },
+        "layers": layers,
+    }
+    if old and old.get("annotations"):
+        manifest["annotations"] = old["annotations"]
+    raw = json.dumps(manifest, separators=(",", ":")).encode()
+    pushed = client.put_manifest(repo, tag, raw, media_type)
+    return Attached(pinned, tag, pushed, layer_digest, len(layers), False)
+
+
+def _statement(envelope: dsse.Envelope) -> dict[str, Any]:
+    try:
+        st = json.loads(envelope.payload)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError("attestation: the payload is not JSON") from e
+    if not isinstance(st, dict):
+        raise UsageError("attestation: the payload is not an in-toto Statement")
+    return st
+
+
+def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
+    """Every DSSE envelope attached to the image (all predicate types; the caller chooses)."""
+    repo = image.reference.repository
+    tag = attestation_tag(image.digests[0])
+    doc = _existing(client, repo, tag)
+    if doc is None:
+        return []
+    out = []
+    for n, layer in enumerate(doc["layers"], 1):
+        if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_LAYER_MEDIA_TYPE:
+            continue
+        digest = layer.get("digest")
+        if not isinstance(digest, str) or not is_digest(digest):
+            continue
+        data = _read_blob(client, repo, digest)
+        try:
+            env = dsse.from_json(data)
+        except UsageError:
+            continue  # not an envelope: someone else's layer, not ours to judge
+        out.append(FetchedEnvelope(f"{image.reference.registry}/{repo}:{tag} layer {n}", env))
+    return out
+
+
+def attach_file(path: Path, image: str, *, insecure: bool = False) -> Attached:
+    """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry."""
+    from imagegate.attest.verify import read_envelopes
+
+    envelopes = read_envelopes(path)
+    if len(envelopes) != 1:
+        raise UsageError(f"attestation {path}: holds {len(envelopes)} envelopes; attach one at a time")
+    ref = parse_image(image)
+    with client_for(ref, insecure=insecure) as client:
+        return attach(client, ref, envelopes[0])
