@@ -285,7 +285,7 @@ def verify_source(
     return _verify_random(source, expect_config, jobs or default_jobs(), max_uncompressed, progress)
 
 
-def _read_config(source: ImageSource, desc: Descriptor) -> bytes | None:
+def read_config(source: ImageSource, desc: Descriptor) -> bytes | None:
     try:
         with source.open_blob(desc) as r:
             buf = io.BytesIO()
@@ -303,7 +303,7 @@ def _verify_random(
     source: ImageSource, expect: str | None, jobs: int, max_uncompressed: int, progress: Progress
 ) -> VerifyReport:
     image = source.resolve()
-    config, doc, diff_ids, problems = check_config(image.config, _read_config(source, image.config), expect)
+    config, doc, diff_ids, problems = check_config(image.config, read_config(source, image.config), expect)
     problems += _count_problems(len(image.layers), len(diff_ids))
     member_size = getattr(source, "member_size", None)
 

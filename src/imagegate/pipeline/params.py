@@ -125,3 +125,7 @@ class LayersParams(Params):
         description="The official config digest; --expect-config overrides it.",
     )
     platform: str | None = Field(default=None, description="For an index: os/arch[/variant].")
+    insecure: bool = Field(
+        default=False, description="Registry sources: skip TLS verification, fall back to plain HTTP."
+    )
+    jobs: int | None = Field(default=None, ge=1, le=64, description="Layers verified in parallel.")

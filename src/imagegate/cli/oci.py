@@ -1,0 +1,270 @@
+"""Commands: layers, compare (image identity). Parse, call imagegate.oci, render, map errors."""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import threading
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from imagegate.cli._app import app, fail
+from imagegate.errors import ImagegateError, UsageError
+from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+from imagegate.oci.compare import CompareResult, compare
+from imagegate.oci.digest import check_digest
+from imagegate.oci.sources.interface import ImageSource, Source
+from imagegate.oci.transports import open_source
+from imagegate.oci.verify import NoProgress, VerifyReport, verify_source
+from imagegate.oci.verify import Progress as ProgressSink
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+_SOURCES_HELP = (
+    "docker://REF or a bare REF (a registry), docker-daemon:REF (the local engine, DOCKER_HOST "
+    "honoured), docker-archive:PATH[:NAME:TAG] (docker save), oci:DIR[:TAG] (OCI layout)."
+)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not m:
+        raise UsageError(f"invalid size {text!r}", hint="write it like 64GiB, 500M or 1048576")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+class _Bars:
+    """A rich progress bar per blob with throughput, on stderr."""
+
+    def __init__(self, console: Console):
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[int, TaskID] = {}
+        self.lock = threading.Lock()
+
+    def started(self, key: int, label: str, total: int | None) -> None:
+        with self.lock:
+            self.tasks[key] = self.progress.add_task(label, total=total)
+
+    def advanced(self, key: int, nbytes: int) -> None:
+        self.progress.advance(self.tasks[key], nbytes)
+
+    def finished(self, key: int, status: str) -> None:
+        task = self.tasks[key]
+        label = self.progress.tasks[task].description if task < len(self.progress.tasks) else ""
+        self.progress.update(task, description=f"{label} {status}")
+
+
+def _progress(quiet: bool, fmt: Format) -> tuple[ProgressSink, Progress | None]:
+    err = Console(stderr=True)
+    if quiet or not err.is_terminal:
+        return NoProgress(), None
+    bars = _Bars(err)
+    return bars, bars.progress
+
+
+def _open(spec: str, platform: str | None, insecure: bool) -> Source:
+    return open_source(spec, platform=platform, insecure=insecure)
+
+
+def _short(d: str | None) -> str:
+    return "-" if d is None else d.split(":", 1)[-1][:12]
+
+
+def _render_report(report: VerifyReport, out: Console) -> None:
+    out.print(f"source:   {report.source}")
+    if report.index_digest:
+        out.print(f"index:    {report.index_digest}")
+    out.print(f"manifest: {report.manifest_digest or '(none: legacy docker save archive)'}")
+    out.print(f"platform: {report.platform or '?'}")
+    c = report.config
+    out.print(f"config:   {c.actual_digest} {c.status}" + (f" ({c.detail})" if c.detail else ""))
+    if c.official_digest:
+        out.print(f"expected: {c.official_digest} " + ("MATCH" if c.matches_official else "DIFFERENT"))
+    table = Table(box=None, pad_edge=False)
+    for col in ("#", "STATUS", "COMPRESSION", "SIZE", "DIGEST", "DIFFID"):
+        table.add_column(col, no_wrap=True)
+    for x in report.layers:
+        table.add_row(
+            str(x.index + 1),
+            x.status.value,
+            x.compression or "-",
+            str(x.actual_size if x.actual_size is not None else "-"),
+            _short(x.expected_digest or x.actual_digest),
+            _short(x.actual_diff_id or x.expected_diff_id),
+        )
+    out.print(table)
+    for x in report.layers:
+        if x.detail:
+            out.print(f"layer {x.index + 1} {x.status}: {x.detail}")
+            if x.expected_digest or x.actual_digest:
+                out.print(f"  digest   expected {x.expected_digest or '-'}  actual {x.actual_digest or '-'}")
+            out.print(f"  diffID   expected {x.expected_diff_id or '-'}  actual {x.actual_diff_id or '-'}")
+    for p in report.problems:
+        out.print(f"problem: {p}")
+    n = len(report.layers)
+    if report.ok:
+        foreign = f" ({report.foreign} foreign layers not verified)" if report.foreign else ""
+        out.print(f"OK: config {c.actual_digest}, {report.verified}/{n} layers verified{foreign}")
+    else:
+        out.print(
+            f"FAIL: {len(report.failed_layers)} of {n} layers failed"
+            + (f"; config {c.status}" if c.status.value != "OK" else "")
+            + ("; config digest is not the expected one" if c.matches_official is False else "")
+        )
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  imagegate layers myorg/vllm:0.11\n\n"
+    "  imagegate layers docker-daemon:myorg/vllm:0.11 --expect-config sha256:4f0c...\n\n"
+    "  imagegate layers docker-archive:vllm.tar --format json > layers.json\n\n"
+    "  imagegate layers oci:./layout:0.11 --platform linux/arm64\n\n"
+    "  imagegate layers 127.0.0.1:5000/team/app:1 --jobs 8\n\n"
+    "Exit codes: 0 every layer verified, 1 a mismatch (or not the expected config), "
+    "2 the image could not be read, 3 usage or input error."
+)
+def layers(
+    source: str = typer.Argument(..., help=_SOURCES_HELP),
+    expect_config: str = typer.Option(
+        None, "--expect-config", help="The official config digest (sha256:...)."
+    ),
+    platform: str = typer.Option(
+        None, "--platform", help="os/arch[/variant] to pick from an index [linux/amd64]."
+    ),
+    insecure: bool = typer.Option(
+        False, "--insecure", help="Registry: skip TLS verification, fall back to HTTP."
+    ),
+    jobs: int = typer.Option(None, "--jobs", "-j", min=1, max=64, help="Layers verified in parallel."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, or json on stdout."),
+    max_layer_size: str = typer.Option(
+        "64GiB", "--max-layer-size", help="Stop a layer that decompresses past this (decompression bomb)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Verify an image's config digest, every layer's digest and size, and every diffID."""
+    try:
+        if expect_config:
+            check_digest(expect_config, what="--expect-config")
+        limit = _size(max_layer_size)
+        src = _open(source, platform, insecure)
+        sink, bars = _progress(quiet, fmt)
+        try:
+            if bars is not None:
+                bars.start()
+            report = verify_source(
+                src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
+            )
+        finally:
+            if bars is not None:
+                bars.stop()
+            if isinstance(src, ImageSource):
+                src.close()
+    except ImagegateError as e:
+        raise fail(e) from None
+    if fmt is Format.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _render_report(report, Console(soft_wrap=True))
+    raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
+
+
+def _render_compare(result: CompareResult, out: Console) -> None:
+    out.print(
+        f"official: {result.official.source}  manifest {result.official.manifest_digest}  config {result.official.config_digest}"
+    )
+    out.print(
+        f"mirror:   {result.mirror.source}  manifest {result.mirror.manifest_digest}  config {result.mirror.config_digest}"
+    )
+    for d in result.layer_diffs:
+        out.print(
+            f"layer {d.index + 1}: diffID {d.official_diff_id or '-'} (official) vs {d.mirror_diff_id or '-'} (mirror)"
+        )
+    for f in result.field_diffs:
+        out.print(f"config {f.field}: {json.dumps(f.official)} (official) vs {json.dumps(f.mirror)} (mirror)")
+    for p in result.problems:
+        out.print(f"problem: {p}")
+    out.print(result.sentence)
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str)
+
+
+@app.command(
+    name="compare",
+    epilog="Examples:\n\n"
+    "  imagegate compare docker.io/vllm/vllm-openai:v0.11.0 mirror.example/vllm/vllm-openai:v0.11.0\n\n"
+    "  imagegate compare docker-archive:official.tar 127.0.0.1:5000/vllm:0.11 --deep\n\n"
+    "Says exactly one of: identical (same manifest digest; no blob read unless --deep); same "
+    "content (config digest equal, every diffID verified, compression may differ); different image "
+    "(with the layers and config fields that differ); corrupt (a blob does not match).\n\n"
+    "Exit codes: 0 same content, 1 different or corrupt, 2 could not decide, 3 usage error.",
+)
+def compare_cmd(
+    official: str = typer.Argument(..., help="The official image. " + _SOURCES_HELP),
+    mirror: str = typer.Argument(..., help="The copy to audit, in the same forms."),
+    deep: bool = typer.Option(
+        False, "--deep", help="Read and verify every blob of both images, even if identical."
+    ),
+    platform: str = typer.Option(
+        None, "--platform", help="os/arch[/variant] to pick from an index [linux/amd64]."
+    ),
+    insecure: bool = typer.Option(
+        False, "--insecure", help="Registry: skip TLS verification, fall back to HTTP."
+    ),
+    jobs: int = typer.Option(None, "--jobs", "-j", min=1, max=64, help="Layers verified in parallel."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table (text), or json on stdout."),
+    max_layer_size: str = typer.Option(
+        "64GiB", "--max-layer-size", help="Decompression bomb limit per layer."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
+    try:
+        limit = _size(max_layer_size)
+        a = _open(official, platform, insecure)
+        b = _open(mirror, platform, insecure)
+        sink, bars = _progress(quiet, fmt)
+        try:
+            if bars is not None:
+                bars.start()
+            result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
+        finally:
+            if bars is not None:
+                bars.stop()
+            for s in (a, b):
+                if isinstance(s, ImageSource):
+                    s.close()
+    except ImagegateError as e:
+        raise fail(e) from None
+    if fmt is Format.json:
+        print(_json(result.to_dict()))
+    else:
+        _render_compare(result, Console(soft_wrap=True))
+    raise typer.Exit(result.exit_code)

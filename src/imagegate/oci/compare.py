@@ -1,0 +1,295 @@
+"""Is the mirror the official image? Exact in what it claims: equal manifest digests mean
+identical blobs; an equal config digest with every diffID recomputed means the same content
+(compressed blobs may still differ: different compression); anything else is a different image,
+with the layers and config fields that differ."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED
+from imagegate.oci.sources.interface import ArchiveStream, ImageSource, Source
+from imagegate.oci.verify import (
+    LayerStatus,
+    Progress,
+    VerifyReport,
+    check_config,
+    read_config,
+    verify_source,
+)
+
+
+class Verdict(str, enum.Enum):
+    IDENTICAL = "IDENTICAL"  # same manifest digest: byte-identical blobs
+    SAME_CONTENT = "SAME_CONTENT"  # same config, every diffID verified; compression may differ
+    DIFFERENT = "DIFFERENT"  # another config: another image
+    CORRUPT = "CORRUPT"  # same config declared, but a blob does not match it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The runtime settings users care about, as (name, path in the config document).
+CONFIG_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("env", ("config", "Env")),
+    ("entrypoint", ("config", "Entrypoint")),
+    ("cmd", ("config", "Cmd")),
+    ("labels", ("config", "Labels")),
+    ("user", ("config", "User")),
+    ("workdir", ("config", "WorkingDir")),
+)
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    field: str
+    official: Any
+    mirror: Any
+
+
+@dataclass(frozen=True)
+class LayerDiff:
+    index: int
+    official_diff_id: str | None
+    mirror_diff_id: str | None
+
+
+@dataclass(frozen=True)
+class Side:
+    source: str
+    manifest_digest: str | None
+    config_digest: str | None  # computed from the config's bytes
+    layer_digests: tuple[str | None, ...]  # compressed digests, as the manifest names them
+    diff_ids: tuple[str, ...]
+    config_doc: Mapping[str, Any]
+    report: VerifyReport | None = None  # when its blobs were read
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    verdict: Verdict
+    sentence: str
+    official: Side
+    mirror: Side
+    layer_diffs: tuple[LayerDiff, ...] = ()
+    field_diffs: tuple[FieldDiff, ...] = ()
+    other_fields: tuple[str, ...] = ()  # other config keys that differ (created, history, ...)
+    compressed_differ: int = 0
+    problems: tuple[str, ...] = ()  # failed layers, named
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_ACCEPTED if self.verdict in (Verdict.IDENTICAL, Verdict.SAME_CONTENT) else EXIT_REJECTED
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(s: Side) -> dict[str, Any]:
+            return {
+                "source": s.source,
+                "manifest_digest": s.manifest_digest,
+                "config_digest": s.config_digest,
+                "diff_ids": list(s.diff_ids),
+                "verification": s.report.to_dict() if s.report else None,
+            }
+
+        return {
+            "verdict": self.verdict.value,
+            "sentence": self.sentence,
+            "exit_code": self.exit_code,
+            "official": side(self.official),
+            "mirror": side(self.mirror),
+            "layer_diffs": [vars(d) for d in self.layer_diffs],
+            "config_field_diffs": [json.loads(json.dumps(vars(d), default=str)) for d in self.field_diffs],
+            "other_config_fields": list(self.other_fields),
+            "compressed_digests_differ": self.compressed_differ,
+            "problems": list(self.problems),
+        }
+
+
+def _get(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    cur: Any = doc
+    for key in path:
+        cur = cur.get(key) if isinstance(cur, Mapping) else None
+    # Converters (docker -> OCI config) drop empty fields: "" and null mean the same to a runtime.
+    return None if cur in ("", [], {}) else cur
+
+
+def _platform(doc: Mapping[str, Any]) -> str:
+    return "/".join(str(doc[k]) for k in ("os", "architecture", "variant") if doc.get(k))
+
+
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list[FieldDiff], list[str]]:
+    """The listed runtime fields that differ, then the names of other differing keys."""
+    diffs = [
+        FieldDiff(name, _get(a, path), _get(b, path))
+        for name, path in CONFIG_FIELDS
+        if _get(a, path) != _get(b, path)
+    ]
+    if _platform(a) != _platform(b):
+        diffs.append(FieldDiff("platform", _platform(a), _platform(b)))
+    known = {("config", p[1]) for _, p in CONFIG_FIELDS} | {
+        ("os",),
+        ("architecture",),
+        ("variant",),
+        ("rootfs",),
+    }
+    others: list[str] = []
+    for key in sorted(set(a) | set(b)):
+        if key == "config" and isinstance(a.get(key), Mapping) and isinstance(b.get(key), Mapping):
+            for sub in sorted(set(a[key]) | set(b[key])):
+                if ("config", sub) not in known and a[key].get(sub) != b[key].get(sub):
+                    others.append(f"config.{sub}")
+        elif (key,) not in known and a.get(key) != b.get(key):
+            others.append(key)
+    return diffs, others
+
+
+def _side(source: Source, *, read_blobs: bool, **verify_kw: Any) -> Side:
+    """One image's identity; its blobs are read (and verified) when asked, or when the source
+    can only be read whole (an archive stream)."""
+    if isinstance(source, ArchiveStream) or read_blobs:
+        r = verify_source(source, **verify_kw)
+        digests = tuple(x.expected_digest for x in r.layers)
+        return Side(r.source, r.manifest_digest, r.config.actual_digest, digests, r.diff_ids, r.config_doc, r)
+    image = source.resolve()
+    config, doc, diff_ids, _ = check_config(image.config, read_config(source, image.config), None)
+    digests = tuple(d.digest for d in image.layers)
+    return Side(source.description, image.manifest_digest, config.actual_digest, digests, diff_ids, doc)
+
+
+def _named_failures(r: VerifyReport) -> list[str]:
+    out = (
+        [f"{r.source}: config {r.config.status}: {r.config.detail}"]
+        if r.config.status is not LayerStatus.OK
+        else []
+    )
+    out += [
+        f"{r.source}: layer {x.index + 1} ({x.expected_digest or x.expected_diff_id}) {x.status}: {x.detail}"
+        for x in r.failed_layers
+    ]
+    out += [f"{r.source}: {p}" for p in r.problems]
+    return out
+
+
+def compare(
+    official: Source,
+    mirror: Source,
+    *,
+    deep: bool = False,
+    jobs: int | None = None,
+    max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
+    progress: Progress | None = None,
+) -> CompareResult:
+    kw: dict[str, Any] = {"jobs": jobs, "max_uncompressed": max_uncompressed, "progress": progress}
+    # Step 1: manifests only (no blob read) where the source allows it.
+    if not deep and isinstance(official, ImageSource) and isinstance(mirror, ImageSource):
+        o_img, m_img = official.resolve(), mirror.resolve()
+        if o_img.manifest_digest and o_img.manifest_digest == m_img.manifest_digest:
+            o = Side(official.description, o_img.manifest_digest, o_img.config.digest, (), (), {})
+            m = Side(mirror.description, m_img.manifest_digest, m_img.config.digest, (), (), {})
+            return CompareResult(
+                Verdict.IDENTICAL,
+                f"identical: manifest digest equal ({o_img.manifest_digest}); no blob read",
+                o,
+                m,
+            )
+    o = _side(official, read_blobs=deep, **kw)
+    m = _side(mirror, read_blobs=False, **kw)
+    if o.config_digest is not None and o.config_digest == m.config_digest:
+        return _same_config(o, mirror, m, deep, kw)
+    return _different(o, m, mirror, deep, kw)
+
+
+def _same_config(o: Side, mirror: Source, m: Side, deep: bool, kw: dict[str, Any]) -> CompareResult:
+    if m.report is None:
+        m = _side(mirror, read_blobs=True, **kw)
+    assert m.report is not None
+    failures = _named_failures(m.report) + (_named_failures(o.report) if o.report else [])
+    n = len(m.report.layers)
+    verified = m.report.verified
+    if failures:
+        return CompareResult(
+            Verdict.CORRUPT,
+            f"corrupt: config digest equal, but {len(failures)} problem(s): " + "; ".join(failures),
+            o,
+            m,
+            problems=tuple(failures),
+        )
+    # Positions beyond the shorter list count as differing; a legacy archive declares no digest.
+    pairs = zip(o.layer_digests, m.layer_digests, strict=False)
+    differ = sum(1 for a, b in pairs if a is None or a != b)
+    differ += abs(len(o.layer_digests) - len(m.layer_digests))
+    foreign = m.report.foreign
+    tail = f" ({foreign} foreign layers not verified)" if foreign else ""
+    if differ:
+        sentence = (
+            f"same content: config digest equal, {verified}/{n} diffIDs verified{tail}; compressed digests differ "
+            f"for {differ} layers (different compression); blobs are not byte-identical"
+        )
+    elif o.manifest_digest and o.manifest_digest == m.manifest_digest:
+        return CompareResult(
+            Verdict.IDENTICAL,
+            f"identical: manifest digest equal ({m.manifest_digest}), {verified}/{n} diffIDs verified{tail}",
+            o,
+            m,
+        )
+    else:
+        sentence = (
+            f"same content: config digest equal, {verified}/{n} diffIDs verified{tail}; compressed digests equal "
+            f"for all {n} layers; the manifests differ ({o.manifest_digest} vs {m.manifest_digest})"
+        )
+    return CompareResult(Verdict.SAME_CONTENT, sentence, o, m, compressed_differ=differ)
+
+
+def _different(o: Side, m: Side, mirror: Source, deep: bool, kw: dict[str, Any]) -> CompareResult:
+    if deep and m.report is None:
+        m = _side(mirror, read_blobs=True, **kw)
+    layer_diffs = [
+        LayerDiff(i, a, b)
+        for i, (a, b) in enumerate(
+            [
+                (
+                    o.diff_ids[i] if i < len(o.diff_ids) else None,
+                    m.diff_ids[i] if i < len(m.diff_ids) else None,
+                )
+                for i in range(max(len(o.diff_ids), len(m.diff_ids)))
+            ]
+        )
+        if a != b
+    ]
+    fields, others = config_differences(o.config_doc, m.config_doc)
+    n = max(len(o.diff_ids), len(m.diff_ids))
+    parts = [f"different image: config digests differ ({o.config_digest} vs {m.config_digest})"]
+    if layer_diffs:
+        parts.append(
+            f"diffIDs differ for {len(layer_diffs)} of {n} layers: "
+            + ", ".join(str(d.index + 1) for d in layer_diffs)
+        )
+    else:
+        parts.append(f"all {n} diffIDs equal (same filesystem layers)")
+    if fields:
+        parts.append("config fields that differ: " + ", ".join(f.field for f in fields))
+    else:
+        parts.append("env, entrypoint, cmd, labels, user, workdir, platform equal")
+    if others:
+        parts.append("other config keys differ: " + ", ".join(others))
+    failures = []
+    for r in (o.report, m.report):
+        if r is not None:
+            failures += _named_failures(r)
+    if failures:
+        parts.append("corrupt blobs: " + "; ".join(failures))
+    return CompareResult(
+        Verdict.DIFFERENT,
+        "; ".join(parts),
+        o,
+        m,
+        layer_diffs=tuple(layer_diffs),
+        field_diffs=tuple(fields),
+        other_fields=tuple(others),
+        problems=tuple(failures),
+    )
