@@ -1,28 +1,42 @@
-"""Machine-readable reports of a run, written with `run --report FMT=PATH` (several at once) or
-re-rendered later from stored evidence. Each format is one function RunRecord -> text."""
+"""Machine-readable reports of a run, written with `run --report FMT=PATH` (several at once,
+`-` for stdout) or re-rendered later from stored evidence (`imagegate report`). Each format is
+one function (RunRecord, folder the report goes to) -> text."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TextIO
 
 from imagegate.attest.statement import build_statement
 from imagegate.errors import UsageError
 from imagegate.model import RunRecord
+from imagegate.report import github, html, junit, markdown
+
+STDOUT = Path("-")
+
+# `base`: the folder the report is written to (None: stdout, links are relative to the current
+# folder); only formats that link to evidence files use it.
+Renderer = Callable[[RunRecord, Path | None], str]
 
 
-def render_json(record: RunRecord) -> str:
+def render_json(record: RunRecord, base: Path | None = None) -> str:
+    del base
     return json.dumps(build_statement(record), indent=2, sort_keys=True) + "\n"
 
 
-FORMATS: dict[str, Callable[[RunRecord], str]] = {
+FORMATS: dict[str, Renderer] = {
     "json": render_json,
+    "junit": junit.render,
+    "markdown": markdown.render,
+    "html": html.render,
 }
 
 
 def parse_spec(spec: str) -> tuple[str, Path]:
-    """'junit=out/report.xml' -> ('junit', Path('out/report.xml'))."""
+    """'junit=out/report.xml' -> ('junit', Path('out/report.xml')); 'junit=-' is stdout."""
     fmt, sep, path = spec.partition("=")
     if not sep or not path:
         raise UsageError(f"--report {spec!r}: expected FORMAT=PATH", hint=f"formats: {', '.join(FORMATS)}")
@@ -31,10 +45,39 @@ def parse_spec(spec: str) -> tuple[str, Path]:
     return fmt, Path(path)
 
 
-def write_reports(record: RunRecord, specs: list[tuple[str, Path]]) -> list[Path]:
-    written = []
+def parse_specs(specs: list[str]) -> list[tuple[str, Path]]:
+    """All --report values; at most one of them may go to stdout."""
+    parsed = [parse_spec(s) for s in specs]
+    if sum(1 for _, p in parsed if p == STDOUT) > 1:
+        raise UsageError(
+            "--report: only one report can go to stdout (-)", hint="write the others to files: FORMAT=PATH"
+        )
+    return parsed
+
+
+def render(record: RunRecord, fmt: str, base: Path | None = None) -> str:
+    return FORMATS[fmt](record, base)
+
+
+def write_reports(
+    record: RunRecord,
+    specs: list[tuple[str, Path]],
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
+) -> bool:
+    """Write each report; in GitHub Actions also the step summary and the annotations (on
+    stderr). Returns whether a report went to stdout: then the caller prints nothing else there."""
+    used_stdout = False
     for fmt, path in specs:
+        if path == STDOUT:
+            out = stdout or sys.stdout
+            out.write(render(record, fmt))
+            out.flush()
+            used_stdout = True
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(FORMATS[fmt](record))
-        written.append(path)
-    return written
+        path.write_text(render(record, fmt, path.parent), encoding="utf-8")
+    github.publish(record, stderr or sys.stderr, env)
+    return used_stdout

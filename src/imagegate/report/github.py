@@ -1,0 +1,53 @@
+"""GitHub Actions: a step summary (markdown appended to the file `GITHUB_STEP_SUMMARY` names)
+and workflow-command annotations (`::error title=...::message`) for the stages that did not pass.
+
+Annotations are written to stderr: the Actions runner reads workflow commands from both streams,
+and stdout may be carrying a machine format that must stay clean."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TextIO
+
+from imagegate.model import RunRecord, Status
+from imagegate.report import markdown, view
+
+# GitHub shows at most 10 annotations of each kind per step: the rest stay in the summary.
+MAX_ANNOTATIONS = 10
+_COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.DEFERRED: "notice"}
+
+
+def escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation_lines(record: RunRecord) -> list[str]:
+    lines = []
+    for s in record.stages:
+        command = _COMMAND.get(s.status)
+        if command is None:
+            continue
+        title = f"imagegate {s.token} ({record.image.reference})"
+        message = "\n".join(view.reasons(s)) or s.status.value
+        lines.append(f"::{command} title={escape_property(title)}::{escape_data(message)}")
+    return lines[:MAX_ANNOTATIONS]
+
+
+def publish(record: RunRecord, stream: TextIO, env: Mapping[str, str] | None = None) -> None:
+    """Inside GitHub Actions (only there: the variables say so): append the step summary and
+    print the annotations. Elsewhere, nothing."""
+    env = os.environ if env is None else env
+    summary = env.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        # Appended: several steps and several runs in one step each add their own part.
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(markdown.render(record) + "\n")
+    if env.get("GITHUB_ACTIONS") == "true":
+        for line in annotation_lines(record):
+            stream.write(line + "\n")
+        stream.flush()

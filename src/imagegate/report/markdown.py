@@ -1,0 +1,67 @@
+"""Markdown: for pull-request comments, wikis and the GitHub Actions step summary (GitHub
+Flavored Markdown: tables, <details>)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from imagegate.model import RunRecord, Status
+from imagegate.report import view
+
+ICON = {
+    Status.PASS: "✅",
+    Status.FAIL: "❌",
+    Status.ERROR: "⛔",
+    Status.DEFERRED: "⏸️",
+    Status.SKIPPED: "⏭️",
+}
+
+
+def verdict_icon(verdict: str) -> str:
+    if verdict == "PASS":
+        return "✅"
+    return "❌" if verdict == "FAIL" else "⛔" if verdict == "ERROR" else "⏸️"
+
+
+def cell(text: str, width: int = 160) -> str:
+    """One table cell: one line, pipes escaped, HTML tags shown as text (GitHub renders them)."""
+    text = " ".join(text.split())
+    if len(text) > width:
+        text = text[: width - 1] + "…"
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def code(text: str) -> str:
+    return "`" + text.replace("`", "'") + "`"
+
+
+def render(record: RunRecord, base: Path | None = None) -> str:
+    del base  # evidence is named by path; a summary or comment has nowhere to link it to
+    img = record.image
+    lines = [
+        f"## {verdict_icon(record.verdict)} imagegate: {record.verdict}: {code(img.reference)}",
+        "",
+        " · ".join(
+            [
+                f"pipeline {code(str(record.pipeline.get('name', '?')))} v{record.pipeline.get('version', '?')}",
+                f"config {code(view.short_digest(img.config_digest))}",
+                f"driver {record.environment.get('driver') or '?'}",
+                f"{view.elapsed_s(record):.1f} s",
+            ]
+        ),
+        "",
+        "| stage | status | token | time | reason |",
+        "|---|---|---|---:|---|",
+    ]
+    for s in record.stages:
+        lines.append(
+            f"| {s.id} | {ICON[s.status]} {s.status.value} | {code(s.token)} | {s.duration_s:.2f} s | {cell(s.detail)} |"
+        )
+    problems = [s for s in view.not_passed(record)]
+    if problems:
+        lines += ["", "### Reasons", ""]
+        for s in problems:
+            lines.append(f"- **{s.id}** {s.status.value}")
+            lines += [f"  - {cell(r, 400)}" for r in view.reasons(s)]
+    lines += ["", f"Evidence: {code(record.attempt_dir)}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""What every report shows, computed once: the headline, the stage outputs read back from the
+evidence folder, the reasons of what did not pass, the layer table. Formats only lay it out."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imagegate.model import RunRecord, StageResult, Status
+
+OUTPUT_CAP = 64 * 1024  # per stream and stage in a report: the evidence folder keeps it all
+
+
+def title(record: RunRecord) -> str:
+    return f"imagegate {record.pipeline.get('name', '?')}: {record.image.reference}"
+
+
+def elapsed_s(record: RunRecord) -> float:
+    """Wall time of the attempt; the stages added up when the times cannot be read."""
+    try:
+        start = dt.datetime.fromisoformat(record.started_at.replace("Z", "+00:00"))
+        end = dt.datetime.fromisoformat(record.finished_at.replace("Z", "+00:00"))
+        return max((end - start).total_seconds(), 0.0)
+    except ValueError:
+        return sum(s.duration_s for s in record.stages)
+
+
+def read_capped(path: Path, cap: int = OUTPUT_CAP) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(cap + 1)
+    except OSError:
+        return ""
+    text = data[:cap].decode("utf-8", "replace")
+    return (
+        text + f"\n[... cut at {cap} bytes; the full file is {path.name} in the evidence]"
+        if len(data) > cap
+        else text
+    )
+
+
+def stage_output(record: RunRecord, stage: StageResult, name: str) -> str:
+    """The stage's stdout.txt or stderr.txt from the evidence folder ('' when it has none)."""
+    for f in stage.evidence:
+        if Path(f.path).name == name:
+            return read_capped(Path(record.attempt_dir) / f.path)
+    return ""
+
+
+def reasons(stage: StageResult) -> list[str]:
+    """One problem a line: probes join several problems with '; '."""
+    return [p.strip() for p in stage.detail.split("; ") if p.strip()]
+
+
+def not_passed(record: RunRecord) -> Iterator[StageResult]:
+    return (s for s in record.stages if s.status is not Status.PASS)
+
+
+@dataclass(frozen=True)
+class Timed:
+    stage: StageResult
+    start_s: float  # offset from the first stage: stages run one after another
+
+
+def timeline(record: RunRecord) -> list[Timed]:
+    out, t = [], 0.0
+    for s in record.stages:
+        out.append(Timed(s, t))
+        t += s.duration_s
+    return out
+
+
+def layer_table(record: RunRecord) -> tuple[StageResult, list[dict[str, Any]]] | None:
+    """The first layers stage's per-layer results (its `data.layers`), if the run had one."""
+    for s in record.stages:
+        layers = s.data.get("layers")
+        if s.probe == "layers" and isinstance(layers, list):
+            return s, [x for x in layers if isinstance(x, dict)]
+    return None
+
+
+def evidence_files(record: RunRecord) -> list[str]:
+    """Every evidence file, relative to the attempt folder: the stages' and the attempt's own."""
+    from imagegate.attest.statement import attempt_evidence
+
+    seen = [f.path for s in record.stages for f in s.evidence]
+    return seen + [str(f["path"]) for f in attempt_evidence(record) if f["path"] not in seen]
+
+
+def link(record: RunRecord, rel: str, base: Path | None) -> str:
+    """A path to an evidence file as seen from `base` (the folder a report is written to)."""
+    target = Path(record.attempt_dir) / rel
+    return os.path.relpath(target, base if base is not None else Path.cwd())
+
+
+def short_digest(d: str | None, n: int = 12) -> str:
+    if not d:
+        return "-"
+    algo, _, hexd = d.partition(":")
+    return f"{algo}:{hexd[:n]}" if hexd else d[:n]
