@@ -7,6 +7,7 @@ from imagegate.cli import (  # noqa: F401  (registers commands)
     attest,
     oci,
     pipelines,
+    pod,
     run,
 )
 from imagegate.cli._app import app

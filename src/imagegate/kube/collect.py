@@ -1,0 +1,298 @@
+"""From a finished Pod (its status JSON and its log) to a run record: the controller's events
+from the log, the image the cluster really ran from `status.containerStatuses[].imageID`, a
+stage comparing that with the expected digest, the outside stages, the evidence and the
+statement, all written outside the cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from imagegate import protocol
+from imagegate.drivers.interface import BundleRun
+from imagegate.errors import UsageError
+from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER
+from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
+from imagegate.runner import Notify, Prepared, RunOptions, conclude, new_attempt
+
+IMAGE_ID_STAGE = "image_id"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# Runtimes prefix imageID differently: docker (dockershim, cri-dockerd) with docker-pullable://
+# or docker://; containerd and CRI-O give the repo digest bare, or only the local image ID.
+_SCHEMES = ("docker-pullable://", "docker://")
+
+
+@dataclass(frozen=True)
+class ImageID:
+    """`status.containerStatuses[].imageID`, taken apart."""
+
+    raw: str
+    repository: str | None = None
+    digest: str | None = None  # the repo digest: a manifest, or for multi-arch images an index
+    local_id: str | None = None  # the runtime's image ID (config digest) when that is all it says
+
+
+def parse_image_id(raw: str) -> ImageID:
+    text = raw.strip()
+    for scheme in _SCHEMES:
+        if text.startswith(scheme):
+            text = text[len(scheme) :]
+            break
+    name, at, digest = text.rpartition("@")
+    if at and _DIGEST.fullmatch(digest):
+        return ImageID(raw, repository=name or None, digest=digest)
+    if _DIGEST.fullmatch(text):
+        return ImageID(raw, local_id=text)
+    return ImageID(raw)
+
+
+def pod_from_json(data: Any) -> dict[str, Any]:
+    """A Pod, or a List/PodList holding one (`kubectl get pods -l ... -o json`)."""
+    if isinstance(data, dict) and data.get("kind") == "Pod":
+        return data
+    if isinstance(data, dict) and isinstance(data.get("items"), list):
+        pods = [p for p in data["items"] if isinstance(p, dict) and p.get("kind", "Pod") == "Pod"]
+        if len(pods) == 1:
+            return pods[0]
+        raise UsageError(
+            f"the Pod JSON lists {len(pods)} Pods; expected one",
+            hint="kubectl get pod NAME -o json > pod.json",
+        )
+    raise UsageError("the Pod JSON is not a Pod", hint="kubectl get pod NAME -o json > pod.json")
+
+
+def container_status(pod: dict[str, Any], container: str = CONTAINER) -> dict[str, Any] | None:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    named = [s for s in statuses if s.get("name") == container]
+    found = named or statuses[:1]
+    return dict(found[0]) if found else None
+
+
+def image_facts(pod: dict[str, Any], container: str = CONTAINER) -> tuple[ImageFacts, ImageID | None]:
+    spec = next(
+        (c for c in pod.get("spec", {}).get("containers", []) if c.get("name") == container),
+        (pod.get("spec", {}).get("containers") or [{}])[0],
+    )
+    reference = str(spec.get("image") or "unknown")
+    status = container_status(pod, container)
+    raw = str((status or {}).get("imageID") or "")
+    if not raw:
+        return ImageFacts(reference=reference, config_digest=None, repository=_repository(reference)), None
+    iid = parse_image_id(raw)
+    facts = ImageFacts(
+        reference=reference,
+        config_digest=iid.local_id,
+        manifest_digest=iid.digest,
+        repo_digests=(f"{iid.repository}@{iid.digest}",) if iid.repository and iid.digest else (),
+        repository=iid.repository or _repository(reference),
+    )
+    return facts, iid
+
+
+def _repository(reference: str) -> str:
+    name = reference.partition("@")[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
+def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> BundleRun:
+    """The Pod log is the controller's stdout and stderr interleaved; the events parser ignores
+    lines that are not events, so the whole log goes in as stdout. What the image printed besides
+    events, and how the container ended, go in as stderr: the reason of a cut run is there."""
+    status = container_status(pod, container) or {}
+    state = status.get("state") or {}
+    term = state.get("terminated") or (status.get("lastState") or {}).get("terminated")
+    pod_status = pod.get("status", {})
+    pod_reason = pod_status.get("reason")
+    exit_code = term.get("exitCode") if term else None
+    timed_out = pod_reason == "DeadlineExceeded" or (term or {}).get("reason") == "DeadlineExceeded"
+    error = None
+    if term:
+        ending = f"container terminated: {term.get('reason', '?')} (exit {exit_code})"
+        if term.get("message"):
+            ending += f": {str(term['message']).strip()}"
+    elif "waiting" in state:
+        waiting = state["waiting"] or {}
+        ending = f"the container never ran: {waiting.get('reason', 'waiting')}"
+        if waiting.get("message"):
+            ending += f": {waiting['message']}"
+        error = ending
+    elif "running" in state:
+        ending = error = "the container is still running: collect after it finished"
+    else:
+        ending = error = f"the Pod has no container status (phase {pod_status.get('phase', '?')})"
+    if pod_reason or pod_status.get("message"):
+        ending += f"; Pod {pod_reason or ''}: {pod_status.get('message', '')}".rstrip(": ")
+        if timed_out:
+            error = f"the Pod's deadline was reached ({pod_status.get('message', 'DeadlineExceeded')})"
+    if term and term.get("reason") == "OOMKilled":
+        error = f"OOMKilled: the container went over its memory limit (exit {exit_code})"
+    foreign = [ln for ln in log.splitlines() if not _is_event(ln)]
+    stderr = b"\n".join([*foreign, ending.encode()]) + b"\n"
+    return BundleRun(
+        stdout=log,
+        stderr=stderr,
+        exit_code=None if error else exit_code,  # the reason in words, not a bare 137
+        timed_out=timed_out,
+        interpreter=_command(pod, container),
+        tried=[_command(pod, container) or "?"],
+        error=error,
+        stdout_total=len(log),
+        stderr_total=len(stderr),
+        facts={
+            "pod": pod.get("metadata", {}).get("name"),
+            "node": pod.get("spec", {}).get("nodeName"),
+            "phase": pod_status.get("phase"),
+            "container_state": state,
+            "restart_count": status.get("restartCount"),
+        },
+    )
+
+
+def _is_event(line: bytes) -> bool:
+    line = line.strip()
+    if not line.startswith(b"{"):
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and obj.get(protocol.MARK) == protocol.PROTOCOL
+
+
+def _command(pod: dict[str, Any], container: str) -> str | None:
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") == container and c.get("command"):
+            return str(c["command"][0])
+    return None
+
+
+def environment(pod: dict[str, Any], iid: ImageID | None, container: str = CONTAINER) -> dict[str, Any]:
+    status = container_status(pod, container) or {}
+    runtime = str(status.get("containerID") or "").partition("://")[0] or None
+    meta = pod.get("metadata", {})
+    owners = [o.get("name") for o in meta.get("ownerReferences", []) if o.get("kind") == "Job"]
+    return {
+        "driver": "kube",
+        "engine": runtime,  # containerd, cri-o, docker: from the containerID's scheme
+        "namespace": meta.get("namespace"),
+        "pod": meta.get("name"),
+        "job": owners[0] if owners else None,
+        "node": pod.get("spec", {}).get("nodeName"),
+        "image": status.get("image"),
+        "image_id": iid.raw if iid else None,
+    }
+
+
+def image_id_stage(
+    iid: ImageID | None, expected: Sequence[str], evidence: Sequence[EvidenceFile] = ()
+) -> StageResult:
+    """Is what the cluster ran the image we meant? Compares the repo digest in imageID (or the
+    local image ID, when that is all the runtime reports) with the expected digests."""
+
+    def result(status: Status, detail: str, **data: Any) -> StageResult:
+        base = {"image_id": iid.raw if iid else None, "expected": list(expected)}
+        return StageResult(
+            IMAGE_ID_STAGE, IMAGE_ID_STAGE, "outside", status, detail, 0.0, {**base, **data}, list(evidence)
+        )
+
+    if iid is None:
+        return result(Status.ERROR, "the Pod status has no imageID: the container never started")
+    seen = iid.digest or iid.local_id
+    if seen is None:
+        return result(Status.ERROR, f"imageID {iid.raw!r} holds no sha256 digest")
+    if not expected:
+        return result(
+            Status.SKIPPED,
+            f"ran {iid.raw}; nothing to compare with: pin the image by digest or give --expect-digest",
+        )
+    if seen in expected:
+        kind = "repo digest" if iid.digest else "local image ID (config digest)"
+        return result(Status.PASS, f"{kind} {seen} as expected ({iid.raw})")
+    if iid.digest is None:
+        return result(
+            Status.ERROR,
+            f"the runtime reported only its local image ID {iid.local_id} (config digest), which "
+            f"cannot be compared with {', '.join(expected)}; give the config digest to --expect-digest",
+        )
+    return result(
+        Status.FAIL,
+        f"the cluster ran {iid.digest} ({iid.raw}), expected {', '.join(expected)}; "
+        "for a multi-arch image imageID may name the index, not the platform manifest",
+    )
+
+
+def expected_digests(pod: dict[str, Any], given: Sequence[str], container: str = CONTAINER) -> list[str]:
+    """--expect-digest, else the digest the Pod's image is pinned to."""
+    for d in given:
+        if not _DIGEST.fullmatch(d):
+            raise UsageError(f"--expect-digest {d!r}: expected sha256:<64 hex digits>")
+    if given:
+        return list(dict.fromkeys(given))
+    ref = image_facts(pod, container)[0].reference
+    _, at, pinned = ref.rpartition("@")
+    return [pinned] if at and _DIGEST.fullmatch(pinned) else []
+
+
+def collect(
+    prep: Prepared,
+    pod: dict[str, Any],
+    log: bytes,
+    opts: RunOptions,
+    *,
+    expect_digests: Sequence[str] = (),
+    job_failure: str | None = None,
+    notify: Notify = lambda _m: None,
+) -> RunRecord:
+    """`job_failure`: why the Job ended early when the caller knows (e.g. its deadline)."""
+    annotated = pod.get("metadata", {}).get("annotations", {}).get(BUNDLE_ANNOTATION)
+    if annotated and annotated != prep.bundle.sha256:
+        raise UsageError(
+            f"the Pod ran bundle {annotated[:12]}…, but this pipeline and these modules give "
+            f"{prep.bundle.sha256[:12]}…",
+            hint="give collect the same -p and -m as pod render",
+        )
+    if not annotated:
+        notify("the Pod carries no bundle digest annotation: assuming it ran this pipeline's bundle")
+    image, iid = image_facts(pod)
+    expected = expected_digests(pod, expect_digests)
+    env = environment(pod, iid)
+    attempt = new_attempt(prep, image, opts.out)
+    notify(f"attempt {attempt.dir}")
+    pod_file = attempt.write_json("pod.json", pod)
+    br = bundle_run(pod, log)
+    if job_failure:
+        br.error = job_failure
+        br.timed_out = br.timed_out or "deadline" in job_failure.lower()
+    if opts.source is None and iid is not None and iid.repository and iid.digest:
+        # Outside stages (layers) read the very image the cluster ran, by its digest.
+        opts = _with_source(opts, f"docker://{iid.repository}@{iid.digest}")
+    return conclude(
+        prep,
+        image,
+        env,
+        br,
+        attempt,
+        opts,
+        started=_started(pod),
+        notify=notify,
+        extra_stages=[image_id_stage(iid, expected, [pod_file])],
+    )
+
+
+def _with_source(opts: RunOptions, source: str) -> RunOptions:
+    from dataclasses import replace
+
+    return replace(opts, source=source)
+
+
+def _started(pod: dict[str, Any]) -> str:
+    started = pod.get("status", {}).get("startTime")
+    if isinstance(started, str):
+        return started
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

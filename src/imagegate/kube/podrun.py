@@ -1,0 +1,156 @@
+"""`pod run`: wait out the previous run, create the ConfigMap and the Job, wait for the Pod to
+finish within the deadline, collect, delete. Everything goes through the Cluster interface.
+
+A re-run waits until the previous Pod is really gone rather than failing: a Terminating Pod
+cannot be replaced, and fields such as nodeSelector cannot be changed in place."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from imagegate.kube.cluster import Cluster, ClusterError
+from imagegate.kube.collect import collect
+from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
+from imagegate.model import RunRecord
+from imagegate.runner import Notify, Prepared, RunOptions
+
+KINDS = ("job", "configmap")
+# Waiting reasons that no amount of waiting fixes: stop now and report them.
+HOPELESS = ("InvalidImageName", "ErrImageNeverPull")
+FINISH_GRACE_S = 120.0  # after activeDeadlineSeconds: the Job controller's own reaction time
+
+
+@dataclass(frozen=True)
+class Waits:
+    poll_s: float = 2.0
+    gone_timeout_s: float = 600.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def run_pod(
+    prep: Prepared,
+    rendered: Rendered,
+    cluster: Cluster,
+    opts: RunOptions,
+    *,
+    expect_digests: Sequence[str] = (),
+    keep: bool = False,
+    waits: Waits = Waits(),
+    notify: Notify = lambda _m: None,
+) -> RunRecord:
+    ns, name = rendered.namespace, rendered.name
+    wait_gone(cluster, name, ns, waits, notify)
+    notify(f"creating configmap/{name} and job/{name} in {ns}")
+    cluster.create(rendered.objects)
+    try:
+        limit = float(rendered.job["spec"]["activeDeadlineSeconds"]) + FINISH_GRACE_S
+        pod, failure = wait_finished(cluster, name, ns, limit, waits, notify)
+        if pod is None:
+            raise ClusterError(
+                f"job/{name}: no Pod to collect ({failure or 'it never appeared'})",
+                hint=f"kubectl describe job {name} -n {ns}",
+            )
+        pod_name = pod["metadata"]["name"]
+        try:
+            log = cluster.logs(pod_name, ns, CONTAINER)
+        except ClusterError as e:  # e.g. never started: the status still tells why
+            notify(f"no log from pod/{pod_name}: {e}")
+            log = b""
+        return collect(
+            prep, pod, log, opts, expect_digests=expect_digests, job_failure=failure, notify=notify
+        )
+    finally:
+        if not keep:
+            for kind in KINDS:
+                cluster.delete(kind, name, ns)
+
+
+def _selector(name: str) -> str:
+    return f"{RUN_LABEL}={name}"
+
+
+def wait_gone(cluster: Cluster, name: str, ns: str, waits: Waits, notify: Notify) -> None:
+    """Delete what a previous run with this name left, then wait until its Pods are gone."""
+    for kind in KINDS:
+        if cluster.get(kind, name, ns) is not None:
+            notify(f"deleting the previous run's {kind}/{name}")
+            cluster.delete(kind, name, ns)
+    end = waits.clock() + waits.gone_timeout_s
+    told: set[str] = set()
+    while True:
+        pods = cluster.pods(ns, _selector(name))
+        left = [k for k in KINDS if cluster.get(k, name, ns) is not None]
+        if not pods and not left:
+            return
+        for pod in pods:
+            pname = pod["metadata"]["name"]
+            if not pod["metadata"].get("deletionTimestamp") and not left:
+                cluster.delete("pod", pname, ns)  # an orphan of an earlier Job: nothing owns it now
+            if pname not in told:
+                told.add(pname)
+                notify(
+                    f"waiting until the previous pod/{pname} is gone (a Terminating Pod cannot be replaced)"
+                )
+        if waits.clock() >= end:
+            what = ", ".join(
+                [*(f"pod/{p['metadata']['name']}" for p in pods), *(f"{k}/{name}" for k in left)]
+            )
+            raise ClusterError(
+                f"the previous run is still there after {waits.gone_timeout_s:g}s: {what}",
+                hint=f"kubectl get pods -n {ns} -l {_selector(name)}; re-run once it is gone",
+            )
+        waits.sleep(waits.poll_s)
+
+
+def _job_failure(job: dict[str, Any] | None) -> str | None:
+    for cond in (job or {}).get("status", {}).get("conditions") or []:
+        if cond.get("type") in ("Failed", "FailureTarget") and cond.get("status") == "True":
+            return f"the Job failed: {cond.get('reason', '?')}: {cond.get('message', '')}".rstrip(": ")
+    return None
+
+
+def _newest(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")), default=None)
+
+
+def wait_finished(
+    cluster: Cluster, name: str, ns: str, limit_s: float, waits: Waits, notify: Notify
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The finished Pod (Succeeded or Failed), and why the Job ended early if it did."""
+    end = waits.clock() + limit_s
+    told: set[str] = set()
+    while True:
+        pod = _newest(cluster.pods(ns, _selector(name)))
+        if pod is not None and pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            return pod, None
+        failure = _job_failure(cluster.get("job", name, ns))
+        if failure:
+            return pod, failure
+        for why in _pending_reasons(pod):
+            if why not in told:
+                told.add(why)
+                notify(why)
+            if why.split(":", 1)[0] in HOPELESS:
+                return pod, None
+        if waits.clock() >= end:
+            return pod, f"no result within {limit_s:g}s (the Job's deadline and a grace period)"
+        waits.sleep(waits.poll_s)
+
+
+def _pending_reasons(pod: dict[str, Any] | None) -> list[str]:
+    """What a not-yet-running Pod waits for, in words: unschedulable, pulling, backing off."""
+    if pod is None:
+        return []
+    out = []
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            out.append(f"{cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}")
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
+            out.append(f"{waiting['reason']}: {waiting.get('message', '')}")
+    return out

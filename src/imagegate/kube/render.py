@@ -1,0 +1,264 @@
+"""The Kubernetes objects of one zero-GPU run: a ConfigMap holding the bundle and a Job that runs
+it once with the image's own python.
+
+Every choice here answers a pitfall met in real clusters:
+- no GPU resources, and `NVIDIA_VISIBLE_DEVICES=void`: CUDA base images set it to `all`, and on a
+  node whose default runtime is NVIDIA's that alone would hand the container every GPU;
+- never `preemptionPolicy`: admission rejects it when it disagrees with the PriorityClass; only
+  `priorityClassName`, when asked;
+- the bundle is mounted as a whole volume, never with `subPath` (a subPath mount pins the
+  resolved, versioned file), and the controller finds itself by the stable mount path;
+- node selector and tolerations are inputs, because some mounts exist only on some nodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from imagegate.errors import UsageError
+from imagegate.pipeline.model import parse_duration
+from imagegate.runner import Prepared
+
+MOUNT_DIR = "/imagegate/bundle"
+BUNDLE_KEY = "imagegate.pyz"
+BUNDLE_PATH = f"{MOUNT_DIR}/{BUNDLE_KEY}"
+CONTAINER = "probe"
+RUN_LABEL = "imagegate/run"  # on the Pod template: how a run finds its Pods
+BUNDLE_ANNOTATION = "imagegate/bundle-sha256"  # collect checks it ran the bundle it was given
+PIPELINE_ANNOTATION = "imagegate/pipeline"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "imagegate"}
+CONFIGMAP_LIMIT = 1024 * 1024  # the API server's limit for a ConfigMap, all of it
+DEFAULT_DEADLINE_S = 30 * 60.0  # covers pulling a large image, not only the stages
+PULL_ALLOWANCE_S = 10 * 60.0  # activeDeadlineSeconds counts from the Job's start, pull included
+DEFAULT_TTL_S = 3600
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    namespace: str = "default"
+    name: str | None = None  # default: derived from the pipeline and the image
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, str]] = ()
+    priority_class: str | None = None
+    service_account: str | None = None
+    image_pull_secrets: Sequence[str] = ()
+    deadline_s: float | None = None  # default: DEFAULT_DEADLINE_S, or more if the stages need it
+    ttl_s: int = DEFAULT_TTL_S
+    digest: str | None = None  # pin IMAGE to this manifest digest
+    python: str | None = None  # default: the pipeline's `python:`, else python3
+    run_as_user: int | None = None
+    cpu_request: str = "250m"
+    cpu_limit: str = "2"
+    memory_request: str = "512Mi"
+    memory_limit: str = "4Gi"
+    tmp_size: str = "2Gi"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    name: str
+    namespace: str
+    image: str  # as it goes into the Pod: pinned by digest when known
+    configmap: dict[str, Any]
+    job: dict[str, Any]
+    notes: tuple[str, ...] = ()  # things the user should know, e.g. an unpinned image
+
+    @property
+    def objects(self) -> list[dict[str, Any]]:
+        return [self.configmap, self.job]
+
+    def yaml(self) -> str:
+        return yaml.safe_dump_all(self.objects, sort_keys=False, default_flow_style=False)
+
+    def configmap_bytes(self) -> int:
+        """The ConfigMap as the API server stores it (JSON), which the 1 MiB limit applies to."""
+        import json
+
+        return len(json.dumps(self.configmap, separators=(",", ":")).encode())
+
+
+def parse_node_selector(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--node-selector {item!r}: expected key=value", hint="e.g. gpu.pool=h20")
+        out[key] = value
+    return out
+
+
+def parse_toleration(text: str) -> dict[str, str]:
+    """`key[=value]:effect`, or `key:effect` (operator Exists); `:effect` alone tolerates every
+    key with that effect."""
+    body, sep, effect = text.rpartition(":")
+    if not sep or effect not in EFFECTS:
+        raise UsageError(
+            f"--toleration {text!r}: expected key[=value]:effect",
+            hint=f"effect is one of {', '.join(EFFECTS)}, e.g. nvidia.com/gpu:NoSchedule",
+        )
+    key, eq, value = body.partition("=")
+    if eq:
+        if not key:
+            raise UsageError(f"--toleration {text!r}: a value needs a key")
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    tol = {"operator": "Exists", "effect": effect}
+    return {"key": key, **tol} if key else tol
+
+
+def parse_deadline(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"--deadline {text!r}: {e}") from e
+
+
+def default_name(pipeline: str, image: str) -> str:
+    """Stable per pipeline and image, so a re-run finds (and waits out) its predecessor."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", pipeline.lower()).strip("-")[:24] or "run"
+    return f"imagegate-{slug}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
+
+
+def pinned(image: str, digest: str | None) -> tuple[str, str | None]:
+    """IMAGE pinned by digest when known: an `@sha256:` already in it, or --digest."""
+    if digest is not None and not _DIGEST.match(digest):
+        raise UsageError(f"--digest {digest!r}: expected sha256:<64 hex digits>")
+    name, at, present = image.partition("@")
+    if at:
+        if not _DIGEST.match(present):
+            raise UsageError(f"image {image!r}: the digest after @ is not sha256:<64 hex digits>")
+        if digest and digest != present:
+            raise UsageError(f"image {image!r} is pinned to {present}, but --digest says {digest}")
+        return image, present
+    if digest:
+        return f"{name}@{digest}", digest
+    return image, None
+
+
+def job_deadline(prep: Prepared, given: float | None) -> int:
+    if given is not None:
+        return max(1, round(given))
+    return round(max(DEFAULT_DEADLINE_S, prep.deadline(None) + PULL_ALLOWANCE_S))
+
+
+def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
+    if not prep.inside["stages"]:
+        raise UsageError(
+            f"pipeline {prep.plan['pipeline']['name']!r} has no in-image stage: nothing to run in a Pod",
+            hint="run its outside stages with `imagegate run`",
+        )
+    name = opts.name or default_name(str(prep.plan["pipeline"]["name"]), image)
+    if len(name) > 52 or not _DNS_LABEL.match(name):
+        # Job names become Pod names with a suffix and a label value (63 characters at most).
+        raise UsageError(f"--name {name!r}: lower-case letters, digits and '-', at most 52 characters")
+    ref, digest = pinned(image, opts.digest)
+    notes: list[str] = []
+    if digest is None:
+        notes.append(
+            f"{image} is not pinned by digest: the cluster pulls whatever the tag points to now; "
+            "collect still records the imageID it ran (give --digest to pin it)"
+        )
+    deadline = job_deadline(prep, opts.deadline_s)
+    if opts.deadline_s is not None and opts.deadline_s < prep.deadline(None):
+        notes.append(
+            f"--deadline {opts.deadline_s:g}s is shorter than the stages' timeouts added up "
+            f"({prep.deadline(None):g}s), before the image pull: the Job may be stopped mid-run"
+        )
+    labels = {**MANAGED_BY, RUN_LABEL: name}
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": opts.namespace, "labels": dict(labels)},
+        # Immutable: nobody can swap the bundle under a running Pod (the controller survives it
+        # anyway), and the kubelet need not watch it.
+        "immutable": True,
+        "binaryData": {BUNDLE_KEY: base64.b64encode(prep.bundle.data).decode("ascii")},
+    }
+    python = opts.python or prep.loaded.pipeline.python or "python3"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": opts.namespace, "labels": dict(labels)},
+        "spec": {
+            "backoffLimit": 0,  # a failed probe run is evidence, not something to retry
+            "activeDeadlineSeconds": deadline,
+            "ttlSecondsAfterFinished": opts.ttl_s,
+            "template": {
+                "metadata": {
+                    "labels": dict(labels),
+                    "annotations": {
+                        BUNDLE_ANNOTATION: prep.bundle.sha256,
+                        PIPELINE_ANNOTATION: str(prep.plan["pipeline"]["name"]),
+                    },
+                },
+                "spec": _pod_spec(ref, python, name, opts),
+            },
+        },
+    }
+    return Rendered(name, opts.namespace, ref, configmap, job, tuple(notes))
+
+
+def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str, Any]:
+    pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if opts.run_as_user is not None:
+        pod_security["runAsUser"] = opts.run_as_user
+        pod_security["runAsNonRoot"] = opts.run_as_user != 0
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        # The image's own interpreter, no shell: images without /bin/sh still run.
+        "command": [python, BUNDLE_PATH],
+        "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+            {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+            {"name": "TMPDIR", "value": "/tmp"},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},  # events reach the log as they happen
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "resources": {
+            "requests": {"cpu": opts.cpu_request, "memory": opts.memory_request},
+            "limits": {"cpu": opts.cpu_limit, "memory": opts.memory_limit},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "bundle", "mountPath": MOUNT_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # the probes never talk to the API server
+        "enableServiceLinks": False,
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": [
+            {"name": "bundle", "configMap": {"name": name, "defaultMode": 0o444}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}},
+        ],
+    }
+    if opts.node_selector:
+        spec["nodeSelector"] = dict(opts.node_selector)
+    if opts.tolerations:
+        spec["tolerations"] = [dict(t) for t in opts.tolerations]
+    if opts.priority_class:
+        spec["priorityClassName"] = opts.priority_class
+    if opts.service_account:
+        spec["serviceAccountName"] = opts.service_account
+    if opts.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    return spec
