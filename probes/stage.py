@@ -36,6 +36,8 @@ def _probe(name):
         from . import cli as mod
     elif name == "av_roundtrip":
         from . import av_roundtrip as mod
+    elif name == "inventory":
+        from . import inventory as mod
     else:
         raise ValueError(f"unknown in-image probe {name!r}")
     return mod

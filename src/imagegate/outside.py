@@ -44,6 +44,7 @@ OutsideProbe = Callable[[OutsideContext, BaseModel], Outcome]
 # probe name -> "module:function"
 OUTSIDE_PROBES: dict[str, str] = {
     "layers": "imagegate.oci.stage:run_layers_stage",
+    "vulns": "imagegate.vulns.stage:run_vulns_stage",
 }
 
 

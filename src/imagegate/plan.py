@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from imagegate.errors import UsageError
 from imagegate.pipeline import LoadedPipeline
-from imagegate.pipeline.model import FindSpecStage
+from imagegate.pipeline.model import FindSpecStage, InventoryStage, Pipeline, Stage, VulnsStage
 
 
 def build_plan(
@@ -27,17 +30,8 @@ def build_plan(
         params = s.with_.model_dump(mode="json", exclude_none=True)
         if isinstance(s, FindSpecStage) and modules:
             params["modules"] = list(dict.fromkeys([*params.get("modules", []), *modules]))
-        stages.append(
-            {
-                "id": s.id,
-                "probe": s.probe,
-                "side": s.side,
-                "params": params,
-                "timeout": s.timeout,
-                "needs": list(s.needs),
-                "requires": list(s.requires),
-            }
-        )
+        stages.append(_entry(s, params))
+    stages += _audit_stages(p, {s["id"] for s in stages}, extra or {})
     return {
         "apiVersion": "imagegate/v1",
         "pipeline": {
@@ -50,6 +44,67 @@ def build_plan(
         "stop_on_fail": p.stop_on_fail,
         "stages": stages,
     }
+
+
+def _entry(s: Stage, params: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "probe": s.probe,
+        "side": s.side,
+        "params": params,
+        "timeout": s.timeout,
+        "needs": list(s.needs),
+        "requires": list(s.requires),
+    }
+
+
+def _audit_stages(p: Pipeline, taken: set[str], extra: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """--advisory-db on a pipeline without a vulns stage adds the audit: an inventory stage
+    (unless the pipeline has one) and a vulns stage that needs it. Without it nothing is added,
+    so a pipeline never depends on a database it was not given."""
+    db = extra.get("advisory_db")
+    if db is not None and not Path(db).exists():
+        raise UsageError(
+            f"--advisory-db {db}: no such folder",
+            hint="give a folder of OSV advisories, e.g. a copy of the PyPA advisory database",
+        )
+    inventory = next((s.id for s in p.stages if isinstance(s, InventoryStage)), None)
+    if any(isinstance(s, VulnsStage) for s in p.stages):
+        if inventory is None:
+            raise UsageError(
+                f"pipeline {p.name!r} has a vulns stage but no inventory stage",
+                hint="add a stage with probe: inventory before it, and list it in the vulns stage's needs",
+            )
+        return []
+    if db is None:
+        return []
+    added: list[Stage] = []
+    if inventory is None:
+        inventory = _free_id("inventory", taken)
+        added.append(InventoryStage(id=inventory, probe="inventory", timeout=120))
+    added.append(VulnsStage(id=_free_id("vulns", taken), probe="vulns", needs=[inventory]))
+    return [_entry(s, s.with_.model_dump(mode="json", exclude_none=True)) for s in added]
+
+
+def _free_id(base: str, taken: set[str]) -> str:
+    n, sid = 1, base
+    while sid in taken:
+        n += 1
+        sid = f"{base}_{n}"
+    taken.add(sid)
+    return sid
+
+
+def stage_model(entry: Mapping[str, Any]) -> Stage:
+    """The stage model of a plan entry that has no pipeline stage behind it (one added by a
+    command-line option), validated like a pipeline's."""
+    stage: Stage = _STAGE.validate_python(
+        {"id": entry["id"], "probe": entry["probe"], "with": entry["params"], "needs": entry["needs"]}
+    )
+    return stage
+
+
+_STAGE: TypeAdapter[Stage] = TypeAdapter(Stage)
 
 
 def inside_plan(plan: dict[str, Any]) -> dict[str, Any]:

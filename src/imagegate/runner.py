@@ -280,7 +280,9 @@ def outside_results(
             notify(f"outside stage {sid} ({stage['probe']})")
             t0 = time.monotonic()
             try:
-                outcome = load_outside_probe(stage["probe"])(ctx, by_id[sid].with_)
+                # Stages added by an option (--advisory-db) have no pipeline entry: the plan's params.
+                model = by_id[sid] if sid in by_id else planning.stage_model(stage)
+                outcome = load_outside_probe(stage["probe"])(ctx, model.with_)
             except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
                 outcome = Outcome(Status.ERROR, f"{type(e).__name__}: {e}")
             files = []

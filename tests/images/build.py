@@ -37,6 +37,21 @@ RECIPES: dict[str, dict] = {
     # An imitation of vLLM (tests/images/vllm_imitation, named as such) whose parser fails without
     # a GPU the way vLLM >= 0.9 does, plus real PyAV.
     "vllm-like": {"from": "python", "wheels": ["av==14.2.0"], "local": ["vllm_imitation"]},
+    # Releases with advisories in the PyPA advisory database (pillow < 10.0.0, requests < 2.31.0),
+    # with requests' dependencies of that time so that the image's pip check passes.
+    "vulnerable": {
+        "from": "python",
+        "wheels": ["pillow==9.5.0", "requests==2.25.1", "chardet==4.0.0", "idna==2.10", "urllib3==1.26.5", "certifi==2021.5.30"],
+    },
+    # Current releases only: Debian's pip 23.0.1 has an advisory, so a current pip replaces it.
+    "clean-current": {
+        "from": "python",
+        "wheels": [
+            "pillow==12.2.0", "requests==2.34.2", "charset-normalizer==3.5.3", "idna==3.20",
+            "urllib3==2.8.0", "certifi==2026.10.19.post1", "pip==26.3",
+        ],
+        "run": "rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*",
+    },
     # No interpreter at all: one text file.
     "nopython": {"scratch": True},
 }

@@ -11,13 +11,15 @@ from imagegate.pipeline.params import (
     AvRoundtripParams,
     CliParams,
     FindSpecParams,
+    InventoryParams,
     LayersParams,
     PipCheckParams,
+    VulnsParams,
 )
 
 API_VERSION = "imagegate/v1"
-INSIDE_PROBES = ("pip_check", "find_spec", "cli", "av_roundtrip")
-OUTSIDE_PROBES = ("layers",)
+INSIDE_PROBES = ("pip_check", "find_spec", "cli", "av_roundtrip", "inventory")
+OUTSIDE_PROBES = ("layers", "vulns")
 Requirement = Literal["gpu"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -85,8 +87,18 @@ class LayersStage(_StageBase):
     with_: LayersParams = Field(default_factory=LayersParams, alias="with")
 
 
+class InventoryStage(_StageBase):
+    probe: Literal["inventory"]
+    with_: InventoryParams = Field(default_factory=InventoryParams, alias="with")
+
+
+class VulnsStage(_StageBase):
+    probe: Literal["vulns"]
+    with_: VulnsParams = Field(default_factory=VulnsParams, alias="with")
+
+
 Stage = Annotated[
-    PipCheckStage | FindSpecStage | CliStage | AvRoundtripStage | LayersStage,
+    PipCheckStage | FindSpecStage | CliStage | AvRoundtripStage | LayersStage | InventoryStage | VulnsStage,
     Field(discriminator="probe"),
 ]
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -129,3 +131,46 @@ class LayersParams(Params):
         default=False, description="Registry sources: skip TLS verification, fall back to plain HTTP."
     )
     jobs: int | None = Field(default=None, ge=1, le=64, description="Layers verified in parallel.")
+
+
+class InventoryParams(Params):
+    """No parameters: the inventory lists every distribution the image's python can see."""
+
+
+class VulnIgnore(Params):
+    id: str = Field(min_length=1, description="Advisory id or one of its aliases (PYSEC-…, CVE-…, GHSA-…).")
+    reason: str = Field(description="Why the finding is accepted; recorded with the finding.")
+    expires: dt.date = Field(
+        description="Last day (UTC) the ignore applies; after it the stage fails until it is renewed or removed."
+    )
+    package: str | None = Field(default=None, description="Only for this distribution (default: any).")
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("an ignore needs a reason")
+        return v
+
+
+class VulnsParams(Params):
+    fail_on: Literal["any", "low", "medium", "high", "critical"] = Field(
+        default="any",
+        description="Fail on any finding, or on findings of this severity and above (CVSS v3 or the "
+        "database's own rating).",
+    )
+    unknown_severity: Literal["fail", "pass"] = Field(
+        default="fail",
+        description="With a severity threshold: how a finding without a known severity counts.",
+    )
+    ignore: list[VulnIgnore] = Field(default_factory=list)
+    advisory_db: str | None = Field(
+        default=None,
+        description="OSV advisory folder (YAML/JSON) for an offline audit; --advisory-db overrides it.",
+    )
+    service: Literal["osv", "pypi", "none"] = Field(
+        default="osv",
+        description="Without an advisory folder: the online service queried through pip-audit; none: "
+        "offline only (the stage is DEFERRED without a folder).",
+    )
+    service_timeout: int = Field(default=15, ge=1, le=300, description="Seconds per request.")
