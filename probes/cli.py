@@ -173,10 +173,20 @@ def run(params: dict) -> dict:
     # The command's own output is the stage's output: the controller keeps it as evidence.
     sys.stdout.write(out)
     sys.stderr.write(err)
-    data.update(returncode=done.returncode, timed_out=done.timed_out, stdout_bytes=done.out.total)
+    data.update(
+        returncode=done.returncode,
+        timed_out=done.timed_out,
+        command_stdout_bytes=done.out.total,
+        command_stderr_bytes=done.err.total,
+    )
     cmd = " ".join(shown)
-    if done.timed_out:
-        return {"status": "FAIL", "detail": f"{cmd}: timed out", "data": data, "artifacts": artifacts}
+    if done.timed_out:  # a hang is "could not decide", like a stage timeout
+        return {
+            "status": "ERROR",
+            "detail": "%s: timed out after %gs (killed); its output is kept" % (cmd, capture.child_timeout()),
+            "data": data,
+            "artifacts": artifacts,
+        }
     problems = []
     if done.returncode != params.get("expect_exit", 0):
         reason = last_exception(err, out)

@@ -50,6 +50,9 @@ def run(params: dict) -> dict:
         [sys.executable, "-m", "pip", "check"], timeout=capture.child_timeout(), new_group=False
     )
     out, err = done.out.text(), done.err.text()
+    # pip's own output is the stage's raw evidence.
+    sys.stdout.write(out)
+    sys.stderr.write(err)
     data = {"returncode": done.returncode, "python": sys.executable}
     if "No module named pip" in err:
         return {

@@ -86,7 +86,8 @@ def _describe(err: ValidationError, node: yaml.Node | None, filename: str) -> st
         if item["type"] == "extra_forbidden":
             msg = f"unknown key {loc[-1]!r}"
         elif item["type"] == "union_tag_invalid":
-            msg = f"unknown probe {item['input']!r}; known: {item['ctx']['expected_tags']}"
+            bad = item["input"].get("probe") if isinstance(item["input"], dict) else item["input"]
+            msg = f"unknown probe {bad!r}; known: {item['ctx']['expected_tags']}"
         lines.append(f"{filename}:{line}: {key or '(top)'}: {msg}")
     return "invalid pipeline:\n  " + "\n  ".join(lines)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from imagegate.pipeline.params import (
     AvRoundtripParams,
@@ -50,7 +50,18 @@ class _StageBase(BaseModel):
         default_factory=list,
         description="Capabilities the stage needs; where missing it is DEFERRED (and still run for the record).",
     )
-    timeout: float = Field(default=300.0, description="Seconds, or '90s', '5m'.")
+    timeout: Annotated[
+        float,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "number", "exclusiveMinimum": 0},
+                    {"type": "string", "pattern": r"^\d+(\.\d+)?(ms|s|m|h)?$"},
+                ],
+                "description": "Seconds, or '90s', '5m', '1h'.",
+            }
+        ),
+    ] = 300.0
 
     @field_validator("timeout", mode="before")
     @classmethod

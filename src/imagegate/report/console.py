@@ -31,21 +31,28 @@ def verdict_style(verdict: str) -> str:
 
 def render(record: RunRecord, console: Console) -> None:
     title = f"imagegate {record.pipeline['name']} · {record.image.reference}"
+    # Narrow consoles (CI logs default to 80 columns) drop the token column and list tokens below.
+    wide = console.width >= 120
     table = Table(title=title, title_justify="left")
-    table.add_column("stage", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("token", no_wrap=True)
-    table.add_column("time", justify="right", no_wrap=True)
-    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=90)
+    widths = [max([5, *(len(s.id) for s in record.stages)]), 8]
+    if wide:
+        widths.append(max([5, *(len(s.token) for s in record.stages)]))
+    widths.append(8)
+    table.add_column("stage", no_wrap=True, min_width=widths[0])
+    table.add_column("status", no_wrap=True, min_width=widths[1])
+    if wide:
+        table.add_column("token", no_wrap=True, min_width=widths[2])
+    table.add_column("time", justify="right", no_wrap=True, min_width=widths[-1])
+    room = console.width - sum(widths) - 3 * (len(widths) + 1) - 1
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=max(16, min(90, room)))
     for s in record.stages:
-        table.add_row(
-            s.id,
-            Text(s.status.value, style=STYLE[s.status]),
-            s.token,
-            f"{s.duration_s:.2f}s",
-            one_line(s.detail),
-        )
+        cells = [s.id, Text(s.status.value, style=STYLE[s.status])]
+        if wide:
+            cells.append(s.token)
+        table.add_row(*cells, f"{s.duration_s:.2f}s", one_line(s.detail))
     console.print(table)
+    if not wide:
+        console.print("tokens: " + " ".join(s.token for s in record.stages), soft_wrap=True, highlight=False)
     # The full reasons of every stage that did not pass, one problem a line: the table keeps one.
     for s in record.stages:
         if s.status is Status.PASS or (len(s.detail) <= 90 and "; " not in s.detail):

@@ -1,0 +1,3 @@
+from imagegate.cli import main
+
+main()

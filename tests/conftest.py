@@ -1,0 +1,58 @@
+"""Shared fixtures: the real Docker engine, Podman's Docker API, the test images.
+
+`.ci/run` starts the engines (scripts/engines.sh) and builds the images
+(tests/images/build.py); the fixtures check they are there and build what is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DOCKER_SOCK, PODMAN_SOCK
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine_ok(host: str) -> bool:
+    return (
+        subprocess.run(["docker", "-H", host, "version"], capture_output=True, timeout=30).returncode == 0
+    )
+
+
+@pytest.fixture(scope="session")
+def engine() -> str:
+    if not _engine_ok(DOCKER_SOCK):
+        pytest.fail(f"no Docker engine at {DOCKER_SOCK}: run scripts/engines.sh (.ci/run does)")
+    return DOCKER_SOCK
+
+
+@pytest.fixture(scope="session")
+def images(engine: str) -> dict[str, str]:
+    """name -> reference of every test image, built if missing (cached by recipe hash)."""
+    sys.path.insert(0, str(ROOT / "tests" / "images"))
+    import build  # type: ignore[import-not-found]
+
+    refs = {}
+    for name in build.RECIPES:
+        build.build(name)
+        refs[name] = f"imagegate-test/{name}:latest"
+    return refs
+
+
+@pytest.fixture(scope="session")
+def podman(images: dict[str, str]) -> Iterator[str]:
+    if not _engine_ok(PODMAN_SOCK):
+        pytest.fail(f"no Podman API at {PODMAN_SOCK}: run scripts/engines.sh (.ci/run does)")
+    ref = images["vllm-like"]
+    have = subprocess.run(["podman", "image", "exists", ref], capture_output=True).returncode == 0
+    if not have:
+        save = subprocess.Popen(["docker", "-H", DOCKER_SOCK, "save", ref], stdout=subprocess.PIPE)
+        subprocess.run(["podman", "load", "-q"], stdin=save.stdout, check=True, capture_output=True)
+        assert save.wait() == 0
+    yield PODMAN_SOCK

@@ -1,0 +1,49 @@
+"""Helpers for tests: the real CLI in a subprocess, leftover containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DOCKER_SOCK = "unix:///var/run/docker.sock"
+PODMAN_SOCK = "unix:///run/podman.sock"
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+def imagegate(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300) -> Result:
+    """Run the real CLI in a subprocess, as a user would."""
+    full_env = dict(os.environ, COLUMNS="200")
+    full_env.update(env or {})
+    p = subprocess.run(
+        [sys.executable, "-m", "imagegate", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=timeout,
+    )
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def containers_left(host: str = DOCKER_SOCK) -> list[str]:
+    out = subprocess.run(
+        ["docker", "-H", host, "ps", "-aq", "--filter", "label=io.imagegate.run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()
