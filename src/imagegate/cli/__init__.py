@@ -8,6 +8,7 @@ from imagegate.cli import (  # noqa: F401  (registers commands)
     oci,
     pipelines,
     pod,
+    report,
     run,
 )
 from imagegate.cli._app import app

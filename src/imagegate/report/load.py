@@ -98,3 +98,12 @@ def run_facts(attempt_dir: Path) -> dict[str, Any]:
     path = Path(attempt_dir) / "run.json"
     facts = _read_json(path).get("run") if path.is_file() else None
     return facts if isinstance(facts, dict) else {}
+
+
+def resolve_attempt(path: Path) -> Path:
+    """An attempt folder as given, or the latest attempt of an image folder (OUT/<image>/):
+    attempt names start with their UTC time, so the last in name order is the newest."""
+    if (path / STATEMENT).is_file() or not path.is_dir():
+        return path
+    attempts = sorted(p for p in path.iterdir() if (p / STATEMENT).is_file())
+    return attempts[-1] if attempts else path

@@ -1,0 +1,201 @@
+"""Run an inventory: every image through its pipeline, every (official, mirror) pair through
+compare, a bounded number at a time. Each item's outcome is data; one item that cannot run
+(missing image, unreachable registry, a bug) is reported as such and never stops the others."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from imagegate import runner
+from imagegate.audit.inventory import ImageEntry, LoadedInventory, MirrorEntry
+from imagegate.drivers.interface import Driver
+from imagegate.errors import ImagegateError
+from imagegate.model import EXIT_UNDECIDED, EXIT_USAGE, exit_code
+
+log = logging.getLogger("imagegate.audit")
+
+# Worst first when picking the audit's exit code: an input error (fix the inventory), then a
+# rejection, then "could not decide", then accepted; the same order as a run's verdict
+# (FAIL before ERROR).
+_SEVERITY = {0: 0, EXIT_UNDECIDED: 1, 1: 2, EXIT_USAGE: 3}
+
+
+def worst(codes: Sequence[int]) -> int:
+    return max(codes, key=lambda c: _SEVERITY.get(c, 1), default=0)
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    kind: Literal["image", "mirror"]
+    name: str
+    subject: str  # the image, or "OFFICIAL -> MIRROR"
+    outcome: str  # a run's verdict, a compare verdict, or ERROR when the item could not run
+    exit_code: int
+    detail: str
+    duration_s: float
+    evidence: str | None = None  # the run's attempt folder
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    inventory: str
+    started_at: str
+    finished_at: str
+    items: list[ItemResult]
+
+    @property
+    def exit_code(self) -> int:
+        return worst([i.exit_code for i in self.items])
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    out: Path = Path("imagegate-runs")
+    jobs: int = 4
+    platform: str | None = None  # overrides the inventory's default for mirror pairs
+
+
+DriverFactory = Callable[[], Driver]
+OnDone = Callable[[ItemResult], None]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _failed(
+    kind: Literal["image", "mirror"], name: str, subject: str, e: BaseException, t0: float
+) -> ItemResult:
+    if isinstance(e, ImagegateError):
+        detail = str(e) + (f" (hint: {e.hint})" if e.hint else "")
+        code = e.exit_code
+    else:  # a bug in one item must not lose the others' results
+        detail, code = f"internal error: {type(e).__name__}: {e}", EXIT_UNDECIDED
+    log.debug("%s %s failed", kind, name, exc_info=e)
+    return ItemResult(kind, name, subject, "ERROR", code, detail, time.monotonic() - t0)
+
+
+def run_image(
+    entry: ImageEntry, inv: LoadedInventory, opts: AuditOptions, make_driver: DriverFactory
+) -> ItemResult:
+    name = entry.name or entry.image
+    t0 = time.monotonic()
+    pipeline = entry.pipeline or inv.inventory.defaults.pipeline
+    require = entry.require_complete
+    if require is None:
+        require = inv.inventory.defaults.require_complete
+    try:
+        ropts = runner.RunOptions(
+            pipeline=pipeline, modules=entry.modules, out=opts.out, timeout=entry.timeout
+        )
+        record = runner.run(entry.image, make_driver(), ropts, lambda m: log.debug("%s: %s", name, m))
+    except Exception as e:
+        return _failed("image", name, entry.image, e, t0)
+    problems = [f"{s.token}: {s.detail}" for s in record.stages if s.status.value != "PASS"]
+    return ItemResult(
+        "image",
+        name,
+        entry.image,
+        record.verdict,
+        exit_code(record.verdict, require_complete=require),
+        "; ".join(problems) or f"{len(record.stages)} stages passed",
+        time.monotonic() - t0,
+        record.attempt_dir,
+        {"pipeline": dict(record.pipeline), "config_digest": record.image.config_digest},
+    )
+
+
+def run_mirror(entry: MirrorEntry, inv: LoadedInventory, opts: AuditOptions) -> ItemResult:
+    from imagegate.oci.compare import compare
+    from imagegate.oci.sources.interface import ImageSource, Source
+    from imagegate.oci.transports import open_source
+
+    subject = f"{entry.official} -> {entry.mirror}"
+    name = entry.name or entry.mirror
+    t0 = time.monotonic()
+    platform = opts.platform or entry.platform or inv.inventory.defaults.platform
+    opened: list[Source] = []
+    try:
+        for spec in (entry.official, entry.mirror):
+            opened.append(open_source(spec, platform=platform, insecure=entry.insecure))
+        result = compare(opened[0], opened[1], deep=entry.deep)
+    except Exception as e:
+        return _failed("mirror", name, subject, e, t0)
+    finally:
+        for s in opened:
+            if isinstance(s, ImageSource):
+                s.close()
+    return ItemResult(
+        "mirror",
+        name,
+        subject,
+        result.verdict.value,
+        result.exit_code,
+        result.sentence,
+        time.monotonic() - t0,
+        data=result.to_dict(),
+    )
+
+
+def audit(
+    inv: LoadedInventory,
+    opts: AuditOptions,
+    make_driver: DriverFactory,
+    on_done: OnDone = lambda _r: None,
+) -> AuditResult:
+    """Every item, at most `opts.jobs` at a time; results in inventory order."""
+    started = _now()
+    images, mirrors = inv.inventory.images, inv.inventory.mirrors
+    log.info(
+        "audit %s: %d images, %d mirror pairs, %d at a time", inv.path, len(images), len(mirrors), opts.jobs
+    )
+
+    def done(r: ItemResult) -> ItemResult:
+        log.info("%s %s: %s (exit %d, %.1f s)", r.kind, r.name, r.outcome, r.exit_code, r.duration_s)
+        on_done(r)
+        return r
+
+    def one_image(e: ImageEntry) -> ItemResult:
+        return done(run_image(e, inv, opts, make_driver))
+
+    def one_mirror(m: MirrorEntry) -> ItemResult:
+        return done(run_mirror(m, inv, opts))
+
+    with ThreadPoolExecutor(max_workers=max(1, opts.jobs), thread_name_prefix="audit") as pool:
+        futures = [pool.submit(one_image, e) for e in images]
+        futures += [pool.submit(one_mirror, m) for m in mirrors]
+        items = [f.result() for f in futures]
+    return AuditResult(str(inv.path), started, _now(), items)
+
+
+def to_json(result: AuditResult) -> dict[str, Any]:
+    return {
+        "apiVersion": "imagegate/v1",
+        "kind": "AuditReport",
+        "inventory": result.inventory,
+        "startedOn": result.started_at,
+        "finishedOn": result.finished_at,
+        "exitCode": result.exit_code,
+        "items": [
+            {
+                "kind": i.kind,
+                "name": i.name,
+                "subject": i.subject,
+                "outcome": i.outcome,
+                "exitCode": i.exit_code,
+                "detail": i.detail,
+                "durationSeconds": round(i.duration_s, 3),
+                "evidence": i.evidence,
+                "data": i.data,
+            }
+            for i in result.items
+        ],
+    }

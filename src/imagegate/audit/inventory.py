@@ -1,0 +1,114 @@
+"""The inventory file of `imagegate audit` (apiVersion imagegate/v1, kind Inventory): images to
+run a pipeline against, and (official, mirror) pairs to compare. Strict: unknown keys are errors
+that name the file, the line and the key. Relative paths in it are relative to the file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from imagegate.errors import UsageError
+from imagegate.pipeline.load import _line_of  # the pipeline file's error locator, shared
+from imagegate.pipeline.model import parse_duration
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Defaults(_Strict):
+    pipeline: str = "python"
+    require_complete: bool = False
+    platform: str | None = Field(default=None, description="os/arch[/variant] for mirror pairs read from an index.")
+
+
+class ImageEntry(_Strict):
+    image: str = Field(min_length=1, description="Reference or ID in the engine (DOCKER_HOST is honoured).")
+    name: str | None = None
+    pipeline: str | None = None
+    modules: list[str] = Field(default_factory=list)
+    require_complete: bool | None = None
+    timeout: float | None = None
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: object) -> float | None:
+        return None if v is None else parse_duration(v)
+
+
+class MirrorEntry(_Strict):
+    official: str = Field(
+        min_length=1, description="docker://REF, docker-daemon:REF, docker-archive:PATH, oci:DIR[:TAG]."
+    )
+    mirror: str = Field(min_length=1)
+    name: str | None = None
+    deep: bool = False
+    platform: str | None = None
+    insecure: bool = False
+
+
+class Inventory(_Strict):
+    apiVersion: Literal["imagegate/v1"]
+    kind: Literal["Inventory"]
+    defaults: Defaults = Defaults()
+    images: list[ImageEntry] = Field(default_factory=list)
+    mirrors: list[MirrorEntry] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadedInventory:
+    inventory: Inventory
+    path: Path
+
+
+def _rebase(spec: str, folder: Path) -> str:
+    """`docker-archive:x.tar` and `oci:dir:tag` written relative to the inventory file."""
+    for prefix in ("docker-archive:", "oci:"):
+        if spec.startswith(prefix):
+            rest = spec[len(prefix) :]
+            if rest and not rest.startswith("/"):
+                return prefix + str(folder / rest)
+    return spec
+
+
+def _pipeline_path(name: str, folder: Path) -> str:
+    looks_like_file = name.endswith((".yaml", ".yml")) or "/" in name
+    return str(folder / name) if looks_like_file and not Path(name).is_absolute() else name
+
+
+def load(path: Path) -> LoadedInventory:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"inventory {path}: cannot read it ({e.strerror})") from e
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise UsageError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: an inventory is a mapping with apiVersion: imagegate/v1, kind: Inventory")
+    try:
+        inv = Inventory.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for item in e.errors():
+            loc = tuple(item["loc"])
+            key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
+            msg = f"unknown key {loc[-1]!r}" if item["type"] == "extra_forbidden" else item["msg"]
+            lines.append(f"{path}:{_line_of(node, loc)}: {key or '(top)'}: {msg}")
+        raise UsageError("invalid inventory:\n  " + "\n  ".join(lines)) from e
+    if not inv.images and not inv.mirrors:
+        raise UsageError(f"{path}: nothing to audit", hint="list `images:` and/or `mirrors:`")
+    folder = path.parent
+    for img in inv.images:
+        img.pipeline = _pipeline_path(img.pipeline or inv.defaults.pipeline, folder)
+    for m in inv.mirrors:
+        m.official, m.mirror = _rebase(m.official, folder), _rebase(m.mirror, folder)
+    return LoadedInventory(inv, path)
