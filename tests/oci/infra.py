@@ -1,0 +1,299 @@
+"""Real parts for the OCI tests: Debian's docker-registry on 127.0.0.1, skopeo copies with a
+private blob-info cache, a small multi-layer image built by the engine, an HTTP proxy that
+fails on purpose, and OCI layout surgery for tampering."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PY_LIB = Path(f"/usr/lib/python3.{__import__('sys').version_info.minor}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sh(*cmd: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: str | None = None) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
+    if p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return p.stdout
+
+
+@dataclass
+class Registry:
+    host: str
+    root: Path
+    proc: subprocess.Popen[bytes]
+
+    def blob_file(self, digest: str) -> Path:
+        hexpart = digest.split(":", 1)[1]
+        return self.root / "docker/registry/v2/blobs/sha256" / hexpart[:2] / hexpart / "data"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start_registry(workdir: Path, *, htpasswd: Path | None = None) -> Registry:
+    """`docker-registry serve` on a free loopback port, storage in `workdir`."""
+    port = free_port()
+    root = workdir / "storage"
+    root.mkdir(parents=True, exist_ok=True)
+    auth = (
+        f"auth:\n  htpasswd:\n    realm: imagegate-test\n    path: {htpasswd}\n"
+        if htpasswd is not None
+        else ""
+    )
+    # No blob descriptor cache: tests edit stored blobs and the registry must see the edits.
+    config = (
+        "version: 0.1\nlog:\n  level: error\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {root}\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
+    )
+    cfg = workdir / "config.yml"
+    cfg.write_text(config)
+    log = open(workdir / "registry.log", "wb")  # noqa: SIM115  (the registry writes it until stopped)
+    proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=log, stderr=log)
+    reg = Registry(f"127.0.0.1:{port}", root, proc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://{reg.host}/v2/", timeout=2).status_code in (200, 401):
+                return reg
+        except httpx.TransportError:
+            time.sleep(0.1)
+    reg.stop()
+    raise AssertionError(f"docker-registry did not start: {(workdir / 'registry.log').read_text()[-2000:]}")
+
+
+def skopeo(*args: str) -> str:
+    """skopeo with a private, empty blob-info cache: the shared one (root's
+    /var/lib/containers/cache) once made copies reuse the wrong blobs. Root ignores HOME for
+    it, so a private mount namespace puts an empty folder over it."""
+    cache = tempfile.mkdtemp(prefix="skopeo-cache-")
+    os.makedirs("/var/lib/containers/cache", exist_ok=True)
+    script = 'mount --bind "$0" /var/lib/containers/cache && exec skopeo "$@"'
+    try:
+        return sh("unshare", "-m", "sh", "-c", script, cache, *args, timeout=600)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+# -- the test image -----------------------------------------------------------------------
+
+IMAGE_PARTS = ("json", "email", "http")  # base layer: real Python sources, ~1.5 MB
+COPY_PARTS = ("logging", "xml")  # one extra layer each
+
+
+def build_test_image(workdir: Path) -> str:
+    """A 3-layer image of real bytes; cached in the engine by a hash of its recipe."""
+    dockerfile = (
+        "FROM {base}\n"
+        + "".join(f"COPY {p} /opt/{p}\n" for p in COPY_PARTS)
+        + 'ENV IMAGEGATE_TEST=1\nLABEL org.example.test="oci"\nCMD ["/bin/true"]\n'
+    )
+    recipe = hashlib.sha256(
+        json.dumps([str(PY_LIB), IMAGE_PARTS, COPY_PARTS, dockerfile]).encode()
+    ).hexdigest()[:16]
+    ref = f"imagegate-oci-test/img:{recipe}"
+    if subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0:
+        return ref
+    base_tar = workdir / "base.tar"
+    sh("tar", "-cf", str(base_tar), "-C", "/", *[str(PY_LIB / p)[1:] for p in IMAGE_PARTS])
+    base = f"imagegate-oci-test/base:{recipe}"
+    sh("docker", "import", str(base_tar), base)
+    ctx = workdir / "ctx"
+    ctx.mkdir()
+    for p in COPY_PARTS:
+        shutil.copytree(PY_LIB / p, ctx / p, ignore=shutil.ignore_patterns("__pycache__"))
+    (ctx / "Dockerfile").write_text(dockerfile.format(base=base))
+    sh(
+        "docker",
+        "build",
+        "-q",
+        "--network",
+        "none",
+        "-t",
+        ref,
+        str(ctx),
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )
+    return ref
+
+
+# -- OCI layout surgery -------------------------------------------------------------------
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Layout:
+    """An OCI image layout (written by skopeo) that tests edit like an attacker would."""
+
+    root: Path
+
+    def blob_path(self, digest: str) -> Path:
+        return self.root / "blobs" / "sha256" / digest.split(":", 1)[1]
+
+    def blob(self, digest: str) -> bytes:
+        return self.blob_path(digest).read_bytes()
+
+    def put_blob(self, data: bytes) -> dict[str, Any]:
+        d = sha(data)
+        self.blob_path(d).write_bytes(data)
+        return {"digest": d, "size": len(data)}
+
+    def index(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((self.root / "index.json").read_text())
+        return doc
+
+    def manifest(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.blob(self.index()["manifests"][0]["digest"]))
+        return doc
+
+    def config(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.blob(self.manifest()["config"]["digest"]))
+        return doc
+
+    def set_manifest(self, manifest: dict[str, Any]) -> None:
+        raw = json.dumps(manifest).encode()
+        desc = self.put_blob(raw)
+        index = self.index()
+        index["manifests"][0].update(desc)
+        (self.root / "index.json").write_text(json.dumps(index))
+
+    def set_index(self, index: dict[str, Any]) -> None:
+        (self.root / "index.json").write_text(json.dumps(index))
+
+    def copy(self, dest: Path) -> Layout:
+        shutil.copytree(self.root, dest)
+        return Layout(dest)
+
+
+def other_gzip_layer(seed: str) -> bytes:
+    """A valid gzip of a valid tar with other content (a real file, renamed)."""
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "tampered"
+        p.write_bytes((PY_LIB / "textwrap.py").read_bytes() + seed.encode())
+        out = Path(d) / "layer.tar"
+        sh("tar", "-cf", str(out), "-C", d, "tampered")
+        return gzip.compress(out.read_bytes())
+
+
+# -- an HTTP proxy that fails on purpose ---------------------------------------------------
+
+
+@dataclass
+class FaultyProxy:
+    """Forwards to a registry, but answers 500 to the first `fail_first` requests and can cut
+    the first blob body half-way; counts what it did."""
+
+    upstream: str
+    fail_first: int = 0
+    cut_first_blob: bool = False
+    seen: list[str] = field(default_factory=list)
+    failed: int = 0
+    cut: int = 0
+    ranges: list[str] = field(default_factory=list)
+    host: str = ""
+    _server: http.server.ThreadingHTTPServer | None = None
+
+    def start(self) -> FaultyProxy:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                proxy.seen.append(f"{self.command} {self.path}")
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if proxy.failed < proxy.fail_first:
+                    proxy.failed += 1
+                    self.send_response(500)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.headers.get("Range"):
+                    proxy.ranges.append(self.headers["Range"])
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("connection", "transfer-encoding", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                is_blob = self.command == "GET" and "/blobs/" in self.path and len(data) > 1000
+                if proxy.cut_first_blob and is_blob and proxy.cut == 0 and resp.status == 200:
+                    proxy.cut += 1
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = _forward
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def zeros_gzip(n: int) -> bytes:
+    """gzip of `n` zero bytes, built in pieces: the test itself must not hold `n` bytes."""
+    import zlib
+
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b"\0" * (1 << 20)
+    out = [comp.compress(chunk) for _ in range(n >> 20)]
+    return b"".join([*out, comp.flush()])

@@ -1,0 +1,68 @@
+"""The single-pass digests on real bytes: gzip (ISA-L), zstd, uncompressed; the failure modes."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import subprocess
+
+import zstandard
+
+from imagegate.oci.hashing import digest_blob
+from tests.oci.infra import PY_LIB
+
+
+def _tar_bytes() -> bytes:
+    return subprocess.run(
+        ["tar", "-cf", "-", "-C", str(PY_LIB), "json", "email"], capture_output=True, check=True
+    ).stdout
+
+
+def _sha(b: bytes) -> str:
+    return "sha256:" + hashlib.sha256(b).hexdigest()
+
+
+def test_gzip_zstd_and_plain_give_the_same_diffid() -> None:
+    tar = _tar_bytes()
+    pigz = subprocess.run(["pigz", "-c", "-9"], input=tar, capture_output=True, check=True).stdout
+    for blob, kind in [
+        (gzip.compress(tar), "gzip"),
+        (pigz, "gzip"),
+        (gzip.compress(tar[:1000]) + gzip.compress(tar[1000:]), "gzip"),  # two members, as Go reads them
+        (zstandard.ZstdCompressor(level=3).compress(tar), "zstd"),
+        (tar, "none"),
+    ]:
+        got = digest_blob(io.BytesIO(blob), declared_size=len(blob))
+        assert got.compression == kind
+        assert got.digest == _sha(blob)
+        assert got.diff_id == _sha(tar), kind
+        assert got.uncompressed_size == len(tar)
+        assert got.decompress_error is None
+
+
+def test_corrupt_and_truncated_streams_are_errors() -> None:
+    tar = _tar_bytes()
+    gz = bytearray(gzip.compress(tar))
+    gz[len(gz) // 2] ^= 0xFF
+    assert "invalid gzip data" in (digest_blob(io.BytesIO(bytes(gz))).decompress_error or "")
+    gz = gzip.compress(tar)
+    assert "truncated" in (digest_blob(io.BytesIO(gz[:-50])).decompress_error or "")
+    assert "trailing data" in (digest_blob(io.BytesIO(gz + b"junk")).decompress_error or "")
+    zs = zstandard.ZstdCompressor().compress(tar)
+    assert "truncated" in (digest_blob(io.BytesIO(zs[:-50])).decompress_error or "")
+
+
+def test_longer_than_declared_stops_reading() -> None:
+    data = b"x" * 5000
+    got = digest_blob(io.BytesIO(data), declared_size=1000, layer=False)
+    assert got.too_long and got.digest is None and got.size == 1001
+
+
+def test_decompression_bomb_is_stopped() -> None:
+    bomb = gzip.compress(b"\0" * (64 << 20), 9)
+    assert len(bomb) < 200_000
+    got = digest_blob(io.BytesIO(bomb), max_uncompressed=16 << 20)
+    assert got.diff_id is None
+    assert "decompression bomb" in (got.decompress_error or "")
+    assert got.digest == _sha(bomb)  # the blob digest is still checked

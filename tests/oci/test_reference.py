@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from imagegate.errors import UsageError
+from imagegate.oci.reference import is_loopback_registry, parse_reference
+from imagegate.oci.transports import open_source
+from tests.helpers import imagegate
+
+
+@pytest.mark.parametrize(
+    ("text", "registry", "repository", "tag", "digest"),
+    [
+        ("python", "docker.io", "library/python", None, None),
+        ("python:3.11", "docker.io", "library/python", "3.11", None),
+        ("vllm/vllm-openai:v0.11.0", "docker.io", "vllm/vllm-openai", "v0.11.0", None),
+        ("127.0.0.1:5000/team/app:1", "127.0.0.1:5000", "team/app", "1", None),
+        ("localhost/app", "localhost", "app", None, None),
+        ("ghcr.io/a/b@sha256:" + "a" * 64, "ghcr.io", "a/b", None, "sha256:" + "a" * 64),
+        ("[::1]:5000/app:x", "[::1]:5000", "app", "x", None),
+    ],
+)
+def test_parses_references(
+    text: str, registry: str, repository: str, tag: str | None, digest: str | None
+) -> None:
+    ref = parse_reference(text)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (registry, repository, tag, digest)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "empty"),
+        ("UPPER/case", "lowercase"),
+        ("app@sha256:1234", "not a digest"),
+        ("app:bad tag", "not a valid tag"),
+        ("app:-x", "not a valid tag"),
+        ("a//b", "not a repository path"),
+        ("127.0.0.1:5000/", "no repository"),
+        ("x" * 300, "longer than"),
+    ],
+)
+def test_refuses_malformed_references(text: str, why: str) -> None:
+    with pytest.raises(UsageError, match=why):
+        parse_reference(text)
+
+
+def test_loopback_registries_are_plain_http() -> None:
+    assert is_loopback_registry("127.0.0.1:5000") and is_loopback_registry("localhost:1")
+    assert is_loopback_registry("[::1]:5000")
+    assert not is_loopback_registry("registry.example:5000")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["ftp://x/y", "containers-storage:app", "docker-archive:", "oci:", "docker-daemon:", "docker://Bad/Name"],
+)
+def test_refuses_malformed_sources(spec: str) -> None:
+    with pytest.raises(UsageError):
+        open_source(spec)
+
+
+def test_cli_malformed_reference_is_a_usage_error() -> None:
+    r = imagegate("layers", "docker://UPPER/case:1")
+    assert r.returncode == 3
+    assert "invalid image reference 'UPPER/case:1'" in r.stderr and "lowercase" in r.stderr
+    r = imagegate("compare", "app@sha256:12", "app:1")
+    assert r.returncode == 3 and "not a digest" in r.stderr
+    r = imagegate("layers", "x:1", "--expect-config", "sha256:nothex")
+    assert r.returncode == 3 and "--expect-config" in r.stderr
