@@ -1,0 +1,189 @@
+"""pod render: the objects validate against the official Kubernetes schemas (kubernetes-validate,
+strict) for the versions named here, and carry every safety field the zero-GPU mode promises."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from imagegate import runner
+from imagegate.errors import UsageError
+from imagegate.kube import render, validate
+from tests.helpers import imagegate
+
+DIGEST = "sha256:" + "ab" * 32
+# The oldest and newest schemas kubernetes-validate ships that we state support for, and the
+# default of --kube-version.
+VERSIONS = ["1.25", validate.DEFAULT_VERSION, "1.37"]
+
+
+def _render(pipeline: str = "vllm", image: str = f"myorg/vllm@{DIGEST}", **kw: Any) -> render.Rendered:
+    prep = runner.prepare(runner.RunOptions(pipeline=pipeline))
+    return render.render(prep, image, render.PodOptions(**kw))
+
+
+def _container(r: render.Rendered) -> dict[str, Any]:
+    containers = r.job["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("pipeline", ["python", "vllm", "sglang"])
+def test_validates_against_official_schemas(pipeline: str, version: str) -> None:
+    r = _render(
+        pipeline,
+        node_selector={"pool": "h20"},
+        tolerations=[render.parse_toleration("nvidia.com/gpu:NoSchedule")],
+        priority_class="batch-low",
+        service_account="acceptance",
+        image_pull_secrets=["regcred"],
+        run_as_user=1000,
+    )
+    assert validate.validate(r.objects, version) == []
+
+
+def test_validator_is_not_vacuous() -> None:
+    r = _render()
+    broken = copy.deepcopy(r.job)
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["dropEverything"] = True
+    broken["spec"]["backoffLimit"] = "zero"
+    problems = validate.validate([broken], "1.30")
+    assert len(problems) == 1 and problems[0].startswith(f"job/{r.name}:")
+    with pytest.raises(UsageError, match=r"1\.7"):
+        validate.validate(r.objects, "1.7")
+
+
+def test_configmap_holds_the_bundle_under_one_mib() -> None:
+    for pipeline in ("python", "vllm", "sglang"):
+        prep = runner.prepare(runner.RunOptions(pipeline=pipeline))
+        r = render.render(prep, f"x@{DIGEST}", render.PodOptions())
+        size = r.configmap_bytes()
+        assert size < render.CONFIGMAP_LIMIT, size
+        assert len(r.yaml().encode()) < render.CONFIGMAP_LIMIT
+        data = base64.b64decode(r.configmap["binaryData"][render.BUNDLE_KEY])
+        assert data == prep.bundle.data
+        assert r.configmap["immutable"] is True
+        annotations = r.job["spec"]["template"]["metadata"]["annotations"]
+        assert annotations[render.BUNDLE_ANNOTATION] == prep.bundle.sha256
+
+
+def test_job_runs_once_within_a_deadline() -> None:
+    spec = _render(deadline_s=2400).job["spec"]
+    assert spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] == 2400
+    assert spec["ttlSecondsAfterFinished"] > 0
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    # By default the deadline covers the stages' timeouts plus an image pull.
+    prep = runner.prepare(runner.RunOptions(pipeline="vllm"))
+    default = render.render(prep, "x", render.PodOptions()).job["spec"]["activeDeadlineSeconds"]
+    assert default >= prep.deadline(None) + render.PULL_ALLOWANCE_S
+
+
+def test_security_fields() -> None:
+    r = _render()
+    pod = r.job["spec"]["template"]["spec"]
+    c = _container(r)
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["privileged"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    # Read-only root: /tmp is an emptyDir, the bundle a read-only whole-volume mount (no subPath).
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/tmp"]["name"]]["emptyDir"]["sizeLimit"]
+    bundle_mount = mounts[render.MOUNT_DIR]
+    assert bundle_mount["readOnly"] is True and "subPath" not in bundle_mount
+    assert volumes[bundle_mount["name"]]["configMap"]["name"] == r.configmap["metadata"]["name"]
+
+
+def test_no_gpu_and_gpus_hidden() -> None:
+    r = _render()
+    c = _container(r)
+    text = json.dumps(r.job)
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"]) and "gpu" not in json.dumps(c["resources"])
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    res = c["resources"]
+    assert set(res) == {"requests", "limits"} and set(res["limits"]) == {"cpu", "memory"}
+    assert "preemptionPolicy" not in text
+
+
+def test_priority_class_only_when_asked_never_preemption_policy() -> None:
+    plain = _render().job["spec"]["template"]["spec"]
+    assert "priorityClassName" not in plain and "preemptionPolicy" not in plain
+    asked = _render(priority_class="batch-low").job["spec"]["template"]["spec"]
+    assert asked["priorityClassName"] == "batch-low"
+    assert "preemptionPolicy" not in json.dumps(asked)
+
+
+def test_image_pinned_and_run_by_its_own_python() -> None:
+    c = _container(_render(image="myorg/vllm:0.11", digest=DIGEST))
+    assert c["image"] == f"myorg/vllm:0.11@{DIGEST}"
+    assert c["command"] == ["python3", render.BUNDLE_PATH]
+    assert _container(_render(python="/opt/conda/bin/python"))["command"][0] == "/opt/conda/bin/python"
+    unpinned = _render(image="myorg/vllm:0.11")
+    assert _container(unpinned)["image"] == "myorg/vllm:0.11"
+    assert any("not pinned" in n for n in unpinned.notes)
+    with pytest.raises(UsageError, match="pinned to"):
+        _render(image=f"myorg/vllm@{DIGEST}", digest="sha256:" + "cd" * 32)
+
+
+def test_scheduling_inputs() -> None:
+    pod = _render(
+        node_selector=render.parse_node_selector(["pool=h20", "csi.example/mount=yes"]),
+        tolerations=[
+            render.parse_toleration("nvidia.com/gpu:NoSchedule"),
+            render.parse_toleration("dedicated=acceptance:NoExecute"),
+            render.parse_toleration(":PreferNoSchedule"),
+        ],
+        service_account="acceptance",
+        image_pull_secrets=["regcred"],
+    ).job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "h20", "csi.example/mount": "yes"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "acceptance", "effect": "NoExecute"},
+        {"operator": "Exists", "effect": "PreferNoSchedule"},
+    ]
+    assert pod["serviceAccountName"] == "acceptance"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    for bad in ("nvidia.com/gpu", "k=v:Sometimes"):
+        with pytest.raises(UsageError):
+            render.parse_toleration(bad)
+    with pytest.raises(UsageError):
+        render.parse_node_selector(["novalue"])
+
+
+def test_name_is_stable_per_pipeline_and_image() -> None:
+    assert _render().name == _render().name
+    assert _render().name != _render(image="other/image:1").name
+    with pytest.raises(UsageError):
+        _render(name="Not_A_DNS_Label")
+
+
+def test_cli_render_prints_valid_yaml(tmp_path: Path) -> None:
+    res = imagegate(
+        "pod", "render", "myorg/vllm:0.11", "-p", "vllm", "--digest", DIGEST, "-n", "accept",
+        "--node-selector", "pool=h20", "--toleration", "nvidia.com/gpu:NoSchedule",
+        "--priority-class", "batch-low", "--deadline", "40m", "--kube-version", "1.30",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    objs = list(yaml.safe_load_all(res.stdout))
+    assert [o["kind"] for o in objs] == ["ConfigMap", "Job"]
+    assert objs[1]["spec"]["activeDeadlineSeconds"] == 2400
+    assert all(o["metadata"]["namespace"] == "accept" for o in objs)
+    assert validate.validate(objs, "1.30") == []
+    assert "validated against Kubernetes 1.30" in res.stderr
+    bad = imagegate("pod", "render", "x:1", "--toleration", "gpu")
+    assert bad.returncode == 3 and "key[=value]:effect" in bad.stderr
