@@ -58,6 +58,9 @@ def _b64(data: bytes) -> str:
     return base64.standard_b64encode(data).decode("ascii")
 
 
+_URLSAFE = str.maketrans("-_", "+/")
+
+
 def _unb64(text: object, what: str) -> bytes:
     if not isinstance(text, str):
         raise UsageError(f"DSSE envelope: {what} is not a string")
@@ -66,7 +69,7 @@ def _unb64(text: object, what: str) -> bytes:
     except (binascii.Error, ValueError):
         pass
     try:  # the DSSE spec lets readers accept URL-safe base64 too, as cosign's reader does
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        return base64.b64decode(text.translate(_URLSAFE) + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError) as e:
         raise UsageError(f"DSSE envelope: {what} is not base64") from e
 

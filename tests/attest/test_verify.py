@@ -1,0 +1,245 @@
+"""A real run's attempt, signed and verified: by `imagegate verify`, by an independent DSSE
+implementation, and against every kind of tampering, each named in the error."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from securesystemslib.dsse import Envelope as SslibEnvelope
+from securesystemslib.signer import SSlibKey
+
+from imagegate import resources
+from imagegate.attest import dsse, keys, sign
+from imagegate.attest import statement as st
+from imagegate.attest.vsa import VSA_PREDICATE_TYPE
+from imagegate.errors import UsageError
+from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
+from tests.attest.conftest import cli, statement_of
+
+SCHEMA = json.loads((resources.manifests_dir() / "acceptance-v1.schema.json").read_text())
+
+
+def payload_of(path: Path) -> dict[str, Any]:
+    return json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+
+
+def test_run_attestation_verifies_with_imagegate_and_securesystemslib(
+    signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path]
+) -> None:
+    assert [p.name for p in signed.files] == [
+        sign.DSSE_FILE,
+        sign.INTOTO_FILE,
+        sign.BUNDLE_FILE,
+        sign.VSA_FILE,
+    ]
+    for name in (sign.DSSE_FILE, sign.INTOTO_FILE, sign.BUNDLE_FILE):
+        r = cli("verify", str(attempt / name), "--key", str(keypair[1]), "--expect-verdict", "PASS")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "verified: verdict PASS" in r.stdout
+        assert "ok      evidence:" in r.stdout  # the attempt folder was found beside it and checked
+    # An independent DSSE implementation accepts the same file (keyid blank on both sides).
+    theirs = SslibEnvelope.from_dict(json.loads((attempt / sign.DSSE_FILE).read_text()))
+    k = SSlibKey.from_crypto(keys.load_public_key(keypair[1]).key)
+    assert list(theirs.verify([SSlibKey("", k.keytype, k.scheme, k.keyval)], 1)) == [""]
+    # The signed payload is the statement the runner wrote beside the evidence.
+    assert json.loads(theirs.payload) == statement_of(attempt)
+
+
+def test_real_statement_matches_the_schema(signed: sign.Signed, attempt: Path) -> None:
+    statement = payload_of(attempt / sign.DSSE_FILE)
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    jsonschema.validate(statement, SCHEMA)
+    assert set(statement) == {"_type", "subject", "predicateType", "predicate"}
+    # Every file of the attempt folder is evidence, except the statement and its signatures.
+    listed = {f["path"] for f in st.evidence_files(statement)}
+    on_disk = {p.relative_to(attempt).as_posix() for p in attempt.rglob("*") if p.is_file()}
+    assert on_disk - listed == {"statement.json", *(p.name for p in signed.files)}
+    assert {"plan.json", "pipeline.yaml", "bundle.pyz", "run.json"} <= listed
+
+
+def _record(tmp_path: Path, **image: Any) -> RunRecord:
+    ev = EvidenceFile("stages/01-a/stdout.txt", "0" * 64, 0)
+    return RunRecord(
+        attempt_id="x",
+        attempt_dir=str(tmp_path / "none"),
+        pipeline={"name": "vllm", "version": "1", "sha256": "a" * 64, "source": "builtin:vllm"},
+        plan={"apiVersion": "imagegate/v1", "pipeline": {}, "stages": []},
+        image=ImageFacts(**image),
+        environment={"driver": "docker", "engine": "docker", "gpu": {"present": False}},
+        stages=[
+            StageResult("a", "cli", "inside", Status.PASS, "ok", 1.0, evidence=[ev]),
+            StageResult("gpu_cli", "cli", "inside", Status.DEFERRED, "no GPU"),
+        ],
+        started_at="2026-01-01T00:00:00.000Z",
+        finished_at="2026-01-01T00:00:01.000Z",
+        verdict="CPU_PASS_GPU_CLI_DEFERRED",
+        imagegate_version="0.1.0",
+    )
+
+
+def test_subject_is_the_manifest_digest_else_the_config_digest(tmp_path: Path) -> None:
+    m, c = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    s1 = st.build_statement(
+        _record(tmp_path, reference="r/app:1", repository="r/app", config_digest=c, manifest_digest=m)
+    )
+    assert s1["subject"] == [{"name": "r/app", "digest": {"sha256": "1" * 64}}]
+    assert s1["predicate"]["image"]["subjectDigest"] == "manifest"
+    s2 = st.build_statement(_record(tmp_path, reference="app:dev", config_digest=c))
+    assert s2["subject"] == [{"name": "app:dev", "digest": {"sha256": "2" * 64}}]
+    assert s2["predicate"]["image"]["subjectDigest"] == "config"
+    for s in (s1, s2):
+        jsonschema.validate(s, SCHEMA)
+        assert s["predicate"]["environment"]["gpuPresent"] is False
+
+
+def test_vsa_summarises_the_run(signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path]) -> None:
+    env = dsse.from_json((attempt / sign.VSA_FILE).read_bytes())
+    assert env.verified_by(keys.load_public_key(keypair[1]))
+    vsa = json.loads(env.payload)
+    acceptance = payload_of(attempt / sign.DSSE_FILE)
+    assert vsa["predicateType"] == VSA_PREDICATE_TYPE
+    assert vsa["subject"] == acceptance["subject"]
+    p = vsa["predicate"]
+    assert p["verificationResult"] == "PASSED" and p["verifiedLevels"] == ["PASS"]
+    assert p["inputAttestations"][0]["uri"] == sign.DSSE_FILE
+    import hashlib
+
+    assert (
+        p["inputAttestations"][0]["digest"]["sha256"]
+        == hashlib.sha256((attempt / sign.DSSE_FILE).read_bytes()).hexdigest()
+    )
+    assert p["policy"]["digest"]["sha256"] == acceptance["predicate"]["pipeline"]["sha256"]
+    for field in ("verifier", "timeVerified", "resourceUri", "policy"):
+        assert p[field]
+
+
+def test_failed_verdicts_give_a_failed_vsa(tmp_path: Path, key: keys.SigningKey) -> None:
+    rec = _record(tmp_path, reference="app", config_digest="sha256:" + "2" * 64)
+    rec.verdict = "FAIL"
+    (tmp_path / "a").mkdir()
+    signed = sign.sign_attempt(tmp_path / "a", st.build_statement(rec), key)
+    vsa = json.loads(dsse.from_json(signed.files[3].read_bytes()).payload)["predicate"]
+    assert vsa["verificationResult"] == "FAILED" and vsa["verifiedLevels"] == ["FAIL"]
+
+
+def test_signing_never_overwrites(signed: sign.Signed, attempt: Path, key: keys.SigningKey) -> None:
+    before = (attempt / sign.DSSE_FILE).read_bytes()
+    with pytest.raises(UsageError, match="already exists"):
+        sign.sign_attempt(attempt, statement_of(attempt), key)
+    assert (attempt / sign.DSSE_FILE).read_bytes() == before
+
+
+EVIDENCE = [
+    "stages/01-pip_check/stdout.txt",
+    "stages/02-find_spec/result.json",
+    "plan.json",
+    "bundle.pyz",
+    "run.json",
+]
+
+
+@pytest.mark.parametrize("rel", EVIDENCE)
+def test_changing_any_evidence_file_fails_and_names_it(
+    signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path], rel: str
+) -> None:
+    with open(attempt / rel, "ab") as f:
+        f.write(b"\n")
+    r = cli("verify", str(attempt / sign.DSSE_FILE), "--key", str(keypair[1]))
+    assert r.returncode == 1
+    assert f"FAILED  evidence: {rel}: changed" in r.stdout
+    assert "ok      signature" in r.stdout  # the signature still holds: it is the evidence that moved
+
+
+def test_missing_evidence_file_fails(signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path]) -> None:
+    (attempt / "pipeline.yaml").unlink()
+    r = cli("verify", str(attempt / sign.DSSE_FILE), "--key", str(keypair[1]))
+    assert r.returncode == 1 and "pipeline.yaml: missing" in r.stdout
+
+
+def test_statement_copy_must_match(signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path]) -> None:
+    s = statement_of(attempt)
+    s["predicate"]["verdict"] = "FAIL"
+    (attempt / "statement.json").write_text(json.dumps(s))
+    r = cli("verify", str(attempt / sign.DSSE_FILE), "--key", str(keypair[1]))
+    assert (
+        r.returncode == 1 and "statement.json" in r.stdout and "differs from the signed statement" in r.stdout
+    )
+
+
+def _tampered(attempt: Path, how: str) -> Path:
+    obj = json.loads((attempt / sign.DSSE_FILE).read_text())
+    if how == "payload byte":
+        raw = bytearray(base64.b64decode(obj["payload"]))
+        i = raw.index(b'"verdict":"PASS"') + len('"verdict":"')
+        raw[i : i + 4] = b"FAIL"
+        obj["payload"] = base64.b64encode(bytes(raw)).decode()
+    elif how == "signature byte":
+        sig = bytearray(base64.b64decode(obj["signatures"][0]["sig"]))
+        sig[-1] ^= 0x01
+        obj["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
+    elif how == "payloadType":
+        obj["payloadType"] = "application/json"
+    elif how == "subject digest":
+        s = json.loads(base64.b64decode(obj["payload"]))
+        s["subject"][0]["digest"]["sha256"] = "f" * 64
+        obj["payload"] = base64.b64encode(json.dumps(s).encode()).decode()
+    out = attempt / "tampered.dsse.json"
+    out.write_text(json.dumps(obj))
+    return out
+
+
+@pytest.mark.parametrize(
+    "how,named",
+    [
+        ("payload byte", "FAILED  signature"),
+        ("signature byte", "FAILED  signature"),
+        ("payloadType", "FAILED  payloadType: is 'application/json'"),
+        ("subject digest", "FAILED  subject"),
+    ],
+)
+def test_each_tamper_is_detected_and_named(
+    signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path], how: str, named: str
+) -> None:
+    r = cli("verify", str(_tampered(attempt, how)), "--key", str(keypair[1]))
+    assert r.returncode == 1, r.stdout
+    assert named in r.stdout
+    assert "FAILED  signature" in r.stdout  # every one of them also breaks the signature
+
+
+def test_wrong_key_is_a_clear_error(signed: sign.Signed, attempt: Path, tmp_path: Path) -> None:
+    _, other = keys.write_keypair(tmp_path / "other", keys.generate(), None)
+    r = cli("verify", str(attempt / sign.DSSE_FILE), "--key", str(other))
+    assert r.returncode == 1
+    fp = keys.load_public_key(other).fingerprint
+    assert f"no signature verifies with key {fp}: signed with another key" in r.stdout
+
+
+def test_subject_checked_against_the_image_digest(tmp_path: Path, key: keys.SigningKey) -> None:
+    m = "sha256:" + "1" * 64
+    rec = _record(tmp_path, reference="r/app:1", repository="r/app", config_digest=None, manifest_digest=m)
+    (tmp_path / "a").mkdir()
+    signed = sign.sign_attempt(tmp_path / "a", st.build_statement(rec), key)
+    pub = tmp_path / "k.pub"
+    pub.write_bytes(key.public.pem)
+    ok = cli("verify", str(signed.dsse_path), "--key", str(pub), "--image", m, "--no-evidence")
+    assert ok.returncode == 0, ok.stdout
+    other = "sha256:" + "9" * 64
+    bad = cli("verify", str(signed.dsse_path), "--key", str(pub), "--image", other, "--no-evidence")
+    assert bad.returncode == 1 and "FAILED  subject" in bad.stdout and "sha256:999999999999" in bad.stdout
+    verdict = cli("verify", str(signed.dsse_path), "--key", str(pub), "--expect-verdict", "PASS")
+    assert (
+        verdict.returncode == 1 and "verdict: is CPU_PASS_GPU_CLI_DEFERRED, expected PASS" in verdict.stdout
+    )
+
+
+def test_unreadable_input_is_a_usage_error(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
+    (tmp_path / "x.json").write_text("{}")
+    r = cli("verify", str(tmp_path / "x.json"), "--key", str(keypair[1]))
+    assert r.returncode == 3 and "missing payloadType" in r.stderr
+    r = cli("verify", str(tmp_path / "x.json"), "--key", str(keypair[0]))
+    assert r.returncode == 3 and "this is a private key" in r.stderr
