@@ -23,7 +23,9 @@ class _Strict(BaseModel):
 class Defaults(_Strict):
     pipeline: str = "python"
     require_complete: bool = False
-    platform: str | None = Field(default=None, description="os/arch[/variant] for mirror pairs read from an index.")
+    platform: str | None = Field(
+        default=None, description="os/arch[/variant] for mirror pairs read from an index."
+    )
 
 
 class ImageEntry(_Strict):

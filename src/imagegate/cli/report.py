@@ -114,7 +114,7 @@ def audit(
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
     err = Console(stderr=True)
-    setup_logging(verbose, quiet, err)
+    setup_logging(verbose, quiet)
     to_stdout = json_out is not None and str(json_out) == "-"
     try:
         inv = batch.load(inventory)

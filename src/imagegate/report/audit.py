@@ -3,6 +3,7 @@ and the exit code."""
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -15,25 +16,47 @@ _STYLE = {0: "green", 1: "bold red", 2: "bold magenta", 3: "bold magenta"}
 
 
 def render(result: AuditResult, console: Console) -> None:
-    table = Table(title=f"imagegate audit · {result.inventory}", title_justify="left")
-    table.add_column("kind", no_wrap=True)
-    table.add_column("name", no_wrap=True, overflow="fold")
-    table.add_column("outcome", no_wrap=True)
-    table.add_column("exit", justify="right", no_wrap=True)
-    table.add_column("time", justify="right", no_wrap=True)
-    table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=80)
-    table.add_column("evidence", overflow="fold")
+    # Fixed widths, the detail taking what is left: rich would otherwise squeeze whole columns
+    # away in an 80-column CI log; narrow consoles drop the kind column.
+    wide = console.width >= 120
+    name_w = min(36 if wide else 24, max([4, *(len(i.name) for i in result.items)]))
+    outcome_w = max([7, *(len(i.outcome) for i in result.items)])
+    widths = {"kind": 6, "name": name_w, "outcome": outcome_w, "exit": 4, "time": 6}
+    if not wide:
+        del widths["kind"]
+    detail_w = max(12, min(90, console.width - sum(w + 2 for w in widths.values()) - 3))
+    table = Table(
+        title=f"imagegate audit · {result.inventory}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col, w in widths.items():
+        right = col in ("exit", "time")
+        table.add_column(
+            col,
+            no_wrap=col != "name",
+            overflow="fold",
+            min_width=w,
+            max_width=w,
+            justify="right" if right else "left",
+        )
+    table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=detail_w)
     for i in result.items:
-        table.add_row(
-            i.kind,
+        cells: list[str | Text] = [i.kind] if wide else []
+        cells += [
             i.name,
             Text(i.outcome, style=_STYLE.get(i.exit_code, "bold")),
             str(i.exit_code),
             f"{i.duration_s:.1f}s",
-            one_line(i.detail, 80),
-            i.evidence or "",
-        )
+            one_line(i.detail, detail_w),
+        ]
+        table.add_row(*cells)
     console.print(table)
+    # Full paths do not fit a table: one line each, to copy into `imagegate report`.
+    for i in result.items:
+        if i.evidence:
+            console.print(f"evidence {i.name}: {i.evidence}", soft_wrap=True, highlight=False)
     counts: dict[str, int] = {}
     for i in result.items:
         key = _MEANING.get(i.exit_code, f"exit {i.exit_code}")

@@ -4,27 +4,29 @@ Bars are drawn only on a terminal; in CI logs (not a TTY) a finished item is one
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from types import TracebackType
+from typing import TextIO
 
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 
-def setup_logging(verbose: int, quiet: bool, console: Console | None = None) -> None:
-    """`imagegate.*` loggers to stderr at the level the flags ask for."""
+def setup_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
+    """`imagegate.*` loggers to stderr at the level the flags ask for, as plain lines: CI logs
+    are read with grep."""
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logger = logging.getLogger("imagegate")
-    logger.handlers.clear()
-    handler = RichHandler(
-        console=console or Console(stderr=True),
-        show_path=verbose >= 2,
-        show_time=verbose >= 1,
-        markup=False,
-        rich_tracebacks=False,
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    fmt = (
+        "%(asctime)s %(levelname)s %(name)s [%(threadName)s]: %(message)s"
+        if verbose >= 2
+        else "imagegate: %(message)s"
     )
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(logging.Formatter(fmt))
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
