@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# All set-up on a fresh Debian 12 machine (as root): Debian packages, a Docker engine and
+# Podman's Docker API (scripts/engines.sh), the Python environment (.venv), the test images.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/engines.sh
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python tests/images/build.py "$@"
