@@ -1,0 +1,218 @@
+"""Attach and fetch against a real registry (Debian's docker-registry on 127.0.0.1, no auth),
+with an image pushed by the real Docker engine: the `.att` layout cosign reads, an earlier
+attestation preserved, `verify --image` from the registry."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from imagegate.attest import attach, keys, sign
+from imagegate.attest import statement as st
+from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
+from tests.attest.conftest import cli
+
+pytestmark = pytest.mark.engine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.fail("docker-registry is not installed (Debian package docker-registry)")
+    root = tmp_path_factory.mktemp("registry")
+    port = _free_port()
+    cfg = root / "config.yml"
+    cfg.write_text(
+        "version: 0.1\n"
+        "log: {level: warn}\n"
+        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}\n"
+        f"http: {{addr: '127.0.0.1:{port}'}}\n"
+    )
+    log = open(root / "registry.log", "wb")  # noqa: SIM115  (closed after the process stops)
+    proc = subprocess.Popen([exe, "serve", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the registry did not start: " + (root / "registry.log").read_text()[-2000:])
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _docker(*args: str, stdin: bytes | None = None) -> str:
+    p = subprocess.run(["docker", *args], input=stdin, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    return p.stdout.decode()
+
+
+@pytest.fixture(scope="module")
+def image(registry: str) -> Iterator[str]:
+    """A one-file image, made with `docker import` (nothing to pull) and pushed."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"imagegate attach test\n"
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    ref = f"{registry}/attest/app:1"
+    _docker("import", "-", ref, stdin=buf.getvalue())
+    try:
+        _docker("push", ref)
+        yield ref
+    finally:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+
+
+def _signed(tmp_path: Path, ref: str, key: keys.SigningKey, verdict: str, name: str) -> Path:
+    parsed = attach.parse_image(ref)
+    with attach.client_for(parsed) as client:
+        remote = attach.resolve(client, parsed)
+    rec = RunRecord(
+        attempt_id=name,
+        attempt_dir=str(tmp_path / name),
+        pipeline={"name": "python", "version": "1", "sha256": "a" * 64, "source": "builtin:python"},
+        plan={"apiVersion": "imagegate/v1", "pipeline": {}, "stages": []},
+        image=ImageFacts(
+            reference=ref,
+            config_digest=remote.digests[1],
+            manifest_digest=remote.digests[0],
+            repository=f"{parsed.registry}/{parsed.repository}",
+        ),
+        environment={"driver": "docker", "engine": "docker", "gpu": {"present": False}},
+        stages=[
+            StageResult(
+                "pip_check",
+                "pip_check",
+                "inside",
+                Status(verdict),
+                "x",
+                0.1,
+                evidence=[EvidenceFile("a", "0" * 64, 0)],
+            )
+        ],
+        started_at="2026-01-01T00:00:00.000Z",
+        finished_at="2026-01-01T00:00:01.000Z",
+        verdict=verdict,
+        imagegate_version="0.1.0",
+    )
+    (tmp_path / name).mkdir()
+    return sign.sign_attempt(tmp_path / name, st.build_statement(rec), key).dsse_path
+
+
+def _att(registry: str, ref: str) -> tuple[str, dict[str, Any]]:
+    parsed = attach.parse_image(ref)
+    with attach.client_for(parsed) as client:
+        remote = attach.resolve(client, parsed)
+        tag = attach.attestation_tag(remote.digests[0])
+        got = client.get_manifest(parsed.repository, tag)
+    return tag, json.loads(got.raw)
+
+
+def test_attach_appends_like_cosign_and_verify_fetches(registry: str, image: str, tmp_path: Path) -> None:
+    key = keys.generate()
+    pub = tmp_path / "k.pub"
+    pub.write_bytes(key.public.pem)
+    first = _signed(tmp_path, image, key, "PASS", "one")
+
+    r = cli("attach", str(first), image)
+    assert r.returncode == 0, r.stderr
+    tag, m1 = _att(registry, image)
+    assert tag.startswith("sha256-") and tag.endswith(".att") and tag in r.stdout
+    assert m1["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert m1["config"]["mediaType"] == "application/vnd.oci.image.config.v1+json"
+    (layer,) = m1["layers"]
+    assert layer["mediaType"] == "application/vnd.dsse.envelope.v1+json"
+    assert layer["annotations"] == {
+        "dev.cosignproject.cosign/signature": "",
+        "predicateType": st.PREDICATE_TYPE,
+        "in-toto.io/predicate-type": st.PREDICATE_TYPE,
+    }
+
+    # A second attestation is appended; the earlier layer is kept as it was.
+    second = _signed(tmp_path, image, key, "FAIL", "two")
+    r = cli("attach", str(second.parent / sign.BUNDLE_FILE), image)
+    assert r.returncode == 0, r.stderr
+    _, m2 = _att(registry, image)
+    assert len(m2["layers"]) == 2 and m2["layers"][0] == layer
+    # Attaching the same envelope again changes nothing.
+    r = cli("attach", str(first), image)
+    assert r.returncode == 0 and "already attached" in r.stdout
+    assert _att(registry, image)[1] == m2
+
+    ok = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "PASS")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "ok      subject" in ok.stdout and "layer 1" in ok.stdout
+    failed = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "FAIL")
+    assert failed.returncode == 0 and "layer 2" in failed.stdout  # the other one matches
+    neither = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "ERROR")
+    assert neither.returncode == 1 and "FAILED  verdict" in neither.stdout
+
+    _, other = keys.write_keypair(tmp_path / "other", keys.generate(), None)
+    wrong = cli("verify", "--image", image, "--key", str(other))
+    assert wrong.returncode == 1 and "no signature verifies with key" in wrong.stdout
+
+    # The attestation file checked against the image in the registry.
+    r = cli("verify", str(first), "--key", str(pub), "--image", image, "--no-evidence")
+    assert r.returncode == 0 and "ok      subject" in r.stdout
+
+
+def test_attach_refuses_an_attestation_of_another_image(registry: str, image: str, tmp_path: Path) -> None:
+    key = keys.generate()
+    signed = _signed(tmp_path, image, key, "PASS", "x")
+    # Push a different image and try to attach the first image's attestation to it.
+    other = f"{registry}/attest/app:other"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("empty"), io.BytesIO(b""))
+    _docker("import", "-", other, stdin=buf.getvalue())
+    try:
+        _docker("push", other)
+        r = cli("attach", str(signed), other)
+        assert r.returncode == 3 and "is not" in r.stderr and "attestation subject" in r.stderr
+        v = cli("verify", str(signed), "--key", "/dev/null", "--image", other)
+        assert v.returncode == 3  # the key is unreadable as a public key: a usage error, not a verdict
+    finally:
+        subprocess.run(["docker", "rmi", "-f", other], capture_output=True)
+
+
+def test_verify_image_without_attestations(registry: str, image: str, tmp_path: Path) -> None:
+    bare = f"{registry}/attest/bare:1"
+    _docker("tag", image, bare)
+    try:
+        _docker("push", bare)
+        _, pub = keys.write_keypair(tmp_path / "k", keys.generate(), None)
+        r = cli("verify", "--image", bare, "--key", str(pub))
+        assert r.returncode == 1 and "no attestation attached" in r.stdout
+    finally:
+        subprocess.run(["docker", "rmi", "-f", bare], capture_output=True)
