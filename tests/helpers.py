@@ -24,7 +24,9 @@ class Result:
         return json.loads(self.stdout)
 
 
-def imagegate(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300) -> Result:
+def imagegate(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> Result:
     """Run the real CLI in a subprocess, as a user would."""
     full_env = dict(os.environ, COLUMNS="200")
     full_env.update(env or {})

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,7 +47,13 @@ def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) 
     # the image was never pushed: the subject is its config digest, and the predicate says so
     assert statement["subject"][0]["digest"] == {"sha256": config.split(":")[1]}
     assert statement["predicate"]["image"]["subjectDigest"] == "config"
-    for f in ("plan.json", "bundle.pyz", "controller.stdout.jsonl", "run.json", "stages/01-pip_check/stdout.txt"):
+    for f in (
+        "plan.json",
+        "bundle.pyz",
+        "controller.stdout.jsonl",
+        "run.json",
+        "stages/01-pip_check/stdout.txt",
+    ):
         assert (att / f).is_file(), f
     assert "No broken requirements found." in (att / "stages/01-pip_check/stdout.txt").read_text()
     env = statement["predicate"]["environment"]
@@ -81,9 +90,10 @@ def test_vllm_like_image_is_cpu_pass_gpu_cli_deferred(images: dict[str, str], tm
     assert cpu["status"] == "PASS"
     assert cpu["data"]["argv"] == ["vllm", "serve", "--help=all"]
     assert cpu["data"]["version_choice"]["version"] == "0.11.0"
-    assert "platform override vllm-cpu applied: current_platform=CpuPlatform" in (
-        att / "stages/04-cli_cpu/stderr.txt"
-    ).read_text()
+    assert (
+        "platform override vllm-cpu applied: current_platform=CpuPlatform"
+        in (att / "stages/04-cli_cpu/stderr.txt").read_text()
+    )
     av = json.loads((att / "stages/05-av_roundtrip/result.json").read_text())
     assert av["status"] == "PASS" and av["detail"] == "frames=8"
     assert "AV_ROUNDTRIP_PASS" in r.stdout
@@ -95,7 +105,9 @@ def test_vllm_like_image_is_cpu_pass_gpu_cli_deferred(images: dict[str, str], tm
 
 def test_av_roundtrip_fails_without_pyav(images: dict[str, str], tmp_path: Path) -> None:
     pipeline = tmp_path / "av.yaml"
-    pipeline.write_text("apiVersion: imagegate/v1\nname: av\nstages:\n  - id: av_roundtrip\n    probe: av_roundtrip\n")
+    pipeline.write_text(
+        "apiVersion: imagegate/v1\nname: av\nstages:\n  - id: av_roundtrip\n    probe: av_roundtrip\n"
+    )
     ok = imagegate("run", images["av"], "-p", str(pipeline), "-o", str(tmp_path / "a"))
     assert ok.returncode == 0 and "AV_ROUNDTRIP_PASS" in ok.stdout
     bad = imagegate("run", images["python"], "-p", str(pipeline), "-o", str(tmp_path / "b"))
@@ -158,7 +170,13 @@ def test_every_status_needs_and_a_hanging_probe(images: dict[str, str], tmp_path
     assert time.monotonic() - t0 < 30
     statement = json.loads((only_attempt(tmp_path / "o") / "statement.json").read_text())
     got = {s["id"]: s["status"] for s in statement["predicate"]["stages"]}
-    assert got == {"hang": "ERROR", "after_hang": "SKIPPED", "fails": "FAIL", "passes": "PASS", "deferred": "DEFERRED"}
+    assert got == {
+        "hang": "ERROR",
+        "after_hang": "SKIPPED",
+        "fails": "FAIL",
+        "passes": "PASS",
+        "deferred": "DEFERRED",
+    }
     assert "timed out after" in stage(statement, "hang")["detail"]
     assert "needs hang is ERROR" in stage(statement, "after_hang")["detail"]
     assert r.returncode == 1  # FAIL wins over ERROR
@@ -173,7 +191,9 @@ def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str]
     with: {command: [python3, -c, "import time; time.sleep(600)"]}
 """
     t0 = time.monotonic()
-    r = imagegate("run", images["python"], "-p", write_pipeline(tmp_path, body), "-o", str(tmp_path), "--timeout", "4")
+    r = imagegate(
+        "run", images["python"], "-p", write_pipeline(tmp_path, body), "-o", str(tmp_path), "--timeout", "4"
+    )
     assert time.monotonic() - t0 < 30
     assert r.returncode == 2
     assert "SLOW_ERROR" in r.stdout.replace("slow      ", "") or "ERROR" in r.stdout
@@ -240,3 +260,36 @@ def test_same_run_through_podman(podman: str, images: dict[str, str], tmp_path: 
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert statement["predicate"]["environment"]["engine"] == "podman"
     assert containers_left(PODMAN_SOCK) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_removes_the_container(images: dict[str, str], tmp_path: Path, sig: signal.Signals) -> None:
+    body = (
+        "  - id: slow\n    probe: cli\n    with: {command: [python3, -c, 'import time; time.sleep(600)']}\n"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "imagegate",
+            "run",
+            images["python"],
+            "-p",
+            write_pipeline(tmp_path, body),
+            "-o",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not containers_left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert containers_left(), "the run never started a container"
+    time.sleep(1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert containers_left() == []

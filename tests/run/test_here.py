@@ -1,0 +1,105 @@
+"""`run --here` (the local driver) and find_spec's traps, with a real interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import imagegate
+
+
+def run_here(tmp_path: Path, *modules: str, pythonpath: Path) -> dict:  # type: ignore[type-arg]
+    args = ["run", "--here", "--python", sys.executable, "-p", "python", "-o", str(tmp_path / "out")]
+    for m in modules:
+        args += ["-m", m]
+    r = imagegate(*args, "--format", "json", env={"PYTHONPATH": str(pythonpath)}, cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    att = next((tmp_path / "out").glob("*/*/"))
+    return json.loads((att / "stages/02-find_spec/result.json").read_text())
+
+
+def test_find_spec_reports_namespace_hits_parent_errors_and_missing(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    (lib / "stray_folder").mkdir(parents=True)  # no __init__.py: a namespace package
+    (lib / "boom").mkdir()
+    (lib / "boom" / "__init__.py").write_text("raise RuntimeError('CUDA driver too old')\n")
+    (lib / "okpkg").mkdir()
+    (lib / "okpkg" / "__init__.py").write_text("")
+    (lib / "okpkg" / "sub.py").write_text("")
+    # a folder in the working directory must not satisfy anything: the probe runs elsewhere
+    (tmp_path / "cwd_only").mkdir()
+    result = run_here(
+        tmp_path, "okpkg.sub", "stray_folder", "boom.sub", "nothere.sub", "cwd_only", "json", pythonpath=lib
+    )
+    assert result["status"] == "FAIL"
+    recs = {r["module"]: r for r in result["data"]["modules"]}
+    assert recs["okpkg.sub"]["found"] and recs["okpkg.sub"]["origin"].endswith("okpkg/sub.py")
+    assert recs["stray_folder"]["namespace"] is True
+    assert "only a namespace package" in recs["stray_folder"]["reason"]
+    assert recs["boom.sub"]["error"] == {"type": "RuntimeError", "message": "CUDA driver too old"}
+    assert recs["nothere.sub"]["reason"] == "parent package nothere is not installed"
+    assert recs["cwd_only"]["found"] is False
+    assert recs["json"]["found"] is True
+    detail = result["detail"]
+    for name in ("stray_folder", "boom.sub", "nothere.sub", "cwd_only"):
+        assert name in detail
+    assert "okpkg.sub:" not in detail
+
+
+def test_namespace_allowed_by_the_pipeline(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    (lib / "nvidia").mkdir(parents=True)
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text(
+        "apiVersion: imagegate/v1\nname: ns\nstages:\n  - id: mods\n    probe: find_spec\n"
+        "    with: {modules: [nvidia], allow_namespace: [nvidia]}\n"
+    )
+    r = imagegate(
+        "run",
+        "--here",
+        "-p",
+        str(pipe),
+        "-o",
+        str(tmp_path / "o"),
+        env={"PYTHONPATH": str(lib)},
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def oldest_python() -> str | None:
+    """A Python 3.8 interpreter on this machine, if any (directly, or through pyenv)."""
+    env = dict(os.environ)
+    if shutil.which("pyenv"):
+        versions = subprocess.run(
+            ["pyenv", "versions", "--bare"], capture_output=True, text=True
+        ).stdout.split()
+        old = [v for v in versions if v.startswith("3.8")]
+        if old:
+            env["PYENV_VERSION"] = old[0]
+    if not shutil.which("python3.8"):
+        return None
+    p = subprocess.run(
+        ["python3.8", "-c", "import sys; print(sys.executable)"], capture_output=True, text=True, env=env
+    )
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def test_here_works_on_the_oldest_supported_python(tmp_path: Path) -> None:
+    """The probes must run on Python 3.8 images: use one when this machine has it."""
+    py38 = oldest_python()
+    if py38 is None:
+        pytest.skip("no Python 3.8 on this machine")
+    r = imagegate("run", "--here", "--python", py38, "-p", "vllm", "-o", str(tmp_path))
+    assert "PIP_CHECK_PASS" in r.stdout, r.stdout + r.stderr
+    # every probe ran to a verdict of its own on 3.8: none crashed with a probe error
+    statement = json.loads(next(tmp_path.glob("*/*/statement.json")).read_text())
+    assert statement["predicate"]["environment"]["python"].startswith("3.8")
+    for s in statement["predicate"]["stages"]:
+        assert "probe raised" not in s["detail"] and "without a result" not in s["detail"], s
