@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,9 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _engine_ok(host: str) -> bool:
-    return (
-        subprocess.run(["docker", "-H", host, "version"], capture_output=True, timeout=30).returncode == 0
-    )
+    return subprocess.run(["docker", "-H", host, "version"], capture_output=True, timeout=30).returncode == 0
 
 
 @pytest.fixture(scope="session")
