@@ -243,3 +243,30 @@ def test_unreadable_input_is_a_usage_error(tmp_path: Path, keypair: tuple[Path, 
     assert r.returncode == 3 and "missing payloadType" in r.stderr
     r = cli("verify", str(tmp_path / "x.json"), "--key", str(keypair[0]))
     assert r.returncode == 3 and "this is a private key" in r.stderr
+
+
+def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `imagegate run` does: resolve the key before the run (the default key is made on
+    first use), run, sign the attempt, verify it."""
+    from imagegate import runner
+    from imagegate.attest import verify
+    from imagegate.drivers.local import LocalDriver
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    said: list[str] = []
+    key = keys.resolve_signing_key(None, env={}, notify=said.append)
+    assert said and "created a signing key" in said[0]
+    opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path / "out")
+    record = runner.run("local", LocalDriver(None), opts)
+    (Path(record.attempt_dir) / "report.html").write_text("added after the run")  # e.g. --report
+    signed = sign.sign_run(record, key)
+    report = verify.verify_file(signed.dsse_path, key.public, expect_verdict=record.verdict)
+    assert report.ok, report.failures
+    assert [c.name for c in report.checks if c.outcome == "ok"] == [
+        "payloadType",
+        "signature",
+        "statement",
+        "verdict",
+        "evidence",
+        "statement.json",
+    ]

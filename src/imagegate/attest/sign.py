@@ -4,6 +4,7 @@ it. Files are created exclusively: signing never replaces an earlier attestation
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,16 @@ def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) 
 
 
 def sign_run(record: RunRecord, key: SigningKey) -> Signed:
-    """What `run` calls after `runner.run`: the statement rebuilt from the record is the one the
-    runner wrote as statement.json (the evidence folder has not changed in between)."""
-    return sign_attempt(Path(record.attempt_dir), build_statement(record), key)
+    """What `run` calls after `runner.run`: signs the statement the runner wrote beside the
+    evidence (statement.json), so the readable copy and the signed payload are one statement even
+    if files (reports) were added to the folder since; rebuilt from the record if it is absent."""
+    attempt_dir = Path(record.attempt_dir)
+    written = attempt_dir / "statement.json"
+    if written.is_file():
+        try:
+            statement = json.loads(written.read_bytes())
+        except ValueError as e:
+            raise UsageError(f"{written}: not JSON; cannot sign it") from e
+    else:
+        statement = build_statement(record)
+    return sign_attempt(attempt_dir, statement, key)
