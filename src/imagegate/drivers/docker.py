@@ -26,8 +26,12 @@ LABEL = "io.imagegate.run"
 
 # Runs first in the image's python: read "<length>\n<zip bytes>" from stdin, check the sha256,
 # write the bundle to the tmpfs and exec it. Python 3.8+ standard library.
-LOADER = (
-    "import hashlib,os,sys,tempfile\n"
+TOO_OLD_EXIT = 96
+LOADER = (  # the first lines parse on Python 2 too, so an old interpreter gets a clear message
+    "import sys\n"
+    "if sys.version_info<(3,8):\n"
+    " sys.stderr.write('imagegate: too old: Python %s\\n'%sys.version.split()[0]);sys.exit(96)\n"
+    "import hashlib,os,tempfile\n"
     "r=sys.stdin.buffer\n"
     "n=int(r.readline())\n"
     "b=r.read(n)\n"
@@ -116,26 +120,28 @@ class DockerDriver:
     ) -> BundleRun:
         deadline = time.monotonic() + deadline_s
         tried: list[str] = []
-        last_error = ""
+        unusable: list[str] = []
         for interpreter in interpreters:
             tried.append(interpreter)
             result = self._run_once(image, bundle, bundle_sha256, interpreter, deadline)
-            if result is not None:
+            if isinstance(result, BundleRun):
                 result.tried = tried
                 return result
-            last_error = f"{interpreter}: not found in the image"
+            unusable.append(f"{interpreter}: {result}")
+        found_any = any("not found" not in u for u in unusable)
+        what = "no usable python interpreter" if found_any else "no python interpreter"
         return BundleRun(
             b"",
             b"",
             None,
             tried=tried,
-            error=f"no python interpreter in the image (tried {', '.join(tried)}): {last_error}",
+            error=f"{what} in the image (tried {', '.join(tried)}): {'; '.join(unusable)}",
         )
 
     def _run_once(
         self, image: ImageFacts, bundle: bytes, sha: str, interpreter: str, deadline: float
-    ) -> BundleRun | None:
-        """None when the interpreter does not exist in the image."""
+    ) -> BundleRun | str:
+        """A string says why this interpreter cannot run the bundle (absent, too old)."""
         api = self.client.api
         host_config = api.create_host_config(
             network_mode="none",
@@ -167,15 +173,21 @@ class DockerDriver:
                 api.start(cid)
             except docker.errors.APIError as e:
                 if _not_found(e):
-                    return None
+                    return "not found in the image"
                 raise EngineError(f"starting a container of {image.reference}: {e}") from e
+            raw.settimeout(max(0.1, deadline - time.monotonic()))
             raw.sendall(b"%d\n" % len(bundle) + bundle)
             timed_out = not _read_frames(raw, out, err, deadline)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
             if exit_code is None:
                 timed_out = True
             if exit_code == 127 and not out.total and b"not found" in err.value().lower():
-                return None  # podman reports a missing executable as exit 127 on some paths
+                return (
+                    "not found in the image"  # podman reports a missing executable as exit 127 on some paths
+                )
+            if exit_code == TOO_OLD_EXIT and b"imagegate: too old:" in err.value():
+                found = err.value().decode(errors="replace").split("too old:", 1)[1].strip()
+                return f"{found}; the probes need Python 3.8 or newer"
             return BundleRun(
                 out.value(),
                 err.value(),

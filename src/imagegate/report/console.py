@@ -46,7 +46,7 @@ def render(record: RunRecord, console: Console) -> None:
     room = console.width - sum(widths) - 3 * (len(widths) + 1) - 1
     table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=max(16, min(90, room)))
     for s in record.stages:
-        cells = [s.id, Text(s.status.value, style=STYLE[s.status])]
+        cells: list[str | Text] = [s.id, Text(s.status.value, style=STYLE[s.status])]
         if wide:
             cells.append(s.token)
         table.add_row(*cells, f"{s.duration_s:.2f}s", one_line(s.detail))
