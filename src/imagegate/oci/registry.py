@@ -37,7 +37,6 @@ from imagegate.oci.sources.interface import BlobNotFound, SourceError
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 USER_AGENT = f"imagegate/{__version__}"
-_CHUNK = 1 << 20
 
 
 class RegistryError(SourceError):
@@ -403,34 +402,46 @@ class BlobStream:
         skip = offset if offset and resp.status_code == 200 else 0
         if self.size is None and resp.status_code == 200 and "Content-Length" in resp.headers:
             self.size = int(resp.headers["Content-Length"])
-        self._resp, self._iter = resp, resp.iter_raw(_CHUNK)
+        # Chunks as they arrive (not re-assembled to a size): a cut loses nothing received.
+        self._resp, self._iter = resp, resp.iter_raw()
         while skip:
             chunk = next(self._iter, b"")
             if not chunk:
                 break
-            self._buf = chunk[skip:]
+            self._buf += chunk[skip:]
+            self.offset += len(chunk[skip:])
             skip = max(0, skip - len(chunk))
 
     def read(self, n: int) -> bytes:
-        while not self._buf:
-            if self._iter is None:
-                return b""
+        # `offset` counts bytes received (returned or buffered): a resume asks for the rest.
+        parts, have = [self._buf], len(self._buf)
+        self._buf = b""
+        while have < n and self._iter is not None:
             try:
                 chunk = next(self._iter, b"")
-            except httpx.TransportError:
+            except httpx.TransportError as e:
                 if self._resumes >= self.client.retries:
-                    raise
+                    raise RegistryError(
+                        f"{self.client.registry}/{self.repository}: reading {self.digest} failed "
+                        f"{self._resumes + 1} times at byte {self.offset} ({type(e).__name__}: {e})",
+                        hint="the registry or the network drops connections; try again later",
+                    ) from e
                 self._resumes += 1
                 self.close()
                 self.client._sleep(self._resumes - 1, None)
-                self.open(self.offset)
+                self.open(self.offset)  # may buffer bytes past the offset (Range ignored)
+                parts.append(self._buf)
+                have += len(self._buf)
+                self._buf = b""
                 continue
             if not chunk:
                 self.close()
-                return b""
-            self._buf = chunk
-        out, self._buf = self._buf[:n], self._buf[n:]
-        self.offset += len(out)
+                break
+            parts.append(chunk)
+            have += len(chunk)
+            self.offset += len(chunk)
+        data = b"".join(parts) if len(parts) > 1 else parts[0]
+        out, self._buf = data[:n], data[n:]
         return out
 
     def close(self) -> None:
