@@ -40,6 +40,7 @@ pre{background:#f6f8fa;border:1px solid #d8dee4;border-radius:6px;padding:8px;ov
 .tl{display:grid;grid-template-columns:160px 1fr 70px;gap:4px 8px;align-items:center}
 .track{position:relative;height:18px;background:#eaeef2;border-radius:3px}
 .bar{position:absolute;top:0;height:18px;border-radius:3px;min-width:3px}
+.scroll{overflow-x:auto} #layers td:last-child{min-width:220px}
 ul.reasons{margin:4px 0 12px 0;padding-left:20px} details{margin:6px 0} summary{cursor:pointer}
 """
 
@@ -154,10 +155,14 @@ def _layers(record: RunRecord) -> str:
         ("detail", "detail"),
     ]
     head = "".join(f"<th>{escape(c)}</th>" for c, _ in cols)
-    rows = "".join("<tr>" + "".join(f"<td>{_cell(x.get(k))}</td>" for _, k in cols) + "</tr>" for x in layers)
+    # Layers are numbered from 1, as `imagegate layers` prints them.
+    shown = [
+        {**x, "index": x["index"] + 1 if isinstance(x.get("index"), int) else x.get("index")} for x in layers
+    ]
+    rows = "".join("<tr>" + "".join(f"<td>{_cell(x.get(k))}</td>" for _, k in cols) + "</tr>" for x in shown)
     return (
         f"<h2>Layers <small>({escape(stage.id)}: {escape(stage.detail[:160])})</small></h2>"
-        f'<div class="card"><table id="layers"><tr>{head}</tr>{rows}</table></div>'
+        f'<div class="card scroll"><table id="layers"><tr>{head}</tr>{rows}</table></div>'
     )
 
 
