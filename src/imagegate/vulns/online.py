@@ -30,6 +30,7 @@ def audit(packages: Sequence[Package], service: Service, timeout: int = 15) -> A
     svc = _service(service, timeout)
     problems: list[str] = []
     findings: list[Finding] = []
+    skipped: list[str] = []
     by_key: dict[tuple[str, str], Package] = {}
     specs = []
     for pkg in packages:
@@ -41,6 +42,9 @@ def audit(packages: Sequence[Package], service: Service, timeout: int = 15) -> A
         specs.append(ResolvedDependency(name=pkg.canonical, version=version))
     try:
         for dep, results in svc.query_all(iter(specs)):
+            if dep.is_skipped():
+                skipped.append(f"{dep.canonical_name}: {dep.skip_reason}")
+                continue
             pkg = by_key[(dep.canonical_name, str(dep.version))]
             for r in results:
                 findings.append(
@@ -58,7 +62,12 @@ def audit(packages: Sequence[Package], service: Service, timeout: int = 15) -> A
         raise Unreachable(f"{service} vulnerability service unreachable: {_reason(e)}") from e
     except (ServiceError, requests.RequestException) as e:
         raise AuditError(f"{service} vulnerability service failed: {_reason(e)}") from e
-    return Audit(service, service, len(packages), tuple(merge_aliases(findings)), tuple(problems))
+    if specs and len(skipped) == len(specs):
+        # An answer that knows none of them (a proxy or mirror answering 404) is no audit at all.
+        raise Unreachable(
+            f"{service} vulnerability service knew none of {len(specs)} distributions: {skipped[0]}"
+        )
+    return Audit(service, service, len(packages), tuple(merge_aliases(findings)), tuple(problems + skipped))
 
 
 def _reason(e: BaseException) -> str:

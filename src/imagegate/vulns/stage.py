@@ -77,6 +77,8 @@ def _detail(audit: Audit, d: policy.Decision, fail_on: str) -> str:
     ]
     if d.ignored:
         parts.append(f"{len(d.ignored)} ignored: " + ", ".join(f"{f.id} ({f.package})" for f, _ in d.ignored))
+    if audit.problems:
+        parts.append(f"{len(audit.problems)} notes on what could not be fully checked (findings.json)")
     if d.below:
         parts.append(f"{len(d.below)} below the fail_on threshold ({fail_on})")
     return "; ".join(parts)
