@@ -35,7 +35,8 @@ class AtomicWriter:
             to_remove = {p.name for p in old_ts_path.iterdir()} - set(payload)
             # (4) unchanged content: no update at all
             if not to_remove and all(
-                (old_ts_path / k).is_file() and (old_ts_path / k).read_bytes() == v for k, v in payload.items()
+                (old_ts_path / k).is_file() and (old_ts_path / k).read_bytes() == v
+                for k, v in payload.items()
             ):
                 return False
         # (5) a new folder named after the UTC time, with a random suffix (Go's os.MkdirTemp)

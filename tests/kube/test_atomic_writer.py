@@ -78,7 +78,9 @@ def _variant(data: bytes, body: str) -> bytes:
         for info in src.infolist():
             content = src.read(info.filename)
             if info.filename == f"{bundle.PACKAGE}/controller.py":
-                assert STABLE.encode() in content, "the controller no longer finds itself as this test expects"
+                assert STABLE.encode() in content, (
+                    "the controller no longer finds itself as this test expects"
+                )
                 content = content.replace(STABLE.encode(), body.encode())
             dst.writestr(info, content)
     return out.getvalue()

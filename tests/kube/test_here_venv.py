@@ -51,7 +51,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _here(env: Path, out: Path, *extra: str) -> tuple[int, str]:
-    res = imagegate("run", "--here", "--python", str(env / "bin" / "python"), "-p", "python", "-o", str(out), *extra)
+    res = imagegate(
+        "run", "--here", "--python", str(env / "bin" / "python"), "-p", "python", "-o", str(out), *extra
+    )
     return res.returncode, res.stdout + res.stderr
 
 
@@ -60,12 +62,23 @@ def test_run_here_names_a_real_pip_conflict_and_exits_1(venv: Path, tmp_path: Pa
     assert code == 0, text  # a fresh venv: pip check passes, the module is found
 
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-deps", "-q", str(_wheel(tmp_path))],
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "-q",
+            str(_wheel(tmp_path)),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    check = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "check"], capture_output=True, text=True)
+    check = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "check"], capture_output=True, text=True
+    )
     assert check.returncode == 1 and "pip<1" in check.stdout  # pip itself calls it broken
 
     code, text = _here(venv, tmp_path / "broken", "-m", DIST)

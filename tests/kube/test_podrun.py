@@ -70,7 +70,10 @@ class FakeCluster:
         pod["metadata"].update(name=job["metadata"]["name"] + "-abcde", labels=tmpl["metadata"]["labels"])
         pod["metadata"]["annotations"] = tmpl["metadata"]["annotations"]
         pod["spec"]["containers"] = tmpl["spec"]["containers"]
-        pod["status"] = {"phase": "Pending", "containerStatuses": [{"name": "probe", "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+        pod["status"] = {
+            "phase": "Pending",
+            "containerStatuses": [{"name": "probe", "state": {"waiting": {"reason": "ContainerCreating"}}}],
+        }
         return pod
 
     def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
@@ -130,11 +133,13 @@ def _rendered(prep: runner.Prepared, **kw: Any) -> render.Rendered:
     return render.render(prep, f"myorg/app@{DIGEST}", render.PodOptions(namespace="accept", **kw))
 
 
-def test_rerun_waits_until_the_previous_pod_is_gone(tmp_path: Path, prep: runner.Prepared, real_log: bytes) -> None:
+def test_rerun_waits_until_the_previous_pod_is_gone(
+    tmp_path: Path, prep: runner.Prepared, real_log: bytes
+) -> None:
     r = _rendered(prep)
     cluster = FakeCluster(real_log, terminating_polls=3)
     cluster.leave_previous_run(r.name)
-    clock, notes = Clock(), []
+    clock, notes = Clock(), list[str]()
     waits = podrun.Waits(poll_s=2, clock=clock, sleep=clock.sleep)
     record = podrun.run_pod(
         prep, r, cluster, runner.RunOptions(pipeline="python", out=tmp_path), waits=waits, notify=notes.append

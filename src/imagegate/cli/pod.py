@@ -50,6 +50,96 @@ def _namespace() -> Any:
     return typer.Option("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
 
 
+def _name() -> Any:
+    return typer.Option(
+        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
+    )
+
+
+def _node_selector() -> Any:
+    return typer.Option([], "--node-selector", help="key=value (repeatable).")
+
+
+def _toleration() -> Any:
+    return typer.Option([], "--toleration", help="key[=value]:effect (repeatable).")
+
+
+def _priority_class() -> Any:
+    return typer.Option(None, "--priority-class", help="priorityClassName; preemptionPolicy is never set.")
+
+
+def _service_account() -> Any:
+    return typer.Option(None, "--service-account", help="serviceAccountName.")
+
+
+def _pull_secret() -> Any:
+    return typer.Option([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
+
+
+def _deadline() -> Any:
+    return typer.Option(
+        None,
+        "--deadline",
+        help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
+    )
+
+
+def _digest() -> Any:
+    return typer.Option(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
+
+
+def _python() -> Any:
+    return typer.Option(
+        None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
+    )
+
+
+def _run_as_user() -> Any:
+    return typer.Option(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
+
+
+def _kube_version() -> Any:
+    return typer.Option("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
+
+
+def _expect_digest() -> Any:
+    return typer.Option(
+        [],
+        "--expect-digest",
+        help="The digest the cluster must run (repeatable; default: the pinned digest).",
+    )
+
+
+def _out() -> Any:
+    return typer.Option(
+        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
+    )
+
+
+def _source() -> Any:
+    return typer.Option(
+        None,
+        "--source",
+        help="For outside stages: read the image from this transport (default: the imageID's digest).",
+    )
+
+
+def _expect_config() -> Any:
+    return typer.Option(None, "--expect-config", help="For the layers stage: the official config digest.")
+
+
+def _format() -> Any:
+    return typer.Option(Format.table, "--format", help="table, or json: the in-toto statement on stdout.")
+
+
+def _require_complete() -> Any:
+    return typer.Option(False, "--require-complete", help="A deferred verdict exits 1.")
+
+
+def _quiet() -> Any:
+    return typer.Option(False, "--quiet", "-q", help="No progress messages on stderr.")
+
+
 def _notifier(quiet: bool) -> runner.Notify:
     err = Console(stderr=True)
     return (lambda _m: None) if quiet else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]"))
@@ -128,32 +218,18 @@ def render_cmd(
     pipeline: str = _pipeline(),
     module: list[str] = _modules(),
     namespace: str = _namespace(),
-    name: str = typer.Option(
-        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
-    ),
-    node_selector: list[str] = typer.Option([], "--node-selector", help="key=value (repeatable)."),
-    toleration: list[str] = typer.Option([], "--toleration", help="key[=value]:effect (repeatable)."),
-    priority_class: str = typer.Option(
-        None, "--priority-class", help="priorityClassName; preemptionPolicy is never set."
-    ),
-    service_account: str = typer.Option(None, "--service-account", help="serviceAccountName."),
-    image_pull_secret: list[str] = typer.Option(
-        [], "--image-pull-secret", help="imagePullSecrets name (repeatable)."
-    ),
-    deadline: str = typer.Option(
-        None,
-        "--deadline",
-        help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
-    ),
-    digest: str = typer.Option(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...)."),
-    python: str = typer.Option(
-        None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
-    ),
-    run_as_user: int = typer.Option(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0)."),
-    kube_version: str = typer.Option(
-        "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas."
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No notes on stderr."),
+    name: str = _name(),
+    node_selector: list[str] = _node_selector(),
+    toleration: list[str] = _toleration(),
+    priority_class: str = _priority_class(),
+    service_account: str = _service_account(),
+    image_pull_secret: list[str] = _pull_secret(),
+    deadline: str = _deadline(),
+    digest: str = _digest(),
+    python: str = _python(),
+    run_as_user: int = _run_as_user(),
+    kube_version: str = _kube_version(),
+    quiet: bool = _quiet(),
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = _notifier(quiet)
@@ -188,27 +264,13 @@ def collect_cmd(
     context: str = typer.Option(None, "--context", help="kubectl context, with --job."),
     pipeline: str = _pipeline(),
     module: list[str] = _modules(),
-    expect_digest: list[str] = typer.Option(
-        [],
-        "--expect-digest",
-        help="The digest the cluster must have run (repeatable; default: the Pod's pinned digest).",
-    ),
-    out: Path = typer.Option(
-        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
-    ),
-    source: str = typer.Option(
-        None,
-        "--source",
-        help="For outside stages: read the image from this transport (default: the imageID's digest).",
-    ),
-    expect_config: str = typer.Option(
-        None, "--expect-config", help="For the layers stage: the official config digest."
-    ),
-    fmt: Format = typer.Option(
-        Format.table, "--format", help="table, or json: the in-toto statement on stdout."
-    ),
-    require_complete: bool = typer.Option(False, "--require-complete", help="A deferred verdict exits 1."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
+    expect_digest: list[str] = _expect_digest(),
+    out: Path = _out(),
+    source: str = _source(),
+    expect_config: str = _expect_config(),
+    fmt: Format = _format(),
+    require_complete: bool = _require_complete(),
+    quiet: bool = _quiet(),
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = _notifier(quiet or fmt is Format.json)
@@ -272,52 +334,28 @@ def run_cmd(
     pipeline: str = _pipeline(),
     module: list[str] = _modules(),
     namespace: str = _namespace(),
-    name: str = typer.Option(
-        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
-    ),
-    node_selector: list[str] = typer.Option([], "--node-selector", help="key=value (repeatable)."),
-    toleration: list[str] = typer.Option([], "--toleration", help="key[=value]:effect (repeatable)."),
-    priority_class: str = typer.Option(
-        None, "--priority-class", help="priorityClassName; preemptionPolicy is never set."
-    ),
-    service_account: str = typer.Option(None, "--service-account", help="serviceAccountName."),
-    image_pull_secret: list[str] = typer.Option(
-        [], "--image-pull-secret", help="imagePullSecrets name (repeatable)."
-    ),
-    deadline: str = typer.Option(
-        None,
-        "--deadline",
-        help="activeDeadlineSeconds, pull included (default: 30m or the stages' timeouts + 10m).",
-    ),
-    digest: str = typer.Option(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...)."),
-    python: str = typer.Option(
-        None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
-    ),
-    run_as_user: int = typer.Option(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0)."),
-    kube_version: str = typer.Option(
-        "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas first."
-    ),
+    name: str = _name(),
+    node_selector: list[str] = _node_selector(),
+    toleration: list[str] = _toleration(),
+    priority_class: str = _priority_class(),
+    service_account: str = _service_account(),
+    image_pull_secret: list[str] = _pull_secret(),
+    deadline: str = _deadline(),
+    digest: str = _digest(),
+    python: str = _python(),
+    run_as_user: int = _run_as_user(),
+    kube_version: str = _kube_version(),
     context: str = typer.Option(None, "--context", help="kubectl context."),
-    expect_digest: list[str] = typer.Option(
-        [], "--expect-digest", help="The digest the cluster must run (default: the pinned digest)."
-    ),
-    out: Path = typer.Option(
-        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
-    ),
-    source: str = typer.Option(
-        None, "--source", help="For outside stages: read the image from this transport."
-    ),
-    expect_config: str = typer.Option(
-        None, "--expect-config", help="For the layers stage: the official config digest."
-    ),
+    expect_digest: list[str] = _expect_digest(),
+    out: Path = _out(),
+    source: str = _source(),
+    expect_config: str = _expect_config(),
     keep: bool = typer.Option(
         False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
     ),
-    fmt: Format = typer.Option(
-        Format.table, "--format", help="table, or json: the in-toto statement on stdout."
-    ),
-    require_complete: bool = typer.Option(False, "--require-complete", help="A deferred verdict exits 1."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
+    fmt: Format = _format(),
+    require_complete: bool = _require_complete(),
+    quiet: bool = _quiet(),
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
     notify = _notifier(quiet or fmt is Format.json)
