@@ -15,6 +15,7 @@ import pytest
 
 from imagegate import runner
 from imagegate.drivers.local import LocalDriver
+from imagegate.errors import UsageError
 from imagegate.kube import podrun, render
 from imagegate.kube.cluster import ClusterError
 from imagegate.model import ImageFacts, Status
@@ -209,3 +210,13 @@ def test_keep_leaves_the_objects(tmp_path: Path, prep: runner.Prepared, real_log
     )
     assert not [c for c in cluster.calls if c.startswith("delete")]
     assert ("job", r.name) in cluster.objects and ("configmap", r.name) in cluster.objects
+
+
+def test_pod_and_log_of_an_earlier_job(prep: runner.Prepared, real_log: bytes) -> None:
+    r = _rendered(prep)
+    cluster = FakeCluster(real_log, pending_polls=0)
+    cluster.create(r.objects)
+    pod, log = podrun.pod_and_log(cluster, r.name, "accept")
+    assert pod["metadata"]["name"] == f"{r.name}-abcde" and log == real_log
+    with pytest.raises(UsageError, match="no Pod found"):
+        podrun.pod_and_log(cluster, "other", "accept")

@@ -310,16 +310,9 @@ def _from_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
 
 def _from_cluster(job: str, namespace: str, context: str | None) -> tuple[dict[str, Any], bytes]:
     from imagegate.kube.kubectl import KubectlCluster
-    from imagegate.kube.render import CONTAINER, RUN_LABEL
+    from imagegate.kube.podrun import pod_and_log
 
-    cluster = KubectlCluster(context=context)
-    pods = cluster.pods(namespace, f"{RUN_LABEL}={job}") or cluster.pods(namespace, f"job-name={job}")
-    if not pods:
-        raise UsageError(
-            f"job/{job} in {namespace}: no Pod found", hint="is it still there? (ttlSecondsAfterFinished)"
-        )
-    newest = max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")))
-    return newest, cluster.logs(newest["metadata"]["name"], namespace, CONTAINER)
+    return pod_and_log(KubectlCluster(context=context), job, namespace)
 
 
 @pod_app.command(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from imagegate.errors import UsageError
 from imagegate.kube.cluster import Cluster, ClusterError
 from imagegate.kube.collect import collect
 from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
@@ -67,6 +68,17 @@ def run_pod(
         if not keep:
             for kind in KINDS:
                 cluster.delete(kind, name, ns)
+
+
+def pod_and_log(cluster: Cluster, job: str, ns: str) -> tuple[dict[str, Any], bytes]:
+    """The newest Pod of a Job run earlier (by our label, or the Job controller's) and its log."""
+    pods = cluster.pods(ns, _selector(job)) or cluster.pods(ns, f"job-name={job}")
+    pod = _newest(pods)
+    if pod is None:
+        raise UsageError(
+            f"job/{job} in {ns}: no Pod found", hint="is it still there? (ttlSecondsAfterFinished)"
+        )
+    return pod, cluster.logs(pod["metadata"]["name"], ns, CONTAINER)
 
 
 def _selector(name: str) -> str:
