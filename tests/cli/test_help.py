@@ -1,0 +1,59 @@
+"""The CLI documents itself: README.md's command reference is the --help of every command
+(scripts/readme-help.py --check), every command shows examples, shell completion is offered."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import imagegate
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "readme-help.py"
+
+
+def _commands() -> list[list[str]]:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("readme_help", SCRIPT)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.command_paths()  # type: ignore[no-any-return]
+    finally:
+        sys.path.pop(0)
+
+
+def test_readme_agrees_with_help() -> None:
+    r = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr}"
+
+
+def test_check_fails_when_readme_drifts(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- imagegate-help:begin -->\n<!-- imagegate-help:end -->\n")
+    write = [sys.executable, str(SCRIPT), "--readme", str(readme)]
+    assert subprocess.run([*write, "--write"], capture_output=True).returncode == 0
+    assert subprocess.run([*write, "--check"], capture_output=True).returncode == 0
+    readme.write_text(readme.read_text().replace("Render a report again", "Render a report"))
+    r = subprocess.run([*write, "--check"], capture_output=True, text=True)
+    assert r.returncode == 1 and "Render a report again" in r.stdout
+
+
+@pytest.mark.parametrize("path", [p for p in _commands() if p], ids=lambda p: " ".join(p))
+def test_every_command_help_has_examples(path: list[str]) -> None:
+    r = imagegate(*path, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "Example" in r.stdout and "imagegate " in r.stdout.split("Example", 1)[1], r.stdout
+
+
+def test_shell_completion_is_offered() -> None:
+    r = imagegate("--help")
+    assert "--install-completion" in r.stdout
+    r = imagegate("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    assert r.returncode == 0 and "complete" in r.stdout

@@ -1,0 +1,125 @@
+"""`imagegate audit INVENTORY.yaml`: images through their pipelines and (official, mirror) pairs
+through compare, a bounded number at a time; one table, one JSON report, the worst exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imagegate import audit
+from imagegate.model import ImageFacts, RunRecord
+from tests.helpers import DOCKER_SOCK, imagegate
+
+
+@pytest.mark.engine
+def test_inventory_of_images_and_mirrors(images: dict[str, str], tmp_path: Path) -> None:
+    subprocess.run(
+        ["docker", "-H", DOCKER_SOCK, "save", images["python"], "-o", str(tmp_path / "python.tar")],
+        check=True,
+    )
+    (tmp_path / "inventory.yaml").write_text(
+        f"""apiVersion: imagegate/v1
+kind: Inventory
+defaults: {{pipeline: python}}
+images:
+  - image: {images["python"]}
+  - image: {images["conflict"]}
+  - {{image: {images["vllm-like"]}, pipeline: vllm, name: vllm-like}}
+  - image: {images["nopython"]}
+mirrors:
+  - {{name: python copy, official: "docker-archive:python.tar", mirror: "docker-daemon:{images["python"]}"}}
+  - {{name: not a copy, official: "docker-archive:python.tar", mirror: "docker-daemon:{images["conflict"]}"}}
+"""
+    )
+    r = imagegate("audit", "inventory.yaml", "-o", "runs", "-j", "3", "--json", "audit.json", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr  # a rejection outranks "could not decide" (nopython)
+    table = r.stdout
+    assert table.count("imagegate audit · inventory.yaml") == 1
+    for outcome in ("PASS", "FAIL", "CPU_PASS_GPU_CLI_DEFERRED", "ERROR", "SAME_CONTENT", "DIFFERENT"):
+        assert outcome in table
+    assert "audit: 6 items: 3 accepted, 2 rejected, 1 undecided; exit 1 (rejected)" in " ".join(table.split())
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert report["exitCode"] == 1
+    got = {i["name"]: (i["outcome"], i["exitCode"]) for i in report["items"]}
+    assert got == {
+        images["python"]: ("PASS", 0),
+        images["conflict"]: ("FAIL", 1),
+        "vllm-like": ("CPU_PASS_GPU_CLI_DEFERRED", 0),
+        images["nopython"]: ("ERROR", 2),
+        "python copy": ("SAME_CONTENT", 0),
+        "not a copy": ("DIFFERENT", 1),
+    }
+    for item in report["items"]:
+        if item["kind"] == "image":  # each image run keeps its evidence, renderable later
+            assert (tmp_path / item["evidence"] / "statement.json").is_file()
+
+    # JSON on stdout: nothing else there; the table moves to stderr.
+    r = imagegate("audit", "inventory.yaml", "-o", "runs", "--json", "-", "-q", cwd=tmp_path)
+    assert r.returncode == 1
+    assert json.loads(r.stdout)["exitCode"] == 1
+    assert "imagegate audit · inventory.yaml" in r.stderr
+
+
+def test_inventory_errors_name_the_line(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - image: a:1\n    pipline: vllm\n")
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3
+    assert f"{inv}:5: images[0].pipline: unknown key 'pipline'" in r.stderr
+    inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\n")
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3 and "nothing to audit" in r.stderr
+
+
+def test_worst_exit_code() -> None:
+    assert audit.worst([]) == 0
+    assert audit.worst([0, 0]) == 0
+    assert audit.worst([0, 2]) == 2
+    assert audit.worst([2, 1, 0]) == 1  # rejected outranks undecided, as FAIL outranks ERROR
+    assert audit.worst([1, 3]) == 3  # an input error: the inventory itself needs fixing
+
+
+def test_parallelism_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def fake_run(reference: str, driver: Any, opts: Any, notify: Any) -> RunRecord:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        return RunRecord(
+            "a",
+            str(tmp_path),
+            {"name": "python"},
+            {},
+            ImageFacts(reference, None),
+            {},
+            [],
+            "",
+            "",
+            "PASS",
+            "0",
+        )
+
+    monkeypatch.setattr("imagegate.audit.batch.runner.run", fake_run)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "apiVersion: imagegate/v1\nkind: Inventory\nimages:\n"
+        + "".join(f"  - image: i{n}\n" for n in range(6))
+    )
+    done: list[str] = []
+    result = audit.audit(
+        audit.load(inv), audit.AuditOptions(out=tmp_path, jobs=2), lambda: None, lambda r: done.append(r.name)
+    )  # type: ignore[arg-type,return-value]
+    assert peak[0] == 2
+    assert [i.name for i in result.items] == [f"i{n}" for n in range(6)]  # inventory order
+    assert sorted(done) == [f"i{n}" for n in range(6)]
+    assert result.exit_code == 0
