@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -13,6 +14,9 @@ import typer
 from rich.console import Console
 
 from imagegate import runner
+from imagegate.attest import attach as attest_attach
+from imagegate.attest import keys as attest_keys
+from imagegate.attest import sign as attest_sign
 from imagegate.cli._app import app, fail
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError, UsageError
@@ -69,13 +73,27 @@ def run(
     expect_config: str = typer.Option(
         None, "--expect-config", help="For the layers stage: the official config digest."
     ),
-    report: list[str] = typer.Option([], "--report", help="Also write FORMAT=PATH (repeatable), e.g. json=out.json."),
-    advisory_db: Path = typer.Option(None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."),
+    report: list[str] = typer.Option(
+        [], "--report", help="Also write FORMAT=PATH (repeatable), e.g. json=out.json."
+    ),
+    advisory_db: Path = typer.Option(
+        None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
+    ),
+    key: str = typer.Option(
+        None,
+        "--key",
+        help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
+    ),
+    no_sign: bool = typer.Option(False, "--no-sign", help="Do not sign the attempt."),
+    attach: bool = typer.Option(
+        False, "--attach", help="Push the signed attestation to IMAGE's repository (as cosign attaches .att)."
+    ),
+    insecure: bool = typer.Option(False, "--insecure", help="With --attach: plain HTTP to the registry."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     err = Console(stderr=True)
-    notify = (
+    notify: Callable[[str], None] = (
         (lambda _m: None)
         if quiet or fmt is Format.json
         else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]"))
@@ -89,7 +107,11 @@ def run(
             raise UsageError(
                 "--python goes with --here", hint="in a container the image's own python is used"
             )
+        if attach and no_sign:
+            raise UsageError("--attach needs a signed attestation", hint="drop --no-sign")
         reports = [formats.parse_spec(r) for r in report]
+        # A bad key or passphrase fails before the work, not after it.
+        signing_key = None if no_sign else attest_keys.resolve_signing_key(key, notify=notify)
         extra: dict[str, Any] = {}
         if advisory_db is not None:
             extra["advisory_db"] = advisory_db
@@ -114,6 +136,12 @@ def run(
         if threading_main():
             signal.signal(signal.SIGTERM, _sigterm)
         record = runner.run(image or "local", driver, opts, notify)
+        if signing_key is not None:
+            signed = attest_sign.sign_run(record, signing_key)
+            notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
+            if attach:
+                done = attest_attach.attach_file(signed.dsse_path, image, insecure=insecure)
+                notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
@@ -124,7 +152,8 @@ def run(
     except OSError as e:
         raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
     if fmt is Format.json:
-        sys.stdout.write(runner.statement_json(record) + "\n")
+        # The statement as written beside the evidence (and signed), byte for byte.
+        sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
     else:
         console_report.render(record, Console())
     raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
