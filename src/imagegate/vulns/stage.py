@@ -38,7 +38,7 @@ def run_vulns_stage(ctx: OutsideContext, params: BaseModel, today: dt.date | Non
         else:
             return Outcome(
                 Status.DEFERRED,
-                "no advisory database (--advisory-db DIR) and service: none; nothing to audit against",
+                "no advisory database (--advisory-db DIR) and service: none: nothing to audit against",
             )
     except Unreachable as e:
         return Outcome(Status.DEFERRED, f"{e}; give --advisory-db DIR for an offline audit")
@@ -65,14 +65,16 @@ def _detail(audit: Audit, d: policy.Decision, fail_on: str) -> str:
     parts = []
     if d.counted:
         pkgs = len({f.package for f in d.counted})
-        parts.append(f"{len(d.counted)} advisories in {pkgs} of {audit.packages} distributions ({where})")
+        parts.append(
+            f"{_n(len(d.counted), 'advisory', 'advisories')} in {pkgs} of {audit.packages} distributions ({where})"
+        )
         parts += [_finding(f) for f in d.counted[:DETAIL_FINDINGS]]
         if len(d.counted) > DETAIL_FINDINGS:
             parts.append(f"and {len(d.counted) - DETAIL_FINDINGS} more in findings.json")
     else:
         parts.append(f"no advisories to act on in {audit.packages} distributions ({where})")
     parts += [
-        f"ignore of {i.id} expired on {i.expires.isoformat()} (reason was: {i.reason}); renew or remove it"
+        f"ignore of {i.id} expired on {i.expires.isoformat()} (reason was: {i.reason}), renew or remove it"
         for i in d.expired
     ]
     if d.ignored:
@@ -103,3 +105,7 @@ def _data(audit: Audit, d: policy.Decision, params: VulnsParams) -> dict[str, An
         "expired_ignores": [i.model_dump(mode="json", exclude_none=True) for i in d.expired],
         "problems": list(audit.problems),
     }
+
+
+def _n(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
