@@ -91,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         body.splitlines(), wanted.splitlines(), "README.md (now)", "--help (wanted)", lineterm="", n=1
     )
     print("\n".join(diff))
-    print(f"\n{args.readme}: the command reference disagrees with --help; run scripts/readme-help.py --write", file=sys.stderr)
+    print(
+        f"\n{args.readme}: the command reference disagrees with --help; run scripts/readme-help.py --write",
+        file=sys.stderr,
+    )
     return 1
 
 
