@@ -41,11 +41,22 @@ def imagegate(
     return Result(p.returncode, p.stdout, p.stderr)
 
 
-def containers_left(host: str = DOCKER_SOCK) -> list[str]:
+def containers_left(host: str = DOCKER_SOCK, image: str | None = None) -> list[str]:
+    """imagegate's containers still present (of one image, if given)."""
+    filters = ["--filter", "label=io.imagegate.run"] + (["--filter", f"ancestor={image}"] if image else [])
     out = subprocess.run(
-        ["docker", "-H", host, "ps", "-aq", "--filter", "label=io.imagegate.run"],
+        ["docker", "-H", host, "ps", "-aq", *filters],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     return out.split()
+
+
+def container_of(attempt: Path) -> str:
+    """The container an attempt ran in, as its run.json records it."""
+    return str(json.loads((attempt / "run.json").read_text())["run"]["container_id"])
+
+
+def container_exists(cid: str, host: str = DOCKER_SOCK) -> bool:
+    return subprocess.run(["docker", "-H", host, "inspect", cid], capture_output=True).returncode == 0

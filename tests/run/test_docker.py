@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PODMAN_SOCK, containers_left, imagegate
+from tests.helpers import PODMAN_SOCK, container_exists, container_of, containers_left, imagegate
 
 pytestmark = pytest.mark.engine
 
@@ -59,7 +59,7 @@ def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) 
     env = statement["predicate"]["environment"]
     assert env["engine"] == "docker" and env["engine_version"]
     assert env["gpu"]["present"] is False and env["gpu"]["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert containers_left() == []
+    assert not container_exists(container_of(att))
 
 
 def test_pip_conflict_names_both_problems_exactly(images: dict[str, str], tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_image_without_python(images: dict[str, str], tmp_path: Path) -> None:
     r = imagegate("run", images["nopython"], "-p", "python", "-o", str(tmp_path))
     assert r.returncode == 2
     assert "no python interpreter in the image (tried python3, python)" in r.stdout
-    assert containers_left() == []
+    assert containers_left(image=images["nopython"]) == []
 
 
 @pytest.mark.parametrize("ref", ["imagegate-test/does-not-exist:1", "Bad Reference!!"])
@@ -180,7 +180,7 @@ def test_every_status_needs_and_a_hanging_probe(images: dict[str, str], tmp_path
     assert "timed out after" in stage(statement, "hang")["detail"]
     assert "needs hang is ERROR" in stage(statement, "after_hang")["detail"]
     assert r.returncode == 1  # FAIL wins over ERROR
-    assert containers_left() == []
+    assert not container_exists(container_of(only_attempt(tmp_path / "o")))
 
 
 def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str], tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str]
     assert "SLOW_ERROR" in r.stdout.replace("slow      ", "") or "ERROR" in r.stdout
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert "overall deadline" in stage(statement, "slow")["detail"]
-    assert containers_left() == []
+    assert not container_exists(container_of(only_attempt(tmp_path)))
 
 
 def test_flooding_probe_is_capped(images: dict[str, str], tmp_path: Path) -> None:
@@ -259,7 +259,7 @@ def test_same_run_through_podman(podman: str, images: dict[str, str], tmp_path: 
     assert "verdict: CPU_PASS_GPU_CLI_DEFERRED" in r.stdout
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert statement["predicate"]["environment"]["engine"] == "podman"
-    assert containers_left(PODMAN_SOCK) == []
+    assert not container_exists(container_of(only_attempt(tmp_path)), PODMAN_SOCK)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -283,13 +283,14 @@ def test_interrupt_removes_the_container(images: dict[str, str], tmp_path: Path,
         stderr=subprocess.PIPE,
         text=True,
     )
+    before = set(containers_left())
     deadline = time.monotonic() + 30
-    while not containers_left() and time.monotonic() < deadline:
+    while not (ours := set(containers_left()) - before) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert containers_left(), "the run never started a container"
+    assert ours, "the run never started a container"
     time.sleep(1)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert containers_left() == []
+    assert not any(container_exists(c) for c in ours)
