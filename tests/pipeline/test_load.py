@@ -121,7 +121,9 @@ def test_vllm_pipeline_shape() -> None:
 
 def test_schema_copy_in_manifests_is_current() -> None:
     stored = resources.manifests_dir() / "pipeline-v1.schema.json"
-    assert stored.read_text() == pipeline_schema_text(), "regenerate: imagegate pipelines schema > manifests/pipeline-v1.schema.json"
+    assert stored.read_text() == pipeline_schema_text(), (
+        "regenerate: imagegate pipelines schema > manifests/pipeline-v1.schema.json"
+    )
 
 
 def test_cli_schema_and_show() -> None:
