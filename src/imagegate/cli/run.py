@@ -23,6 +23,7 @@ from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
 from imagegate.report import formats
+from imagegate.report.progress import setup_logging
 
 
 class Format(str, enum.Enum):
@@ -74,7 +75,9 @@ def run(
         None, "--expect-config", help="For the layers stage: the official config digest."
     ),
     report: list[str] = typer.Option(
-        [], "--report", help="Also write FORMAT=PATH (repeatable), e.g. json=out.json."
+        [],
+        "--report",
+        help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
     ),
     advisory_db: Path = typer.Option(
         None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
@@ -90,13 +93,15 @@ def run(
     ),
     insecure: bool = typer.Option(False, "--insecure", help="With --attach: plain HTTP to the registry."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
+    setup_logging(verbose, quiet)
     err = Console(stderr=True)
     notify: Callable[[str], None] = (
         (lambda _m: None)
         if quiet or fmt is Format.json
-        else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]"))
+        else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False))
     )
     try:
         if image is None and not here:
@@ -109,7 +114,11 @@ def run(
             )
         if attach and no_sign:
             raise UsageError("--attach needs a signed attestation", hint="drop --no-sign")
-        reports = [formats.parse_spec(r) for r in report]
+        reports = formats.parse_specs(report)
+        if fmt is Format.json and any(p == formats.STDOUT for _, p in reports):
+            raise UsageError(
+                "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
+            )
         # A bad key or passphrase fails before the work, not after it.
         signing_key = None if no_sign else attest_keys.resolve_signing_key(key, notify=notify)
         extra: dict[str, Any] = {}
@@ -148,14 +157,15 @@ def run(
         print("imagegate: interrupted; the container was removed", file=sys.stderr)
         raise typer.Exit(130) from None
     try:
-        formats.write_reports(record, reports)
+        used_stdout = formats.write_reports(record, reports)
     except OSError as e:
         raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
     if fmt is Format.json:
         # The statement as written beside the evidence (and signed), byte for byte.
         sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
     else:
-        console_report.render(record, Console())
+        # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
+        console_report.render(record, Console(stderr=True) if used_stdout else Console())
     raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
 
 

@@ -9,6 +9,7 @@ memory limits, GPUs hidden; the container is removed on every path."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import struct
@@ -23,6 +24,7 @@ from imagegate.errors import EngineError, UsageError
 from imagegate.model import ImageFacts
 
 LABEL = "io.imagegate.run"
+log = logging.getLogger(__name__)
 
 # Runs first in the image's python: read "<length>\n<zip bytes>" from stdin, check the sha256,
 # write the bundle to the tmpfs and exec it. Python 3.8+ standard library.
@@ -163,6 +165,7 @@ class DockerDriver:
             network_disabled=True,
         )
         cid = container["Id"]
+        log.debug("created container %s from %s with %s", cid[:12], image.config_digest, interpreter)
         out, err = CappedBuffer(STDOUT_CAP), CappedBuffer(STDERR_CAP)
         timed_out = False
         sock: Any = None
@@ -177,6 +180,7 @@ class DockerDriver:
                 raise EngineError(f"starting a container of {image.reference}: {e}") from e
             raw.settimeout(max(0.1, deadline - time.monotonic()))
             raw.sendall(b"%d\n" % len(bundle) + bundle)
+            log.info("container %s started; bundle sent (%d bytes)", cid[:12], len(bundle))
             timed_out = not _read_frames(raw, out, err, deadline)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
             if exit_code is None:
@@ -218,6 +222,7 @@ class DockerDriver:
         return None
 
     def _remove(self, cid: str) -> None:
+        log.debug("removing container %s", cid[:12])
         with contextlib.suppress(docker.errors.NotFound):
             try:
                 self.client.api.remove_container(cid, force=True, v=True)
