@@ -71,6 +71,44 @@ def environment(record: RunRecord) -> dict[str, Any]:
     return {**env, "driver": env.get("driver"), "engine": env.get("engine"), "gpuPresent": _gpu_present(env)}
 
 
+def _pick(items: Any, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [{k: i[k] for k in keys if k in i} for i in items or [] if isinstance(i, dict)]
+
+
+def stage_facts(probe: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What a consumer of the attestation acts on, per probe, without opening the evidence:
+    pip's problems, the modules found, the vulnerability findings. Bulky data (sys.path, the
+    full inventory, raw output) stays in the evidence files, whose digests are listed."""
+    if probe == "pip_check":
+        keys: tuple[str, ...] = (
+            "kind",
+            "project",
+            "version",
+            "requirement",
+            "dependency",
+            "installed",
+            "ignored",
+            "line",
+        )
+        return {"problems": _pick(data.get("problems"), keys)} if "problems" in data else {}
+    if probe == "find_spec":
+        keys = ("module", "found", "namespace", "distribution", "version", "origin", "reason", "error")
+        return {"modules": _pick(data.get("modules"), keys)} if "modules" in data else {}
+    if probe == "vulns":
+        keys = ("id", "aliases", "package", "version", "fixed", "severity", "state", "ignore")
+        out = {"findings": _pick(data.get("findings"), keys)} if "findings" in data else {}
+        if "source" in data:
+            out["source"] = data["source"]
+        return out
+    if probe == "cli":
+        keys = ("argv", "how", "platform", "platform_checked_against", "returncode", "version_choice", "raw")
+        return {k: data[k] for k in keys if k in data}
+    if probe == "av_roundtrip":
+        keys = ("av_version", "codec", "width", "height", "decoded_frames", "decoded_widths")
+        return {k: data[k] for k in keys if k in data}
+    return {}
+
+
 def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
     img = record.image
     return {
@@ -97,6 +135,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
                 "detail": s.detail,
                 "durationSeconds": round(s.duration_s, 3),
                 "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
+                **({"facts": f} if (f := stage_facts(s.probe, s.data)) else {}),
             }
             for s in record.stages
         ],

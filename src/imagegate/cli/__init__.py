@@ -24,5 +24,8 @@ def main() -> None:
         import traceback
 
         traceback.print_exc()
-        print(f"imagegate: internal error: {type(e).__name__}: {e}\n  please report it with the traceback above", file=sys.stderr)
+        print(
+            f"imagegate: internal error: {type(e).__name__}: {e}\n  please report it with the traceback above",
+            file=sys.stderr,
+        )
         sys.exit(2)

@@ -22,7 +22,10 @@ app.add_typer(pipelines_app, name="pipelines")
 
 @pipelines_app.command("list")
 def list_() -> None:
-    """List the built-in pipelines (use the name with `run -p NAME`)."""
+    """List the built-in pipelines (use the name with `run -p NAME`).
+
+    Example: imagegate pipelines list
+    """
     table = Table("name", "version", "stages", "description")
     for name in pipeline.builtin_names():
         p = pipeline.load(name).pipeline

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from imagegate import runner
+from imagegate.cli import _sign
 from imagegate.cli._app import app, fail
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import RunRecord, exit_code
@@ -19,7 +20,9 @@ from imagegate.report import console as console_report
 
 pod_app = typer.Typer(
     help="Zero-GPU Pod mode: run the probes in the target cluster, against the image exactly as "
-    "that cluster pulled it (its real imageID), without taking a GPU.",
+    "that cluster pulled it (its real imageID), without taking a GPU.\n\n"
+    "Examples:\n\n  imagegate pod run myorg/vllm:0.11 -p vllm -n accept --node-selector pool=cpu\n\n"
+    "  imagegate pod render myorg/vllm:0.11 -p vllm > job.yaml",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -142,12 +145,17 @@ def _quiet() -> Any:
 
 def _notifier(quiet: bool) -> runner.Notify:
     err = Console(stderr=True)
-    return (lambda _m: None) if quiet else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]"))
+    return (
+        (lambda _m: None)
+        if quiet
+        else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False))
+    )
 
 
 def _conclude(record: RunRecord, fmt: Format, require_complete: bool) -> typer.Exit:
     if fmt is Format.json:
-        sys.stdout.write(runner.statement_json(record) + "\n")
+        # The statement as written beside the evidence (and signed), byte for byte.
+        sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
     else:
         console_report.render(record, Console())
     return typer.Exit(exit_code(record.verdict, require_complete=require_complete))
@@ -229,6 +237,8 @@ def render_cmd(
     python: str = _python(),
     run_as_user: int = _run_as_user(),
     kube_version: str = _kube_version(),
+    key: str = _sign.key_option(),
+    no_sign: bool = _sign.no_sign_option(),
     quiet: bool = _quiet(),
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
@@ -270,6 +280,8 @@ def collect_cmd(
     expect_config: str = _expect_config(),
     fmt: Format = _format(),
     require_complete: bool = _require_complete(),
+    key: str = _sign.key_option(),
+    no_sign: bool = _sign.no_sign_option(),
     quiet: bool = _quiet(),
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
@@ -277,6 +289,7 @@ def collect_cmd(
     try:
         from imagegate.kube import collect
 
+        signing_key = _sign.resolve(key, no_sign, notify)
         files = logs is not None or pod is not None
         if files == (job is not None) or (files and (logs is None or pod is None)):
             raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
@@ -290,6 +303,7 @@ def collect_cmd(
             assert logs is not None and pod is not None
             pod_obj, log = _from_files(pod, logs)
         record = collect.collect(prep, pod_obj, log, opts, expect_digests=expect_digest, notify=notify)
+        _sign.sign(record, signing_key, notify)
     except ImagegateError as e:
         raise fail(e) from e
     raise _conclude(record, fmt, require_complete)
@@ -348,6 +362,8 @@ def run_cmd(
     ),
     fmt: Format = _format(),
     require_complete: bool = _require_complete(),
+    key: str = _sign.key_option(),
+    no_sign: bool = _sign.no_sign_option(),
     quiet: bool = _quiet(),
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
@@ -356,6 +372,7 @@ def run_cmd(
         from imagegate.kube.kubectl import KubectlCluster
         from imagegate.kube.podrun import run_pod
 
+        signing_key = _sign.resolve(key, no_sign, notify)
         prep, rendered = _render(
             image, pipeline, module, namespace, name, node_selector, toleration, priority_class,
             service_account, image_pull_secret, deadline, digest, python, run_as_user, kube_version,
@@ -369,6 +386,7 @@ def run_cmd(
         record = run_pod(
             prep, rendered, cluster, opts, expect_digests=expect_digest, keep=keep, notify=notify
         )
+        _sign.sign(record, signing_key, notify)
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:

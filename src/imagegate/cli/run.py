@@ -15,8 +15,7 @@ from rich.console import Console
 
 from imagegate import runner
 from imagegate.attest import attach as attest_attach
-from imagegate.attest import keys as attest_keys
-from imagegate.attest import sign as attest_sign
+from imagegate.cli import _sign
 from imagegate.cli._app import app, fail
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError, UsageError
@@ -82,12 +81,8 @@ def run(
     advisory_db: Path = typer.Option(
         None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
     ),
-    key: str = typer.Option(
-        None,
-        "--key",
-        help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
-    ),
-    no_sign: bool = typer.Option(False, "--no-sign", help="Do not sign the attempt."),
+    key: str = _sign.key_option(),
+    no_sign: bool = _sign.no_sign_option(),
     attach: bool = typer.Option(
         False, "--attach", help="Push the signed attestation to IMAGE's repository (as cosign attaches .att)."
     ),
@@ -120,7 +115,7 @@ def run(
                 "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
             )
         # A bad key or passphrase fails before the work, not after it.
-        signing_key = None if no_sign else attest_keys.resolve_signing_key(key, notify=notify)
+        signing_key = _sign.resolve(key, no_sign, notify)
         extra: dict[str, Any] = {}
         if advisory_db is not None:
             extra["advisory_db"] = advisory_db
@@ -145,12 +140,10 @@ def run(
         if threading_main():
             signal.signal(signal.SIGTERM, _sigterm)
         record = runner.run(image or "local", driver, opts, notify)
-        if signing_key is not None:
-            signed = attest_sign.sign_run(record, signing_key)
-            notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
-            if attach:
-                done = attest_attach.attach_file(signed.dsse_path, image, insecure=insecure)
-                notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
+        signed = _sign.sign(record, signing_key, notify)
+        if signed is not None and attach:
+            done = attest_attach.attach_file(signed.dsse_path, image, insecure=insecure)
+            notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
