@@ -103,3 +103,13 @@ def test_here_works_on_the_oldest_supported_python(tmp_path: Path) -> None:
     assert statement["predicate"]["environment"]["python"].startswith("3.8")
     for s in statement["predicate"]["stages"]:
         assert "probe raised" not in s["detail"] and "without a result" not in s["detail"], s
+
+
+def test_here_uses_the_activated_environment(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    r = imagegate("run", "--here", "-p", "python", "-o", str(tmp_path / "o"), "--format", "json", env=env)
+    assert r.returncode == 0, r.stderr
+    executable = r.json()["predicate"]["environment"]["in_image"]["executable"]
+    assert executable.startswith(str(venv)), executable

@@ -43,7 +43,9 @@ class LocalDriver:
     def run_bundle(
         self, image: ImageFacts, bundle: bytes, bundle_sha256: str, interpreters: list[str], deadline_s: float
     ) -> BundleRun:
-        candidates = [self.python] if self.python else [sys.executable, *interpreters]
+        # "This environment" is the python a user would type here: an activated venv's, else the
+        # PATH's; imagegate's own interpreter only as the last resort.
+        candidates = [self.python] if self.python else [*interpreters, sys.executable]
         tried: list[str] = []
         exe = None
         for cand in candidates:
