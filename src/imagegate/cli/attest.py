@@ -5,12 +5,11 @@ from __future__ import annotations
 import enum
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from imagegate.attest import attach as attaching
 from imagegate.attest import keys
-from imagegate.attest import verify as verifying
 from imagegate.attest.statement import PREDICATE_TYPE
 from imagegate.cli._app import app, fail
 from imagegate.errors import ImagegateError, UsageError
@@ -55,7 +54,7 @@ def keygen(
 _MARK = {"ok": "ok     ", "failed": "FAILED ", "skipped": "skipped"}
 
 
-def _render(report: verifying.Report) -> None:
+def _render(report: Any) -> None:  # verify.Report
     print(f"attestation: {report.source}")
     for c in report.checks:
         print(f"  {_MARK[c.outcome]} {c.name}: {c.detail}")
@@ -99,6 +98,8 @@ def verify(
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     try:
+        from imagegate.attest import verify as verifying  # lazy: keeps CLI start-up fast
+
         pub = keys.load_public_key(key)
         if attestation is None:
             if image is None:
@@ -148,6 +149,8 @@ def attach(
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""
     try:
+        from imagegate.attest import attach as attaching  # lazy: keeps CLI start-up fast
+
         done = attaching.attach_file(attestation, image, insecure=insecure)
     except ImagegateError as e:
         raise fail(e) from e

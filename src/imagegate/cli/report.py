@@ -11,7 +11,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from imagegate import audit as batch
 from imagegate.cli._app import app, fail
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError, UsageError
@@ -117,6 +116,8 @@ def audit(
     setup_logging(verbose, quiet)
     to_stdout = json_out is not None and str(json_out) == "-"
     try:
+        from imagegate import audit as batch  # lazy: keeps CLI start-up fast
+
         inv = batch.load(inventory)
 
         def docker_driver() -> Driver:

@@ -14,7 +14,6 @@ import typer
 from rich.console import Console
 
 from imagegate import runner
-from imagegate.attest import attach as attest_attach
 from imagegate.cli import _sign
 from imagegate.cli._app import app, fail
 from imagegate.drivers.interface import Driver
@@ -142,6 +141,8 @@ def run(
         record = runner.run(image or "local", driver, opts, notify)
         signed = _sign.sign(record, signing_key, notify)
         if signed is not None and attach:
+            from imagegate.attest import attach as attest_attach
+
             done = attest_attach.attach_file(signed.dsse_path, image, insecure=insecure)
             notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
     except ImagegateError as e:
