@@ -17,8 +17,10 @@ from isal import igzip_lib
 from imagegate.oci.digest import new_hasher
 from imagegate.oci.zstdframes import ZstdFrameWalker
 
-READ_CHUNK = 1 << 20  # compressed bytes per read
-OUT_CHUNK = 4 << 20  # decompressed bytes per step: bounds memory whatever the ratio
+# Small steps keep each chunk in the CPU cache between inflating and hashing it (measured:
+# faster than 1 MiB in / 4 MiB out), and bound memory whatever the compression ratio.
+READ_CHUNK = 512 << 10  # compressed bytes per read
+OUT_CHUNK = 2 << 20  # decompressed bytes per step
 # zstd's own default limit (window log 27); a frame asking for more is refused, not allocated.
 ZSTD_MAX_WINDOW = 1 << 27
 # A layer that inflates past this is treated as a decompression bomb (CUDA layers reach ~10 GiB).
