@@ -59,44 +59,30 @@ def pushed(oci_image: str, official: Registry) -> Pushed:
     return Pushed(ref, image_id)
 
 
-@pytest.fixture(scope="session")
-def recompressed(pushed: Pushed, mirror: Registry, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The same image re-compressed (gzip -9) into the mirror, as ENGINE.md shows."""
-    d = tmp_path_factory.mktemp("recompress") / "dir"
+def _recompress(pushed: Pushed, mirror: Registry, workdir: Path, tag: str, *compress: str) -> str:
+    """Decompress into a dir:, then push re-compressed into the mirror (ENGINE.md's recipe)."""
+    d = workdir / "dir"
     skopeo("copy", "-q", "--src-tls-verify=false", "--dest-decompress", f"docker://{pushed.ref}", f"dir:{d}")
-    ref = f"{mirror.host}/team/app:gzip9"
+    ref = f"{mirror.host}/team/app:{tag}"
     skopeo(
-        "copy",
-        "-q",
-        "--dest-tls-verify=false",
-        "--dest-compress",
-        "--dest-compress-format",
-        "gzip",
-        "--dest-compress-level",
-        "9",
-        f"dir:{d}",
-        f"docker://{ref}",
+        "copy", "-q", "--dest-tls-verify=false", "--dest-compress", *compress, f"dir:{d}", f"docker://{ref}"
     )
     return ref
+
+
+@pytest.fixture(scope="session")
+def recompressed(pushed: Pushed, mirror: Registry, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The same image re-compressed (gzip -9) into the mirror: same config, other blobs."""
+    args = ("--dest-compress-format", "gzip", "--dest-compress-level", "9")
+    return _recompress(pushed, mirror, tmp_path_factory.mktemp("gzip9"), "gzip9", *args)
 
 
 @pytest.fixture(scope="session")
 def zstd_mirror(pushed: Pushed, mirror: Registry, tmp_path_factory: pytest.TempPathFactory) -> str:
     """gzip -> zstd: skopeo 1.9 writes an OCI manifest and a rewritten config for it."""
-    d = tmp_path_factory.mktemp("zstd") / "dir"
-    skopeo("copy", "-q", "--src-tls-verify=false", "--dest-decompress", f"docker://{pushed.ref}", f"dir:{d}")
-    ref = f"{mirror.host}/team/app:zstd"
-    skopeo(
-        "copy",
-        "-q",
-        "--dest-tls-verify=false",
-        "--dest-compress",
-        "--dest-compress-format",
-        "zstd",
-        f"dir:{d}",
-        f"docker://{ref}",
+    return _recompress(
+        pushed, mirror, tmp_path_factory.mktemp("zstd"), "zstd", "--dest-compress-format", "zstd"
     )
-    return ref
 
 
 @pytest.fixture(scope="session")

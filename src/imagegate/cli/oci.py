@@ -6,6 +6,8 @@ import enum
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -41,6 +43,14 @@ _SOURCES_HELP = (
     "docker://REF or a bare REF (a registry), docker-daemon:REF (the local engine, DOCKER_HOST "
     "honoured), docker-archive:PATH[:NAME:TAG] (docker save), oci:DIR[:TAG] (OCI layout)."
 )
+# Options both commands take (typer reads these defaults; sharing them keeps the help identical).
+_PLATFORM = typer.Option(None, "--platform", help="os/arch[/variant] to pick from an index [linux/amd64].")
+_INSECURE = typer.Option(False, "--insecure", help="Registry: skip TLS verification, fall back to HTTP.")
+_JOBS = typer.Option(None, "--jobs", "-j", min=1, max=64, help="Layers verified in parallel.")
+_MAX_LAYER = typer.Option(
+    "64GiB", "--max-layer-size", help="Stop a layer that decompresses past this (decompression bomb)."
+)
+_QUIET = typer.Option(False, "--quiet", "-q", help="No progress bars.")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -56,7 +66,7 @@ class _Bars:
 
     def __init__(self, console: Console):
         self.progress = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             DownloadColumn(),
             TransferSpeedColumn(),
@@ -80,12 +90,21 @@ class _Bars:
         self.progress.update(task, description=f"{label} {status}")
 
 
-def _progress(quiet: bool, fmt: Format) -> tuple[ProgressSink, Progress | None]:
-    err = Console(stderr=True)
-    if quiet or not err.is_terminal:
-        return NoProgress(), None
-    bars = _Bars(err)
-    return bars, bars.progress
+@contextmanager
+def _session(quiet: bool, *sources: Source) -> Iterator[ProgressSink]:
+    """Progress bars on stderr while it is a terminal (and not --quiet); sources closed after."""
+    err = Console(stderr=True, highlight=False, markup=False)
+    bars = None if quiet or not err.is_terminal else _Bars(err)
+    try:
+        if bars is not None:
+            bars.progress.start()
+        yield bars or NoProgress()
+    finally:
+        if bars is not None:
+            bars.progress.stop()
+        for src in sources:
+            if isinstance(src, ImageSource):
+                src.close()
 
 
 def _open(spec: str, platform: str | None, insecure: bool) -> Source:
@@ -154,18 +173,12 @@ def layers(
     expect_config: str = typer.Option(
         None, "--expect-config", help="The official config digest (sha256:...)."
     ),
-    platform: str = typer.Option(
-        None, "--platform", help="os/arch[/variant] to pick from an index [linux/amd64]."
-    ),
-    insecure: bool = typer.Option(
-        False, "--insecure", help="Registry: skip TLS verification, fall back to HTTP."
-    ),
-    jobs: int = typer.Option(None, "--jobs", "-j", min=1, max=64, help="Layers verified in parallel."),
+    platform: str = _PLATFORM,
+    insecure: bool = _INSECURE,
+    jobs: int = _JOBS,
     fmt: Format = typer.Option(Format.table, "--format", help="table, or json on stdout."),
-    max_layer_size: str = typer.Option(
-        "64GiB", "--max-layer-size", help="Stop a layer that decompresses past this (decompression bomb)."
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    max_layer_size: str = _MAX_LAYER,
+    quiet: bool = _QUIET,
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
     try:
@@ -173,24 +186,16 @@ def layers(
             check_digest(expect_config, what="--expect-config")
         limit = _size(max_layer_size)
         src = _open(source, platform, insecure)
-        sink, bars = _progress(quiet, fmt)
-        try:
-            if bars is not None:
-                bars.start()
+        with _session(quiet, src) as sink:
             report = verify_source(
                 src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
             )
-        finally:
-            if bars is not None:
-                bars.stop()
-            if isinstance(src, ImageSource):
-                src.close()
     except ImagegateError as e:
         raise fail(e) from None
     if fmt is Format.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        _render_report(report, Console(soft_wrap=True))
+        _render_report(report, Console(soft_wrap=True, highlight=False, markup=False))
     raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
 
 
@@ -232,39 +237,24 @@ def compare_cmd(
     deep: bool = typer.Option(
         False, "--deep", help="Read and verify every blob of both images, even if identical."
     ),
-    platform: str = typer.Option(
-        None, "--platform", help="os/arch[/variant] to pick from an index [linux/amd64]."
-    ),
-    insecure: bool = typer.Option(
-        False, "--insecure", help="Registry: skip TLS verification, fall back to HTTP."
-    ),
-    jobs: int = typer.Option(None, "--jobs", "-j", min=1, max=64, help="Layers verified in parallel."),
+    platform: str = _PLATFORM,
+    insecure: bool = _INSECURE,
+    jobs: int = _JOBS,
     fmt: Format = typer.Option(Format.table, "--format", help="table (text), or json on stdout."),
-    max_layer_size: str = typer.Option(
-        "64GiB", "--max-layer-size", help="Decompression bomb limit per layer."
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    max_layer_size: str = _MAX_LAYER,
+    quiet: bool = _QUIET,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
     try:
         limit = _size(max_layer_size)
         a = _open(official, platform, insecure)
         b = _open(mirror, platform, insecure)
-        sink, bars = _progress(quiet, fmt)
-        try:
-            if bars is not None:
-                bars.start()
+        with _session(quiet, a, b) as sink:
             result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
-        finally:
-            if bars is not None:
-                bars.stop()
-            for s in (a, b):
-                if isinstance(s, ImageSource):
-                    s.close()
     except ImagegateError as e:
         raise fail(e) from None
     if fmt is Format.json:
         print(_json(result.to_dict()))
     else:
-        _render_compare(result, Console(soft_wrap=True))
+        _render_compare(result, Console(soft_wrap=True, highlight=False, markup=False))
     raise typer.Exit(result.exit_code)

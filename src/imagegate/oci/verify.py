@@ -10,7 +10,7 @@ import io
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -269,6 +269,29 @@ def _platform(image: ResolvedImage, doc: Mapping[str, Any]) -> str | None:
     return "/".join(str(p) for p in parts if p) or None
 
 
+def _report(
+    source: str,
+    image: ResolvedImage,
+    config: ConfigResult,
+    layers: list[LayerResult],
+    diff_ids: tuple[str, ...],
+    problems: list[str],
+    doc: Mapping[str, Any],
+) -> VerifyReport:
+    return VerifyReport(
+        source=source,
+        manifest_media_type=image.manifest_media_type,
+        manifest_digest=image.manifest_digest,
+        index_digest=image.index_digest,
+        platform=_platform(image, doc),
+        config=config,
+        layers=tuple(layers),
+        diff_ids=diff_ids,
+        problems=tuple(problems),
+        config_doc=doc,
+    )
+
+
 def verify_source(
     source: Source,
     *,
@@ -341,18 +364,7 @@ def _verify_random(
                 f.cancel()  # queued layers are not read; running ones finish first
             failed.result()  # raises the worker's error
         results = [f.result() for f in futures]
-    return VerifyReport(
-        source=source.description,
-        manifest_media_type=image.manifest_media_type,
-        manifest_digest=image.manifest_digest,
-        index_digest=image.index_digest,
-        platform=_platform(image, doc),
-        config=config,
-        layers=tuple(results),
-        diff_ids=diff_ids,
-        problems=tuple(problems),
-        config_doc=doc,
-    )
+    return _report(source.description, image, config, results, diff_ids, problems, doc)
 
 
 _SMALL = 4 << 20  # members up to this size are read whole (metadata candidates)
@@ -430,18 +442,4 @@ def _verify_stream(
                 known_size=sizes.get(name),
             )
         )
-    return VerifyReport(
-        source=archive.description,
-        manifest_media_type=image.manifest_media_type,
-        manifest_digest=image.manifest_digest,
-        index_digest=image.index_digest,
-        platform=_platform(image, doc),
-        config=config,
-        layers=tuple(results),
-        diff_ids=diff_ids,
-        problems=tuple(problems),
-        config_doc=doc,
-    )
-
-
-ProgressFactory = Callable[[], Progress]
+    return _report(archive.description, image, config, results, diff_ids, problems, doc)
