@@ -148,7 +148,7 @@ def default_jobs() -> int:
 
 
 def _short(d: str | None) -> str:
-    return "?" if d is None else d[:19] + "…"
+    return "?" if d is None else d if len(d) <= 20 else d[:19] + "…"
 
 
 def judge_layer(
