@@ -8,7 +8,7 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -26,12 +26,13 @@ from rich.table import Table
 from imagegate.cli._app import app, fail
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
-from imagegate.oci.compare import CompareResult, compare
 from imagegate.oci.digest import check_digest
-from imagegate.oci.sources.interface import ImageSource, Source
-from imagegate.oci.transports import open_source
-from imagegate.oci.verify import NoProgress, VerifyReport, verify_source
-from imagegate.oci.verify import Progress as ProgressSink
+
+if TYPE_CHECKING:  # the OCI modules load when a command runs: CLI start-up stays fast
+    from imagegate.oci.compare import CompareResult
+    from imagegate.oci.sources.interface import Source
+    from imagegate.oci.verify import Progress as ProgressSink
+    from imagegate.oci.verify import VerifyReport
 
 
 class Format(str, enum.Enum):
@@ -93,6 +94,9 @@ class _Bars:
 @contextmanager
 def _session(quiet: bool, *sources: Source) -> Iterator[ProgressSink]:
     """Progress bars on stderr while it is a terminal (and not --quiet); sources closed after."""
+    from imagegate.oci.sources.interface import ImageSource
+    from imagegate.oci.verify import NoProgress
+
     err = Console(stderr=True, highlight=False, markup=False)
     bars = None if quiet or not err.is_terminal else _Bars(err)
     try:
@@ -108,6 +112,8 @@ def _session(quiet: bool, *sources: Source) -> Iterator[ProgressSink]:
 
 
 def _open(spec: str, platform: str | None, insecure: bool) -> Source:
+    from imagegate.oci.transports import open_source
+
     return open_source(spec, platform=platform, insecure=insecure)
 
 
@@ -187,6 +193,8 @@ def layers(
         limit = _size(max_layer_size)
         src = _open(source, platform, insecure)
         with _session(quiet, src) as sink:
+            from imagegate.oci.verify import verify_source
+
             report = verify_source(
                 src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
             )
@@ -250,6 +258,8 @@ def compare_cmd(
         a = _open(official, platform, insecure)
         b = _open(mirror, platform, insecure)
         with _session(quiet, a, b) as sink:
+            from imagegate.oci.compare import compare
+
             result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
     except ImagegateError as e:
         raise fail(e) from None
