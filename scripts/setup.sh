@@ -8,5 +8,6 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+# (this machine's pip configuration may name index folders that are absent: drop that noise)
+.venv/bin/python -m pip install -q -e '.[test]' 2> >(grep -v '^WARNING: Location' >&2)
 .venv/bin/python tests/images/build.py "$@"

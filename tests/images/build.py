@@ -33,7 +33,10 @@ RECIPES: dict[str, dict] = {
     # moviepy 2.2.1 requires pillow<12.0,>=9.2.0 but pillow 12.2.0 is installed.
     "conflict": {"from": "python", "wheels": ["moviepy==2.2.1", "pillow==12.2.0", "nixl==1.2.0"]},
     "av": {"from": "python", "wheels": ["av==14.2.0"]},
-    "nopip": {"from": "python", "run": "rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*"},
+    "nopip": {
+        "from": "python",
+        "run": "rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*",
+    },
     # An imitation of vLLM (tests/images/vllm_imitation, named as such) whose parser fails without
     # a GPU the way vLLM >= 0.9 does, plus real PyAV.
     "vllm-like": {"from": "python", "wheels": ["av==14.2.0"], "local": ["vllm_imitation"]},
@@ -41,14 +44,26 @@ RECIPES: dict[str, dict] = {
     # with requests' dependencies of that time so that the image's pip check passes.
     "vulnerable": {
         "from": "python",
-        "wheels": ["pillow==9.5.0", "requests==2.25.1", "chardet==4.0.0", "idna==2.10", "urllib3==1.26.5", "certifi==2021.5.30"],
+        "wheels": [
+            "pillow==9.5.0",
+            "requests==2.25.1",
+            "chardet==4.0.0",
+            "idna==2.10",
+            "urllib3==1.26.5",
+            "certifi==2021.5.30",
+        ],
     },
     # Current releases only: Debian's pip 23.0.1 has an advisory, so a current pip replaces it.
     "clean-current": {
         "from": "python",
         "wheels": [
-            "pillow==12.2.0", "requests==2.34.2", "charset-normalizer==3.5.3", "idna==3.20",
-            "urllib3==2.8.0", "certifi==2026.10.19.post1", "pip==26.3",
+            "pillow==12.2.0",
+            "requests==2.34.2",
+            "charset-normalizer==3.5.3",
+            "idna==3.20",
+            "urllib3==2.8.0",
+            "certifi==2026.10.19.post1",
+            "pip==26.3",
         ],
         "run": "rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*",
     },
@@ -89,11 +104,13 @@ def debian_mirrors() -> list[str]:
     lines = []
     for src in Path("/etc/apt/sources.list.d").glob("*.sources"):
         stanza: dict[str, str] = {}
-        for raw in src.read_text().splitlines() + [""]:
+        for raw in [*src.read_text().splitlines(), ""]:
             if not raw.strip():
                 if stanza.get("types", "").startswith("deb") and "uris" in stanza:
                     for suite in stanza.get("suites", "bookworm").split():
-                        lines.append(f"deb {stanza['uris'].split()[0]} {suite} {stanza.get('components', 'main')}")
+                        lines.append(
+                            f"deb {stanza['uris'].split()[0]} {suite} {stanza.get('components', 'main')}"
+                        )
                 stanza = {}
             elif not raw.startswith("#") and ":" in raw:
                 k, v = raw.split(":", 1)
@@ -107,7 +124,15 @@ def build_debian(name: str, tag: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
         mirrors = debian_mirrors()
-        sh("mmdebstrap", "--quiet", "--variant=apt", "--include=" + ",".join(r["debian"]), "bookworm", str(rootfs), *mirrors)
+        sh(
+            "mmdebstrap",
+            "--quiet",
+            "--variant=apt",
+            "--include=" + ",".join(r["debian"]),
+            "bookworm",
+            str(rootfs),
+            *mirrors,
+        )
         sh(
             "docker", "import",
             "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -128,7 +153,9 @@ def local_wheel(src: Path, out: Path) -> Path:
         f"Metadata-Version: 2.1\nName: {pkg.name}\nVersion: {version}\n"
         "Summary: imitation of vLLM's device inference, for imagegate tests (not vLLM)\n"
     ).encode()
-    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: imagegate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{dist}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: imagegate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     files[f"{dist}/entry_points.txt"] = b"[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
     record = io.StringIO()
     for n, data in files.items():
@@ -149,7 +176,19 @@ def download_wheels(reqs: list[str]) -> list[Path]:
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    sh(sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PY_TAGS, *platforms, "-d", str(wheels), *reqs)
+    sh(
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        *PY_TAGS,
+        *platforms,
+        "-d",
+        str(wheels),
+        *reqs,
+    )
     found = []
     for req in reqs:
         name, _, ver = req.partition("==")
@@ -181,7 +220,17 @@ def build_derived(name: str, tag: str) -> None:
         if r.get("run"):
             lines.append(f"RUN {r['run']}")
         (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")
-        sh("docker", "build", "-q", "--network", "none", "-t", tag, str(ctx), env=dict(os.environ, DOCKER_BUILDKIT="0"))
+        sh(
+            "docker",
+            "build",
+            "-q",
+            "--network",
+            "none",
+            "-t",
+            tag,
+            str(ctx),
+            env=dict(os.environ, DOCKER_BUILDKIT="0"),
+        )
 
 
 def build_scratch(tag: str) -> None:
