@@ -67,7 +67,9 @@ def timed(argv: list[str]) -> float:
     p = subprocess.run(argv, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
     if p.returncode not in (0,):
-        sys.exit(f"bench: {' '.join(argv[:4])}... exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        sys.exit(
+            f"bench: {' '.join(argv[:4])}... exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        )
     return elapsed
 
 
@@ -80,8 +82,30 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         pipe = Path(tmp) / "bench.yaml"
         pipe.write_text(PIPELINE)
-        ours_cmd = [imagegate, "run", args.image, "-p", str(pipe), "-o", str(Path(tmp) / "runs"), "-q", "--format", "json"]
-        hand_cmd = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", args.image, "-c", BY_HAND]
+        ours_cmd = [
+            imagegate,
+            "run",
+            args.image,
+            "-p",
+            str(pipe),
+            "-o",
+            str(Path(tmp) / "runs"),
+            "-q",
+            "--format",
+            "json",
+        ]
+        hand_cmd = [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "sh",
+            args.image,
+            "-c",
+            BY_HAND,
+        ]
         timed(ours_cmd), timed(hand_cmd)  # warm the page cache and the engine
         ours, hand = [], []
         for _ in range(args.reps):  # interleaved, so drift hits both
