@@ -14,6 +14,8 @@ command -v skopeo >/dev/null || need_pkgs+=(skopeo)
 command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 command -v pigz >/dev/null || need_pkgs+=(pigz)
+command -v curl >/dev/null || need_pkgs+=(curl)
+command -v unshare >/dev/null || need_pkgs+=(util-linux)
 if [ -f "$(dirname "$0")/../.ci/apt-packages.txt" ]; then
   while read -r pkg; do
     case "$pkg" in ''|'#'*) continue;; esac
@@ -23,7 +25,7 @@ fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "engines: installing ${need_pkgs[*]}" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
 wait_for() {  # wait_for SECONDS CMD...
