@@ -52,7 +52,23 @@ sys.exit(obj())
 EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s*(.*))?$")
 
 
+SCRIPT_IMPORT = re.compile(r"^from ([\w.]+) import ([\w]+)\s*$", re.M)
+SCRIPT_CALL = re.compile(r"sys\.exit\(([\w.]+)\(\)\)")
+
+
 def console_script(name: str):
+    """`module:function` of a console script: from the wrapper on PATH when it is the usual
+    generated one (what the user's shell runs, and cheap), else from the installed metadata."""
+    exe = shutil.which(name)
+    if exe:
+        try:
+            with open(exe, "rb") as f:
+                head = f.read(4096).decode("utf-8", "replace")
+        except OSError:
+            head = ""
+        imp, call = SCRIPT_IMPORT.search(head), SCRIPT_CALL.search(head)
+        if head.startswith("#!") and imp and call and call.group(1).split(".")[0] == imp.group(2):
+            return "%s:%s" % (imp.group(1), call.group(1))
     try:
         import importlib.metadata as md
     except ImportError:  # pragma: no cover

@@ -98,7 +98,8 @@ def run_plan(argv) -> int:
             "python": sys.version.split()[0],
             "implementation": platform.python_implementation(),
             "executable": sys.executable,
-            "platform": platform.platform(),
+            # Not platform.platform(): it reads the interpreter binary to find the libc version.
+            "platform": "%s-%s-%s" % (platform.system(), platform.release(), platform.machine()),
             "machine": platform.machine(),
             "bundle": bundle,
             "plan_stages": [s["id"] for s in plan["stages"]],
@@ -133,12 +134,15 @@ def run_stage(stage, plan, statuses, capabilities, stopped_by, bundle, work, cwd
         why = ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
         return dict(base, status="SKIPPED", detail="needs " + why)
     result_path = os.path.join(work, f"result-{sid}.json")
+    stage_path = os.path.join(work, f"stage-{sid}.json")
+    with open(stage_path, "w") as f:
+        json.dump(stage, f)
     stage_env = dict(env)
     stage_env.update(stage.get("env", {}))
     stage_env["IMAGEGATE_STAGE_TIMEOUT"] = str(stage["timeout"])
     try:
         done = capture.run(
-            [sys.executable, bundle, "stage", sid, result_path],
+            [sys.executable, bundle, "stage", sid, stage_path, result_path],
             timeout=stage["timeout"],
             env=stage_env,
             cwd=cwd,

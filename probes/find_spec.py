@@ -8,34 +8,57 @@ namespace-only hits are reported as such (and fail unless the pipeline allows th
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import sys
 
 
+def _provides(dist, top: str) -> bool:
+    try:
+        tops = (dist.read_text("top_level.txt") or "").split()
+    except Exception:
+        tops = []
+    if tops:
+        return top in tops
+    for f in dist.files or []:
+        head = str(f).split("/")[0]
+        if head in (top, top + ".py") or (head.startswith(top + ".") and head.endswith((".so", ".pyd"))):
+            return True
+    return False
+
+
 def _distributions_of(name: str):
+    """The installed distributions that provide `name`'s top-level package. Cheapest first: a
+    distribution named like the module, then every top_level.txt, and only then RECORD files
+    (a large image has hundreds of distributions; reading every RECORD costs seconds)."""
     top = name.split(".")[0]
     try:
         import importlib.metadata as md
     except ImportError:  # pragma: no cover - Python < 3.8
         return []
-    found = []
-    mapping = getattr(md, "packages_distributions", None)
-    if mapping is not None:  # Python >= 3.10
-        for dist_name in mapping().get(top, []):
-            with contextlib.suppress(Exception):
-                found.append({"name": dist_name, "version": md.version(dist_name)})
-        return found
-    for dist in md.distributions():  # Python 3.8/3.9: look at each distribution's files
+
+    def rec(dist):
+        return {"name": dist.metadata["Name"], "version": dist.version}
+
+    for guess in dict.fromkeys([top, top.replace("_", "-")]):
         try:
-            tops = (dist.read_text("top_level.txt") or "").split()
-            if not tops:
-                tops = [str(f).split("/")[0].split(".")[0] for f in (dist.files or [])]
+            dist = md.distribution(guess)
         except Exception:
             continue
-        if top in tops:
-            found.append({"name": dist.metadata["Name"], "version": dist.version})
+        if _provides(dist, top):
+            return [rec(dist)]
+    found, unlisted = [], []
+    for dist in md.distributions():
+        try:
+            tops = (dist.read_text("top_level.txt") or "").split()
+        except Exception:
+            tops = []
+        if not tops:
+            unlisted.append(dist)
+        elif top in tops:
+            found.append(rec(dist))
+    if not found:
+        found = [rec(d) for d in unlisted if _provides(d, top)]
     return found
 
 

@@ -1,4 +1,5 @@
-"""One stage in its own process: run the probe, write its result JSON to the path given."""
+"""One stage in its own process: read the stage (JSON the controller wrote), run the probe,
+write its result JSON to the path given."""
 
 from __future__ import annotations
 
@@ -6,13 +7,11 @@ import json
 import sys
 import traceback
 
-from . import controller
-
 
 def main(argv) -> int:
-    sid, result_path = argv[0], argv[1]
-    plan = controller.load_plan(controller.bundle_path())
-    stage = next(s for s in plan["stages"] if s["id"] == sid)
+    stage_path, result_path = argv[1], argv[2]
+    with open(stage_path) as f:
+        stage = json.load(f)
     try:
         probe = _probe(stage["probe"])
         result = probe.run(stage.get("params", {}))

@@ -83,3 +83,26 @@ def test_last_exception_line() -> None:
     cli = load("cli")
     err = "Traceback (most recent call last):\n  File x\nRuntimeError: Failed to infer device type\n"
     assert cli.last_exception(err) == "RuntimeError: Failed to infer device type"
+
+
+PIP_WRAPPER = """#!/usr/bin/python3
+# -*- coding: utf-8 -*-
+import re
+import sys
+from vllm.entrypoints.cli.main import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
+
+
+def test_console_script_read_from_the_wrapper_on_path(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cli = load("cli")
+    script = tmp_path / "vllm"
+    script.write_text(PIP_WRAPPER)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert cli.console_script("vllm") == "vllm.entrypoints.cli.main:main"
+    # a wrapper of another shape falls back to the installed metadata (here: none)
+    script.write_text('#!/bin/sh\nexec python3 -m vllm "$@"\n')
+    assert cli.console_script("vllm") is None

@@ -94,6 +94,15 @@ def test_vllm_like_image_is_cpu_pass_gpu_cli_deferred(images: dict[str, str], tm
         "platform override vllm-cpu applied: current_platform=CpuPlatform"
         in (att / "stages/04-cli_cpu/stderr.txt").read_text()
     )
+    modules = {
+        m["module"]: m
+        for m in json.loads((att / "statement.json").read_text())["predicate"]["stages"][1]["facts"][
+            "modules"
+        ]
+    }
+    assert (modules["vllm"]["distribution"], modules["vllm"]["version"]) == ("vllm", "0.11.0")
+    assert (modules["av"]["distribution"], modules["av"]["version"]) == ("av", "14.2.0")
+    assert cpu["data"]["how"] == "entry point vllm.entrypoints.cli.main:main in-process"
     av = json.loads((att / "stages/05-av_roundtrip/result.json").read_text())
     assert av["status"] == "PASS" and av["detail"] == "frames=8"
     assert "AV_ROUNDTRIP_PASS" in r.stdout

@@ -212,13 +212,16 @@ class DockerDriver:
             self._remove(cid)
 
     def _wait_exit(self, cid: str, deadline: float) -> int | None:
-        # wait(timeout=) is only an HTTP timeout (ConnectionError on a unix socket): poll instead.
+        # wait(timeout=) is only an HTTP timeout (ConnectionError on a unix socket): poll instead,
+        # briefly at first: after the stream's EOF the container is usually already gone.
+        pause = 0.005
         while time.monotonic() < deadline:
             state = self.client.api.inspect_container(cid)["State"]
             if not state.get("Running"):
                 code = state.get("ExitCode")
                 return int(code) if code is not None else None
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
         return None
 
     def _remove(self, cid: str) -> None:
