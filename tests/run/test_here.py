@@ -113,3 +113,15 @@ def test_here_uses_the_activated_environment(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     executable = r.json()["predicate"]["environment"]["in_image"]["executable"]
     assert executable.startswith(str(venv)), executable
+
+
+def test_no_place_for_a_default_key_runs_unsigned_and_says_so(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")  # the config folder would have to be inside a file: cannot be created
+    env = {"XDG_CONFIG_HOME": str(blocker / "config"), "IMAGEGATE_SIGNING_KEY": ""}
+    r = imagegate("run", "--here", "-p", "python", "-m", "json", "-o", str(tmp_path / "o"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "the attempt will not be signed" in r.stderr
+    attempt = next((tmp_path / "o").glob("*/*/"))
+    assert (attempt / "statement.json").is_file()
+    assert not (attempt / "attestation.dsse.json").exists()

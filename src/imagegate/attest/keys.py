@@ -204,6 +204,10 @@ def load_public_key(path: Path) -> PublicKey:
     return PublicKey(key)
 
 
+class DefaultKeyUnavailable(UsageError):
+    """No key was named and the user's default key cannot be created."""
+
+
 def default_key_path() -> Path:
     import platformdirs
 
@@ -238,9 +242,15 @@ def resolve_signing_key(
             "no signing key",
             hint=f"pass --key PATH, set {KEY_ENV}, or make one with `imagegate keygen`",
         )
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     new = generate()
-    write_keypair(path.with_suffix(""), new, password)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_keypair(path.with_suffix(""), new, password)
+    except OSError as e:  # e.g. a read-only home in a container
+        raise DefaultKeyUnavailable(
+            f"no signing key, and none can be created at {path} ({e.strerror})",
+            hint=f"pass --key PATH or set {KEY_ENV}; --no-sign skips signing",
+        ) from e
     notify(
         f"created a signing key {path} (public key {path.with_suffix('.pub')}, "
         f"fingerprint {new.public.fingerprint}); pass --key or set {KEY_ENV} to use another"

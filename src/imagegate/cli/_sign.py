@@ -26,8 +26,16 @@ def no_sign_option() -> Any:
 
 
 def resolve(key: str | None, no_sign: bool, notify: Callable[[str], None]) -> attest_keys.SigningKey | None:
-    """Before the work: a bad key or passphrase fails first, not after the run."""
-    return None if no_sign else attest_keys.resolve_signing_key(key, notify=notify)
+    """Before the work: a bad key or passphrase fails first, not after the run. With no key
+    named and no default key possible (a read-only home), the run goes on unsigned and says so:
+    the verdict and its evidence are still written."""
+    if no_sign:
+        return None
+    try:
+        return attest_keys.resolve_signing_key(key, notify=notify)
+    except attest_keys.DefaultKeyUnavailable as e:
+        typer.echo(f"imagegate: warning: the attempt will not be signed: {e}\n  hint: {e.hint}", err=True)
+        return None
 
 
 def sign(record: RunRecord, key: attest_keys.SigningKey | None, notify: Callable[[str], None]) -> Any:
