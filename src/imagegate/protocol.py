@@ -4,6 +4,7 @@ are not our events (anything else the image printed) are ignored here and kept a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,21 +20,42 @@ class Events:
     foreign_lines: int = 0
 
 
+class LiveEvents:
+    """Events as the controller prints them, for progress while the run goes on: feed it the
+    stdout chunks, it calls `on_event` for each complete event line. The final verdict never
+    depends on this: `parse` reads the whole, capped output afterwards."""
+
+    def __init__(self, on_event: Callable[[dict[str, Any]], None]) -> None:
+        self.on_event = on_event
+        self.partial = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.partial += chunk
+        *lines, rest = self.partial.split(b"\n")
+        self.partial = bytearray(rest)
+        for line in lines:
+            obj = _event(bytes(line))
+            if obj is not None:
+                self.on_event(obj)
+
+
+def _event(raw: bytes) -> dict[str, Any] | None:
+    line = raw.strip()
+    if not line.startswith(b"{"):
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and obj.get(MARK) == PROTOCOL else None
+
+
 def parse(stdout: bytes) -> Events:
     ev = Events()
     for raw in stdout.splitlines():
-        line = raw.strip()
-        if not line.startswith(b"{"):
-            if line:
-                ev.foreign_lines += 1
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            ev.foreign_lines += 1
-            continue
-        if not isinstance(obj, dict) or obj.get(MARK) != PROTOCOL:
-            ev.foreign_lines += 1
+        obj = _event(raw)
+        if obj is None:
+            ev.foreign_lines += 1 if raw.strip() else 0
             continue
         kind = obj.get("event")
         if kind == "start":

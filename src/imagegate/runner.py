@@ -32,6 +32,8 @@ class RunOptions:
     source: str | None = None
     expect_config: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Sees each controller event as it arrives (progress display); never affects the verdict.
+    on_event: Callable[[dict[str, Any]], None] | None = None
 
 
 Notify = Callable[[str], None]
@@ -87,8 +89,14 @@ def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambd
         notify(
             f"running {len(prep.inside['stages'])} stages in {reference} ({env.get('engine') or env['driver']})"
         )
+        live = protocol.LiveEvents(opts.on_event) if opts.on_event else None
         br = driver.run_bundle(
-            image, prep.bundle.data, prep.bundle.sha256, prep.interpreters, prep.deadline(opts.timeout)
+            image,
+            prep.bundle.data,
+            prep.bundle.sha256,
+            prep.interpreters,
+            prep.deadline(opts.timeout),
+            on_stdout=live.feed if live else None,
         )
     return conclude(
         prep,

@@ -78,6 +78,9 @@ def test_vllm_like_image_is_cpu_pass_gpu_cli_deferred(images: dict[str, str], tm
     r = imagegate("run", images["vllm-like"], "-p", "vllm", "-o", str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verdict: CPU_PASS_GPU_CLI_DEFERRED" in r.stdout
+    # progress while it ran: one line per finished stage on stderr (not a terminal here)
+    assert "imagegate: [3/5] gpu_cli DEFERRED" in r.stderr
+    assert "imagegate: [5/5] av_roundtrip PASS" in r.stderr
     att = only_attempt(tmp_path)
     # the raw failure without a GPU is kept as evidence
     raw = (att / "stages/03-gpu_cli/stderr.txt").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import signal
 import sys
@@ -21,7 +22,7 @@ from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
 from imagegate.report import formats
-from imagegate.report.progress import setup_logging
+from imagegate.report.progress import StageView, setup_logging
 
 
 class Format(str, enum.Enum):
@@ -138,7 +139,11 @@ def run(
         )
         if threading_main():
             signal.signal(signal.SIGTERM, _sigterm)
-        record = runner.run(image or "local", driver, opts, notify)
+        live = quiet or fmt is Format.json
+        with contextlib.nullcontext() if live else StageView() as view:
+            if view is not None:
+                opts.on_event = view.event
+            record = runner.run(image or "local", driver, opts, notify)
         signed = _sign.sign(record, signing_key, notify)
         if signed is not None and attach:
             from imagegate.attest import attach as attest_attach

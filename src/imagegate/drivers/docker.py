@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer
+from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer, OnOutput
 from imagegate.errors import EngineError, UsageError
 from imagegate.model import ImageFacts
 
@@ -118,14 +118,20 @@ class DockerDriver:
         )
 
     def run_bundle(
-        self, image: ImageFacts, bundle: bytes, bundle_sha256: str, interpreters: list[str], deadline_s: float
+        self,
+        image: ImageFacts,
+        bundle: bytes,
+        bundle_sha256: str,
+        interpreters: list[str],
+        deadline_s: float,
+        on_stdout: OnOutput | None = None,
     ) -> BundleRun:
         deadline = time.monotonic() + deadline_s
         tried: list[str] = []
         unusable: list[str] = []
         for interpreter in interpreters:
             tried.append(interpreter)
-            result = self._run_once(image, bundle, bundle_sha256, interpreter, deadline)
+            result = self._run_once(image, bundle, bundle_sha256, interpreter, deadline, on_stdout)
             if isinstance(result, BundleRun):
                 result.tried = tried
                 return result
@@ -141,7 +147,13 @@ class DockerDriver:
         )
 
     def _run_once(
-        self, image: ImageFacts, bundle: bytes, sha: str, interpreter: str, deadline: float
+        self,
+        image: ImageFacts,
+        bundle: bytes,
+        sha: str,
+        interpreter: str,
+        deadline: float,
+        on_stdout: OnOutput | None = None,
     ) -> BundleRun | str:
         """A string says why this interpreter cannot run the bundle (absent, too old)."""
         api = self.client.api
@@ -166,7 +178,7 @@ class DockerDriver:
         )
         cid = container["Id"]
         log.debug("created container %s from %s with %s", cid[:12], image.config_digest, interpreter)
-        out, err = CappedBuffer(STDOUT_CAP), CappedBuffer(STDERR_CAP)
+        out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
         timed_out = False
         sock: Any = None
         try:

@@ -3,6 +3,7 @@ interpreter under a deadline, and returns the raw output; it never interprets ev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,19 +41,33 @@ class Driver(Protocol):
         ...
 
     def run_bundle(
-        self, image: ImageFacts, bundle: bytes, bundle_sha256: str, interpreters: list[str], deadline_s: float
-    ) -> BundleRun: ...
+        self,
+        image: ImageFacts,
+        bundle: bytes,
+        bundle_sha256: str,
+        interpreters: list[str],
+        deadline_s: float,
+        on_stdout: OnOutput | None = None,
+    ) -> BundleRun:
+        """`on_stdout` sees the controller's stdout as it arrives (live stage progress)."""
+        ...
+
+
+OnOutput = Callable[[bytes], None]
 
 
 class CappedBuffer:
-    """Keeps at most `cap` bytes (the head), counts the rest."""
+    """Keeps at most `cap` bytes (the head), counts the rest; `on_feed` sees every chunk."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, on_feed: OnOutput | None = None) -> None:
         self.cap = cap
         self.buf = bytearray()
         self.total = 0
+        self.on_feed = on_feed
 
     def feed(self, chunk: bytes) -> None:
+        if self.on_feed is not None:
+            self.on_feed(chunk)
         self.total += len(chunk)
         room = self.cap - len(self.buf)
         if room > 0:

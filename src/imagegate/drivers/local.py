@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer
+from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer, OnOutput
 from imagegate.errors import UsageError
 from imagegate.model import ImageFacts
 
@@ -41,7 +41,13 @@ class LocalDriver:
         return ImageFacts(reference=reference, config_digest=None)
 
     def run_bundle(
-        self, image: ImageFacts, bundle: bytes, bundle_sha256: str, interpreters: list[str], deadline_s: float
+        self,
+        image: ImageFacts,
+        bundle: bytes,
+        bundle_sha256: str,
+        interpreters: list[str],
+        deadline_s: float,
+        on_stdout: OnOutput | None = None,
     ) -> BundleRun:
         # "This environment" is the python a user would type here: an activated venv's, else the
         # PATH's; imagegate's own interpreter only as the last resort.
@@ -64,7 +70,14 @@ class LocalDriver:
         with tempfile.TemporaryDirectory(prefix="imagegate-local-") as tmp:
             path = Path(tmp) / "imagegate.pyz"
             path.write_bytes(bundle)
-            return _run([exe, str(path)], deadline_s, interpreter=exe, tried=tried, env=dict(os.environ))
+            return _run(
+                [exe, str(path)],
+                deadline_s,
+                interpreter=exe,
+                tried=tried,
+                env=dict(os.environ),
+                on_stdout=on_stdout,
+            )
 
 
 def _pump(stream: IO[bytes], sink: CappedBuffer) -> None:
@@ -73,9 +86,15 @@ def _pump(stream: IO[bytes], sink: CappedBuffer) -> None:
 
 
 def _run(
-    argv: list[str], deadline_s: float, *, interpreter: str, tried: list[str], env: dict[str, str]
+    argv: list[str],
+    deadline_s: float,
+    *,
+    interpreter: str,
+    tried: list[str],
+    env: dict[str, str],
+    on_stdout: OnOutput | None = None,
 ) -> BundleRun:
-    out, err = CappedBuffer(STDOUT_CAP), CappedBuffer(STDERR_CAP)
+    out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,

@@ -10,7 +10,15 @@ from types import TracebackType
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 
 def setup_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
@@ -67,4 +75,59 @@ class ItemsBar:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self.enabled:
+            self._progress.stop()
+
+
+class StageView:
+    """Stages as they finish, while a run goes on: on a terminal a bar with the stage now
+    running and its elapsed time; elsewhere (CI logs) one line per finished stage. The stage
+    list comes from the controller's start event."""
+
+    def __init__(self, *, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True, highlight=False)
+        self.ids: list[str] = []
+        self.done = 0
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> StageView:
+        return self
+
+    def _label(self) -> str:
+        return f"running {self.ids[self.done]}" if self.done < len(self.ids) else "finishing"
+
+    def event(self, ev: dict[str, object]) -> None:
+        if ev.get("event") == "start":
+            plan = ev.get("plan_stages")
+            self.ids = [str(x) for x in plan] if isinstance(plan, list) else []
+            if self.console.is_terminal and self.ids and self._progress is None:
+                self._progress = Progress(
+                    SpinnerColumn(),
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=self.console,
+                    transient=True,
+                )
+                self._progress.start()
+                self._task = self._progress.add_task(self._label(), total=len(self.ids))
+            return
+        if ev.get("event") != "stage":
+            return
+        self.done += 1
+        total = len(self.ids) or "?"
+        line = (
+            f"imagegate: [{self.done}/{total}] {ev.get('id')} {ev.get('status')} ({ev.get('duration_s', 0)}s)"
+        )
+        if self._progress is not None and self._task is not None:
+            self._progress.console.print(line, markup=False)
+            self._progress.update(self._task, advance=1, description=self._label())
+        else:
+            self.console.print(line, markup=False, soft_wrap=True)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
             self._progress.stop()
