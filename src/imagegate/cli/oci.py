@@ -5,28 +5,19 @@ from __future__ import annotations
 import enum
 import json
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
 from imagegate.cli._app import app, fail
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest
+from imagegate.report.progress import LayerBars
 
 if TYPE_CHECKING:  # the OCI modules load when a command runs: CLI start-up stays fast
     from imagegate.oci.compare import CompareResult
@@ -62,35 +53,6 @@ def _size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-class _Bars:
-    """A rich progress bar per blob with throughput, on stderr."""
-
-    def __init__(self, console: Console):
-        self.progress = Progress(
-            TextColumn("{task.description}", markup=False),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self.tasks: dict[int, TaskID] = {}
-        self.lock = threading.Lock()
-
-    def started(self, key: int, label: str, total: int | None) -> None:
-        with self.lock:
-            self.tasks[key] = self.progress.add_task(label, total=total)
-
-    def advanced(self, key: int, nbytes: int) -> None:
-        self.progress.advance(self.tasks[key], nbytes)
-
-    def finished(self, key: int, status: str) -> None:
-        task = self.tasks[key]
-        label = self.progress.tasks[task].description if task < len(self.progress.tasks) else ""
-        self.progress.update(task, description=f"{label} {status}")
-
-
 @contextmanager
 def _session(quiet: bool, *sources: Source) -> Iterator[ProgressSink]:
     """Progress bars on stderr while it is a terminal (and not --quiet); sources closed after."""
@@ -98,7 +60,7 @@ def _session(quiet: bool, *sources: Source) -> Iterator[ProgressSink]:
     from imagegate.oci.verify import NoProgress
 
     err = Console(stderr=True, highlight=False, markup=False)
-    bars = None if quiet or not err.is_terminal else _Bars(err)
+    bars = None if quiet or not err.is_terminal else LayerBars(err)
     try:
         if bars is not None:
             bars.progress.start()

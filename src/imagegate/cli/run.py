@@ -22,7 +22,7 @@ from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
 from imagegate.report import formats
-from imagegate.report.progress import StageView, setup_logging
+from imagegate.report.progress import LayerBars, StageView, setup_logging
 
 
 class Format(str, enum.Enum):
@@ -139,11 +139,19 @@ def run(
         )
         if threading_main():
             signal.signal(signal.SIGTERM, _sigterm)
-        live = quiet or fmt is Format.json
-        with contextlib.nullcontext() if live else StageView() as view:
+        silent = quiet or fmt is Format.json
+        err_console = Console(stderr=True, highlight=False)
+        bars = LayerBars(err_console) if not silent and err_console.is_terminal else None
+        if bars is not None:
+            opts.extra["layer_progress"] = bars
+        with contextlib.nullcontext() if silent else StageView(console=err_console) as view:
             if view is not None:
                 opts.on_event = view.event
-            record = runner.run(image or "local", driver, opts, notify)
+            try:
+                record = runner.run(image or "local", driver, opts, notify)
+            finally:
+                if bars is not None:
+                    bars.close()
         signed = _sign.sign(record, signing_key, notify)
         if signed is not None and attach:
             from imagegate.attest import attach as attest_attach

@@ -56,7 +56,8 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
                 f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from; "
                 "pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
             )
-        report = verify_source(source, expect_config=expect, jobs=params.jobs)
+        progress = ctx.options.get("layer_progress")  # a verify.Progress from the CLI, on a terminal
+        report = verify_source(source, expect_config=expect, jobs=params.jobs, progress=progress)
     except ImagegateError as e:
         data = {"error": str(e), "hint": e.hint}
         (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(data, indent=2) + "\n")

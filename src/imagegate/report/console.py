@@ -61,5 +61,7 @@ def render(record: RunRecord, console: Console) -> None:
         for part in s.detail.split("; "):
             console.print(f"  - {part}", soft_wrap=True, highlight=False)
     console.print(Text.assemble("verdict: ", (record.verdict, verdict_style(record.verdict))))
-    console.print(f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True)
+    console.print(
+        f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True, highlight=False
+    )
     console.print(f"evidence: {record.attempt_dir}", soft_wrap=True, highlight=False)

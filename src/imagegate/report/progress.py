@@ -12,12 +12,15 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 
 
@@ -113,6 +116,9 @@ class StageView:
                 self._progress.start()
                 self._task = self._progress.add_task(self._label(), total=len(self.ids))
             return
+        if ev.get("event") == "end":
+            self.close()  # the image's part is over; outside stages may draw their own bars
+            return
         if ev.get("event") != "stage":
             return
         self.done += 1
@@ -126,8 +132,47 @@ class StageView:
         else:
             self.console.print(line, markup=False, soft_wrap=True)
 
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        self.close()
+
+
+class LayerBars:
+    """A rich progress bar per blob with throughput (layers, compare, the layers stage of a run)."""
+
+    def __init__(self, console: Console):
+        self.progress = Progress(
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[int, TaskID] = {}
+        self.lock = threading.Lock()
+
+    def started(self, key: int, label: str, total: int | None) -> None:
+        with self.lock:
+            if not self.progress.live.is_started:  # started on first use inside a run
+                self.progress.start()
+            self.tasks[key] = self.progress.add_task(label, total=total)
+
+    def close(self) -> None:
+        if self.progress.live.is_started:
+            self.progress.stop()
+
+    def advanced(self, key: int, nbytes: int) -> None:
+        self.progress.advance(self.tasks[key], nbytes)
+
+    def finished(self, key: int, status: str) -> None:
+        task = self.tasks[key]
+        label = self.progress.tasks[task].description if task < len(self.progress.tasks) else ""
+        self.progress.update(task, description=f"{label} {status}")
