@@ -222,7 +222,7 @@ def run(params: dict) -> dict:
         suffix = " (platform {})".format(data["platform"])
     vc = data.get("version_choice")
     if vc:
-        suffix += "; {} {}".format(vc["distribution"], vc["version"])
+        suffix += " [{} {}]".format(vc["distribution"], vc["version"])
     if problems:
         return {
             "status": "FAIL",
