@@ -306,3 +306,29 @@ def test_interrupt_removes_the_container(images: dict[str, str], tmp_path: Path,
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert not any(container_exists(c) for c in ours)
+
+
+def test_image_for_another_architecture_is_error_with_the_reason(engine: str, tmp_path: Path) -> None:
+    """An aarch64 interpreter on this engine: the kernel refuses it (exec format error)."""
+    import io
+    import struct
+    import tarfile
+
+    # a 64-byte ELF64 header for aarch64 (e_machine 183): what `python3` is in an arm64 image
+    elf = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    elf += struct.pack("<HHIQQQIHHHHHH", 2, 183, 1, 0x400000, 64, 0, 0, 64, 56, 0, 64, 0, 0)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("usr/bin/python3")
+        info.size, info.mode = len(elf), 0o755
+        tf.addfile(info, io.BytesIO(elf))
+    ref = "imagegate-test/foreign-arch:1"
+    subprocess.run(["docker", "import", "-", ref], input=buf.getvalue(), check=True, capture_output=True)
+    try:
+        r = imagegate("run", ref, "-p", "python", "-o", str(tmp_path))
+    finally:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot execute the image's python3 (exec format error" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert not container_exists(container_of(only_attempt(tmp_path)))

@@ -189,6 +189,8 @@ class DockerDriver:
             except docker.errors.APIError as e:
                 if _not_found(e):
                     return "not found in the image"
+                if "exec format error" in str(e).lower():
+                    return self._foreign(image, interpreter)
                 raise EngineError(f"starting a container of {image.reference}: {e}") from e
             raw.settimeout(max(0.1, deadline - time.monotonic()))
             raw.sendall(b"%d\n" % len(bundle) + bundle)
@@ -201,6 +203,8 @@ class DockerDriver:
                 return (
                     "not found in the image"  # podman reports a missing executable as exit 127 on some paths
                 )
+            if not out.total and b"exec format error" in err.value().lower():
+                return self._foreign(image, interpreter, cid)
             if exit_code == TOO_OLD_EXIT and b"imagegate: too old:" in err.value():
                 found = err.value().decode(errors="replace").split("too old:", 1)[1].strip()
                 return f"{found}; the probes need Python 3.8 or newer"
@@ -222,6 +226,20 @@ class DockerDriver:
                 with contextlib.suppress(Exception):
                     sock.close()
             self._remove(cid)
+
+    def _foreign(self, image: ImageFacts, interpreter: str, cid: str | None = None) -> BundleRun:
+        """An image for another architecture: every stage is ERROR, with this reason."""
+        engine = self.environment()
+        return BundleRun(
+            b"",
+            b"",
+            None,
+            interpreter=interpreter,
+            error=f"this {engine.get('os')}/{engine.get('arch')} engine cannot execute the image's {interpreter} "
+            f"(exec format error, the image says {image.platform or 'no platform'}): run it on a matching host "
+            "or with binfmt emulation",
+            facts={"container_id": cid} if cid else {},
+        )
 
     def _wait_exit(self, cid: str, deadline: float) -> int | None:
         # wait(timeout=) is only an HTTP timeout (ConnectionError on a unix socket): poll instead,
