@@ -125,3 +125,17 @@ def test_no_place_for_a_default_key_runs_unsigned_and_says_so(tmp_path: Path) ->
     attempt = next((tmp_path / "o").glob("*/*/"))
     assert (attempt / "statement.json").is_file()
     assert not (attempt / "attestation.dsse.json").exists()
+
+
+def test_av_roundtrip_with_this_environments_pyav(tmp_path: Path) -> None:
+    """The image tests use PyAV 14; the test environment has a current PyAV: both must work."""
+    pytest.importorskip("av")
+    pipe = tmp_path / "av.yaml"
+    pipe.write_text(
+        "apiVersion: imagegate/v1\nname: av\nstages:\n  - id: av_roundtrip\n    probe: av_roundtrip\n"
+    )
+    r = imagegate(
+        "run", "--here", "--python", sys.executable, "-p", str(pipe), "-o", str(tmp_path / "o"), "--no-sign"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "AV_ROUNDTRIP_PASS" in r.stdout and "frames=8" in r.stdout
