@@ -4,7 +4,6 @@ verdict → evidence and statement. Outcomes are data; only setup problems raise
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -323,7 +322,3 @@ def outside_results(
         done[sid] = res
         failed_before = failed_before or res.status is Status.FAIL
     return out
-
-
-def statement_json(record: RunRecord) -> str:
-    return json.dumps(build_statement(record), indent=2, sort_keys=True)
