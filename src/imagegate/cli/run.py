@@ -63,6 +63,9 @@ def run(
         None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
     ),
     memory: str = typer.Option("8g", "--memory", help="Container memory limit."),
+    pull: str = typer.Option(
+        "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
+    ),
     here: bool = typer.Option(
         False, "--here", help="Run in this environment instead of a container (local driver)."
     ),
@@ -127,7 +130,7 @@ def run(
         else:
             from imagegate.drivers.docker import DockerDriver
 
-            driver = DockerDriver(memory=memory)
+            driver = DockerDriver(memory=memory, pull=pull, notify=notify)
         opts = runner.RunOptions(
             pipeline=pipeline,
             modules=module,

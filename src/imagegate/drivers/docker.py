@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import docker
@@ -45,6 +46,8 @@ LOADER = (  # the first lines parse on Python 2 too, so an old interpreter gets 
     "os.execv(sys.executable,[sys.executable,p]+sys.argv[2:])\n"
 )
 
+PULL_POLICIES = ("missing", "never", "always")
+
 HIDDEN_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void", "TMPDIR": "/tmp"}
 
 
@@ -56,7 +59,15 @@ def _not_found(err: Exception) -> bool:
 class DockerDriver:
     name = "docker"
 
-    def __init__(self, *, memory: str = "8g", pids: int = 4096, tmpfs_size: str = "1g") -> None:
+    def __init__(
+        self,
+        *,
+        memory: str = "8g",
+        pids: int = 4096,
+        tmpfs_size: str = "1g",
+        pull: str = "missing",
+        notify: Callable[[str], None] = lambda _m: None,
+    ) -> None:
         try:
             self.client = docker.from_env(timeout=120)
             self.client.ping()
@@ -66,6 +77,10 @@ class DockerDriver:
                 f"container engine at {host}: not reachable ({e})",
                 hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
             ) from e
+        if pull not in PULL_POLICIES:
+            raise UsageError(f"--pull {pull!r}: unknown policy", hint=f"one of {', '.join(PULL_POLICIES)}")
+        self.pull = pull
+        self.notify = notify
         self.memory = memory
         self.pids = pids
         self.tmpfs_size = tmpfs_size
@@ -87,13 +102,40 @@ class DockerDriver:
             }
         return self._env
 
+    def _pull(self, reference: str) -> None:
+        """Pull through the engine (its credentials and mirrors), as `docker run` does."""
+        if reference.startswith("sha256:"):
+            raise UsageError(
+                f"image {reference}: an image ID cannot be pulled", hint="build or load it first"
+            )
+        repo, tag = _repo_and_tag(reference)
+        self.notify(f"pulling {reference}")
+        try:
+            for msg in self.client.api.pull(repo, tag=tag, stream=True, decode=True):
+                if "error" in msg:
+                    raise UsageError(
+                        f"image {reference}: pull failed: {msg.get('error')}",
+                        hint="check the reference, the registry's reachability and your credentials (docker login)",
+                    )
+        except docker.errors.APIError as e:
+            raise UsageError(
+                f"image {reference}: pull failed: {e.explanation or e}",
+                hint="check the reference, the registry's reachability and your credentials (docker login)",
+            ) from e
+
     def resolve(self, reference: str) -> ImageFacts:
+        if self.pull == "always":
+            self._pull(reference)
         try:
             attrs = self.client.api.inspect_image(reference)
         except docker.errors.ImageNotFound as e:
+            if self.pull == "missing":
+                self._pull(reference)
+                self.pull = "never"  # once: a pulled image that still cannot be inspected is an error
+                return self.resolve(reference)
             raise UsageError(
                 f"image {reference}: not found in the {self.environment()['engine']} engine",
-                hint=f"build it, or pull it first (docker pull {reference}); imagegate runs what the engine has",
+                hint=f"build or pull it (docker pull {reference}), or drop --pull never",
             ) from e
         except docker.errors.APIError as e:
             if e.status_code is not None and 400 <= e.status_code < 500:
@@ -302,3 +344,14 @@ def _repository_of(reference: str) -> str | None:
     if ":" in last:
         name = name[: len(name) - len(last)] + last.split(":", 1)[0]
     return name
+
+
+def _repo_and_tag(reference: str) -> tuple[str, str]:
+    """("repo", "tag or digest") as the engine's pull takes them; a bare name means :latest."""
+    if "@" in reference:
+        repo, _, digest = reference.partition("@")
+        return repo, digest
+    if ":" in reference.rsplit("/", 1)[-1]:
+        repo, _, tag = reference.rpartition(":")
+        return repo, tag
+    return reference, "latest"
