@@ -4,6 +4,7 @@ one function (RunRecord, folder the report goes to) -> text."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -13,7 +14,6 @@ from typing import TextIO
 from imagegate.attest.statement import build_statement
 from imagegate.errors import UsageError
 from imagegate.model import RunRecord
-from imagegate.report import github, html, junit, markdown
 
 STDOUT = Path("-")
 
@@ -27,12 +27,19 @@ def render_json(record: RunRecord, base: Path | None = None) -> str:
     return json.dumps(build_statement(record), indent=2, sort_keys=True) + "\n"
 
 
-FORMATS: dict[str, Renderer] = {
-    "json": render_json,
-    "junit": junit.render,
-    "markdown": markdown.render,
-    "html": html.render,
+# name -> "module:function", imported when a report of that format is written (start-up time)
+FORMATS: dict[str, str] = {
+    "json": "imagegate.report.formats:render_json",
+    "junit": "imagegate.report.junit:render",
+    "markdown": "imagegate.report.markdown:render",
+    "html": "imagegate.report.html:render",
 }
+
+
+def renderer(fmt: str) -> Renderer:
+    module, _, func = FORMATS[fmt].partition(":")
+    fn: Renderer = getattr(importlib.import_module(module), func)
+    return fn
 
 
 def parse_spec(spec: str) -> tuple[str, Path]:
@@ -56,7 +63,7 @@ def parse_specs(specs: list[str]) -> list[tuple[str, Path]]:
 
 
 def render(record: RunRecord, fmt: str, base: Path | None = None) -> str:
-    return FORMATS[fmt](record, base)
+    return renderer(fmt)(record, base)
 
 
 def write_reports(
@@ -79,5 +86,7 @@ def write_reports(
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render(record, fmt, path.parent), encoding="utf-8")
+    from imagegate.report import github
+
     github.publish(record, stderr or sys.stderr, env)
     return used_stdout
