@@ -34,12 +34,13 @@ class LiveEvents:
         *lines, rest = self.partial.split(b"\n")
         self.partial = bytearray(rest)
         for line in lines:
-            obj = _event(bytes(line))
+            obj = parse_event(bytes(line))
             if obj is not None:
                 self.on_event(obj)
 
 
-def _event(raw: bytes) -> dict[str, Any] | None:
+def parse_event(raw: bytes) -> dict[str, Any] | None:
+    """One output line -> our event, or None for anything else the image printed."""
     line = raw.strip()
     if not line.startswith(b"{"):
         return None
@@ -53,7 +54,7 @@ def _event(raw: bytes) -> dict[str, Any] | None:
 def parse(stdout: bytes) -> Events:
     ev = Events()
     for raw in stdout.splitlines():
-        obj = _event(raw)
+        obj = parse_event(raw)
         if obj is None:
             ev.foreign_lines += 1 if raw.strip() else 0
             continue

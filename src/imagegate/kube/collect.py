@@ -6,7 +6,6 @@ statement, all written outside the cluster."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -132,7 +131,7 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
             error = f"the Pod's deadline was reached ({pod_status.get('message', 'DeadlineExceeded')})"
     if term and term.get("reason") == "OOMKilled":
         error = f"OOMKilled: the container went over its memory limit (exit {exit_code})"
-    foreign = [ln for ln in log.splitlines() if not _is_event(ln)]
+    foreign = [ln for ln in log.splitlines() if protocol.parse_event(ln) is None]
     stderr = b"\n".join([*foreign, ending.encode()]) + b"\n"
     return BundleRun(
         stdout=log,
@@ -152,17 +151,6 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
             "restart_count": status.get("restartCount"),
         },
     )
-
-
-def _is_event(line: bytes) -> bool:
-    line = line.strip()
-    if not line.startswith(b"{"):
-        return False
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(obj, dict) and obj.get(protocol.MARK) == protocol.PROTOCOL
 
 
 def _command(pod: dict[str, Any], container: str) -> str | None:
