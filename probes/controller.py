@@ -62,12 +62,8 @@ def writable(path: str) -> bool:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["stage"]:
-        from . import stage
-
-        return stage.main(argv[1:])
-    return run_plan(argv)
+    # Stage processes (`BUNDLE stage ...`) never get here: __main__ sends them to stage.main.
+    return run_plan(list(sys.argv[1:] if argv is None else argv))
 
 
 def run_plan(argv) -> int:
