@@ -66,10 +66,13 @@ class Completed:
         self.duration = duration
 
 
-def run(argv, timeout=None, env=None, cwd=None, cap: int = DEFAULT_CAP, new_group: bool = True) -> Completed:
+def run(
+    argv, timeout=None, env=None, cwd=None, cap: int = DEFAULT_CAP, new_group: bool = True, after_exit=None
+) -> Completed:
     """Run argv; with `new_group` in its own process group, killed whole (its children too) on
     timeout. Probes pass new_group=False so that the controller's kill of a stage's group reaches
-    their children. Raises OSError when argv[0] cannot be executed."""
+    their children. `after_exit` runs once the process has ended, before its output is drained.
+    Raises OSError when argv[0] cannot be executed."""
     start = time.monotonic()
     proc = subprocess.Popen(
         argv,
@@ -96,6 +99,8 @@ def run(argv, timeout=None, env=None, cwd=None, cap: int = DEFAULT_CAP, new_grou
     except BaseException:
         kill_group(proc) if new_group else _kill(proc)
         raise
+    if after_exit is not None:
+        after_exit()
     for t in pumps:
         # A grandchild that kept the pipe open must not hang us: the group was killed above,
         # and a detached writer gets a short grace period only.

@@ -52,6 +52,10 @@ class Prepared:
     bundle: bundle.Bundle
 
     @property
+    def stage_ids(self) -> list[str]:
+        return [s["id"] for s in self.inside["stages"]]
+
+    @property
     def interpreters(self) -> list[str]:
         py = self.loaded.pipeline.python
         return [py] if py else ["python3", "python"]
@@ -84,24 +88,30 @@ def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambd
     notify(f"attempt {attempt.dir}")
     started = _now()
     br = None
+    events = None
     if prep.inside["stages"]:
         notify(
             f"running {len(prep.inside['stages'])} stages in {reference} ({env.get('engine') or env['driver']})"
         )
-        live = protocol.LiveEvents(opts.on_event) if opts.on_event else None
+        key = protocol.new_key()  # this run's event key: only the controller gets it
+        stream = protocol.EventStream(key, prep.stage_ids, opts.on_event)
         br = driver.run_bundle(
             image,
             prep.bundle.data,
             prep.bundle.sha256,
             prep.interpreters,
             prep.deadline(opts.timeout),
-            on_stdout=live.feed if live else None,
+            event_key=key,
+            on_stdout=stream.feed,
         )
+        events = stream.close()
+        br.facts["event_key"] = key.hex()  # spent: published so the event log can be re-checked
     return conclude(
         prep,
         image,
         env,
         br,
+        events,
         attempt,
         opts,
         started=started,
@@ -115,6 +125,7 @@ def conclude(
     image: ImageFacts,
     env: dict[str, Any],
     br: BundleRun | None,
+    events: protocol.Events | None,
     attempt: Attempt,
     opts: RunOptions,
     *,
@@ -127,7 +138,7 @@ def conclude(
     log) to stage results, outside stages, the verdict, the evidence and the statement."""
     results: list[StageResult] = list(extra_stages)
     run_facts: dict[str, Any] = {}
-    if br is not None:
+    if br is not None and events is not None:
         run_facts = {
             "interpreter": br.interpreter,
             "interpreters_tried": br.tried,
@@ -138,9 +149,14 @@ def conclude(
             "stderr_bytes": br.stderr_total,
             **br.facts,
         }
-        attempt.write("controller.stdout.jsonl", br.stdout)
+        run_facts["events"] = {
+            "accepted": len(events.stages) + (events.start is not None) + (events.end is not None),
+            "violations": events.violations_total,
+            "other_output_bytes": events.noise_bytes,
+        }
+        attempt.write("controller.events.log", events.event_lines)
+        attempt.write("controller.stdout.other.log", events.noise_head)
         attempt.write("controller.stderr.log", br.stderr)
-        events = protocol.parse(br.stdout)
         if events.start:
             env["python"] = events.start.get("python")
             env["gpu"] = events.start.get("gpu")
@@ -193,11 +209,41 @@ def _cut_reason(br: BundleRun, events: protocol.Events) -> str:
     return f"the run was cut: no end event (exit {br.exit_code})"
 
 
+INTEGRITY_STAGE = "event_integrity"
+
+
+def _distrust(events: protocol.Events) -> str | None:
+    reasons = []
+    if events.violations_total:
+        shown = "; ".join(events.violations[:3])
+        more = events.violations_total - min(3, len(events.violations))
+        reasons.append(
+            f"{events.violations_total} line(s) claimed to be controller events and were rejected: {shown}"
+            + (f" (and {more} more)" if more > 0 else "")
+        )
+    prot = (events.start or {}).get("protection") or {}
+    if events.start is not None:
+        missing = [k for k in ("isolated", "non_dumpable", "subreaper") if not prot.get(k)]
+        if missing:
+            why = f" ({prot['error']})" if prot.get("error") else ""
+            reasons.append(
+                "the controller could not protect its events from the stages: not "
+                + ", not ".join(m.replace("_", "-") for m in missing)
+                + why
+            )
+    return "; ".join(reasons) or None
+
+
 def inside_results(
     inside: dict[str, Any], events: protocol.Events, br: BundleRun, attempt: Attempt
 ) -> list[StageResult]:
     out: list[StageResult] = []
     cut = None if events.end is not None else _cut_reason(br, events)
+    distrust = _distrust(events)
+    if distrust:
+        # The image tried to speak for the controller, or the controller could not protect its
+        # channel: no in-image result of this run can be trusted to be the probes' own.
+        out.append(StageResult(INTEGRITY_STAGE, "controller", "inside", Status.ERROR, distrust))
     for n, stage in enumerate(inside["stages"], 1):
         sid = stage["id"]
         ev = events.stages.get(sid)
@@ -220,7 +266,7 @@ def inside_results(
             safe = Path(str(name)).name  # never a path from inside the image
             files.append(attempt.write(f"{folder}/{safe}", str(text)))
         data = dict(ev.get("data") or {})
-        for key in ("ran_for_record", "stdout_bytes", "stderr_bytes"):
+        for key in ("ran_for_record", "stdout_bytes", "stderr_bytes", "survivors_killed"):
             if key in ev:
                 data[key] = ev[key]
         files.append(

@@ -1,6 +1,7 @@
-"""pod collect on Pod JSON and log fixtures written from the Kubernetes API reference
-(tests/kube/fixtures/README.md): events from the log, the real imageID from the status, the
-digest check, evidence and the statement outside the cluster."""
+"""pod collect on Pod JSON fixtures written from the Kubernetes API reference
+(tests/kube/fixtures/README.md) and logs the real controller printed in real images (no API
+server can start here): events from the log, the real imageID from the status, the digest check,
+evidence and the statement outside the cluster."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from imagegate.errors import UsageError
 from imagegate.kube import collect
 from imagegate.kube.render import BUNDLE_ANNOTATION
 from imagegate.model import RunRecord, Status
-from tests.helpers import imagegate
+from tests.helpers import controller_output, imagegate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RAN = "sha256:" + "5f" * 32  # the digest in the fixtures' imageID
@@ -23,18 +24,42 @@ OTHER = "sha256:" + "9a" * 32
 LOCAL = "sha256:" + "c0" * 32
 
 
-def pod(name: str) -> dict[str, Any]:
-    return collect.pod_from_json(json.loads((FIXTURES / name).read_text()))
+KEY = bytes(range(32))  # the event key the fixtures' Pods carry (render makes a fresh one a run)
+NOISE = b"WARNING: the image printed this line itself; it is kept as evidence and ignored\n"
+
+
+def pod(name: str, key: bytes | None = KEY) -> dict[str, Any]:
+    obj = collect.pod_from_json(json.loads((FIXTURES / name).read_text()))
+    if key is not None:
+        obj["spec"]["containers"][0].setdefault("env", []).append(
+            {"name": "IMAGEGATE_EVENT_KEY", "value": key.hex()}
+        )
+    return obj
+
+
+_LOGS: dict[str, bytes] = {}
 
 
 def log(name: str) -> bytes:
-    return (FIXTURES / name).read_bytes()
+    """The real controller's output in a real image: `pass` (python image), `pip-conflict`
+    (real conflicting wheels), `cut` (the pass log cut after its first stage event)."""
+    if name not in _LOGS:
+        prep = runner.prepare(runner.RunOptions(pipeline="python", modules=["json"]))
+        if name == "pip-conflict":
+            _LOGS[name] = controller_output(prep, KEY, "imagegate-test/conflict:latest")
+        else:
+            full = controller_output(prep, KEY, "imagegate-test/python:latest", noise=NOISE)
+            if name == "cut":
+                mark = b"imagegate-event 2 2 "  # the second stage's event
+                full = full[: full.index(mark)]
+            _LOGS[name] = full
+    return _LOGS[name]
 
 
-def run(tmp: Path, pod_file: str, log_file: str, expect: tuple[str, ...] = ()) -> RunRecord:
+def run(tmp: Path, pod_file: str, log_name: str, expect: tuple[str, ...] = ()) -> RunRecord:
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp)
     prep = runner.prepare(opts)
-    return collect.collect(prep, pod(pod_file), log(log_file), opts, expect_digests=expect)
+    return collect.collect(prep, pod(pod_file), log(log_name), opts, expect_digests=expect)
 
 
 def stage(record: RunRecord, sid: str) -> Any:
@@ -67,52 +92,52 @@ def test_parse_image_id(raw: str, repository: str | None, digest: str | None, lo
 )
 def test_pass_with_the_expected_digest(tmp_path: Path, fixture: str, engine: str) -> None:
     # No --expect-digest: the digest the Pod's image is pinned to is the expectation.
-    record = run(tmp_path, fixture, "log-pass.log")
+    record = run(tmp_path, fixture, "pass")
     assert record.verdict == "PASS", [(s.id, s.status, s.detail) for s in record.stages]
     assert [s.id for s in record.stages] == ["image_id", "pip_check", "find_spec"]
     assert stage(record, "image_id").status is Status.PASS
     assert record.image.manifest_digest == RAN
     assert record.environment["driver"] == "kube" and record.environment["engine"] == engine
     assert record.environment["job"] == "imagegate-python-3f2a9c1e"
-    assert record.environment["python"] == "3.10.12"
+    assert record.environment["python"].startswith("3.11.")  # the python image's (Debian 12)
     attempt = Path(record.attempt_dir)
     statement = json.loads((attempt / "statement.json").read_text())
     assert statement["subject"][0]["digest"] == {"sha256": RAN.split(":")[1]}
     assert json.loads((attempt / "pod.json").read_text())["metadata"]["name"].startswith("imagegate-")
-    assert (attempt / "controller.stdout.jsonl").read_bytes() == log("log-pass.log")
+    assert (attempt / "controller.events.log").read_bytes().count(b"imagegate-event 2 ") == 4
     # What the image printed itself is kept as evidence.
     assert b"the image printed this line" in (attempt / "controller.stderr.log").read_bytes()
 
 
 def test_digest_mismatch_is_fail_naming_both(tmp_path: Path) -> None:
-    record = run(tmp_path, "pod-containerd-succeeded.json", "log-pass.log", expect=(OTHER,))
+    record = run(tmp_path, "pod-containerd-succeeded.json", "pass", expect=(OTHER,))
     s = stage(record, "image_id")
     assert s.status is Status.FAIL and record.verdict == "FAIL"
     assert RAN in s.detail and OTHER in s.detail
 
 
 def test_any_of_several_expected_digests(tmp_path: Path) -> None:
-    record = run(tmp_path, "pod-docker-succeeded.json", "log-pass.log", expect=(OTHER, RAN))
+    record = run(tmp_path, "pod-docker-succeeded.json", "pass", expect=(OTHER, RAN))
     assert stage(record, "image_id").status is Status.PASS
 
 
 def test_local_image_id_only(tmp_path: Path) -> None:
     # Unpinned image and a runtime that reports only its local ID: nothing to compare.
-    record = run(tmp_path, "pod-containerd-local-id.json", "log-pass.log")
+    record = run(tmp_path, "pod-containerd-local-id.json", "pass")
     assert stage(record, "image_id").status is Status.SKIPPED and record.verdict == "PASS"
     assert record.image.config_digest == LOCAL and record.image.manifest_digest is None
     # A manifest digest cannot be compared with a local ID: could not decide.
-    record = run(tmp_path, "pod-containerd-local-id.json", "log-pass.log", expect=(RAN,))
+    record = run(tmp_path, "pod-containerd-local-id.json", "pass", expect=(RAN,))
     assert stage(record, "image_id").status is Status.ERROR and record.verdict == "ERROR"
     # The config digest can.
-    record = run(tmp_path, "pod-containerd-local-id.json", "log-pass.log", expect=(LOCAL,))
+    record = run(tmp_path, "pod-containerd-local-id.json", "pass", expect=(LOCAL,))
     assert stage(record, "image_id").status is Status.PASS
 
 
 def test_pip_conflict_in_the_log_is_fail(tmp_path: Path) -> None:
-    record = run(tmp_path, "pod-containerd-succeeded.json", "log-pip-conflict.log")
+    record = run(tmp_path, "pod-containerd-succeeded.json", "pip-conflict")
     assert record.verdict == "FAIL"
-    assert "numpy<2.3" in stage(record, "pip_check").detail
+    assert "moviepy 2.2.1 has requirement pillow<12.0,>=9.2.0" in stage(record, "pip_check").detail
 
 
 def test_never_started_is_error_with_the_reason(tmp_path: Path) -> None:
@@ -138,7 +163,7 @@ def test_missing_interpreter_names_it(tmp_path: Path) -> None:
 
 
 def test_cut_run_never_passes_missing_stages(tmp_path: Path) -> None:
-    record = run(tmp_path, "pod-deadline-exceeded.json", "log-cut.log")
+    record = run(tmp_path, "pod-deadline-exceeded.json", "cut")
     assert stage(record, "pip_check").status is Status.PASS
     s = stage(record, "find_spec")
     assert s.status is Status.ERROR and "deadline" in s.detail, s.detail
@@ -150,10 +175,10 @@ def test_bundle_annotation_must_match(tmp_path: Path) -> None:
     prep = runner.prepare(opts)
     good = pod("pod-containerd-succeeded.json")
     good["metadata"]["annotations"][BUNDLE_ANNOTATION] = prep.bundle.sha256
-    assert collect.collect(prep, good, log("log-pass.log"), opts).verdict == "PASS"
+    assert collect.collect(prep, good, log("pass"), opts).verdict == "PASS"
     good["metadata"]["annotations"][BUNDLE_ANNOTATION] = "0" * 64
     with pytest.raises(UsageError, match="ran bundle 000000000000"):
-        collect.collect(prep, good, log("log-pass.log"), opts)
+        collect.collect(prep, good, log("pass"), opts)
 
 
 def test_pod_list_with_one_pod(tmp_path: Path) -> None:
@@ -163,11 +188,35 @@ def test_pod_list_with_one_pod(tmp_path: Path) -> None:
         collect.pod_from_json({"kind": "List", "items": [listed["items"][0]] * 2})
 
 
+def test_a_log_from_another_run_is_not_trusted(tmp_path: Path) -> None:
+    # The Pod's key is not the one the log's events were made with: nothing is accepted.
+    opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
+    prep = runner.prepare(opts)
+    record = collect.collect(prep, pod("pod-containerd-succeeded.json", bytes(32)), log("pass"), opts)
+    assert record.verdict == "ERROR"
+    integrity = stage(record, "event_integrity")
+    assert "fails authentication" in integrity.detail, integrity.detail
+    assert stage(record, "pip_check").status is Status.ERROR
+
+
+def test_a_pod_without_a_key_is_not_trusted(tmp_path: Path) -> None:
+    opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
+    prep = runner.prepare(opts)
+    record = collect.collect(prep, pod("pod-containerd-succeeded.json", None), log("pass"), opts)
+    assert record.verdict == "ERROR"
+    assert "no event key" in stage(record, "event_integrity").detail
+
+
 def test_cli_exit_codes(tmp_path: Path) -> None:
+    log_file = tmp_path / "pod.log"
+    log_file.write_bytes(log("pass"))
+    pod_file = tmp_path / "pod.json"
+    pod_file.write_text(json.dumps(pod("pod-containerd-succeeded.json")))
+
     def cli(*extra: str) -> Any:
         return imagegate(
-            "pod", "collect", "--logs", str(FIXTURES / "log-pass.log"),
-            "--pod", str(FIXTURES / "pod-containerd-succeeded.json"),
+            "pod", "collect", "--logs", str(log_file),
+            "--pod", str(pod_file),
             "-p", "python", "-m", "json", "-o", str(tmp_path), *extra,
         )  # fmt: skip
 
@@ -179,5 +228,5 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert OTHER in bad.stdout.replace("\n", "") or OTHER[:20] in bad.stdout
     as_json = cli("--format", "json")
     assert as_json.returncode == 0 and as_json.json()["_type"].startswith("https://in-toto.io/")
-    usage = imagegate("pod", "collect", "--logs", str(FIXTURES / "log-pass.log"), "-p", "python")
+    usage = imagegate("pod", "collect", "--logs", str(log_file), "-p", "python")
     assert usage.returncode == 3 and "--pod FILE" in usage.stderr

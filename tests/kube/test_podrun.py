@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from imagegate import runner
-from imagegate.drivers.local import LocalDriver
 from imagegate.errors import UsageError
-from imagegate.kube import podrun, render
+from imagegate.kube import collect, podrun, render
 from imagegate.kube.cluster import ClusterError
-from imagegate.model import ImageFacts, Status
+from imagegate.model import Status
+from tests.helpers import controller_output
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DIGEST = "sha256:" + "5f" * 32
@@ -38,7 +38,9 @@ class Clock:
 class FakeCluster:
     """Stands in for the API server (fake: none can start in these tests)."""
 
-    def __init__(self, log: bytes, *, terminating_polls: int = 3, pending_polls: int = 2) -> None:
+    def __init__(
+        self, log: Callable[[bytes], bytes], *, terminating_polls: int = 3, pending_polls: int = 2
+    ) -> None:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.pod_list: list[dict[str, Any]] = []
         self.log = log
@@ -111,8 +113,12 @@ class FakeCluster:
                     pod["metadata"].setdefault("deletionTimestamp", "2026-11-29T10:30:00Z")
 
     def logs(self, pod: str, namespace: str, container: str) -> bytes:
+        """What the real controller printed, with the event key the Pod was given."""
         self.calls.append(f"logs {pod}")
-        return self.log
+        found = next(p for p in self.pod_list if p["metadata"]["name"] == pod)
+        key = collect.event_key(found)
+        assert key is not None
+        return self.log(key)
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +127,16 @@ def prep() -> runner.Prepared:
 
 
 @pytest.fixture(scope="module")
-def real_log(prep: runner.Prepared) -> bytes:
-    """The controller's real output for this bundle, as the Pod would log it."""
-    br = LocalDriver().run_bundle(
-        ImageFacts("local", None), prep.bundle.data, prep.bundle.sha256, prep.interpreters, 120
-    )
-    assert br.exit_code == 0, br.stderr
-    return br.stdout + br.stderr
+def real_log(prep: runner.Prepared) -> Callable[[bytes], bytes]:
+    """The controller's real output for this bundle and an event key, as the Pod would log it."""
+    made: dict[bytes, bytes] = {}
+
+    def make(key: bytes) -> bytes:
+        if key not in made:
+            made[key] = controller_output(prep, key)
+        return made[key]
+
+    return make
 
 
 def _rendered(prep: runner.Prepared, **kw: Any) -> render.Rendered:
@@ -135,7 +144,7 @@ def _rendered(prep: runner.Prepared, **kw: Any) -> render.Rendered:
 
 
 def test_rerun_waits_until_the_previous_pod_is_gone(
-    tmp_path: Path, prep: runner.Prepared, real_log: bytes
+    tmp_path: Path, prep: runner.Prepared, real_log: Callable[[bytes], bytes]
 ) -> None:
     r = _rendered(prep)
     cluster = FakeCluster(real_log, terminating_polls=3)
@@ -161,7 +170,9 @@ def test_rerun_waits_until_the_previous_pod_is_gone(
     assert (Path(record.attempt_dir) / "statement.json").is_file()
 
 
-def test_gives_up_when_the_previous_pod_never_goes(prep: runner.Prepared, real_log: bytes) -> None:
+def test_gives_up_when_the_previous_pod_never_goes(
+    prep: runner.Prepared, real_log: Callable[[bytes], bytes]
+) -> None:
     r = _rendered(prep)
     cluster = FakeCluster(real_log, terminating_polls=10**6)
     cluster.leave_previous_run(r.name)
@@ -172,9 +183,15 @@ def test_gives_up_when_the_previous_pod_never_goes(prep: runner.Prepared, real_l
     assert "create" not in cluster.calls
 
 
-def test_job_deadline_is_error_not_pass(tmp_path: Path, prep: runner.Prepared, real_log: bytes) -> None:
+def test_job_deadline_is_error_not_pass(
+    tmp_path: Path, prep: runner.Prepared, real_log: Callable[[bytes], bytes]
+) -> None:
     r = _rendered(prep, deadline_s=600)
-    cut = b"\n".join(real_log.splitlines()[:2]) + b"\n"  # start and the first stage only
+
+    def cut(key: bytes) -> bytes:  # start and the first stage only
+        full = real_log(key)
+        return full[: full.index(b"imagegate-event 2 2 ")]
+
     cluster = FakeCluster(cut, pending_polls=10**6)
     cluster.job_failure = {
         "type": "Failed",
@@ -196,7 +213,9 @@ def test_job_deadline_is_error_not_pass(tmp_path: Path, prep: runner.Prepared, r
     assert f"delete job/{r.name}" in cluster.calls[-2:]
 
 
-def test_keep_leaves_the_objects(tmp_path: Path, prep: runner.Prepared, real_log: bytes) -> None:
+def test_keep_leaves_the_objects(
+    tmp_path: Path, prep: runner.Prepared, real_log: Callable[[bytes], bytes]
+) -> None:
     r = _rendered(prep)
     cluster = FakeCluster(real_log)
     clock = Clock()
@@ -212,11 +231,12 @@ def test_keep_leaves_the_objects(tmp_path: Path, prep: runner.Prepared, real_log
     assert ("job", r.name) in cluster.objects and ("configmap", r.name) in cluster.objects
 
 
-def test_pod_and_log_of_an_earlier_job(prep: runner.Prepared, real_log: bytes) -> None:
+def test_pod_and_log_of_an_earlier_job(prep: runner.Prepared, real_log: Callable[[bytes], bytes]) -> None:
     r = _rendered(prep)
     cluster = FakeCluster(real_log, pending_polls=0)
     cluster.create(r.objects)
     pod, log = podrun.pod_and_log(cluster, r.name, "accept")
-    assert pod["metadata"]["name"] == f"{r.name}-abcde" and log == real_log
+    key = collect.event_key(pod)
+    assert key is not None and pod["metadata"]["name"] == f"{r.name}-abcde" and log == real_log(key)
     with pytest.raises(UsageError, match="no Pod found"):
         podrun.pod_and_log(cluster, "other", "accept")

@@ -130,7 +130,11 @@ def test_priority_class_only_when_asked_never_preemption_policy() -> None:
 def test_image_pinned_and_run_by_its_own_python() -> None:
     c = _container(_render(image="myorg/vllm:0.11", digest=DIGEST))
     assert c["image"] == f"myorg/vllm:0.11@{DIGEST}"
-    assert c["command"] == ["python3", render.BUNDLE_PATH]
+    # Isolated from the image's site hooks, and a fresh event key a run, held only in the env.
+    assert c["command"] == ["python3", "-I", "-S", render.BUNDLE_PATH]
+    keys = [e["value"] for e in c["env"] if e["name"] == render.EVENT_KEY_ENV]
+    other = [e["value"] for e in _container(_render())["env"] if e["name"] == render.EVENT_KEY_ENV]
+    assert len(keys) == 1 and len(bytes.fromhex(keys[0])) == 32 and other != keys
     assert _container(_render(python="/opt/conda/bin/python"))["command"][0] == "/opt/conda/bin/python"
     unpinned = _render(image="myorg/vllm:0.11")
     assert _container(unpinned)["image"] == "myorg/vllm:0.11"

@@ -50,7 +50,7 @@ def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) 
     for f in (
         "plan.json",
         "bundle.pyz",
-        "controller.stdout.jsonl",
+        "controller.events.log",
         "run.json",
         "stages/01-pip_check/stdout.txt",
     ):

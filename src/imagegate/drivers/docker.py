@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
+import signal
 import socket
 import struct
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import docker
@@ -25,13 +28,19 @@ from imagegate.errors import EngineError, UsageError
 from imagegate.model import ImageFacts
 
 LABEL = "io.imagegate.run"
+PID_LABEL = "io.imagegate.pid"  # the runner's process: a container whose runner is gone is a leftover
+HOST_LABEL = "io.imagegate.host"
 log = logging.getLogger(__name__)
 
-# Runs first in the image's python: read "<length>\n<zip bytes>" from stdin, check the sha256,
-# write the bundle to the tmpfs and exec it. Python 3.8+ standard library.
+# Runs first in the image's python, started with -E -s -S (no PYTHONPATH, no site hooks; the
+# image's working directory is dropped from sys.path too): read "<length>\n<zip bytes><key>\n"
+# from stdin, check the sha256, write the bundle to the tmpfs, hand the event key over through
+# an inherited pipe and exec the controller isolated (-I -S). Python 3.8+ standard library.
 TOO_OLD_EXIT = 96
+LOADER_FLAGS = ["-E", "-s", "-S"]  # Python 2 knows these too: an old interpreter gets the message
 LOADER = (  # the first lines parse on Python 2 too, so an old interpreter gets a clear message
     "import sys\n"
+    "sys.path[:]=[q for q in sys.path if q]\n"
     "if sys.version_info<(3,8):\n"
     " sys.stderr.write('imagegate: too old: Python %s\\n'%sys.version.split()[0]);sys.exit(96)\n"
     "import hashlib,os,tempfile\n"
@@ -40,10 +49,13 @@ LOADER = (  # the first lines parse on Python 2 too, so an old interpreter gets 
     "b=r.read(n)\n"
     "if len(b)!=n or hashlib.sha256(b).hexdigest()!=sys.argv[1]:\n"
     " sys.stderr.write('imagegate: bundle transfer incomplete (%d of %d bytes)\\n'%(len(b),n));sys.exit(97)\n"
+    "k=r.readline().strip()\n"
     "d=tempfile.mkdtemp(prefix='imagegate-bundle-')\n"
     "p=os.path.join(d,'imagegate.pyz')\n"
     "f=open(p,'wb');f.write(b);f.close()\n"
-    "os.execv(sys.executable,[sys.executable,p]+sys.argv[2:])\n"
+    "i,o=os.pipe();os.write(o,k);os.close(o);os.set_inheritable(i,True)\n"
+    "os.environ['IMAGEGATE_EVENT_KEY_FD']=str(i)\n"
+    "os.execv(sys.executable,[sys.executable,'-I','-S',p]+sys.argv[2:])\n"
 )
 
 PULL_POLICIES = ("missing", "never", "always")
@@ -85,6 +97,7 @@ class DockerDriver:
         self.pids = pids
         self.tmpfs_size = tmpfs_size
         self._env: dict[str, Any] | None = None
+        self.live: set[str] = set()  # containers created and not (yet) confirmed removed
 
     def environment(self) -> dict[str, Any]:
         if self._env is None:
@@ -166,14 +179,16 @@ class DockerDriver:
         bundle_sha256: str,
         interpreters: list[str],
         deadline_s: float,
+        event_key: bytes,
         on_stdout: OnOutput | None = None,
     ) -> BundleRun:
         deadline = time.monotonic() + deadline_s
         tried: list[str] = []
         unusable: list[str] = []
+        payload = b"%d\n" % len(bundle) + bundle + event_key.hex().encode() + b"\n"
         for interpreter in interpreters:
             tried.append(interpreter)
-            result = self._run_once(image, bundle, bundle_sha256, interpreter, deadline, on_stdout)
+            result = self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout)
             if isinstance(result, BundleRun):
                 result.tried = tried
                 return result
@@ -191,7 +206,7 @@ class DockerDriver:
     def _run_once(
         self,
         image: ImageFacts,
-        bundle: bytes,
+        payload: bytes,
         sha: str,
         interpreter: str,
         deadline: float,
@@ -208,22 +223,28 @@ class DockerDriver:
             pids_limit=self.pids,
             mem_limit=self.memory,
         )
-        container = api.create_container(
-            image.config_digest or image.reference,
-            entrypoint=[interpreter, "-c", LOADER, sha],
-            stdin_open=True,
-            tty=False,
-            environment=HIDDEN_GPU_ENV,
-            labels={LABEL: "1"},
-            host_config=host_config,
-            network_disabled=True,
-        )
-        cid = container["Id"]
-        log.debug("created container %s from %s with %s", cid[:12], image.config_digest, interpreter)
+        # Named before it exists: an interrupt that cuts the create call's answer still leaves a
+        # name to remove by. Signals are held while the engine creates and removes it.
+        name = f"imagegate-{secrets.token_hex(8)}"
         out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
         timed_out = False
         sock: Any = None
+        self.live.add(name)
         try:
+            with signals_held():
+                container = api.create_container(
+                    image.config_digest or image.reference,
+                    entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
+                    stdin_open=True,
+                    tty=False,
+                    environment=HIDDEN_GPU_ENV,
+                    labels=run_labels(),
+                    host_config=host_config,
+                    network_disabled=True,
+                    name=name,
+                )
+            cid = container["Id"]
+            log.debug("created container %s from %s with %s", name, image.config_digest, interpreter)
             sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw: socket.socket = getattr(sock, "_sock", sock)
             try:
@@ -235,8 +256,8 @@ class DockerDriver:
                     return self._foreign(image, interpreter)
                 raise EngineError(f"starting a container of {image.reference}: {e}") from e
             raw.settimeout(max(0.1, deadline - time.monotonic()))
-            raw.sendall(b"%d\n" % len(bundle) + bundle)
-            log.info("container %s started; bundle sent (%d bytes)", cid[:12], len(bundle))
+            raw.sendall(payload)
+            log.info("container %s started; bundle sent (%d bytes)", name, len(payload))
             timed_out = not _read_frames(raw, out, err, deadline)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
             if exit_code is None:
@@ -259,7 +280,12 @@ class DockerDriver:
                 stdout_total=out.total,
                 stderr_total=err.total,
                 error="overall deadline reached; container killed" if timed_out else None,
-                facts={"container_id": cid, "memory": self.memory, "pids_limit": self.pids},
+                facts={
+                    "container_id": cid,
+                    "container_name": name,
+                    "memory": self.memory,
+                    "pids_limit": self.pids,
+                },
             )
         except docker.errors.APIError as e:
             raise EngineError(f"running {image.reference}: {e}") from e
@@ -267,7 +293,8 @@ class DockerDriver:
             if sock is not None:
                 with contextlib.suppress(Exception):
                     sock.close()
-            self._remove(cid)
+            with signals_held():
+                self._remove(name)
 
     def _foreign(self, image: ImageFacts, interpreter: str, cid: str | None = None) -> BundleRun:
         """An image for another architecture: every stage is ERROR, with this reason."""
@@ -296,21 +323,47 @@ class DockerDriver:
             pause = min(pause * 2, 0.1)
         return None
 
-    def _remove(self, cid: str) -> None:
-        log.debug("removing container %s", cid[:12])
-        with contextlib.suppress(docker.errors.NotFound):
+    def _remove(self, name: str) -> None:
+        """Remove the container by name; `live` keeps it only when that was not confirmed."""
+        log.debug("removing container %s", name)
+        try:
+            self.client.api.remove_container(name, force=True, v=True)
+        except docker.errors.NotFound:
+            pass  # never created (the create failed), or already gone
+        except docker.errors.APIError as e:
+            if not ("removal of container" in str(e) and "already in progress" in str(e)):
+                raise EngineError(
+                    f"container {name} could not be removed: {e}", hint=f"remove it: docker rm -f {name}"
+                ) from e
+        self.live.discard(name)
+
+    def leftovers(self) -> list[str]:
+        """Containers an earlier imagegate run on this host created and never removed (it was
+        killed): named so that the user can remove them. Runs still in flight are not listed."""
+        found = []
+        for c in self.client.api.containers(all=True, filters={"label": LABEL}):
+            labels = c.get("Labels") or {}
+            if labels.get(HOST_LABEL) != socket.gethostname():
+                continue
             try:
-                self.client.api.remove_container(cid, force=True, v=True)
-            except docker.errors.APIError as e:
-                if "removal of container" in str(e) and "already in progress" in str(e):
-                    return
-                raise
+                pid = int(labels.get(PID_LABEL, ""))
+                os.kill(pid, 0)
+                continue  # its run is still going
+            except (ValueError, ProcessLookupError):
+                pass
+            except PermissionError:
+                continue
+            names = [n.lstrip("/") for n in c.get("Names") or []]
+            found.append(names[0] if names else str(c.get("Id", ""))[:12])
+        return found
 
 
 def _read_frames(raw: socket.socket, out: CappedBuffer, err: CappedBuffer, deadline: float) -> bool:
-    """Demultiplex the attach stream (8-byte headers: stream id, size) until EOF.
-    False when the deadline passed first."""
-    pending = bytearray()
+    """Demultiplex the attach stream (8-byte headers: stream id, size) until EOF, passing each
+    payload on as it arrives (a frame is never held whole). False when the deadline passed first."""
+    header = bytearray()
+    sink: CappedBuffer | None = None
+    left = 0  # bytes of the current frame's payload still to come
     sinks = {1: out, 2: err}
     while True:
         remaining = deadline - time.monotonic()
@@ -325,15 +378,45 @@ def _read_frames(raw: socket.socket, out: CappedBuffer, err: CappedBuffer, deadl
             return True
         if not chunk:
             return True
-        pending += chunk
-        while len(pending) >= 8:
-            stream, size = struct.unpack(">BxxxL", pending[:8])
-            if len(pending) < 8 + size:
-                break
-            sink = sinks.get(stream)
-            if sink is not None:
-                sink.feed(bytes(pending[8 : 8 + size]))
-            del pending[: 8 + size]
+        view = memoryview(chunk)
+        while view:
+            if left:
+                part = view[:left]
+                if sink is not None:
+                    sink.feed(bytes(part))
+                left -= len(part)
+                view = view[len(part) :]
+                continue
+            need = 8 - len(header)
+            header += view[:need]
+            view = view[need:]
+            if len(header) == 8:
+                stream, left = struct.unpack(">BxxxL", header)
+                sink = sinks.get(stream)
+                header.clear()
+
+
+def run_labels() -> dict[str, str]:
+    return {LABEL: "1", PID_LABEL: str(os.getpid()), HOST_LABEL: socket.gethostname()}
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the engine creates or removes a container, then deliver
+    them: an interrupt can no longer cut between "the engine made it" and "we know its name"."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives Python's signal handlers
+        return
+    got: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, _frame: got.append(signum)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if got:
+            signal.raise_signal(got[0])
 
 
 def _repository_of(reference: str) -> str | None:

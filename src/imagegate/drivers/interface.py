@@ -9,9 +9,10 @@ from typing import Any, Protocol
 
 from imagegate.model import ImageFacts
 
-# What the runner keeps of the controller's output: events are small (stage output is capped
-# inside), so this only bounds what a misbehaving image could push at us.
-STDOUT_CAP = 64 * 1024 * 1024
+# The controller's stdout is streamed to the runner's event reader (protocol.EventStream) as it
+# arrives; a driver keeps only its head, for diagnostics. Memory stays bounded whatever an image
+# writes.
+STDOUT_CAP = 1024 * 1024
 STDERR_CAP = 1024 * 1024
 
 
@@ -47,9 +48,11 @@ class Driver(Protocol):
         bundle_sha256: str,
         interpreters: list[str],
         deadline_s: float,
+        event_key: bytes,
         on_stdout: OnOutput | None = None,
     ) -> BundleRun:
-        """`on_stdout` sees the controller's stdout as it arrives (live stage progress)."""
+        """Hand `event_key` to the controller through a channel no stage can read (never argv,
+        never a file in the image); `on_stdout` sees the controller's stdout as it arrives."""
         ...
 
 

@@ -19,6 +19,8 @@ from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, Cappe
 from imagegate.errors import UsageError
 from imagegate.model import ImageFacts
 
+KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
+
 
 class LocalDriver:
     name = "local"
@@ -47,6 +49,7 @@ class LocalDriver:
         bundle_sha256: str,
         interpreters: list[str],
         deadline_s: float,
+        event_key: bytes,
         on_stdout: OnOutput | None = None,
     ) -> BundleRun:
         # "This environment" is the python a user would type here: an activated venv's, else the
@@ -70,14 +73,25 @@ class LocalDriver:
         with tempfile.TemporaryDirectory(prefix="imagegate-local-") as tmp:
             path = Path(tmp) / "imagegate.pyz"
             path.write_bytes(bundle)
-            return _run(
-                [exe, str(path)],
-                deadline_s,
-                interpreter=exe,
-                tried=tried,
-                env=dict(os.environ),
-                on_stdout=on_stdout,
-            )
+            # The key through a pipe the controller alone inherits; -I -S: the controller never
+            # runs this environment's site hooks (.pth files, sitecustomize, PYTHONPATH).
+            key_r, key_w = os.pipe()
+            try:
+                os.write(key_w, event_key.hex().encode() + b"\n")
+            finally:
+                os.close(key_w)
+            try:
+                return _run(
+                    [exe, "-I", "-S", str(path)],
+                    deadline_s,
+                    interpreter=exe,
+                    tried=tried,
+                    env={**os.environ, KEY_FD_ENV: str(key_r)},
+                    on_stdout=on_stdout,
+                    pass_fds=(key_r,),
+                )
+            finally:
+                os.close(key_r)
 
 
 def _pump(stream: IO[bytes], sink: CappedBuffer) -> None:
@@ -93,6 +107,7 @@ def _run(
     tried: list[str],
     env: dict[str, str],
     on_stdout: OnOutput | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> BundleRun:
     out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
     proc = subprocess.Popen(
@@ -102,6 +117,7 @@ def _run(
         stderr=subprocess.PIPE,
         env=env,
         start_new_session=True,
+        pass_fds=pass_fds,
     )
     assert proc.stdout is not None and proc.stderr is not None
     pumps = [

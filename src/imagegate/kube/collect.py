@@ -14,7 +14,7 @@ from typing import Any
 from imagegate import protocol
 from imagegate.drivers.interface import BundleRun
 from imagegate.errors import UsageError
-from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER
+from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
 from imagegate.runner import Notify, Prepared, RunOptions, conclude, new_attempt
 
@@ -131,8 +131,8 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
             error = f"the Pod's deadline was reached ({pod_status.get('message', 'DeadlineExceeded')})"
     if term and term.get("reason") == "OOMKilled":
         error = f"OOMKilled: the container went over its memory limit (exit {exit_code})"
-    foreign = [ln for ln in log.splitlines() if protocol.parse_event(ln) is None]
-    stderr = b"\n".join([*foreign, ending.encode()]) + b"\n"
+    foreign = [ln for ln in log.splitlines() if not ln.startswith(protocol.MARK + b" ")]
+    stderr = b"\n".join([*foreign[-200:], ending.encode()]) + b"\n"
     return BundleRun(
         stdout=log,
         stderr=stderr,
@@ -151,6 +151,20 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
             "restart_count": status.get("restartCount"),
         },
     )
+
+
+def event_key(pod: dict[str, Any], container: str = CONTAINER) -> bytes | None:
+    """The run's event key, from the Pod spec (the runner's side of the channel)."""
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") != container:
+            continue
+        for e in c.get("env") or []:
+            if e.get("name") == EVENT_KEY_ENV and isinstance(e.get("value"), str):
+                try:
+                    return bytes.fromhex(e["value"])
+                except ValueError:
+                    return None
+    return None
 
 
 def _command(pod: dict[str, Any], container: str) -> str | None:
@@ -254,6 +268,11 @@ def collect(
     notify(f"attempt {attempt.dir}")
     pod_file = attempt.write_json("pod.json", pod)
     br = bundle_run(pod, log)
+    key = event_key(pod)
+    events = protocol.read_all(key or protocol.new_key(), prep.stage_ids, log)
+    if key is None:
+        events.violations.insert(0, "the Pod carries no event key: render it again with this imagegate")
+        events.violations_total += 1
     if job_failure:
         br.error = job_failure
         br.timed_out = br.timed_out or "deadline" in job_failure.lower()
@@ -265,6 +284,7 @@ def collect(
         image,
         env,
         br,
+        events,
         attempt,
         opts,
         started=_started(pod),

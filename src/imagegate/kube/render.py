@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from imagegate import protocol
 from imagegate.errors import UsageError
 from imagegate.pipeline.model import parse_duration
 from imagegate.runner import Prepared
@@ -30,6 +31,7 @@ MOUNT_DIR = "/imagegate/bundle"
 BUNDLE_KEY = "imagegate.pyz"
 BUNDLE_PATH = f"{MOUNT_DIR}/{BUNDLE_KEY}"
 CONTAINER = "probe"
+EVENT_KEY_ENV = "IMAGEGATE_EVENT_KEY"  # probes/controller.py reads it
 RUN_LABEL = "imagegate/run"  # on the Pod template: how a run finds its Pods
 BUNDLE_ANNOTATION = "imagegate/bundle-sha256"  # collect checks it ran the bundle it was given
 PIPELINE_ANNOTATION = "imagegate/pipeline"
@@ -216,9 +218,13 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        # The image's own interpreter, no shell: images without /bin/sh still run.
-        "command": [python, BUNDLE_PATH],
+        # The image's own interpreter, no shell: images without /bin/sh still run. -I -S: the
+        # controller never runs the image's site hooks (.pth, sitecustomize, PYTHONPATH).
+        "command": [python, "-I", "-S", BUNDLE_PATH],
         "env": [
+            # This run's event key: the controller takes it out of its environment before any
+            # stage starts, and no stage can read the controller's (non-dumpable) environ.
+            {"name": EVENT_KEY_ENV, "value": protocol.new_key().hex()},
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
             {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
             {"name": "TMPDIR", "value": "/tmp"},
