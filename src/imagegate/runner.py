@@ -160,6 +160,8 @@ def conclude(
         if events.start:
             env["python"] = events.start.get("python")
             env["gpu"] = events.start.get("gpu")
+            # How the controller protected its events (probes/controller.py harden()).
+            env["controller"] = {"protection": events.start.get("protection"), "pid": events.start.get("pid")}
             env["in_image"] = {
                 k: events.start.get(k) for k in ("executable", "platform", "uid", "home_redirected_to")
             }

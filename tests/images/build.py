@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,13 @@ RECIPES: dict[str, dict] = {
     },
     # No interpreter at all: one text file.
     "nopython": {"scratch": True},
+    # Hostile images for the trust tests (tests/images/hostile/README.md): a package that tries
+    # every route to forge other stages' results, a site hook that prints forged events, a real
+    # unmet requirement; a python3 that prints a forged, unterminated event line first; a python3
+    # that floods stdout with 400 MB first.
+    "hostile": {"from": "python", "copy": "hostile"},
+    "hostile-wrapper": {"from": "hostile", "copy": "hostile-wrapper"},
+    "flood": {"from": "python", "copy": "flood"},
 }
 
 
@@ -96,6 +104,8 @@ def recipe_hash(name: str) -> str:
         h.update(recipe_hash(r["from"]).encode())
     for local in r.get("local", []):
         h.update(tree_digest(HERE / local).encode())
+    if "copy" in r:
+        h.update(tree_digest(HERE / r["copy"]).encode())
     return h.hexdigest()[:16]
 
 
@@ -217,6 +227,9 @@ def build_derived(name: str, tag: str) -> None:
                 "RUN python3 -m pip install -q --no-index --no-deps --break-system-packages /tmp/wheels/*.whl"
                 " && rm -rf /tmp/wheels /root/.cache",
             ]
+        if r.get("copy"):  # a tree laid over the image's root (its README stays here)
+            shutil.copytree(HERE / r["copy"], ctx / "root", ignore=shutil.ignore_patterns("README.md"))
+            lines.append("COPY root/ /")
         if r.get("run"):
             lines.append(f"RUN {r['run']}")
         (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")

@@ -101,6 +101,7 @@ def run(
         if quiet or fmt is Format.json
         else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False))
     )
+    driver: Driver | None = None
     try:
         if image is None and not here:
             raise UsageError(
@@ -122,7 +123,6 @@ def run(
         extra: dict[str, Any] = {}
         if advisory_db is not None:
             extra["advisory_db"] = advisory_db
-        driver: Driver
         if here:
             from imagegate.drivers.local import LocalDriver
 
@@ -131,6 +131,8 @@ def run(
             from imagegate.drivers.docker import DockerDriver
 
             driver = DockerDriver(memory=memory, pull=pull, notify=notify)
+            for name in driver.leftovers():
+                notify(f"container {name} was left by an imagegate run that was killed: docker rm -f {name}")
         opts = runner.RunOptions(
             pipeline=pipeline,
             modules=module,
@@ -164,7 +166,15 @@ def run(
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
-        print("imagegate: interrupted; the container was removed", file=sys.stderr)
+        # Say "removed" only when the engine confirmed it (the driver forgets a container then).
+        left = sorted(getattr(driver, "live", ()))
+        if left:
+            print(
+                f"imagegate: interrupted; container {', '.join(left)} may be left: docker rm -f {' '.join(left)}",
+                file=sys.stderr,
+            )
+        else:
+            print("imagegate: interrupted; nothing was left running", file=sys.stderr)
         raise typer.Exit(130) from None
     try:
         used_stdout = formats.write_reports(record, reports)

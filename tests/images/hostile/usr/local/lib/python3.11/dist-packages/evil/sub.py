@@ -1,0 +1,1 @@
+"""A submodule, so that find_spec("evil.sub") imports the package."""

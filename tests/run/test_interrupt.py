@@ -1,0 +1,82 @@
+"""An interrupt at any moment of a run leaves no container behind, and the CLI says "removed"
+only when the engine confirmed it. The race this guards: an interrupt that lands while the
+engine is creating the container (the create call has been sent, its answer not yet read)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.helpers import DOCKER_SOCK
+
+RUNS = int(os.environ.get("IMAGEGATE_TEST_INTERRUPTS", "100"))
+
+
+def _default_signals() -> None:
+    # Whatever the test runner inherited (a CI runner may ignore SIGINT), the CLI under test
+    # starts with default dispositions, as in a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _containers_of(pids: set[int]) -> list[str]:
+    out = subprocess.run(
+        ["docker", "-H", DOCKER_SOCK, "ps", "-a", "--filter", "label=io.imagegate.run", "--format",
+         '{{.Names}} {{.Label "io.imagegate.pid"}}'],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [line.split()[0] for line in out.splitlines() if line.split()[1:] and int(line.split()[1]) in pids]
+
+
+def test_interrupted_runs_leave_no_container(images: dict[str, str], tmp_path: Path) -> None:
+    rng = random.Random(20261130)
+    # Counted from the moment the CLI says it starts the stages: the engine's create call, the
+    # attach and the start all fall inside this window.
+    delays = [rng.uniform(0.0, 0.4) for _ in range(RUNS)]
+
+    def one(i: int) -> tuple[int, int, str]:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "imagegate", "run", images["python"], "-p", "python", "--no-sign",
+             "-o", str(tmp_path / str(i))],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals,
+        )  # fmt: skip
+        try:
+            assert p.stderr is not None
+            head = []
+            for line in p.stderr:
+                head.append(line)
+                if " stages in " in line:
+                    break
+            time.sleep(delays[i])
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=120)
+            err = "".join(head) + err
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        return p.pid, p.returncode, err
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(RUNS)))
+    pids = {pid for pid, _, _ in results}
+    left = _containers_of(pids)
+    try:
+        assert left == [], f"{len(left)} of {RUNS} interrupted runs left a container: {left}"
+    finally:
+        for name in left:
+            subprocess.run(["docker", "-H", DOCKER_SOCK, "rm", "-f", name], capture_output=True)
+    interrupted = [err for _, code, err in results if code == 130]
+    # Most runs were cut while their container was being made or run: the race was exercised.
+    assert len(interrupted) >= RUNS * 3 // 4, [code for _, code, _ in results]
+    for _, code, err in results:
+        assert code in (0, 130), err
+        assert "Traceback" not in err, err
+    for err in interrupted:
+        assert "may be left" not in err, err
