@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,3 +173,22 @@ def test_kube_pod_image_is_verified_from_its_registry(pushed: Pushed, tmp_path: 
     facts = ImageFacts(pushed.ref, pushed.config_digest, digest, (f"{repo}@{digest}",))
     out = run_layers_stage(OutsideContext(image=facts, driver="kube", stage_dir=tmp_path), LayersParams())
     assert out.status is Status.PASS and "from registry" in out.detail, out.detail
+
+
+def test_engine_export_stops_at_the_stage_timeout(oci_image: str, tmp_path: Path) -> None:
+    """The engine export has no read timeout, but the stage's own deadline holds."""
+    from tests.oci.infra import EngineProxy
+
+    sock = Path(tempfile.mkdtemp(prefix="ig-proxy-"))
+    proxy = EngineProxy(sock / "e.sock", DOCKER_SOCK, delay=30)
+    try:
+        ctx = _ctx(tmp_path, oci_image, timeout_s=2.0)
+        ctx.docker_client = docker.DockerClient(base_url=proxy.url)
+        t0 = time.monotonic()
+        out = run_layers_stage(ctx, LayersParams())
+    finally:
+        proxy.close()
+        shutil.rmtree(sock, ignore_errors=True)
+    assert time.monotonic() - t0 < 15
+    assert out.status is Status.ERROR
+    assert "gave up after 2 s: the engine prepared no byte of the export" in out.detail

@@ -87,7 +87,8 @@ def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Cho
         )
         return src, Choice("registry", src.description, why + "; its blobs are read directly", notes)
     if ctx.driver == "docker" and ctx.docker_client is not None and ctx.image.config_digest:
-        src = DaemonArchive(ctx.image.config_digest, ctx.docker_client)
+        # No read timeout on the engine's export (it prepares for minutes): the stage's own.
+        src = DaemonArchive(ctx.image.config_digest, ctx.docker_client, timeout=ctx.timeout_s)
         why = (
             "no registry copy could be read (see notes)"
             if notes
