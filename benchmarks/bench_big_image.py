@@ -225,6 +225,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=None, help="layers in parallel, for both sides")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imagegate-bench-big")
     ap.add_argument("--skip-engine", action="store_true", help="only the registry comparison")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="registry runs of each side, alternated; the fastest counts"
+    )
     ap.add_argument("--no-record", action="store_true", help="do not write benchmarks/records/")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -256,8 +259,13 @@ def main() -> int:
             f"xargs -P {jobs} -n 1 bash -c {shlex.quote(per_layer + ' >/dev/null')}"
         )
         results: list[tuple[str, Measure, Measure, float, bool]] = []
-        registry_ig = run_measured("imagegate layers docker://", [*ig, f"docker://{ref}"])
-        registry_sh = run_measured("curl | tee >(sha256sum) | pigz -dc | sha256sum", shell, shell=True)
+        # Alternated, the fastest of each: a shared machine's load hits both sides alike.
+        runs_ig, runs_sh = [], []
+        for _ in range(max(1, args.repeat)):
+            runs_ig.append(run_measured("imagegate layers docker://", [*ig, f"docker://{ref}"]))
+            runs_sh.append(run_measured("curl | tee >(sha256sum) | pigz -dc | sha256sum", shell, shell=True))
+        registry_ig = min(runs_ig, key=lambda m: m.wall_s)
+        registry_sh = min(runs_sh, key=lambda m: m.wall_s)
         speedup = registry_sh.wall_s / registry_ig.wall_s
         results.append(
             ("registry: shell baseline / imagegate", registry_ig, registry_sh, speedup, speedup >= 4)
@@ -281,6 +289,7 @@ def main() -> int:
     load = os.getloadavg()
     lines = [
         f"image: {image} ({size / GB:.2f} GB, {layers} layers, base {base}), {jobs} layers in parallel",
+        f"registry runs per side: {max(1, args.repeat)} (the fastest counts)",
         f"machine: {machine}; load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}",
         "",
         f"{'measured':<50} {'wall s':>8} {'CPU s':>8} {'peak RSS MB':>14}",
