@@ -83,7 +83,7 @@ def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Cho
         why = (
             "the image was given as docker://"
             if ctx.image.reference.startswith("docker://")
-            else "the engine's RepoDigests name this registry manifest (the image was pulled from it)"
+            else "the engine's RepoDigests name this registry manifest (the image was pulled from or pushed to it)"
         )
         return src, Choice("registry", src.description, why + "; its blobs are read directly", notes)
     if ctx.driver == "docker" and ctx.docker_client is not None and ctx.image.config_digest:
