@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PODMAN_SOCK, container_exists, container_of, containers_left, imagegate
+from tests.helpers import PODMAN_SOCK, container_exists, containers_left, containers_of, imagegate
 
 pytestmark = pytest.mark.engine
 
@@ -50,7 +50,7 @@ def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) 
     for f in (
         "plan.json",
         "bundle.pyz",
-        "controller.events.log",
+        "controller-1.events.log",
         "run.json",
         "stages/01-pip_check/stdout.txt",
     ):
@@ -59,7 +59,7 @@ def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) 
     env = statement["predicate"]["environment"]
     assert env["engine"] == "docker" and env["engine_version"]
     assert env["gpu"]["present"] is False and env["gpu"]["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert not container_exists(container_of(att))
+    assert not any(container_exists(c) for c in containers_of(att))
 
 
 def test_pip_conflict_names_both_problems_exactly(images: dict[str, str], tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_every_status_needs_and_a_hanging_probe(images: dict[str, str], tmp_path
     assert "timed out after" in stage(statement, "hang")["detail"]
     assert "needs hang is ERROR" in stage(statement, "after_hang")["detail"]
     assert r.returncode == 1  # FAIL wins over ERROR
-    assert not container_exists(container_of(only_attempt(tmp_path / "o")))
+    assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path / "o")))
 
 
 def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str], tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str]
     assert "SLOW_ERROR" in r.stdout.replace("slow      ", "") or "ERROR" in r.stdout
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert "overall deadline" in stage(statement, "slow")["detail"]
-    assert not container_exists(container_of(only_attempt(tmp_path)))
+    assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path)))
 
 
 def test_flooding_probe_is_capped(images: dict[str, str], tmp_path: Path) -> None:
@@ -271,7 +271,7 @@ def test_same_run_through_podman(podman: str, images: dict[str, str], tmp_path: 
     assert "verdict: CPU_PASS_GPU_CLI_DEFERRED" in r.stdout
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert statement["predicate"]["environment"]["engine"] == "podman"
-    assert not container_exists(container_of(only_attempt(tmp_path)), PODMAN_SOCK)
+    assert not any(container_exists(c, PODMAN_SOCK) for c in containers_of(only_attempt(tmp_path)))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -331,4 +331,4 @@ def test_image_for_another_architecture_is_error_with_the_reason(engine: str, tm
     assert r.returncode == 2, r.stdout + r.stderr
     assert "cannot execute the image's python3 (exec format error" in r.stdout
     assert "Traceback" not in r.stderr
-    assert not container_exists(container_of(only_attempt(tmp_path)))
+    assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path)))

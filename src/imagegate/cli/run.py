@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -63,6 +64,15 @@ def run(
         None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
     ),
     memory: str = typer.Option("8g", "--memory", help="Container memory limit."),
+    jobs: int = typer.Option(
+        None,
+        "--jobs",
+        "-j",
+        help="Groups of in-image stages run at once, a container each (default: the CPU count).",
+    ),
+    skip: list[str] = typer.Option(
+        [], "--skip", help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it."
+    ),
     pull: str = typer.Option(
         "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
     ),
@@ -133,9 +143,13 @@ def run(
             driver = DockerDriver(memory=memory, pull=pull, notify=notify)
             for name in driver.leftovers():
                 notify(f"container {name} was left by an imagegate run that was killed: docker rm -f {name}")
+        if jobs is not None and jobs < 1:
+            raise UsageError(f"--jobs {jobs}: must be 1 or more")
         opts = runner.RunOptions(
             pipeline=pipeline,
             modules=module,
+            skip=skip,
+            jobs=jobs or os.cpu_count() or 1,
             out=out,
             timeout=timeout,
             source=source,

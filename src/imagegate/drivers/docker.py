@@ -17,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import docker
@@ -33,8 +33,8 @@ HOST_LABEL = "io.imagegate.host"
 log = logging.getLogger(__name__)
 
 # Runs first in the image's python, started with -E -s -S (no PYTHONPATH, no site hooks; the
-# image's working directory is dropped from sys.path too): read "<length>\n<zip bytes><key>\n"
-# from stdin, check the sha256, write the bundle to the tmpfs, hand the event key over through
+# image's working directory is dropped from sys.path too): read "<length>\n<zip bytes><key>\n
+# <stage ids>\n" from stdin, check the sha256, write the bundle to the tmpfs, hand the event key over through
 # an inherited pipe and exec the controller isolated (-I -S). Python 3.8+ standard library.
 TOO_OLD_EXIT = 96
 LOADER_FLAGS = ["-E", "-s", "-S"]  # Python 2 knows these too: an old interpreter gets the message
@@ -50,6 +50,7 @@ LOADER = (  # the first lines parse on Python 2 too, so an old interpreter gets 
     "if len(b)!=n or hashlib.sha256(b).hexdigest()!=sys.argv[1]:\n"
     " sys.stderr.write('imagegate: bundle transfer incomplete (%d of %d bytes)\\n'%(len(b),n));sys.exit(97)\n"
     "k=r.readline().strip()\n"
+    "os.environ['IMAGEGATE_STAGES']=r.readline().strip().decode()\n"
     "d=tempfile.mkdtemp(prefix='imagegate-bundle-')\n"
     "p=os.path.join(d,'imagegate.pyz')\n"
     "f=open(p,'wb');f.write(b);f.close()\n"
@@ -70,6 +71,7 @@ def _not_found(err: Exception) -> bool:
 
 class DockerDriver:
     name = "docker"
+    isolated_runs = True  # each run_bundle is a container of its own
 
     def __init__(
         self,
@@ -181,14 +183,19 @@ class DockerDriver:
         deadline_s: float,
         event_key: bytes,
         on_stdout: OnOutput | None = None,
+        stages: Sequence[str] | None = None,
+        cancel: threading.Event | None = None,
     ) -> BundleRun:
         deadline = time.monotonic() + deadline_s
         tried: list[str] = []
         unusable: list[str] = []
         payload = b"%d\n" % len(bundle) + bundle + event_key.hex().encode() + b"\n"
+        payload += ",".join(stages or ()).encode() + b"\n"
         for interpreter in interpreters:
+            if cancel is not None and cancel.is_set():
+                break
             tried.append(interpreter)
-            result = self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout)
+            result = self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout, cancel)
             if isinstance(result, BundleRun):
                 result.tried = tried
                 return result
@@ -211,6 +218,7 @@ class DockerDriver:
         interpreter: str,
         deadline: float,
         on_stdout: OnOutput | None = None,
+        cancel: threading.Event | None = None,
     ) -> BundleRun | str:
         """A string says why this interpreter cannot run the bundle (absent, too old)."""
         api = self.client.api
@@ -258,7 +266,7 @@ class DockerDriver:
             raw.settimeout(max(0.1, deadline - time.monotonic()))
             raw.sendall(payload)
             log.info("container %s started; bundle sent (%d bytes)", name, len(payload))
-            timed_out = not _read_frames(raw, out, err, deadline)
+            timed_out = not _read_frames(raw, out, err, deadline, cancel)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
             if exit_code is None:
                 timed_out = True
@@ -358,18 +366,25 @@ class DockerDriver:
         return found
 
 
-def _read_frames(raw: socket.socket, out: CappedBuffer, err: CappedBuffer, deadline: float) -> bool:
+def _read_frames(
+    raw: socket.socket,
+    out: CappedBuffer,
+    err: CappedBuffer,
+    deadline: float,
+    cancel: threading.Event | None = None,
+) -> bool:
     """Demultiplex the attach stream (8-byte headers: stream id, size) until EOF, passing each
-    payload on as it arrives (a frame is never held whole). False when the deadline passed first."""
+    payload on as it arrives (a frame is never held whole). False when the deadline passed (or
+    the run was cancelled) first."""
     header = bytearray()
     sink: CappedBuffer | None = None
     left = 0  # bytes of the current frame's payload still to come
     sinks = {1: out, 2: err}
     while True:
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or (cancel is not None and cancel.is_set()):
             return False
-        raw.settimeout(min(remaining, 1.0))
+        raw.settimeout(min(remaining, 0.5))
         try:
             chunk = raw.recv(1 << 20)
         except TimeoutError:
