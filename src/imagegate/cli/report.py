@@ -66,8 +66,7 @@ def report(
         if output is None:
             sys.stdout.write(text)
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text, encoding="utf-8")
+            formats.write_outside_evidence(output, text)
     except OSError as e:
         raise fail(UsageError(f"writing {output}: {e.strerror}", hint="check the --output path")) from e
     except ImagegateError as e:

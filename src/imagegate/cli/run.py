@@ -194,6 +194,8 @@ def run(
         used_stdout = formats.write_reports(record, reports)
     except OSError as e:
         raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
+    except ImagegateError as e:
+        raise fail(e) from e
     if fmt is Format.json:
         # The statement as written beside the evidence (and signed), byte for byte.
         sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
