@@ -117,6 +117,10 @@ def run(
             raise UsageError(
                 "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
             )
+        if not here:
+            _check_engine_input(image)
+        if timeout is not None:
+            _check_timeout(timeout)
         if python and not here:
             raise UsageError(
                 "--python goes with --here", hint="in a container the image's own python is used"
@@ -203,6 +207,26 @@ def run(
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
         console_report.render(record, Console(stderr=True) if used_stdout else Console())
     raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
+
+
+def _check_engine_input(image: str) -> None:
+    """IMAGE and DOCKER_HOST are checked before the engine is asked anything."""
+    import os
+
+    from imagegate.enginehost import check_docker_host
+    from imagegate.oci.reference import check_image
+
+    check_image(image)
+    check_docker_host(os.environ)
+
+
+def _check_timeout(seconds: float) -> None:
+    from imagegate.pipeline.model import check_duration
+
+    try:
+        check_duration(seconds)
+    except ValueError as e:
+        raise UsageError(f"--timeout: {e}", hint="give seconds, e.g. --timeout 1800") from e
 
 
 def threading_main() -> bool:

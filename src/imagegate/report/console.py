@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from imagegate.model import RunRecord, Status
+from imagegate.report import view
 
 STYLE = {
     Status.PASS: "green",
@@ -60,7 +61,13 @@ def render(record: RunRecord, console: Console) -> None:
         console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
         for part in s.detail.split("; "):
             console.print(f"  - {part}", soft_wrap=True, highlight=False)
-    console.print(Text.assemble("verdict: ", (record.verdict, verdict_style(record.verdict))))
+    note = view.deferred_note(record)  # the token names the deferred stages, not what they held back
+    console.print(
+        Text.assemble(
+            "verdict: ", (record.verdict, verdict_style(record.verdict)), f" ({note})" if note else ""
+        ),
+        soft_wrap=True,
+    )
     console.print(
         f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True, highlight=False
     )

@@ -56,6 +56,51 @@ def reasons(stage: StageResult) -> list[str]:
     return [p.strip() for p in stage.detail.split("; ") if p.strip()]
 
 
+def deferred_skips(record: RunRecord) -> dict[str, list[str]]:
+    """SKIPPED stage id -> the DEFERRED stages it waited on, directly or through another stage
+    skipped the same way: checks that never ran, though the verdict token names only the
+    deferred ones."""
+    status = {s.id: s.status for s in record.stages}
+    needs = {
+        str(st.get("id")): [str(n) for n in st.get("needs") or []]
+        for st in record.plan.get("stages") or []
+        if isinstance(st, dict)
+    }
+    causes: dict[str, list[str]] = {}
+    for s in record.stages:  # plan order: what a stage needs comes before it
+        if s.status is not Status.SKIPPED:
+            continue
+        unmet = [n for n in needs.get(s.id, []) if status.get(n) is not Status.PASS]
+        found: list[str] = []
+        for n in unmet:
+            if status.get(n) is Status.DEFERRED:
+                found.append(n)
+            elif n in causes:
+                found += causes[n]
+            else:
+                break  # skipped for another reason too (a FAIL, stop_on_fail): not deferral's doing
+        else:
+            if found:
+                causes[s.id] = list(dict.fromkeys(found))
+    return causes
+
+
+def deferred_note(record: RunRecord) -> str:
+    """For the verdict line: 'skipped because gpu_cli was deferred: gpu_smoke' ('' if none)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for sid, cause in deferred_skips(record).items():
+        groups.setdefault(tuple(cause), []).append(sid)
+    return "; ".join(
+        f"skipped because {', '.join(cause)} {'was' if len(cause) == 1 else 'were'} deferred: {', '.join(ids)}"
+        for cause, ids in groups.items()
+    )
+
+
+def verdict_line(record: RunRecord) -> str:
+    note = deferred_note(record)
+    return f"{record.verdict} ({note})" if note else record.verdict
+
+
 def not_passed(record: RunRecord) -> Iterator[StageResult]:
     return (s for s in record.stages if s.status is not Status.PASS)
 
