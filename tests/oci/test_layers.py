@@ -237,6 +237,8 @@ def test_unreachable_registry_is_undecided(official: Registry) -> None:
     assert "failed after" in r.stderr and "ConnectError" in r.stderr
 
 
-def test_unknown_tag_is_undecided_with_the_registry_message(official: Registry) -> None:
+def test_unknown_tag_is_an_input_error_with_the_registry_message(official: Registry) -> None:
+    """An image the registry does not have is "image not found", exit 3, as for the engine."""
     r = imagegate("layers", f"{official.host}/team/nothing:1")
-    assert r.returncode == 2 and "not found" in r.stderr and "MANIFEST_UNKNOWN" in r.stderr
+    assert r.returncode == 3, r.stderr
+    assert "image not found in the registry" in r.stderr and "MANIFEST_UNKNOWN" in r.stderr

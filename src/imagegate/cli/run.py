@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import typer
@@ -28,11 +26,6 @@ from imagegate.report.progress import LayerBars, StageView, setup_logging
 class Format(str, enum.Enum):
     table = "table"
     json = "json"
-
-
-def _sigterm(_signum: int, _frame: FrameType | None) -> None:
-    # Turn SIGTERM (CI cancelling the job) into the same path as Ctrl-C: containers get removed.
-    raise KeyboardInterrupt
 
 
 @app.command(
@@ -140,8 +133,6 @@ def run(
             expect_config=expect_config,
             extra=extra,
         )
-        if threading_main():
-            signal.signal(signal.SIGTERM, _sigterm)
         silent = quiet or fmt is Format.json
         err_console = Console(stderr=True, highlight=False)
         bars = LayerBars(err_console) if not silent and err_console.is_terminal else None
@@ -164,6 +155,7 @@ def run(
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
+        # The entry point's handlers made SIGTERM take this path too; it sets the code (130, 143).
         print("imagegate: interrupted; the container was removed", file=sys.stderr)
         raise typer.Exit(130) from None
     try:
@@ -177,9 +169,3 @@ def run(
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
         console_report.render(record, Console(stderr=True) if used_stdout else Console())
     raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
