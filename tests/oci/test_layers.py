@@ -38,7 +38,13 @@ def test_expect_config_mismatch_fails(pushed: Pushed) -> None:
     other = "sha256:" + "0" * 64
     r = imagegate("layers", pushed.ref, "--expect-config", other)
     assert r.returncode == 1
-    assert f"expected: {other} DIFFERENT" in r.stdout and "not the expected one" in r.stdout
+    assert f"expected: {other} DIFFERENT" in r.stdout
+    # The config is not called OK, and the reason is the config, not "0 of 3 layers failed".
+    assert f"config:   {pushed.config_digest} NOT THE EXPECTED CONFIG" in r.stdout, r.stdout
+    assert f"config:   {pushed.config_digest} OK" not in r.stdout
+    assert "0 of" not in r.stdout
+    fail = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL: ")]
+    assert fail == [f"FAIL: config {pushed.config_digest} is not the expected {other} (3/3 layers verified)"]
 
 
 def test_zstd_layers_verify(zstd_mirror: str) -> None:
