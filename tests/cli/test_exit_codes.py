@@ -60,20 +60,32 @@ def test_image_not_found_is_3_for_every_source(engine: str, tmp_path: Path) -> N
         assert "Traceback" not in r.stderr
 
 
-def test_verify_image_of_a_local_name_is_an_input_error_at_once(
-    images: dict[str, str], tmp_path: Path
-) -> None:
+def test_verify_image_of_a_local_name_is_an_input_error_at_once(engine: str, tmp_path: Path) -> None:
     """A locally built image was never in a registry: say so, exit 3, without minutes of retries
     against Docker Hub (which a bare name means to a registry client)."""
+    import io
+    import tarfile
+
     from imagegate.attest import keys
 
-    _, pub = keys.write_keypair(tmp_path / "k", keys.generate(), None)
-    t0 = time.monotonic()
-    r = imagegate("verify", "--image", images["python"], "--key", str(pub))
-    assert r.returncode == 3, r.stdout + r.stderr
-    assert f"image {images['python']}: only in the local engine" in r.stderr
-    assert "never pushed" in r.stderr
-    assert time.monotonic() - t0 < 10
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = str(time.time_ns()).encode()  # an image of its own: no other run pushes it meanwhile
+        info = tarfile.TarInfo("stamp")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    ref = f"imagegate-test/local-only:{time.time_ns()}"
+    subprocess.run(["docker", "import", "-", ref], input=buf.getvalue(), check=True, capture_output=True)
+    try:
+        _, pub = keys.write_keypair(tmp_path / "k", keys.generate(), None)
+        t0 = time.monotonic()
+        r = imagegate("verify", "--image", ref, "--key", str(pub))
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert f"image {ref}: only in the local engine" in r.stderr
+        assert "never pushed" in r.stderr
+        assert time.monotonic() - t0 < 10
+    finally:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
 
 
 def _slow_pipeline(tmp_path: Path, token: str) -> str:

@@ -92,6 +92,18 @@ class EngineImage:
     image_id: str  # the config digest
     repo_digests: tuple[str, ...]  # manifest digests of the registries it was pulled from or pushed to
 
+    def pushed_as(self, ref: Reference) -> bool:
+        """Whether the engine knows this image from `ref`'s repository in its registry (pulled
+        from or pushed to it); otherwise that registry cannot hold its attestations."""
+        for rd in self.repo_digests:
+            try:
+                known = parse_reference(rd)
+            except UsageError:
+                continue
+            if (known.registry, known.repository) == (ref.registry, ref.repository):
+                return True
+        return False
+
     @property
     def digests(self) -> tuple[str, ...]:
         """Every digest naming this image: its ID (a statement made before any push names it)

@@ -365,12 +365,12 @@ def verify_image(
 
     ref = attach.parse_image(image)
     local = attach.engine_image(image)
-    if local is not None and not local.repo_digests:
+    if local is not None and not local.pushed_as(ref):
         # Built here and never pushed: no registry can hold its attestations; asking Docker Hub
         # for a bare name would only end in retries or an unrelated image.
         raise UsageError(
-            f"image {image}: only in the local engine ({local.image_id}), never pushed: "
-            "attestations are read from the image's registry",
+            f"image {image}: only in the local engine ({local.image_id}), never pushed to "
+            f"{ref.registry}/{ref.repository}: attestations are read from the image's registry",
             hint=f"push it and pass the pushed reference, or verify the attestation file: "
             f"imagegate verify ATTESTATION --key KEY --image {image}",
         )

@@ -162,10 +162,16 @@ def run(
         used_stdout = formats.write_reports(record, reports)
     except OSError as e:
         raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
+    code = exit_code(record.verdict, require_complete=require_complete)
     if fmt is Format.json:
         # The statement as written beside the evidence (and signed), byte for byte.
         sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
+        if not quiet:  # stdout is the statement's alone; where the evidence went still matters
+            print(f"imagegate: evidence: {record.attempt_dir}", file=sys.stderr)
     else:
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
-        console_report.render(record, Console(stderr=True) if used_stdout else Console())
-    raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
+        rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
+        console_report.render(
+            record, console_report.make_console(stderr=used_stdout), rejected_by=rejected_by
+        )
+    raise typer.Exit(code)
