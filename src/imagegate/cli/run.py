@@ -35,7 +35,8 @@ class Format(str, enum.Enum):
     "  imagegate run app:latest -p ./my-pipeline.yaml --require-complete\n\n"
     "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
-    "--require-complete), 2 could not decide (ERROR), 3 usage or input error."
+    "--require-complete), 2 could not decide (ERROR), 3 usage or input error, 130 interrupted "
+    "(SIGINT), 143 terminated (SIGTERM); the container is removed either way."
 )
 def run(
     image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
