@@ -88,3 +88,21 @@ def test_report_refuses_a_folder_that_is_not_an_attempt(attempt: Path, tmp_path:
         ok = imagegate("report", str(folder))
         assert ok.returncode == 0, ok.stderr
         assert "verdict: PASS" in ok.stdout
+
+
+def test_a_stage_cut_by_the_overall_deadline_shows_no_made_up_time(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "apiVersion: imagegate/v1\nname: t\nstages:\n"
+        "  - id: hang\n    probe: cli\n    timeout: 600\n"
+        "    with: {command: [python3, -c, 'import time; time.sleep(600)']}\n"
+    )
+    out = tmp_path / "o"
+    r = imagegate(
+        "run", images["python"], "-p", str(path), "-o", str(out), "--timeout", "8", "--no-sign", env=CI
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if " hang " in ln)
+    assert "0.00s" not in row and " - " in row, row

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from imagegate.model import RunRecord, Status
+from imagegate.model import RunRecord, StageResult, Status
 from imagegate.report.view import split_reasons
 
 STYLE = {
@@ -46,6 +46,14 @@ def verdict_style(verdict: str) -> str:
     return "bold red" if verdict in ("FAIL", "ERROR") else "bold yellow"
 
 
+def _time(stage: StageResult) -> str:
+    # A stage that never reported (the run was cut before it) has no time of its own: "-", not
+    # a "0.00s" that reads as "ran and took nothing".
+    if stage.duration_s == 0 and not stage.evidence and stage.status is Status.ERROR:
+        return "-"
+    return f"{stage.duration_s:.2f}s"
+
+
 def render(record: RunRecord, console: Console, *, rejected_by: str | None = None) -> None:
     """`rejected_by`: the option that turns an accepting verdict into a rejection (e.g.
     --require-complete), named on the verdict line so the log says why the job failed."""
@@ -70,7 +78,7 @@ def render(record: RunRecord, console: Console, *, rejected_by: str | None = Non
         cells: list[str | Text] = [s.id, Text(s.status.value, style=STYLE[s.status])]
         if wide:
             cells.append(s.token)
-        table.add_row(*cells, f"{s.duration_s:.2f}s", one_line(s.detail, limit))
+        table.add_row(*cells, _time(s), one_line(s.detail, limit))
     console.print(table)
     if not wide:
         console.print("tokens: " + " ".join(s.token for s in record.stages), soft_wrap=True, highlight=False)
