@@ -106,3 +106,18 @@ def test_a_stage_cut_by_the_overall_deadline_shows_no_made_up_time(
     assert r.returncode == 2, r.stdout + r.stderr
     row = next(ln for ln in r.stdout.splitlines() if " hang " in ln)
     assert "0.00s" not in row and " - " in row, row
+
+
+def test_the_audit_table_keeps_every_detail_in_a_log(engine: str, tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    name = "imagegate-test/absent-for-the-audit-log-test:1"
+    inventory.write_text(
+        f"apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - {{image: {name}, pipeline: python}}\n"
+    )
+    r = imagegate("audit", str(inventory), "-o", str(tmp_path / "runs"), env=CI)
+    assert r.returncode == 3, r.stdout + r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if name in ln)
+    assert "…" not in row
+    # the whole detail: the message, then its hint, both to the end
+    assert "not found in the docker engine, and pulling it failed:" in row
+    assert row.rstrip().endswith("your credentials (docker login))"), row
