@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -272,40 +270,6 @@ def test_same_run_through_podman(podman: str, images: dict[str, str], tmp_path: 
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert statement["predicate"]["environment"]["engine"] == "podman"
     assert not any(container_exists(c, PODMAN_SOCK) for c in containers_of(only_attempt(tmp_path)))
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_removes_the_container(images: dict[str, str], tmp_path: Path, sig: signal.Signals) -> None:
-    body = (
-        "  - id: slow\n    probe: cli\n    with: {command: [python3, -c, 'import time; time.sleep(600)']}\n"
-    )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "imagegate",
-            "run",
-            images["python"],
-            "-p",
-            write_pipeline(tmp_path, body),
-            "-o",
-            str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    before = set(containers_left())
-    deadline = time.monotonic() + 30
-    while not (ours := set(containers_left()) - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ours, "the run never started a container"
-    time.sleep(1)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
-    assert not any(container_exists(c) for c in ours)
 
 
 def test_image_for_another_architecture_is_error_with_the_reason(engine: str, tmp_path: Path) -> None:

@@ -204,10 +204,12 @@ def _check_subject(
     if not image_digests:
         rep.add("subject", "skipped", f"{', '.join(subj)} ({kind} digest); pass --image to check it")
         return
-    hit = [d for d in image_digests if d in subj]
+    from imagegate.attest.attach import matching_subject
+
+    hit = matching_subject(subj, image_digests)
     what = name or "the image"
-    if hit:
-        rep.add("subject", "ok", f"{hit[0]} is {what}'s digest")
+    if hit is not None:
+        rep.add("subject", "ok", f"{hit} is {what}'s digest")
     else:
         rep.add(
             "subject",
@@ -323,16 +325,26 @@ def verify_file(
 
 
 def image_digests(image: str, *, insecure: bool = False) -> tuple[str, list[str]]:
-    """(name, digests) of `--image`: a digest as written (`sha256:...`), or a registry reference
-    resolved now (its manifest digest and, for an image manifest, its config digest)."""
+    """(name, digests) of `--image` that the subject may name: a digest as written
+    (`sha256:...`); a bare name the local engine holds: its ID and the manifest digests it carries;
+    otherwise a registry reference resolved now (its manifest digest)."""
     from imagegate.attest import attach
+    from imagegate.oci.registry import RegistryError
 
     if is_digest(image):
         return image, [image]
     ref = attach.parse_image(image)
-    with attach.client_for(ref, insecure=insecure) as client:
-        remote = attach.resolve(client, ref)
-    return str(ref), list(remote.digests)
+    local = attach.engine_image(image)
+    if local is not None:
+        return f"{image} (local engine)", list(local.digests)
+    try:
+        with attach.client_for(ref, insecure=insecure) as client:
+            remote = attach.resolve(client, ref)
+    except RegistryError as e:
+        if attach.names_a_registry(image):
+            raise
+        raise attach.not_found_anywhere(image, e) from e
+    return str(ref), list(remote.subject_digests)
 
 
 def verify_image(
@@ -346,11 +358,27 @@ def verify_image(
     """Fetch the attestations attached to `image` in its registry and verify them: passes when
     one of them, of our predicate type, passes every check."""
     from imagegate.attest import attach
+    from imagegate.oci.registry import RegistryError
 
     ref = attach.parse_image(image)
-    with attach.client_for(ref, insecure=insecure) as client:
-        remote = attach.resolve(client, ref)
-        fetched = attach.fetch(client, remote)
+    local = attach.engine_image(image)
+    if local is not None and not local.pushed_as(ref):
+        # Built here and never pushed: no registry can hold its attestations; asking Docker Hub
+        # for a bare name would only end in retries or an unrelated image.
+        raise UsageError(
+            f"image {image}: only in the local engine ({local.image_id}), never pushed to "
+            f"{ref.registry}/{ref.repository}: attestations are read from the image's registry",
+            hint=f"push it and pass the pushed reference, or verify the attestation file: "
+            f"imagegate verify ATTESTATION --key KEY --image {image}",
+        )
+    try:
+        with attach.client_for(ref, insecure=insecure) as client:
+            remote = attach.resolve(client, ref)
+            fetched = attach.fetch(client, remote)
+    except RegistryError as e:
+        if attach.names_a_registry(image) or local is not None:
+            raise
+        raise attach.not_found_anywhere(image, e) from e
     pinned = f"{ref.registry}/{ref.repository}@{remote.digests[0]}"
     if not fetched:
         rep = Report(pinned)
@@ -366,7 +394,7 @@ def verify_image(
             key,
             source=f.source,
             predicate_type=predicate_type,
-            image_digests=remote.digests,
+            image_digests=remote.subject_digests,
             image_name=str(ref),
             expect_verdict=expect_verdict,
         )

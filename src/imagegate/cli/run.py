@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import typer
@@ -31,11 +29,6 @@ class Format(str, enum.Enum):
     json = "json"
 
 
-def _sigterm(_signum: int, _frame: FrameType | None) -> None:
-    # Turn SIGTERM (CI cancelling the job) into the same path as Ctrl-C: containers get removed.
-    raise KeyboardInterrupt
-
-
 @app.command(
     epilog="Examples:\n\n"
     "  imagegate run myorg/vllm:0.11 -p vllm\n\n"
@@ -43,7 +36,8 @@ def _sigterm(_signum: int, _frame: FrameType | None) -> None:
     "  imagegate run app:latest -p ./my-pipeline.yaml --require-complete\n\n"
     "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
-    "--require-complete), 2 could not decide (ERROR), 3 usage or input error."
+    "--require-complete), 2 could not decide (ERROR), 3 usage or input error, 130 interrupted "
+    "(SIGINT), 143 terminated (SIGTERM); the container is removed either way."
 )
 def run(
     image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
@@ -160,8 +154,6 @@ def run(
             expect_config=expect_config,
             extra=extra,
         )
-        if threading_main():
-            signal.signal(signal.SIGTERM, _sigterm)
         silent = quiet or fmt is Format.json
         err_console = Console(stderr=True, highlight=False)
         bars = LayerBars(err_console) if not silent and err_console.is_terminal else None
@@ -184,6 +176,7 @@ def run(
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
+        # The entry point's handlers made SIGTERM take this path too; it sets the code (130, 143).
         # Say "removed" only when the engine confirmed it (the driver forgets a container then).
         left = sorted(getattr(driver, "live", ()))
         if left:
@@ -200,13 +193,19 @@ def run(
         raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
     except ImagegateError as e:
         raise fail(e) from e
+    code = exit_code(record.verdict, require_complete=require_complete)
     if fmt is Format.json:
         # The statement as written beside the evidence (and signed), byte for byte.
         sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
+        if not quiet:  # stdout is the statement's alone; where the evidence went still matters
+            print(f"imagegate: evidence: {record.attempt_dir}", file=sys.stderr)
     else:
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
-        console_report.render(record, Console(stderr=True) if used_stdout else Console())
-    raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
+        rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
+        console_report.render(
+            record, console_report.make_console(stderr=used_stdout), rejected_by=rejected_by
+        )
+    raise typer.Exit(code)
 
 
 def _check_engine_input(image: str) -> None:
@@ -227,9 +226,3 @@ def _check_timeout(seconds: float) -> None:
         check_duration(seconds)
     except ValueError as e:
         raise UsageError(f"--timeout: {e}", hint="give seconds, e.g. --timeout 1800") from e
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

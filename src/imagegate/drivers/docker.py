@@ -69,6 +69,14 @@ def _not_found(err: Exception) -> bool:
     return "not found" in text or "no such file" in text
 
 
+class PullFailed(UsageError):
+    """The engine could not pull an image: a name no registry has, or a registry out of reach."""
+
+    def __init__(self, reference: str, detail: str, *, hint: str) -> None:
+        super().__init__(f"image {reference}: pull failed: {detail}", hint=hint)
+        self.detail = detail
+
+
 class DockerDriver:
     name = "docker"
     isolated_runs = True  # each run_bundle is a container of its own
@@ -117,26 +125,21 @@ class DockerDriver:
             }
         return self._env
 
-    def _pull(self, reference: str) -> None:
+    def _pull(self, reference: str, why: str = "") -> None:
         """Pull through the engine (its credentials and mirrors), as `docker run` does."""
         if reference.startswith("sha256:"):
             raise UsageError(
                 f"image {reference}: an image ID cannot be pulled", hint="build or load it first"
             )
         repo, tag = _repo_and_tag(reference)
-        self.notify(f"pulling {reference}")
+        self.notify(f"{why}; pulling it" if why else f"pulling {reference}")
+        hint = "check the reference, the registry's reachability and your credentials (docker login)"
         try:
             for msg in self.client.api.pull(repo, tag=tag, stream=True, decode=True):
                 if "error" in msg:
-                    raise UsageError(
-                        f"image {reference}: pull failed: {msg.get('error')}",
-                        hint="check the reference, the registry's reachability and your credentials (docker login)",
-                    )
+                    raise PullFailed(reference, str(msg.get("error")), hint=hint)
         except docker.errors.APIError as e:
-            raise UsageError(
-                f"image {reference}: pull failed: {e.explanation or e}",
-                hint="check the reference, the registry's reachability and your credentials (docker login)",
-            ) from e
+            raise PullFailed(reference, str(e.explanation or e), hint=hint) from e
 
     def resolve(self, reference: str) -> ImageFacts:
         if self.pull == "always":
@@ -144,13 +147,22 @@ class DockerDriver:
         try:
             attrs = self.client.api.inspect_image(reference)
         except docker.errors.ImageNotFound as e:
+            missing = f"image {reference}: not found in the {self.environment()['engine']} engine"
             if self.pull == "missing":
-                self._pull(reference)
+                # Say first what the user can act on (a typo, an image not built yet), then why
+                # the pull did not help: a registry's DNS or 404 message alone hides the cause.
+                try:
+                    self._pull(reference, why=missing)
+                except PullFailed as pull_error:
+                    raise UsageError(
+                        f"{missing}, and pulling it failed: {pull_error.detail}",
+                        hint="check the name (docker images lists the engine's), build it, or "
+                        "check the registry's reachability and your credentials (docker login)",
+                    ) from pull_error
                 self.pull = "never"  # once: a pulled image that still cannot be inspected is an error
                 return self.resolve(reference)
             raise UsageError(
-                f"image {reference}: not found in the {self.environment()['engine']} engine",
-                hint=f"build or pull it (docker pull {reference}), or drop --pull never",
+                missing, hint=f"build or pull it (docker pull {reference}), or drop --pull never"
             ) from e
         except docker.errors.APIError as e:
             if e.status_code is not None and 400 <= e.status_code < 500:

@@ -51,9 +51,30 @@ def stage_output(record: RunRecord, stage: StageResult, name: str) -> str:
     return ""
 
 
+def split_reasons(detail: str) -> list[str]:
+    """One problem a line: probes join several problems with '; ', and quote a command they
+    name, so a '; ' inside a quoted word belongs to the command, not between two problems. A
+    quote opens only where a shell word starts (an apostrophe in "image's" does not)."""
+    parts, start, i, n = [], 0, 0, len(detail)
+    while i < n:
+        ch = detail[i]
+        if ch in "'\"" and (i == 0 or detail[i - 1] in " =("):
+            end = detail.find(ch, i + 1)
+            if end != -1:  # an unmatched quote is text, not quoting
+                i = end + 1
+                continue
+        if detail.startswith("; ", i):
+            parts.append(detail[start:i])
+            start = i + 2
+            i += 2
+            continue
+        i += 1
+    parts.append(detail[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
 def reasons(stage: StageResult) -> list[str]:
-    """One problem a line: probes join several problems with '; '."""
-    return [p.strip() for p in stage.detail.split("; ") if p.strip()]
+    return split_reasons(stage.detail)
 
 
 def deferred_skips(record: RunRecord) -> dict[str, list[str]]:
