@@ -62,10 +62,14 @@ def run(
         None,
         "--jobs",
         "-j",
+        metavar="N",
         help="Groups of in-image stages run at once, a container each (default: the CPU count).",
     ),
     skip: list[str] = typer.Option(
-        [], "--skip", help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it."
+        [],
+        "--skip",
+        metavar="ID",
+        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
     ),
     pull: str = typer.Option(
         "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
