@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 
@@ -197,7 +198,9 @@ def run(params: dict) -> dict:
         command_stdout_bytes=done.out.total,
         command_stderr_bytes=done.err.total,
     )
-    cmd = " ".join(shown)
+    # Quoted as a shell would need it: a reason is split into problems at "; ", never inside a
+    # quoted argument (`python3 -c 'import x; x.run()'`).
+    cmd = " ".join(shlex.quote(str(a)) for a in shown)
     if done.timed_out:  # a hang is "could not decide", like a stage timeout
         return {
             "status": "ERROR",

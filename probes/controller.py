@@ -43,6 +43,7 @@ PROTOCOL = 2
 MARK = b"imagegate-event"  # an event line: MARK PROTOCOL SEQ MAC JSON
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # a pipe holding the hex key (docker and local drivers)
 KEY_ENV = "IMAGEGATE_EVENT_KEY"  # the hex key itself (a Pod's environment)
+STAGES_ENV = "IMAGEGATE_STAGES"  # comma-separated stage ids this controller runs (default: all)
 STAGE_OUTPUT_CAP = 256 * 1024
 RESULT_CAP = 16 * 1024 * 1024
 STATUSES = ("PASS", "FAIL", "ERROR")  # what a probe may say of itself
@@ -146,6 +147,11 @@ def main(argv=None) -> int:
     channel = take_channel(os.environ)
     protection = harden()
     data, plan = load_bundle(bundle_path())
+    # The runner may split the plan over several controllers (a container each): this one runs
+    # only the stages it was given, in plan order.
+    only = [x for x in os.environ.pop(STAGES_ENV, "").split(",") if x]
+    if only:
+        plan = dict(plan, stages=[s for s in plan["stages"] if s["id"] in only])
     return run_plan(plan, data, channel, protection)
 
 

@@ -53,9 +53,10 @@ def containers_left(host: str = DOCKER_SOCK, image: str | None = None) -> list[s
     return out.split()
 
 
-def container_of(attempt: Path) -> str:
-    """The container an attempt ran in, as its run.json records it."""
-    return str(json.loads((attempt / "run.json").read_text())["run"]["container_id"])
+def containers_of(attempt: Path) -> list[str]:
+    """The containers an attempt ran in (one per controller), as its run.json records them."""
+    run = json.loads((attempt / "run.json").read_text())["run"]
+    return [str(c["container_id"]) for c in run["controllers"] if c.get("container_id")]
 
 
 def container_exists(cid: str, host: str = DOCKER_SOCK) -> bool:

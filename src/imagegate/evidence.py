@@ -5,12 +5,14 @@ attempt or its conclusion."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +29,45 @@ def image_key(image: ImageFacts) -> str:
     return "ref-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", image.reference).strip("_") or "unnamed")[:100]
 
 
+INDEX = "index.jsonl"
+
+
 class Attempt:
     def __init__(self, out: Path, image: ImageFacts, *, now: dt.datetime | None = None) -> None:
         now = now or dt.datetime.now(dt.timezone.utc)
         self.image_dir = out / image_key(image)
         try:
-            self.image_dir.mkdir(parents=True, exist_ok=True)
+            out.mkdir(parents=True, exist_ok=True)
+            _real_dir(self.image_dir)
         except OSError as e:
             raise UsageError(
                 f"evidence folder {out}: cannot create it ({e.strerror})", hint="pass --out DIR"
             ) from e
+        # Checked (and created) before the run starts: a planted link or folder in its place
+        # must stop the run, not surface after the container ran, nor be written through.
+        self._open_index().close()
         self.id = f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
         self.dir = self.image_dir / self.id
-        self.dir.mkdir(exist_ok=False)  # exclusive: a clash raises instead of mixing two runs
+        try:
+            self.dir.mkdir(exist_ok=False)  # exclusive: a clash raises instead of mixing two runs
+        except FileExistsError as e:
+            raise UsageError(f"attempt folder {self.dir}: something is already there", hint=_HINT) from e
         self._files: dict[str, EvidenceFile] = {}
 
     def write(self, rel: str, data: bytes | str) -> EvidenceFile:
         if isinstance(data, str):
             data = data.encode("utf-8")
-        path = self.dir / rel
-        if ".." in Path(rel).parts or (path.is_absolute() and not str(path).startswith(str(self.dir))):
+        parts = Path(rel).parts
+        if not parts or ".." in parts or Path(rel).is_absolute():
             raise ValueError(f"evidence path {rel!r} escapes the attempt folder")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "xb") as f:
+        parent = self.dir
+        for part in parts[:-1]:
+            parent = parent / part
+            _real_dir(parent)
+        path = self.dir / rel
+        # O_EXCL: never an existing file, nor a link (even a dangling one) at the last component.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
         ef = EvidenceFile(rel, hashlib.sha256(data).hexdigest(), len(data))
         self._files[rel] = ef
@@ -61,13 +79,50 @@ class Attempt:
     def files(self) -> list[EvidenceFile]:
         return sorted(self._files.values(), key=lambda f: f.path)
 
+    def _open_index(self) -> _Index:
+        path = self.image_dir / INDEX
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            # ELOOP: a symbolic link; EISDIR: a folder. Either way, not the index we keep.
+            what = "a symbolic link" if path.is_symlink() else "not a file" if path.exists() else e.strerror
+            raise UsageError(f"run index {path}: {what}; refusing to write through it", hint=_HINT) from e
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UsageError(f"run index {path}: not a regular file; refusing to write to it", hint=_HINT)
+        return _Index(fd)
+
     def append_index(self, entry: dict[str, Any]) -> None:
         line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-        fd = os.open(self.image_dir / "index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)  # one write with O_APPEND: concurrent runs never interleave a line
-        finally:
-            os.close(fd)
+        with self._open_index() as index:
+            os.write(index.fd, line)  # one write with O_APPEND: concurrent runs never interleave a line
+
+
+_HINT = "something other than imagegate put it there: look at it, move it away, or pass another --out DIR"
+
+
+class _Index:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> _Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _real_dir(path: Path) -> None:
+    """Create `path` if needed; it must be a directory of its own, never a link to one elsewhere."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir()
+    if path.is_symlink():
+        raise UsageError(f"evidence folder {path}: a symbolic link; refusing to write through it", hint=_HINT)
+    if not path.is_dir():
+        raise UsageError(f"evidence folder {path}: not a folder", hint=_HINT)
 
 
 def sha256_file(path: Path) -> str:

@@ -15,9 +15,14 @@ from imagegate.pipeline.model import FindSpecStage, InventoryStage, Pipeline, St
 
 
 def build_plan(
-    loaded: LoadedPipeline, *, modules: Sequence[str] = (), extra: Mapping[str, Any] | None = None
+    loaded: LoadedPipeline,
+    *,
+    modules: Sequence[str] = (),
+    extra: Mapping[str, Any] | None = None,
+    skip: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """`extra`: command-line options that may add stages (e.g. an advisory database)."""
+    """`extra`: command-line options that may add stages (e.g. an advisory database); `skip`:
+    stage ids the user leaves out (kept in the plan, marked, so the record says so)."""
     p = loaded.pipeline
     find_spec_stages = [s for s in p.stages if isinstance(s, FindSpecStage)]
     if modules and not find_spec_stages:
@@ -32,6 +37,16 @@ def build_plan(
             params["modules"] = list(dict.fromkeys([*params.get("modules", []), *modules]))
         stages.append(_entry(s, params))
     stages += _audit_stages(p, {s["id"] for s in stages}, extra or {})
+    ids = [s["id"] for s in stages]
+    unknown = [x for x in skip if x not in ids]
+    if unknown:
+        raise UsageError(
+            f"--skip {', '.join(unknown)}: no such stage in pipeline {p.name!r}",
+            hint=f"its stages: {', '.join(ids)}",
+        )
+    for entry in stages:
+        if entry["id"] in skip:
+            entry["skipped"] = "--skip " + entry["id"]
     return {
         "apiVersion": "imagegate/v1",
         "pipeline": {
@@ -109,4 +124,4 @@ _STAGE: TypeAdapter[Stage] = TypeAdapter(Stage)
 
 def inside_plan(plan: dict[str, Any]) -> dict[str, Any]:
     """The part of the plan the bundle carries: in-image stages only."""
-    return dict(plan, stages=[s for s in plan["stages"] if s["side"] == "inside"])
+    return dict(plan, stages=[s for s in plan["stages"] if s["side"] == "inside" and not s.get("skipped")])

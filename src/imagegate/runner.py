@@ -4,8 +4,10 @@ verdict → evidence and statement. Outcomes are data; only setup problems raise
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,6 @@ from imagegate.drivers.interface import BundleRun, Driver
 from imagegate.evidence import Attempt, sha256_file
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
 from imagegate.outside import Outcome, OutsideContext, load_outside_probe
-from imagegate.pipeline.model import Pipeline
 
 STARTUP_SLACK_S = 60.0  # container start + interpreter start + bundle transfer
 
@@ -31,6 +32,8 @@ class RunOptions:
     source: str | None = None
     expect_config: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    skip: Sequence[str] = ()  # stage ids the user left out (--skip): SKIPPED, and so are their dependents
+    jobs: int = 1  # in-image stage groups run at once (container drivers only)
     # Sees each controller event as it arrives (progress display); never affects the verdict.
     on_event: Callable[[dict[str, Any]], None] | None = None
 
@@ -56,17 +59,22 @@ class Prepared:
         return [s["id"] for s in self.inside["stages"]]
 
     @property
+    def outside_stages(self) -> list[dict[str, Any]]:
+        return [s for s in self.plan["stages"] if s["side"] == "outside" and not s.get("skipped")]
+
+    @property
     def interpreters(self) -> list[str]:
         py = self.loaded.pipeline.python
         return [py] if py else ["python3", "python"]
 
     def deadline(self, override: float | None) -> float:
+        """The whole in-image run's deadline (one controller); run_inside gives each group its own."""
         return override or sum(s["timeout"] for s in self.inside["stages"]) + STARTUP_SLACK_S
 
 
 def prepare(opts: RunOptions) -> Prepared:
     loaded = pipeline.load(opts.pipeline)
-    full_plan = planning.build_plan(loaded, modules=opts.modules, extra=opts.extra)
+    full_plan = planning.build_plan(loaded, modules=opts.modules, extra=opts.extra, skip=opts.skip)
     inside = planning.inside_plan(full_plan)
     return Prepared(loaded, full_plan, inside, bundle.build(inside))
 
@@ -80,6 +88,117 @@ def new_attempt(prep: Prepared, image: ImageFacts, out: Path) -> Attempt:
     return attempt
 
 
+@dataclass
+class ControllerRun:
+    """One controller's run over some of the in-image stages (one container each: runs of a
+    container driver are isolated from each other as stages within one run are)."""
+
+    stage_ids: list[str]
+    bundle_run: BundleRun
+    events: protocol.Events
+
+
+def inside_groups(inside: dict[str, Any], jobs: int) -> list[list[str]]:
+    """The in-image stages split into at most `jobs` groups that can run at the same time: a
+    stage stays with the stages it `needs` (and they with it); with stop_on_fail, one group.
+    Groups are filled round-robin in plan order, so slow neighbours land apart."""
+    stages = inside["stages"]
+    ids = [s["id"] for s in stages]
+    if jobs <= 1 or inside.get("stop_on_fail") or len(ids) <= 1:
+        return [ids] if ids else []
+    root = {i: i for i in ids}
+
+    def find(x: str) -> str:
+        while root[x] != x:
+            x = root[x]
+        return x
+
+    for s in stages:
+        for n in s["needs"]:
+            if n in root:
+                root[find(s["id"])] = find(n)
+    components: dict[str, list[str]] = {}
+    for i in ids:
+        components.setdefault(find(i), []).append(i)
+    groups: list[list[str]] = [[] for _ in range(min(jobs, len(components)))]
+    for k, comp in enumerate(components.values()):
+        groups[k % len(groups)].extend(comp)
+    order = {sid: n for n, sid in enumerate(ids)}
+    return [sorted(g, key=order.__getitem__) for g in groups]
+
+
+class _PlanOrder:
+    """Relays events from several controllers in plan order (progress reads like one run)."""
+
+    def __init__(self, ids: list[str], on_event: Callable[[dict[str, Any]], None]) -> None:
+        self.ids, self.on_event = ids, on_event
+        self.held: dict[str, dict[str, Any]] = {}
+        self.next = 0
+        self.started = False
+        self.lock = threading.Lock()
+
+    def __call__(self, ev: dict[str, Any]) -> None:
+        if ev.get("event") == "start":
+            with self.lock:
+                if not self.started:  # the first controller's start, for the whole plan
+                    self.started = True
+                    self.on_event(dict(ev, plan_stages=self.ids))
+            return
+        if ev.get("event") != "stage":
+            return
+        with self.lock:
+            self.held[str(ev.get("id"))] = ev
+            while self.next < len(self.ids) and self.ids[self.next] in self.held:
+                self.on_event(self.held.pop(self.ids[self.next]))
+                self.next += 1
+
+
+def run_inside(
+    prep: Prepared, driver: Driver, image: ImageFacts, opts: RunOptions, notify: Notify
+) -> list[ControllerRun]:
+    """Every in-image stage, in one controller or (a container driver, --jobs > 1) in several
+    at once. Runs happen in worker threads; an interrupt cancels them, and each removes its
+    container before the interrupt goes on."""
+    jobs = opts.jobs if driver.isolated_runs else 1
+    groups = inside_groups(prep.inside, jobs)
+    if not groups:
+        return []
+    relay = _PlanOrder(prep.stage_ids, opts.on_event) if opts.on_event else None
+    cancel = threading.Event()
+    timeouts = {s["id"]: s["timeout"] for s in prep.inside["stages"]}
+
+    def one(ids: list[str]) -> ControllerRun:
+        key = protocol.new_key()  # this controller's event key: only it gets it
+        stream = protocol.EventStream(key, ids, relay)
+        deadline = opts.timeout or sum(timeouts[i] for i in ids) + STARTUP_SLACK_S
+        began = _now()
+        br = driver.run_bundle(
+            image,
+            prep.bundle.data,
+            prep.bundle.sha256,
+            prep.interpreters,
+            deadline,
+            event_key=key,
+            on_stdout=stream.feed,
+            stages=None if len(groups) == 1 else ids,
+            cancel=cancel,
+        )
+        br.facts["event_key"] = key.hex()  # spent: published so the event log can be re-checked
+        br.facts["started"], br.facts["finished"] = began, _now()
+        return ControllerRun(ids, br, stream.close())
+
+    with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="controller") as pool:
+        futures = [pool.submit(one, g) for g in groups]
+        try:
+            while not all(f.done() for f in futures):
+                wait(futures, timeout=0.5)
+        except BaseException:
+            cancel.set()  # each run stops and removes its container; then the interrupt goes on
+            wait(futures)
+            raise
+        return [f.result() for f in futures]
+
+
 def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
     prep = prepare(opts)
     image = driver.resolve(reference)
@@ -87,89 +206,62 @@ def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambd
     attempt = new_attempt(prep, image, opts.out)
     notify(f"attempt {attempt.dir}")
     started = _now()
-    br = None
-    events = None
-    if prep.inside["stages"]:
-        notify(
-            f"running {len(prep.inside['stages'])} stages in {reference} ({env.get('engine') or env['driver']})"
+    early = [] if prep.loaded.pipeline.stop_on_fail else [s for s in prep.outside_stages if not s["needs"]]
+    runs: list[ControllerRun] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outside") as pool:
+        # Outside stages that need nothing from inside run while the image's stages do.
+        early_results = (
+            pool.submit(outside_results, prep, early, image, env, driver, opts, attempt, [], notify)
+            if early
+            else None
         )
-        key = protocol.new_key()  # this run's event key: only the controller gets it
-        stream = protocol.EventStream(key, prep.stage_ids, opts.on_event)
-        br = driver.run_bundle(
-            image,
-            prep.bundle.data,
-            prep.bundle.sha256,
-            prep.interpreters,
-            prep.deadline(opts.timeout),
-            event_key=key,
-            on_stdout=stream.feed,
-        )
-        events = stream.close()
-        br.facts["event_key"] = key.hex()  # spent: published so the event log can be re-checked
+        if prep.inside["stages"]:
+            notify(
+                f"running {len(prep.inside['stages'])} stages in {reference} "
+                f"({env.get('engine') or env['driver']})"
+            )
+            runs = run_inside(prep, driver, image, opts, notify)
+        done_early = early_results.result() if early_results else []
     return conclude(
-        prep,
-        image,
-        env,
-        br,
-        events,
-        attempt,
-        opts,
-        started=started,
-        docker_client=getattr(driver, "client", None),
-        notify=notify,
-    )
+        prep, image, env, runs, attempt, opts, started=started, driver=driver, notify=notify,
+        outside_done=done_early,
+    )  # fmt: skip
 
 
 def conclude(
     prep: Prepared,
     image: ImageFacts,
     env: dict[str, Any],
-    br: BundleRun | None,
-    events: protocol.Events | None,
+    runs: Sequence[ControllerRun],
     attempt: Attempt,
     opts: RunOptions,
     *,
     started: str,
-    docker_client: Any = None,
+    driver: Driver | None = None,
     notify: Notify = lambda _m: None,
     extra_stages: Sequence[StageResult] = (),
+    outside_done: Sequence[StageResult] = (),
 ) -> RunRecord:
-    """From the controller's raw output (however it was obtained: container, local process, Pod
-    log) to stage results, outside stages, the verdict, the evidence and the statement."""
+    """From the controllers' raw output (however it was obtained: containers, a local process, a
+    Pod log) to stage results, outside stages, the verdict, the evidence and the statement."""
     results: list[StageResult] = list(extra_stages)
-    run_facts: dict[str, Any] = {}
-    if br is not None and events is not None:
-        run_facts = {
-            "interpreter": br.interpreter,
-            "interpreters_tried": br.tried,
-            "exit_code": br.exit_code,
-            "timed_out": br.timed_out,
-            "error": br.error,
-            "stdout_bytes": br.stdout_total,
-            "stderr_bytes": br.stderr_total,
-            **br.facts,
-        }
-        run_facts["events"] = {
-            "accepted": len(events.stages) + (events.start is not None) + (events.end is not None),
-            "violations": events.violations_total,
-            "other_output_bytes": events.noise_bytes,
-        }
-        attempt.write("controller.events.log", events.event_lines)
-        attempt.write("controller.stdout.other.log", events.noise_head)
-        attempt.write("controller.stderr.log", br.stderr)
-        if events.start:
-            env["python"] = events.start.get("python")
-            env["gpu"] = events.start.get("gpu")
-            # How the controller protected its events (probes/controller.py harden()).
-            env["controller"] = {"protection": events.start.get("protection"), "pid": events.start.get("pid")}
-            env["in_image"] = {
-                k: events.start.get(k) for k in ("executable", "platform", "uid", "home_redirected_to")
-            }
-        results += inside_results(prep.inside, events, br, attempt)
-    driver_name = str(env.get("driver", "unknown"))
-    results += outside_results(
-        prep.plan, prep.loaded.pipeline, image, driver_name, docker_client, opts, attempt, results, notify
-    )
+    controllers: list[dict[str, Any]] = []
+    for n, cr in enumerate(runs):
+        controllers.append(_record_controller(cr, attempt, env, "" if len(runs) == 1 else f"-{n + 1}"))
+    if runs:
+        results += inside_results(prep, runs, attempt)
+    results += [
+        StageResult(s["id"], s["probe"], s["side"], Status.SKIPPED, f"skipped: {s['skipped']}")
+        for s in prep.plan["stages"]
+        if s.get("skipped")
+    ]
+    done_ids = {r.id for r in outside_done}
+    later = [s for s in prep.outside_stages if s["id"] not in done_ids]
+    results += list(outside_done)
+    results += outside_results(prep, later, image, env, driver, opts, attempt, results, notify)
+    order = {s["id"]: n for n, s in enumerate(prep.plan["stages"])}
+    results.sort(key=lambda r: order.get(r.id, -1))  # plan order; runner-made stages first
+    run_facts: dict[str, Any] = {"controllers": controllers}
     attempt.write_json(
         "run.json", {"environment": env, "bundle_sha256": prep.bundle.sha256, "run": run_facts}
     )
@@ -198,6 +290,40 @@ def conclude(
         }
     )
     return record
+
+
+def _record_controller(
+    cr: ControllerRun, attempt: Attempt, env: dict[str, Any], suffix: str
+) -> dict[str, Any]:
+    """One controller's evidence files and facts; the environment from its start event."""
+    br, events = cr.bundle_run, cr.events
+    attempt.write(f"controller{suffix}.events.log", events.event_lines)
+    attempt.write(f"controller{suffix}.stdout.other.log", events.noise_head)
+    attempt.write(f"controller{suffix}.stderr.log", br.stderr)
+    if events.start and "controller" not in env:
+        env["python"] = events.start.get("python")
+        env["gpu"] = events.start.get("gpu")
+        # How the controller protected its events (probes/controller.py harden()).
+        env["controller"] = {"protection": events.start.get("protection"), "pid": events.start.get("pid")}
+        env["in_image"] = {
+            k: events.start.get(k) for k in ("executable", "platform", "uid", "home_redirected_to")
+        }
+    return {
+        "stages": cr.stage_ids,
+        "interpreter": br.interpreter,
+        "interpreters_tried": br.tried,
+        "exit_code": br.exit_code,
+        "timed_out": br.timed_out,
+        "error": br.error,
+        "stdout_bytes": br.stdout_total,
+        "stderr_bytes": br.stderr_total,
+        **br.facts,
+        "events": {
+            "accepted": len(events.stages) + (events.start is not None) + (events.end is not None),
+            "violations": events.violations_total,
+            "other_output_bytes": events.noise_bytes,
+        },
+    }
 
 
 def _cut_reason(br: BundleRun, events: protocol.Events) -> str:
@@ -236,25 +362,29 @@ def _distrust(events: protocol.Events) -> str | None:
     return "; ".join(reasons) or None
 
 
-def inside_results(
-    inside: dict[str, Any], events: protocol.Events, br: BundleRun, attempt: Attempt
-) -> list[StageResult]:
+def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attempt) -> list[StageResult]:
+    inside = prep.inside
     out: list[StageResult] = []
-    cut = None if events.end is not None else _cut_reason(br, events)
-    distrust = _distrust(events)
-    if distrust:
-        # The image tried to speak for the controller, or the controller could not protect its
+    of: dict[str, ControllerRun] = {sid: cr for cr in runs for sid in cr.stage_ids}
+    cut = {
+        id(cr): None if cr.events.end is not None else _cut_reason(cr.bundle_run, cr.events) for cr in runs
+    }
+    reasons = [d for cr in runs if (d := _distrust(cr.events))]
+    if reasons:
+        # The image tried to speak for a controller, or a controller could not protect its
         # channel: no in-image result of this run can be trusted to be the probes' own.
-        out.append(StageResult(INTEGRITY_STAGE, "controller", "inside", Status.ERROR, distrust))
-    for n, stage in enumerate(inside["stages"], 1):
+        out.append(StageResult(INTEGRITY_STAGE, "controller", "inside", Status.ERROR, "; ".join(reasons)))
+    numbers = {st["id"]: n for n, st in enumerate(prep.plan["stages"], 1)}  # evidence folders
+    for stage in inside["stages"]:
         sid = stage["id"]
-        ev = events.stages.get(sid)
+        cr = of.get(sid)
+        ev = cr.events.stages.get(sid) if cr else None
         if ev is None:
             # Missing `end` means the run was cut: stages that did not report are ERROR.
-            out.append(
-                StageResult(sid, stage["probe"], "inside", Status.ERROR, cut or "stage did not report")
-            )
+            why = (cut[id(cr)] if cr else None) or "stage did not report"
+            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, why))
             continue
+        n = numbers[sid]
         try:
             status = Status(ev.get("status"))
         except ValueError:
@@ -293,22 +423,26 @@ def inside_results(
 
 
 def outside_results(
-    full_plan: dict[str, Any],
-    pipe: Pipeline,
+    prep: Prepared,
+    stages: Sequence[dict[str, Any]],
     image: ImageFacts,
-    driver_name: str,
-    docker_client: Any,
+    env: dict[str, Any],
+    driver: Driver | None,
     opts: RunOptions,
     attempt: Attempt,
     earlier: list[StageResult],
     notify: Notify,
 ) -> list[StageResult]:
+    pipe = prep.loaded.pipeline
     by_id = {s.id: s for s in pipe.stages}
+    numbers = {s["id"]: n for n, s in enumerate(prep.plan["stages"], 1)}
     done = {r.id: r for r in earlier}
     out: list[StageResult] = []
     failed_before = any(r.status is Status.FAIL for r in earlier)
-    offset = len(earlier)
-    for n, stage in enumerate([s for s in full_plan["stages"] if s["side"] == "outside"], offset + 1):
+    driver_name = str(env.get("driver", "unknown"))
+    docker_client = getattr(driver, "client", None)
+    for stage in stages:
+        n = numbers[stage["id"]]
         sid = stage["id"]
         unmet = [x for x in stage["needs"] if done.get(x) is None or done[x].status is not Status.PASS]
         if unmet or (pipe.stop_on_fail and failed_before):

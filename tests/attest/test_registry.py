@@ -94,7 +94,10 @@ def image(registry: str) -> Iterator[str]:
         subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
 
 
-def _signed(tmp_path: Path, ref: str, key: keys.SigningKey, verdict: str, name: str) -> Path:
+def _signed(
+    tmp_path: Path, ref: str, key: keys.SigningKey, verdict: str, name: str, *, pushed: bool = True
+) -> Path:
+    """An attestation of `ref`; `pushed=False`: made before the push, its subject the config digest."""
     parsed = attach.parse_image(ref)
     with attach.client_for(parsed) as client:
         remote = attach.resolve(client, parsed)
@@ -106,7 +109,7 @@ def _signed(tmp_path: Path, ref: str, key: keys.SigningKey, verdict: str, name: 
         image=ImageFacts(
             reference=ref,
             config_digest=remote.digests[1],
-            manifest_digest=remote.digests[0],
+            manifest_digest=remote.digests[0] if pushed else None,
             repository=f"{parsed.registry}/{parsed.repository}",
         ),
         environment={"driver": "docker", "engine": "docker", "gpu": {"present": False}},
@@ -183,7 +186,7 @@ def test_attach_appends_like_cosign_and_verify_fetches(registry: str, image: str
     assert wrong.returncode == 1 and "no signature verifies with key" in wrong.stdout
 
     # The attestation file checked against the image in the registry.
-    r = cli("verify", str(first), "--key", str(pub), "--image", image, "--no-evidence")
+    r = cli("verify", str(first), "--key", str(pub), "--image", image, "--signature-only")
     assert r.returncode == 0 and "ok      subject" in r.stdout
 
 
@@ -216,3 +219,19 @@ def test_verify_image_without_attestations(registry: str, image: str, tmp_path: 
         assert r.returncode == 1 and "no attestation attached" in r.stdout
     finally:
         subprocess.run(["docker", "rmi", "-f", bare], capture_output=True)
+
+
+def test_attach_and_verify_image_agree_on_the_subject(registry: str, image: str, tmp_path: Path) -> None:
+    """A statement naming only the config digest (made before the push): the registry's readers
+    match the subject with the manifest digest, so `attach` refuses it and `verify --image` does
+    not pass it either; the manifest-digest statement passes both."""
+    key = keys.generate()
+    _, pub = keys.write_keypair(tmp_path / "k", key, None)
+    early = _signed(tmp_path, image, key, "PASS", "early", pushed=False)
+    v = cli("verify", str(early), "--key", str(pub), "--image", image, "--no-evidence")
+    a = cli("attach", str(early), image)
+    assert v.returncode == 1 and "FAILED  subject" in v.stdout, v.stdout + v.stderr
+    assert a.returncode == 3 and "attestation subject" in a.stderr
+    late = _signed(tmp_path, image, key, "PASS", "late")
+    v = cli("verify", str(late), "--key", str(pub), "--image", image, "--no-evidence")
+    assert v.returncode == 0, v.stdout + v.stderr

@@ -161,6 +161,48 @@ def test_missing_evidence_file_fails(signed: sign.Signed, attempt: Path, keypair
     assert r.returncode == 1 and "pipeline.yaml: missing" in r.stdout
 
 
+def test_attempt_with_all_evidence_deleted_fails_naming_the_files(
+    signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path]
+) -> None:
+    listed = [f["path"] for f in st.evidence_files(statement_of(attempt))]
+    for rel in listed:
+        (attempt / rel).unlink()
+    r = cli("verify", str(attempt / sign.DSSE_FILE), "--key", str(keypair[1]))
+    assert r.returncode == 1, r.stdout
+    assert "ok      signature" in r.stdout
+    assert f"FAILED  evidence: {', '.join(listed)}: missing from" in r.stdout
+    assert f"missing from {attempt} ({len(listed)} of {len(listed)} listed files)" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].startswith("NOT verified: evidence:")
+
+
+def test_copied_attestation_alone_needs_signature_only(
+    signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    alone = tmp_path / "elsewhere" / sign.BUNDLE_FILE
+    alone.parent.mkdir()
+    alone.write_bytes((attempt / sign.BUNDLE_FILE).read_bytes())
+    r = cli("verify", str(alone), "--key", str(keypair[1]))
+    assert r.returncode == 1 and "FAILED  evidence:" in r.stdout and "plan.json" in r.stdout
+    ok = cli("verify", str(alone), "--key", str(keypair[1]), "--signature-only", "--expect-verdict", "PASS")
+    assert ok.returncode == 0, ok.stdout
+    assert "skipped evidence:" in ok.stdout and "listed files not checked (--signature-only)" in ok.stdout
+    # The evidence can still be pointed at.
+    there = cli("verify", str(alone), "--key", str(keypair[1]), "--evidence", str(attempt))
+    assert there.returncode == 0, there.stdout
+
+
+def test_symlinked_evidence_is_not_evidence(
+    signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # Same bytes, but through a link: whoever controls the link controls what is checked.
+    kept = tmp_path / "plan.json"
+    kept.write_bytes((attempt / "plan.json").read_bytes())
+    (attempt / "plan.json").unlink()
+    (attempt / "plan.json").symlink_to(kept)
+    r = cli("verify", str(attempt / sign.DSSE_FILE), "--key", str(keypair[1]))
+    assert r.returncode == 1 and "FAILED  evidence: plan.json: missing from" in r.stdout
+
+
 def test_statement_copy_must_match(signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path]) -> None:
     s = statement_of(attempt)
     s["predicate"]["verdict"] = "FAIL"
@@ -226,10 +268,10 @@ def test_subject_checked_against_the_image_digest(tmp_path: Path, key: keys.Sign
     signed = sign.sign_attempt(tmp_path / "a", st.build_statement(rec), key)
     pub = tmp_path / "k.pub"
     pub.write_bytes(key.public.pem)
-    ok = cli("verify", str(signed.dsse_path), "--key", str(pub), "--image", m, "--no-evidence")
+    ok = cli("verify", str(signed.dsse_path), "--key", str(pub), "--image", m, "--signature-only")
     assert ok.returncode == 0, ok.stdout
     other = "sha256:" + "9" * 64
-    bad = cli("verify", str(signed.dsse_path), "--key", str(pub), "--image", other, "--no-evidence")
+    bad = cli("verify", str(signed.dsse_path), "--key", str(pub), "--image", other, "--signature-only")
     assert bad.returncode == 1 and "FAILED  subject" in bad.stdout and "sha256:999999999999" in bad.stdout
     verdict = cli("verify", str(signed.dsse_path), "--key", str(pub), "--expect-verdict", "PASS")
     assert (

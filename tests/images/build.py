@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -182,23 +183,25 @@ def local_wheel(src: Path, out: Path) -> Path:
     return path
 
 
+PIP_LOCATION_NOISE = re.compile(
+    r"^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$"
+)
+
+
 def download_wheels(reqs: list[str]) -> list[Path]:
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    sh(
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "-q",
-        "--no-deps",
-        *PY_TAGS,
-        *platforms,
-        "-d",
-        str(wheels),
-        *reqs,
-    )
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PY_TAGS, *platforms]
+    print("+", " ".join([*argv, "-d", str(wheels), *reqs])[:200], file=sys.stderr, flush=True)
+    done = subprocess.run([*argv, "-d", str(wheels), *reqs], capture_output=True, text=True)
+    # A host's pip configuration may list index folders that lack most projects: pip warns once
+    # per project and folder ("WARNING: Location ... is ignored"), which buries what matters.
+    kept = [ln for ln in done.stderr.splitlines() if not PIP_LOCATION_NOISE.match(ln)]
+    if kept:
+        print("\n".join(kept), file=sys.stderr, flush=True)
+    if done.returncode != 0:
+        raise SystemExit(f"build.py: pip download failed (exit {done.returncode}) for {' '.join(reqs)}")
     found = []
     for req in reqs:
         name, _, ver = req.partition("==")

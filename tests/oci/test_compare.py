@@ -109,3 +109,49 @@ def test_different_image_lists_fields_and_layers(
 def test_compare_unreachable_is_undecided(pushed: Pushed) -> None:
     r = imagegate("compare", pushed.ref, f"127.0.0.1:{free_port()}/team/app:1")
     assert r.returncode == 2
+
+
+def test_docker_save_and_the_engine_compare_exactly(pushed: Pushed, oci_image: str, tmp_path: Path) -> None:
+    """A docker save archive (and the engine's export) has no registry blobs: compared with itself
+    or with the registry copy it came from, it is the same content over its uncompressed layers,
+    never "compressed digests differ … not byte-identical", and never "manifest None"."""
+    archive = tmp_path / "saved.tar"
+    sh("docker", "save", "-o", str(archive), oci_image)
+    pairs = [
+        (f"docker-archive:{archive}", f"docker-archive:{archive}"),
+        (pushed.ref, f"docker-archive:{archive}"),
+        (f"docker-daemon:{oci_image}", f"docker-daemon:{oci_image}"),
+        (f"docker-daemon:{oci_image}", pushed.ref),
+    ]
+    for official, mirror in pairs:
+        r = imagegate("compare", official, mirror)
+        assert r.returncode == 0, (official, mirror, r.stdout, r.stderr)
+        assert "same content: config digest equal, 3/3 diffIDs verified" in r.stdout, r.stdout
+        assert "compared uncompressed layers" in r.stdout
+        assert "not byte-identical" not in r.stdout and "compressed digests differ" not in r.stdout
+        assert "None" not in r.stdout
+    r = imagegate("compare", f"docker-archive:{archive}", pushed.ref, "--format", "json")
+    doc = r.json()
+    assert doc["compared"] == "uncompressed layers" and doc["compressed_digests_differ"] == 0
+    assert doc["official"]["manifest_digest"] is None
+
+
+def test_uncompressed_copy_against_its_registry_copy(
+    pushed: Pushed, mirror: Registry, tmp_path: Path
+) -> None:
+    """Layers stored uncompressed (digest = diffID), as docker save writes them: the blobs differ
+    from the registry's gzip ones by construction, and the sentence says what was compared."""
+    d = tmp_path / "dir"
+    skopeo("copy", "-q", "--src-tls-verify=false", "--dest-decompress", f"docker://{pushed.ref}", f"dir:{d}")
+    # Pushed as they are (a registry client would compress them again): uncompressed blobs.
+    manifest = (d / "manifest.json").read_bytes()
+    doc = json.loads(manifest)
+    with RegistryClient(mirror.host) as client:
+        for desc in [doc["config"], *doc["layers"]]:
+            client.upload_blob("team/app", (d / desc["digest"].split(":")[1]).read_bytes(), desc["digest"])
+        client.put_manifest("team/app", "plain", manifest, DOCKER_MANIFEST)
+    plain = f"{mirror.host}/team/app:plain"
+    r = imagegate("compare", pushed.ref, plain)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"compared uncompressed layers: docker://{plain} holds its layers uncompressed" in r.stdout
+    assert "not byte-identical" not in r.stdout

@@ -38,7 +38,13 @@ def test_expect_config_mismatch_fails(pushed: Pushed) -> None:
     other = "sha256:" + "0" * 64
     r = imagegate("layers", pushed.ref, "--expect-config", other)
     assert r.returncode == 1
-    assert f"expected: {other} DIFFERENT" in r.stdout and "not the expected one" in r.stdout
+    assert f"expected: {other} DIFFERENT" in r.stdout
+    # The config is not called OK, and the reason is the config, not "0 of 3 layers failed".
+    assert f"config:   {pushed.config_digest} NOT THE EXPECTED CONFIG" in r.stdout, r.stdout
+    assert f"config:   {pushed.config_digest} OK" not in r.stdout
+    assert "0 of" not in r.stdout
+    fail = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL: ")]
+    assert fail == [f"FAIL: config {pushed.config_digest} is not the expected {other} (3/3 layers verified)"]
 
 
 def test_zstd_layers_verify(zstd_mirror: str) -> None:
@@ -237,6 +243,8 @@ def test_unreachable_registry_is_undecided(official: Registry) -> None:
     assert "failed after" in r.stderr and "ConnectError" in r.stderr
 
 
-def test_unknown_tag_is_undecided_with_the_registry_message(official: Registry) -> None:
+def test_unknown_tag_is_an_input_error_with_the_registry_message(official: Registry) -> None:
+    """An image the registry does not have is "image not found", exit 3, as for the engine."""
     r = imagegate("layers", f"{official.host}/team/nothing:1")
-    assert r.returncode == 2 and "not found" in r.stderr and "MANIFEST_UNKNOWN" in r.stderr
+    assert r.returncode == 3, r.stderr
+    assert "image not found in the registry" in r.stderr and "MANIFEST_UNKNOWN" in r.stderr

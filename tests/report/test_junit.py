@@ -94,3 +94,24 @@ def test_two_reports_on_stdout_are_refused() -> None:
 
     with pytest.raises(UsageError, match="only one report"):
         formats.parse_specs(["junit=-", "json=-"])
+
+
+def test_reports_never_land_in_an_attempt_folder(images: dict[str, str], tmp_path: Path) -> None:
+    """Evidence is never overwritten: `--report` and `report -o` refuse an attempt folder."""
+    from tests.helpers import imagegate
+
+    out = tmp_path / "runs"
+    first = imagegate("run", images["python"], "-p", "python", "-o", str(out), "--no-sign")
+    assert first.returncode == 0, first.stderr
+    (attempt,) = [p for p in out.glob("sha256-*/*") if p.is_dir()]
+    statement = attempt / "statement.json"
+    before = statement.read_bytes()
+    again = imagegate(
+        "run", images["python"], "-p", "python", "-o", str(out), "--no-sign",
+        "--report", f"json={statement}",
+    )  # fmt: skip
+    assert again.returncode == 3 and "whose files are evidence" in again.stderr, again.stderr
+    assert len([p for p in out.glob("sha256-*/*") if p.is_dir()]) == 1  # refused before running
+    rendered = imagegate("report", str(attempt), "--format", "junit", "-o", str(attempt / "stages" / "x.xml"))
+    assert rendered.returncode == 3 and "whose files are evidence" in rendered.stderr, rendered.stderr
+    assert statement.read_bytes() == before and not (attempt / "stages" / "x.xml").exists()

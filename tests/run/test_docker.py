@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import PODMAN_SOCK, container_exists, container_of, containers_left, imagegate
+from tests.helpers import PODMAN_SOCK, container_exists, containers_left, containers_of, imagegate
 
 pytestmark = pytest.mark.engine
 
@@ -50,7 +48,7 @@ def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) 
     for f in (
         "plan.json",
         "bundle.pyz",
-        "controller.events.log",
+        "controller-1.events.log",
         "run.json",
         "stages/01-pip_check/stdout.txt",
     ):
@@ -59,7 +57,7 @@ def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) 
     env = statement["predicate"]["environment"]
     assert env["engine"] == "docker" and env["engine_version"]
     assert env["gpu"]["present"] is False and env["gpu"]["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert not container_exists(container_of(att))
+    assert not any(container_exists(c) for c in containers_of(att))
 
 
 def test_pip_conflict_names_both_problems_exactly(images: dict[str, str], tmp_path: Path) -> None:
@@ -192,7 +190,7 @@ def test_every_status_needs_and_a_hanging_probe(images: dict[str, str], tmp_path
     assert "timed out after" in stage(statement, "hang")["detail"]
     assert "needs hang is ERROR" in stage(statement, "after_hang")["detail"]
     assert r.returncode == 1  # FAIL wins over ERROR
-    assert not container_exists(container_of(only_attempt(tmp_path / "o")))
+    assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path / "o")))
 
 
 def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str], tmp_path: Path) -> None:
@@ -211,7 +209,7 @@ def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str]
     assert "SLOW_ERROR" in r.stdout.replace("slow      ", "") or "ERROR" in r.stdout
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert "overall deadline" in stage(statement, "slow")["detail"]
-    assert not container_exists(container_of(only_attempt(tmp_path)))
+    assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path)))
 
 
 def test_flooding_probe_is_capped(images: dict[str, str], tmp_path: Path) -> None:
@@ -271,41 +269,7 @@ def test_same_run_through_podman(podman: str, images: dict[str, str], tmp_path: 
     assert "verdict: CPU_PASS_GPU_CLI_DEFERRED" in r.stdout
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
     assert statement["predicate"]["environment"]["engine"] == "podman"
-    assert not container_exists(container_of(only_attempt(tmp_path)), PODMAN_SOCK)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_removes_the_container(images: dict[str, str], tmp_path: Path, sig: signal.Signals) -> None:
-    body = (
-        "  - id: slow\n    probe: cli\n    with: {command: [python3, -c, 'import time; time.sleep(600)']}\n"
-    )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "imagegate",
-            "run",
-            images["python"],
-            "-p",
-            write_pipeline(tmp_path, body),
-            "-o",
-            str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    before = set(containers_left())
-    deadline = time.monotonic() + 30
-    while not (ours := set(containers_left()) - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ours, "the run never started a container"
-    time.sleep(1)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
-    assert not any(container_exists(c) for c in ours)
+    assert not any(container_exists(c, PODMAN_SOCK) for c in containers_of(only_attempt(tmp_path)))
 
 
 def test_image_for_another_architecture_is_error_with_the_reason(engine: str, tmp_path: Path) -> None:
@@ -331,4 +295,4 @@ def test_image_for_another_architecture_is_error_with_the_reason(engine: str, tm
     assert r.returncode == 2, r.stdout + r.stderr
     assert "cannot execute the image's python3 (exec format error" in r.stdout
     assert "Traceback" not in r.stderr
-    assert not container_exists(container_of(only_attempt(tmp_path)))
+    assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path)))

@@ -57,6 +57,6 @@ def test_pull_never_and_a_missing_repository_are_usage_errors(registry: Registry
     assert f"image {ref}: not found in the docker engine" in r.stderr
     r = imagegate("run", ref, "-o", str(tmp_path))
     assert r.returncode == 3
-    assert f"image {ref}: pull failed" in r.stderr
+    assert f"image {ref}: not found in the docker engine, and pulling it failed:" in r.stderr
     assert "Traceback" not in r.stderr
     assert not list(tmp_path.glob("*/*"))  # nothing ran, nothing recorded

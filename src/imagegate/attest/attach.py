@@ -8,6 +8,7 @@ rather than replacing it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,30 @@ class RemoteImage:
     reference: Reference  # pinned: .digest is set
     digests: tuple[str, ...]  # manifest digest, then the config digest when there is one
 
+    @property
+    def subject_digests(self) -> tuple[str, ...]:
+        """The digests an attestation's subject may name for this image in its registry: its
+        manifest digest only, the one cosign and admission controllers match the subject with
+        (a config digest names the content, not what they check)."""
+        return self.digests[:1]
+
+
+def subject_digests(statement: Mapping[str, Any]) -> list[str]:
+    """A statement's subject digests as `algorithm:hex` (malformed entries are skipped)."""
+    subjects = statement.get("subject")
+    out: list[str] = []
+    for s in subjects if isinstance(subjects, list) else []:
+        digests = s.get("digest") if isinstance(s, dict) else None
+        if isinstance(digests, dict):
+            out += [f"{a}:{h}" for a, h in digests.items()]
+    return out
+
+
+def matching_subject(subjects: Sequence[str], image_digests: Sequence[str]) -> str | None:
+    """The first of the image's digests that the statement's subject names, or None: the one
+    rule `attach` and `verify --image` both apply, so they accept the same attestations."""
+    return next((d for d in image_digests if d in subjects), None)
+
 
 @dataclass(frozen=True)
 class FetchedEnvelope:
@@ -50,6 +75,71 @@ class FetchedEnvelope:
 
 def parse_image(text: str) -> Reference:
     return parse_reference(text.removeprefix("docker://"))
+
+
+def names_a_registry(text: str) -> bool:
+    """Whether `text` names its registry host; a bare `repo:tag` means Docker Hub to a registry
+    client but is, far more often, an image in the local engine."""
+    first, sep, _ = text.removeprefix("docker://").partition("/")
+    return text.startswith("docker://") or (
+        bool(sep) and ("." in first or ":" in first or first == "localhost")
+    )
+
+
+@dataclass(frozen=True)
+class EngineImage:
+    name: str
+    image_id: str  # the config digest
+    repo_digests: tuple[str, ...]  # manifest digests of the registries it was pulled from or pushed to
+
+    def pushed_as(self, ref: Reference) -> bool:
+        """Whether the engine knows this image from `ref`'s repository in its registry (pulled
+        from or pushed to it); otherwise that registry cannot hold its attestations."""
+        for rd in self.repo_digests:
+            try:
+                known = parse_reference(rd)
+            except UsageError:
+                continue
+            if (known.registry, known.repository) == (ref.registry, ref.repository):
+                return True
+        return False
+
+    @property
+    def digests(self) -> tuple[str, ...]:
+        """Every digest naming this image: its ID (a statement made before any push names it)
+        and the manifest digests it carries from registries."""
+        return (self.image_id, *dict.fromkeys(d.partition("@")[2] for d in self.repo_digests))
+
+
+def engine_image(text: str) -> EngineImage | None:
+    """The image a bare name (no registry host) names in the local engine (DOCKER_HOST), or None
+    when the name has a registry host, the engine lacks it or no engine answers."""
+    if names_a_registry(text):
+        return None
+    try:
+        import docker  # the SDK is only needed here
+
+        client = docker.from_env(timeout=10)
+        try:
+            attrs = client.api.inspect_image(text)
+        finally:
+            client.close()
+    except Exception:  # no engine, no such image, a refused name: not a local image, then
+        return None
+    image_id = str(attrs.get("Id", ""))
+    if not image_id.startswith("sha256:"):
+        image_id = "sha256:" + image_id
+    return EngineImage(text, image_id, tuple(str(d) for d in attrs.get("RepoDigests") or ()))
+
+
+def not_found_anywhere(text: str, err: RegistryError) -> UsageError:
+    """A bare name that neither the local engine nor Docker Hub answered for: the user most
+    likely meant a local image, so say that first; one input error, as for any missing image."""
+    return UsageError(
+        f"image {text}: not found in the local engine, and the registry could not be asked ({err})",
+        hint="check the name (docker images lists the engine's); a registry image needs its host, "
+        "e.g. registry.example/team/app:1",
+    )
 
 
 def client_for(ref: Reference, *, insecure: bool = False) -> RegistryClient:
@@ -138,10 +228,8 @@ def attach(
 ) -> Attached:
     image = resolve(client, ref)
     statement = _statement(envelope)
-    subjects = [
-        f"{a}:{h}" for s in statement.get("subject") or [] for a, h in (s.get("digest") or {}).items()
-    ]
-    if not allow_other_subject and image.digests[0] not in subjects:
+    subjects = subject_digests(statement)
+    if not allow_other_subject and matching_subject(subjects, image.subject_digests) is None:
         raise UsageError(
             f"attestation subject {', '.join(subjects) or '(none)'} is not {ref} ({image.digests[0]})",
             hint="attach an attestation to the image it was made for (run it on the pushed image, "

@@ -204,10 +204,12 @@ def _check_subject(
     if not image_digests:
         rep.add("subject", "skipped", f"{', '.join(subj)} ({kind} digest); pass --image to check it")
         return
-    hit = [d for d in image_digests if d in subj]
+    from imagegate.attest.attach import matching_subject
+
+    hit = matching_subject(subj, image_digests)
     what = name or "the image"
-    if hit:
-        rep.add("subject", "ok", f"{hit[0]} is {what}'s digest")
+    if hit is not None:
+        rep.add("subject", "ok", f"{hit} is {what}'s digest")
     else:
         rep.add(
             "subject",
@@ -228,6 +230,7 @@ def _safe_rel(path: object) -> str | None:
 
 def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
     files = evidence_files(statement)
+    missing: list[str] = []
     bad = 0
     for f in files:
         rel = _safe_rel(f.get("path"))
@@ -236,9 +239,9 @@ def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
             bad += 1
             continue
         p = root / rel
-        if not p.is_file():
-            rep.add("evidence", "failed", f"{rel}: missing from {root}")
-            bad += 1
+        if p.is_symlink() or not p.is_file():
+            # A link could point at any file with the right hash; evidence is the file itself.
+            missing.append(rel)
             continue
         got = sha256_file(p)
         if got != f.get("sha256"):
@@ -248,7 +251,13 @@ def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
                 f"{rel}: changed (sha256 {got[:16]}…, attested {str(f.get('sha256'))[:16]}…)",
             )
             bad += 1
-    if not bad:
+    if missing:
+        rep.add(
+            "evidence",
+            "failed",
+            f"{', '.join(missing)}: missing from {root} ({len(missing)} of {len(files)} listed files)",
+        )
+    elif not bad:
         rep.add("evidence", "ok", f"{len(files)} files match their sha256 in {root}")
     _check_statement_copy(statement, root, rep)
 
@@ -266,17 +275,6 @@ def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) ->
         rep.add("statement.json", "ok", "the same statement as the signed payload")
     else:
         rep.add("statement.json", "failed", f"{copy} differs from the signed statement")
-
-
-def evidence_dir_for(attestation: Path, statement: Mapping[str, Any]) -> Path | None:
-    """The attempt folder beside an attestation file: its own folder when any evidence file the
-    statement lists is there (a copied attestation alone is checked without evidence)."""
-    folder = attestation.parent
-    for f in evidence_files(dict(statement)):
-        rel = _safe_rel(f.get("path"))
-        if rel and (folder / rel).exists():
-            return folder
-    return None
 
 
 def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> Report | None:
@@ -298,8 +296,9 @@ def verify_file(
     expect_verdict: str | None = None,
     predicate_type: str = PREDICATE_TYPE,
 ) -> Report:
-    """Verify an attestation file. The evidence is checked in `evidence_dir`, else in the
-    attestation's own folder when the evidence is there; `evidence=False` skips it."""
+    """Verify an attestation file. The evidence the statement lists is checked in
+    `evidence_dir`, else in the attestation's own folder; a listed file that is not there fails.
+    `evidence=False` (signature only, asked for explicitly) records the evidence as skipped."""
     reports = []
     envelopes = read_envelopes(path)
     for n, env in enumerate(envelopes, 1):
@@ -313,12 +312,12 @@ def verify_file(
             image_name=image_name,
             expect_verdict=expect_verdict,
         )
-        if evidence and rep.statement is not None:
-            folder = evidence_dir or evidence_dir_for(path, rep.statement)
-            if folder is None:
-                rep.add("evidence", "skipped", f"no evidence folder beside {path}; pass --evidence DIR")
+        if rep.statement is not None:
+            if evidence:
+                check_evidence(rep.statement, evidence_dir or path.parent, rep)
             else:
-                check_evidence(rep.statement, folder, rep)
+                listed = len(evidence_files(rep.statement))
+                rep.add("evidence", "skipped", f"{listed} listed files not checked (--signature-only)")
         reports.append(rep)
     chosen = choose(reports, predicate_type)
     assert chosen is not None  # read_envelopes never returns an empty list
@@ -326,16 +325,26 @@ def verify_file(
 
 
 def image_digests(image: str, *, insecure: bool = False) -> tuple[str, list[str]]:
-    """(name, digests) of `--image`: a digest as written (`sha256:...`), or a registry reference
-    resolved now (its manifest digest and, for an image manifest, its config digest)."""
+    """(name, digests) of `--image` that the subject may name: a digest as written
+    (`sha256:...`); a bare name the local engine holds: its ID and the manifest digests it carries;
+    otherwise a registry reference resolved now (its manifest digest)."""
     from imagegate.attest import attach
+    from imagegate.oci.registry import RegistryError
 
     if is_digest(image):
         return image, [image]
     ref = attach.parse_image(image)
-    with attach.client_for(ref, insecure=insecure) as client:
-        remote = attach.resolve(client, ref)
-    return str(ref), list(remote.digests)
+    local = attach.engine_image(image)
+    if local is not None:
+        return f"{image} (local engine)", list(local.digests)
+    try:
+        with attach.client_for(ref, insecure=insecure) as client:
+            remote = attach.resolve(client, ref)
+    except RegistryError as e:
+        if attach.names_a_registry(image):
+            raise
+        raise attach.not_found_anywhere(image, e) from e
+    return str(ref), list(remote.subject_digests)
 
 
 def verify_image(
@@ -349,11 +358,27 @@ def verify_image(
     """Fetch the attestations attached to `image` in its registry and verify them: passes when
     one of them, of our predicate type, passes every check."""
     from imagegate.attest import attach
+    from imagegate.oci.registry import RegistryError
 
     ref = attach.parse_image(image)
-    with attach.client_for(ref, insecure=insecure) as client:
-        remote = attach.resolve(client, ref)
-        fetched = attach.fetch(client, remote)
+    local = attach.engine_image(image)
+    if local is not None and not local.pushed_as(ref):
+        # Built here and never pushed: no registry can hold its attestations; asking Docker Hub
+        # for a bare name would only end in retries or an unrelated image.
+        raise UsageError(
+            f"image {image}: only in the local engine ({local.image_id}), never pushed to "
+            f"{ref.registry}/{ref.repository}: attestations are read from the image's registry",
+            hint=f"push it and pass the pushed reference, or verify the attestation file: "
+            f"imagegate verify ATTESTATION --key KEY --image {image}",
+        )
+    try:
+        with attach.client_for(ref, insecure=insecure) as client:
+            remote = attach.resolve(client, ref)
+            fetched = attach.fetch(client, remote)
+    except RegistryError as e:
+        if attach.names_a_registry(image) or local is not None:
+            raise
+        raise attach.not_found_anywhere(image, e) from e
     pinned = f"{ref.registry}/{ref.repository}@{remote.digests[0]}"
     if not fetched:
         rep = Report(pinned)
@@ -369,7 +394,7 @@ def verify_image(
             key,
             source=f.source,
             predicate_type=predicate_type,
-            image_digests=remote.digests,
+            image_digests=remote.subject_digests,
             image_name=str(ref),
             expect_verdict=expect_verdict,
         )

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+from types import FrameType
 from typing import Any
 
 # command name -> module registering it, in the order `--help` lists them
@@ -25,7 +27,7 @@ COMMAND_MODULES = {
     "audit": "report",
 }
 
-__all__ = ["COMMAND_MODULES", "app", "load_all", "main"]
+__all__ = ["COMMAND_MODULES", "EXIT_SIGINT", "EXIT_SIGTERM", "app", "load_all", "main", "run_main"]
 
 
 def _load(modules: list[str]) -> None:
@@ -52,16 +54,64 @@ def _command(argv: list[str]) -> str | None:
     return None if completing or "--help" in argv[:1] else first
 
 
-def main() -> None:
+# Exit codes of an interrupt, as a shell reports a process killed by the signal (128 + number).
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+EXIT_USAGE = 3
+
+_terminated = False
+
+
+def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM (CI cancelling the job) takes Ctrl-C's path, so containers get removed; the flag
+    # keeps the exit code telling the two apart.
+    global _terminated
+    _terminated = True
+    raise KeyboardInterrupt
+
+
+def install_signal_handlers() -> None:
+    """Unconditionally: a CI runner may start us with SIGINT ignored (inherited across exec),
+    and an interrupt must still stop the run and remove its container."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _interrupted() -> int:
+    return EXIT_SIGTERM if _terminated else EXIT_SIGINT
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: every exit code is decided here, once, for every command."""
+    sys.exit(run_main(argv))
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    import typer
+
     from imagegate.cli._app import app
 
-    command = _command(sys.argv[1:])
+    args = sys.argv[1:] if argv is None else list(argv)
+    install_signal_handlers()
+    command = _command(args)
     if command in COMMAND_MODULES:
         _load([COMMAND_MODULES[command]])
     else:
         load_all()
     try:
-        app()
+        rv = app(args=args, standalone_mode=False)
+    except typer.TyperException as e:
+        # A parser error (unknown option, missing value, bad choice) is a usage error: exit 3,
+        # as documented, not the parser's own 2 ("could not decide" here).
+        show = getattr(e, "show", None)
+        if callable(show):
+            show()  # the usage line, the "--help" pointer and the problem
+        else:
+            print(f"imagegate: error: {e.format_message()}", file=sys.stderr)
+        return EXIT_USAGE
+    except (typer.Abort, KeyboardInterrupt):
+        print("imagegate: interrupted", file=sys.stderr)
+        return _interrupted()
     except Exception as e:  # a bug, not an outcome: say so briefly, exit "could not decide"
         import traceback
 
@@ -70,4 +120,7 @@ def main() -> None:
             f"imagegate: internal error: {type(e).__name__}: {e}\n  please report it with the traceback above",
             file=sys.stderr,
         )
-        sys.exit(2)
+        return 2
+    code = rv if isinstance(rv, int) else 0
+    # The parser turns an interrupt into 130 itself; a SIGTERM is 143.
+    return _interrupted() if code == EXIT_SIGINT else code

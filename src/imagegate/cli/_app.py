@@ -14,7 +14,8 @@ app = typer.Typer(
     help=(
         "Accept or reject a container image before it reaches GPUs: staged probes inside the "
         "image, layer identity, signed attestations.\n\n"
-        "Exit codes: 0 accepted, 1 rejected, 2 could not decide, 3 usage or input error."
+        "Exit codes: 0 accepted, 1 rejected, 2 could not decide, 3 usage or input error, "
+        "130 interrupted (SIGINT), 143 terminated (SIGTERM)."
     ),
     no_args_is_help=True,
     add_completion=True,

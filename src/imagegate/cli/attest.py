@@ -70,8 +70,9 @@ def _render(report: Any) -> None:  # verify.Report
     "  imagegate verify attestation.sigstore.json --key ci.pub --image 127.0.0.1:5000/team/vllm:0.11 --expect-verdict PASS\n\n"
     "  imagegate verify --image registry.example/team/vllm:0.11 --key ci.pub   # what is attached in the registry\n\n"
     "Checks: the signature, the subject against the image's digest (with --image), every evidence "
-    "file's sha256 (when the attempt folder is beside the attestation, or --evidence DIR), the verdict "
-    "(with --expect-verdict). Exit 0 when all pass, 1 naming what differs, 3 for unreadable input."
+    "file the statement lists, by sha256, in the attestation's folder or --evidence DIR (a missing "
+    "file fails, named; --signature-only skips them), the verdict (with --expect-verdict). "
+    "Exit 0 when all pass, 1 naming what differs, 3 for unreadable input."
 )
 def verify(
     attestation: Path = typer.Argument(
@@ -90,7 +91,12 @@ def verify(
         "--evidence",
         help="The attempt folder to check the evidence in (default: beside the attestation).",
     ),
-    no_evidence: bool = typer.Option(False, "--no-evidence", help="Do not check the evidence files."),
+    signature_only: bool = typer.Option(
+        False,
+        "--signature-only",
+        help="Check the signed statement only (signature, subject, verdict), not the evidence files it lists.",
+    ),
+    no_evidence: bool = typer.Option(False, "--no-evidence", hidden=True),  # the earlier name
     predicate_type: str = typer.Option(PREDICATE_TYPE, "--type", help="The predicate type to expect."),
     insecure: bool = typer.Option(
         False, "--insecure", help="Registry over HTTPS without certificate checks, or plain HTTP."
@@ -117,7 +123,7 @@ def verify(
                 image_digests=digests,
                 image_name=name,
                 evidence_dir=evidence,
-                evidence=not no_evidence,
+                evidence=not (signature_only or no_evidence),
                 expect_verdict=expect_verdict,
                 predicate_type=predicate_type,
             )

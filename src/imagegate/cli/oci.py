@@ -17,6 +17,7 @@ from imagegate.cli._app import app, fail
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest
+from imagegate.report.console import make_console
 from imagegate.report.progress import LayerBars, WaitLines
 
 if TYPE_CHECKING:  # the OCI modules load when a command runs: CLI start-up stays fast
@@ -90,7 +91,9 @@ def _render_report(report: VerifyReport, out: Console) -> None:
     out.print(f"manifest: {report.manifest_digest or '(none: legacy docker save archive)'}")
     out.print(f"platform: {report.platform or '?'}")
     c = report.config
-    out.print(f"config:   {c.actual_digest} {c.status}" + (f" ({c.detail})" if c.detail else ""))
+    # The blob may hash to its own digest and still be the wrong config: OK only when both hold.
+    shown = "NOT THE EXPECTED CONFIG" if c.status.value == "OK" and c.matches_official is False else c.status
+    out.print(f"config:   {c.actual_digest} {shown}" + (f" ({c.detail})" if c.detail else ""))
     if c.official_digest:
         out.print(f"expected: {c.official_digest} " + ("MATCH" if c.matches_official else "DIFFERENT"))
     table = Table(box=None, pad_edge=False)
@@ -119,11 +122,18 @@ def _render_report(report: VerifyReport, out: Console) -> None:
         foreign = f" ({report.foreign} foreign layers not verified)" if report.foreign else ""
         out.print(f"OK: config {c.actual_digest}, {report.verified}/{n} layers verified{foreign}")
     else:
-        out.print(
-            f"FAIL: {len(report.failed_layers)} of {n} layers failed"
-            + (f"; config {c.status}" if c.status.value != "OK" else "")
-            + ("; config digest is not the expected one" if c.matches_official is False else "")
-        )
+        # Name what failed, first things first; never "0 of N layers failed" as a reason.
+        reasons = []
+        if c.matches_official is False:
+            reasons.append(f"config {c.actual_digest} is not the expected {c.official_digest}")
+        if c.status.value != "OK":
+            reasons.append(f"config {c.status}")
+        if report.failed_layers:
+            reasons.append(f"{len(report.failed_layers)} of {n} layers failed")
+        if report.problems and not reasons:
+            reasons.append(f"{len(report.problems)} problem(s), listed above")
+        tail = f" ({report.verified}/{n} layers verified)" if not report.failed_layers else ""
+        out.print("FAIL: " + "; ".join(reasons) + tail)
 
 
 @app.command(
@@ -165,17 +175,15 @@ def layers(
     if fmt is Format.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        _render_report(report, Console(soft_wrap=True, highlight=False, markup=False))
+        _render_report(report, make_console(soft_wrap=True, highlight=False, markup=False))
     raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
 
 
 def _render_compare(result: CompareResult, out: Console) -> None:
-    out.print(
-        f"official: {result.official.source}  manifest {result.official.manifest_digest}  config {result.official.config_digest}"
-    )
-    out.print(
-        f"mirror:   {result.mirror.source}  manifest {result.mirror.manifest_digest}  config {result.mirror.config_digest}"
-    )
+    for label, side in (("official:", result.official), ("mirror:  ", result.mirror)):
+        # A legacy docker save archive has no manifest digest: say so rather than "None".
+        manifest = side.manifest_digest or "none (docker save archive)"
+        out.print(f"{label} {side.source}  manifest {manifest}  config {side.config_digest or '-'}")
     for d in result.layer_diffs:
         out.print(
             f"layer {d.index + 1}: diffID {d.official_diff_id or '-'} (official) vs {d.mirror_diff_id or '-'} (mirror)"
@@ -228,5 +236,5 @@ def compare_cmd(
     if fmt is Format.json:
         print(_json(result.to_dict()))
     else:
-        _render_compare(result, Console(soft_wrap=True, highlight=False, markup=False))
+        _render_compare(result, make_console(soft_wrap=True, highlight=False, markup=False))
     raise typer.Exit(result.exit_code)

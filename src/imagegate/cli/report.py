@@ -57,7 +57,7 @@ def report(
         else:
             record = load.load_attempt(folder)
             if fmt is ReportFormat.table and output is None:
-                console_report.render(record, Console())
+                console_report.render(record, console_report.make_console())
                 return
             if fmt is ReportFormat.table:
                 text = _table(record)
@@ -66,8 +66,7 @@ def report(
         if output is None:
             sys.stdout.write(text)
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text, encoding="utf-8")
+            formats.write_outside_evidence(output, text)
     except OSError as e:
         raise fail(UsageError(f"writing {output}: {e.strerror}", hint="check the --output path")) from e
     except ImagegateError as e:
@@ -112,7 +111,7 @@ def audit(
     ),
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
-    err = Console(stderr=True)
+    err = console_report.make_console(stderr=True)
     setup_logging(verbose, quiet)
     to_stdout = json_out is not None and str(json_out) == "-"
     try:
@@ -145,5 +144,5 @@ def audit(
     except ImagegateError as e:
         raise fail(e) from e
     # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
-    audit_view.render(result, err if to_stdout else Console())
+    audit_view.render(result, err if to_stdout else console_report.make_console())
     raise typer.Exit(result.exit_code)

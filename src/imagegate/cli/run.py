@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import signal
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import typer
@@ -30,11 +29,6 @@ class Format(str, enum.Enum):
     json = "json"
 
 
-def _sigterm(_signum: int, _frame: FrameType | None) -> None:
-    # Turn SIGTERM (CI cancelling the job) into the same path as Ctrl-C: containers get removed.
-    raise KeyboardInterrupt
-
-
 @app.command(
     epilog="Examples:\n\n"
     "  imagegate run myorg/vllm:0.11 -p vllm\n\n"
@@ -42,7 +36,8 @@ def _sigterm(_signum: int, _frame: FrameType | None) -> None:
     "  imagegate run app:latest -p ./my-pipeline.yaml --require-complete\n\n"
     "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
-    "--require-complete), 2 could not decide (ERROR), 3 usage or input error."
+    "--require-complete), 2 could not decide (ERROR), 3 usage or input error, 130 interrupted "
+    "(SIGINT), 143 terminated (SIGTERM); the container is removed either way."
 )
 def run(
     image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
@@ -63,6 +58,19 @@ def run(
         None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
     ),
     memory: str = typer.Option("8g", "--memory", help="Container memory limit."),
+    jobs: int = typer.Option(
+        None,
+        "--jobs",
+        "-j",
+        metavar="N",
+        help="Groups of in-image stages run at once, a container each (default: the CPU count).",
+    ),
+    skip: list[str] = typer.Option(
+        [],
+        "--skip",
+        metavar="ID",
+        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
+    ),
     pull: str = typer.Option(
         "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
     ),
@@ -107,6 +115,10 @@ def run(
             raise UsageError(
                 "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
             )
+        if not here:
+            _check_engine_input(image)
+        if timeout is not None:
+            _check_timeout(timeout)
         if python and not here:
             raise UsageError(
                 "--python goes with --here", hint="in a container the image's own python is used"
@@ -133,17 +145,19 @@ def run(
             driver = DockerDriver(memory=memory, pull=pull, notify=notify)
             for name in driver.leftovers():
                 notify(f"container {name} was left by an imagegate run that was killed: docker rm -f {name}")
+        if jobs is not None and jobs < 1:
+            raise UsageError(f"--jobs {jobs}: must be 1 or more")
         opts = runner.RunOptions(
             pipeline=pipeline,
             modules=module,
+            skip=skip,
+            jobs=jobs or os.cpu_count() or 1,
             out=out,
             timeout=timeout,
             source=source,
             expect_config=expect_config,
             extra=extra,
         )
-        if threading_main():
-            signal.signal(signal.SIGTERM, _sigterm)
         silent = quiet or fmt is Format.json
         err_console = Console(stderr=True, highlight=False)
         bars = LayerBars(err_console) if not silent and err_console.is_terminal else None
@@ -166,6 +180,7 @@ def run(
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
+        # The entry point's handlers made SIGTERM take this path too; it sets the code (130, 143).
         # Say "removed" only when the engine confirmed it (the driver forgets a container then).
         left = sorted(getattr(driver, "live", ()))
         if left:
@@ -180,16 +195,38 @@ def run(
         used_stdout = formats.write_reports(record, reports)
     except OSError as e:
         raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
+    except ImagegateError as e:
+        raise fail(e) from e
+    code = exit_code(record.verdict, require_complete=require_complete)
     if fmt is Format.json:
         # The statement as written beside the evidence (and signed), byte for byte.
         sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
+        if not quiet:  # stdout is the statement's alone; where the evidence went still matters
+            print(f"imagegate: evidence: {record.attempt_dir}", file=sys.stderr)
     else:
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
-        console_report.render(record, Console(stderr=True) if used_stdout else Console())
-    raise typer.Exit(exit_code(record.verdict, require_complete=require_complete))
+        rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
+        console_report.render(
+            record, console_report.make_console(stderr=used_stdout), rejected_by=rejected_by
+        )
+    raise typer.Exit(code)
 
 
-def threading_main() -> bool:
-    import threading
+def _check_engine_input(image: str) -> None:
+    """IMAGE and DOCKER_HOST are checked before the engine is asked anything."""
+    import os
 
-    return threading.current_thread() is threading.main_thread()
+    from imagegate.enginehost import check_docker_host
+    from imagegate.oci.reference import check_image
+
+    check_image(image)
+    check_docker_host(os.environ)
+
+
+def _check_timeout(seconds: float) -> None:
+    from imagegate.pipeline.model import check_duration
+
+    try:
+        check_duration(seconds)
+    except ValueError as e:
+        raise UsageError(f"--timeout: {e}", hint="give seconds, e.g. --timeout 1800") from e

@@ -17,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import docker
@@ -33,8 +33,8 @@ HOST_LABEL = "io.imagegate.host"
 log = logging.getLogger(__name__)
 
 # Runs first in the image's python, started with -E -s -S (no PYTHONPATH, no site hooks; the
-# image's working directory is dropped from sys.path too): read "<length>\n<zip bytes><key>\n"
-# from stdin, check the sha256, write the bundle to the tmpfs, hand the event key over through
+# image's working directory is dropped from sys.path too): read "<length>\n<zip bytes><key>\n
+# <stage ids>\n" from stdin, check the sha256, write the bundle to the tmpfs, hand the event key over through
 # an inherited pipe and exec the controller isolated (-I -S). Python 3.8+ standard library.
 TOO_OLD_EXIT = 96
 LOADER_FLAGS = ["-E", "-s", "-S"]  # Python 2 knows these too: an old interpreter gets the message
@@ -50,6 +50,7 @@ LOADER = (  # the first lines parse on Python 2 too, so an old interpreter gets 
     "if len(b)!=n or hashlib.sha256(b).hexdigest()!=sys.argv[1]:\n"
     " sys.stderr.write('imagegate: bundle transfer incomplete (%d of %d bytes)\\n'%(len(b),n));sys.exit(97)\n"
     "k=r.readline().strip()\n"
+    "os.environ['IMAGEGATE_STAGES']=r.readline().strip().decode()\n"
     "d=tempfile.mkdtemp(prefix='imagegate-bundle-')\n"
     "p=os.path.join(d,'imagegate.pyz')\n"
     "f=open(p,'wb');f.write(b);f.close()\n"
@@ -68,8 +69,17 @@ def _not_found(err: Exception) -> bool:
     return "not found" in text or "no such file" in text
 
 
+class PullFailed(UsageError):
+    """The engine could not pull an image: a name no registry has, or a registry out of reach."""
+
+    def __init__(self, reference: str, detail: str, *, hint: str) -> None:
+        super().__init__(f"image {reference}: pull failed: {detail}", hint=hint)
+        self.detail = detail
+
+
 class DockerDriver:
     name = "docker"
+    isolated_runs = True  # each run_bundle is a container of its own
 
     def __init__(
         self,
@@ -115,26 +125,21 @@ class DockerDriver:
             }
         return self._env
 
-    def _pull(self, reference: str) -> None:
+    def _pull(self, reference: str, why: str = "") -> None:
         """Pull through the engine (its credentials and mirrors), as `docker run` does."""
         if reference.startswith("sha256:"):
             raise UsageError(
                 f"image {reference}: an image ID cannot be pulled", hint="build or load it first"
             )
         repo, tag = _repo_and_tag(reference)
-        self.notify(f"pulling {reference}")
+        self.notify(f"{why}; pulling it" if why else f"pulling {reference}")
+        hint = "check the reference, the registry's reachability and your credentials (docker login)"
         try:
             for msg in self.client.api.pull(repo, tag=tag, stream=True, decode=True):
                 if "error" in msg:
-                    raise UsageError(
-                        f"image {reference}: pull failed: {msg.get('error')}",
-                        hint="check the reference, the registry's reachability and your credentials (docker login)",
-                    )
+                    raise PullFailed(reference, str(msg.get("error")), hint=hint)
         except docker.errors.APIError as e:
-            raise UsageError(
-                f"image {reference}: pull failed: {e.explanation or e}",
-                hint="check the reference, the registry's reachability and your credentials (docker login)",
-            ) from e
+            raise PullFailed(reference, str(e.explanation or e), hint=hint) from e
 
     def resolve(self, reference: str) -> ImageFacts:
         if self.pull == "always":
@@ -142,13 +147,22 @@ class DockerDriver:
         try:
             attrs = self.client.api.inspect_image(reference)
         except docker.errors.ImageNotFound as e:
+            missing = f"image {reference}: not found in the {self.environment()['engine']} engine"
             if self.pull == "missing":
-                self._pull(reference)
+                # Say first what the user can act on (a typo, an image not built yet), then why
+                # the pull did not help: a registry's DNS or 404 message alone hides the cause.
+                try:
+                    self._pull(reference, why=missing)
+                except PullFailed as pull_error:
+                    raise UsageError(
+                        f"{missing}, and pulling it failed: {pull_error.detail}",
+                        hint="check the name (docker images lists the engine's), build it, or "
+                        "check the registry's reachability and your credentials (docker login)",
+                    ) from pull_error
                 self.pull = "never"  # once: a pulled image that still cannot be inspected is an error
                 return self.resolve(reference)
             raise UsageError(
-                f"image {reference}: not found in the {self.environment()['engine']} engine",
-                hint=f"build or pull it (docker pull {reference}), or drop --pull never",
+                missing, hint=f"build or pull it (docker pull {reference}), or drop --pull never"
             ) from e
         except docker.errors.APIError as e:
             if e.status_code is not None and 400 <= e.status_code < 500:
@@ -181,14 +195,19 @@ class DockerDriver:
         deadline_s: float,
         event_key: bytes,
         on_stdout: OnOutput | None = None,
+        stages: Sequence[str] | None = None,
+        cancel: threading.Event | None = None,
     ) -> BundleRun:
         deadline = time.monotonic() + deadline_s
         tried: list[str] = []
         unusable: list[str] = []
         payload = b"%d\n" % len(bundle) + bundle + event_key.hex().encode() + b"\n"
+        payload += ",".join(stages or ()).encode() + b"\n"
         for interpreter in interpreters:
+            if cancel is not None and cancel.is_set():
+                break
             tried.append(interpreter)
-            result = self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout)
+            result = self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout, cancel)
             if isinstance(result, BundleRun):
                 result.tried = tried
                 return result
@@ -211,6 +230,7 @@ class DockerDriver:
         interpreter: str,
         deadline: float,
         on_stdout: OnOutput | None = None,
+        cancel: threading.Event | None = None,
     ) -> BundleRun | str:
         """A string says why this interpreter cannot run the bundle (absent, too old)."""
         api = self.client.api
@@ -258,7 +278,7 @@ class DockerDriver:
             raw.settimeout(max(0.1, deadline - time.monotonic()))
             raw.sendall(payload)
             log.info("container %s started; bundle sent (%d bytes)", name, len(payload))
-            timed_out = not _read_frames(raw, out, err, deadline)
+            timed_out = not _read_frames(raw, out, err, deadline, cancel)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
             if exit_code is None:
                 timed_out = True
@@ -358,18 +378,25 @@ class DockerDriver:
         return found
 
 
-def _read_frames(raw: socket.socket, out: CappedBuffer, err: CappedBuffer, deadline: float) -> bool:
+def _read_frames(
+    raw: socket.socket,
+    out: CappedBuffer,
+    err: CappedBuffer,
+    deadline: float,
+    cancel: threading.Event | None = None,
+) -> bool:
     """Demultiplex the attach stream (8-byte headers: stream id, size) until EOF, passing each
-    payload on as it arrives (a frame is never held whole). False when the deadline passed first."""
+    payload on as it arrives (a frame is never held whole). False when the deadline passed (or
+    the run was cancelled) first."""
     header = bytearray()
     sink: CappedBuffer | None = None
     left = 0  # bytes of the current frame's payload still to come
     sinks = {1: out, 2: err}
     while True:
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or (cancel is not None and cancel.is_set()):
             return False
-        raw.settimeout(min(remaining, 1.0))
+        raw.settimeout(min(remaining, 0.5))
         try:
             chunk = raw.recv(1 << 20)
         except TimeoutError:

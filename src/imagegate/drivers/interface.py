@@ -3,7 +3,8 @@ interpreter under a deadline, and returns the raw output; it never interprets ev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +33,9 @@ class BundleRun:
 
 class Driver(Protocol):
     name: str
+    # True when each run_bundle call is isolated from the others as stages within one run are
+    # (a container each): then groups of stages may run at once.
+    isolated_runs: bool
 
     def environment(self) -> dict[str, Any]:
         """Engine name, version, API version, OS/arch; what the attestation records."""
@@ -50,8 +54,11 @@ class Driver(Protocol):
         deadline_s: float,
         event_key: bytes,
         on_stdout: OnOutput | None = None,
+        stages: Sequence[str] | None = None,
+        cancel: threading.Event | None = None,
     ) -> BundleRun:
-        """Hand `event_key` to the controller through a channel no stage can read (never argv,
+        """Run the bundle's stages (`stages`: only these, in plan order); stop early, removing
+        everything, when `cancel` is set. Hand `event_key` to the controller through a channel no stage can read (never argv,
         never a file in the image); `on_stdout` sees the controller's stdout as it arrives."""
         ...
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,6 +26,9 @@ KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from
 
 class LocalDriver:
     name = "local"
+    # Controllers here share a user and a process table: one at a time, so that no stage's code
+    # runs beside another controller's stages.
+    isolated_runs = False
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python
@@ -51,6 +56,8 @@ class LocalDriver:
         deadline_s: float,
         event_key: bytes,
         on_stdout: OnOutput | None = None,
+        stages: Sequence[str] | None = None,
+        cancel: threading.Event | None = None,
     ) -> BundleRun:
         # "This environment" is the python a user would type here: an activated venv's, else the
         # PATH's; imagegate's own interpreter only as the last resort.
@@ -86,9 +93,10 @@ class LocalDriver:
                     deadline_s,
                     interpreter=exe,
                     tried=tried,
-                    env={**os.environ, KEY_FD_ENV: str(key_r)},
+                    env={**os.environ, KEY_FD_ENV: str(key_r), "IMAGEGATE_STAGES": ",".join(stages or ())},
                     on_stdout=on_stdout,
                     pass_fds=(key_r,),
+                    cancel=cancel,
                 )
             finally:
                 os.close(key_r)
@@ -108,6 +116,7 @@ def _run(
     env: dict[str, str],
     on_stdout: OnOutput | None = None,
     pass_fds: tuple[int, ...] = (),
+    cancel: threading.Event | None = None,
 ) -> BundleRun:
     out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
     proc = subprocess.Popen(
@@ -129,9 +138,13 @@ def _run(
     timed_out = False
     start = time.monotonic()
     try:
-        proc.wait(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        end = start + deadline_s
+        while proc.poll() is None:
+            if time.monotonic() >= end or (cancel is not None and cancel.is_set()):
+                timed_out = True
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(0.5, max(0.01, end - time.monotonic())))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -16,7 +16,7 @@ from imagegate.drivers.interface import BundleRun
 from imagegate.errors import UsageError
 from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
-from imagegate.runner import Notify, Prepared, RunOptions, conclude, new_attempt
+from imagegate.runner import ControllerRun, Notify, Prepared, RunOptions, conclude, new_attempt
 
 IMAGE_ID_STAGE = "image_id"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -283,8 +283,7 @@ def collect(
         prep,
         image,
         env,
-        br,
-        events,
+        [ControllerRun(prep.stage_ids, br, events)],
         attempt,
         opts,
         started=_started(pod),

@@ -24,6 +24,7 @@ import yaml
 
 from imagegate import protocol
 from imagegate.errors import UsageError
+from imagegate.oci.reference import check_image
 from imagegate.pipeline.model import parse_duration
 from imagegate.runner import Prepared
 
@@ -153,6 +154,8 @@ def job_deadline(prep: Prepared, given: float | None) -> int:
 
 
 def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
+    # The kubelet pulls what the Pod names: a reference, never a local image ID.
+    check_image(image, engine_id=False)
     if not prep.inside["stages"]:
         raise UsageError(
             f"pipeline {prep.plan['pipeline']['name']!r} has no in-image stage: nothing to run in a Pod",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,9 @@ from imagegate.oci.verify import (
     read_config,
     verify_source,
 )
+
+COMPARED_BLOBS = "manifests and layer blobs"
+COMPARED_LAYERS = "uncompressed layers"  # a docker save archive or engine export has no registry blobs
 
 
 class Verdict(str, enum.Enum):
@@ -81,6 +84,7 @@ class CompareResult:
     other_fields: tuple[str, ...] = ()  # other config keys that differ (created, history, ...)
     compressed_differ: int = 0
     problems: tuple[str, ...] = ()  # failed layers, named
+    compared: str = "manifests"  # what was compared: manifests, blobs, or uncompressed layers
 
     @property
     def exit_code(self) -> int:
@@ -106,6 +110,7 @@ class CompareResult:
             "config_field_diffs": [json.loads(json.dumps(vars(d), default=str)) for d in self.field_diffs],
             "other_config_fields": list(self.other_fields),
             "compressed_digests_differ": self.compressed_differ,
+            "compared": self.compared,
             "problems": list(self.problems),
         }
 
@@ -218,17 +223,40 @@ def _same_config(o: Side, mirror: Source, m: Side, deep: bool, kw: dict[str, Any
             o,
             m,
             problems=tuple(failures),
+            compared=COMPARED_BLOBS,
         )
-    # Positions beyond the shorter list count as differing; a legacy archive declares no digest.
-    pairs = zip(o.layer_digests, m.layer_digests, strict=False)
-    differ = sum(1 for a, b in pairs if a is None or a != b)
-    differ += abs(len(o.layer_digests) - len(m.layer_digests))
     foreign = m.report.foreign
     tail = f" ({foreign} foreign layers not verified)" if foreign else ""
+    head = f"same content: config digest equal, {verified}/{n} diffIDs verified{tail}"
+    # A docker save archive (and the engine's export) has no registry blobs: a legacy one
+    # declares no layer digest at all, an OCI one holds the layers uncompressed. Comparing its
+    # blobs with a registry's compressed ones says nothing: only the uncompressed layers compare.
+    undeclared = _names(s for s in (o, m) if not s.layer_digests or None in s.layer_digests)
+    if undeclared:
+        what = "is a docker save archive" if len(undeclared) == 1 else "are docker save archives"
+        return CompareResult(
+            Verdict.SAME_CONTENT,
+            f"{head}; compared uncompressed layers: {' and '.join(undeclared)} {what} with no "
+            "registry blobs (no compressed digests) to compare",
+            o,
+            m,
+            compared=COMPARED_LAYERS,
+        )
+    # Positions beyond the shorter list count as differing.
+    pairs = zip(o.layer_digests, m.layer_digests, strict=False)
+    differ = sum(1 for a, b in pairs if a != b) + abs(len(o.layer_digests) - len(m.layer_digests))
     if differ:
+        exported = _names(s for s in (o, m) if _uncompressed(s))
+        if exported:
+            what = "holds its layers" if len(exported) == 1 else "hold their layers"
+            sentence = (
+                f"{head}; compared uncompressed layers: {' and '.join(exported)} {what} uncompressed "
+                "(as docker save writes them), not as a registry's compressed blobs"
+            )
+            return CompareResult(Verdict.SAME_CONTENT, sentence, o, m, compared=COMPARED_LAYERS)
         sentence = (
-            f"same content: config digest equal, {verified}/{n} diffIDs verified{tail}; compressed digests differ "
-            f"for {differ} layers (different compression); blobs are not byte-identical"
+            f"{head}; compressed digests differ for {differ} layers (different compression); "
+            "blobs are not byte-identical"
         )
     elif o.manifest_digest and o.manifest_digest == m.manifest_digest:
         return CompareResult(
@@ -239,10 +267,21 @@ def _same_config(o: Side, mirror: Source, m: Side, deep: bool, kw: dict[str, Any
         )
     else:
         sentence = (
-            f"same content: config digest equal, {verified}/{n} diffIDs verified{tail}; compressed digests equal "
-            f"for all {n} layers; the manifests differ ({o.manifest_digest} vs {m.manifest_digest})"
+            f"{head}; layer digests equal for all {n} layers (byte-identical blobs); the manifests "
+            f"differ ({o.manifest_digest or 'none'} vs {m.manifest_digest or 'none'})"
         )
-    return CompareResult(Verdict.SAME_CONTENT, sentence, o, m, compressed_differ=differ)
+    return CompareResult(
+        Verdict.SAME_CONTENT, sentence, o, m, compressed_differ=differ, compared=COMPARED_BLOBS
+    )
+
+
+def _uncompressed(side: Side) -> bool:
+    """Its layer blobs are the uncompressed tars (digest = diffID), as `docker save` writes them."""
+    return bool(side.layer_digests) and tuple(side.layer_digests) == tuple(side.diff_ids)
+
+
+def _names(sides: Iterable[Side]) -> list[str]:
+    return list(dict.fromkeys(s.source for s in sides))
 
 
 def _different(o: Side, m: Side, mirror: Source, deep: bool, kw: dict[str, Any]) -> CompareResult:
@@ -292,4 +331,5 @@ def _different(o: Side, m: Side, mirror: Source, deep: bool, kw: dict[str, Any])
         field_diffs=tuple(fields),
         other_fields=tuple(others),
         problems=tuple(failures),
+        compared="configs and diffIDs",
     )

@@ -4,13 +4,13 @@ sizes) and lenient about the rest."""
 
 from __future__ import annotations
 
-import json
 import platform as _host_platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from imagegate.errors import ImagegateError, UsageError
+from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -148,9 +148,9 @@ def parse_manifest(raw: bytes, media_type: str | None, where: str) -> Manifest |
     """Parse a manifest or an index; `media_type` is the transport's (HTTP Content-Type, a
     descriptor's), used when the body does not name its own."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{where}: the manifest is not JSON ({e})") from e
+        doc = untrusted_json.loads(raw)
+    except untrusted_json.UntrustedJSONError as e:
+        raise ManifestError(f"{where}: the manifest is {e}") from e
     if not isinstance(doc, dict):
         raise ManifestError(f"{where}: the manifest is not a JSON object")
     mt = doc.get("mediaType") or (media_type or "").split(";")[0].strip()

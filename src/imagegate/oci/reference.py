@@ -22,6 +22,8 @@ _HOST_RE = re.compile(
     r"(?::[0-9]+)?$"
 )
 _MAX_NAME = 255
+# An image ID as engines print it: `sha256:<hex>` or a hex prefix of at least 12 characters.
+ENGINE_ID = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,19 @@ class Reference:
         return s
 
 
+class BadReference(UsageError):
+    """A malformed reference; `why` is the problem alone, for callers that name the input."""
+
+    def __init__(self, text: str, why: str) -> None:
+        super().__init__(
+            f"invalid image reference {text!r}: {why}",
+            hint="write it as [registry/]repository[:tag][@sha256:...], e.g. 127.0.0.1:5000/team/app:1.0",
+        )
+        self.why = why
+
+
 def _bad(text: str, why: str) -> UsageError:
-    return UsageError(
-        f"invalid image reference {text!r}: {why}",
-        hint="write it as [registry/]repository[:tag][@sha256:...], e.g. 127.0.0.1:5000/team/app:1.0",
-    )
+    return BadReference(text, why)
 
 
 def parse_reference(text: str) -> Reference:
@@ -92,6 +102,31 @@ def parse_reference(text: str) -> Reference:
     if len(registry) + 1 + len(rest) > _MAX_NAME:
         raise _bad(text, f"the name is longer than {_MAX_NAME} characters")
     return Reference(registry, rest, tag, digest)
+
+
+def check_image(text: str, what: str = "IMAGE", *, engine_id: bool = True) -> str:
+    """An image as the engine takes it: a reference or an image ID, checked before any engine
+    call. The engine's API puts the name in a URL path, so `../containers/ID` would reach
+    another endpoint; an empty string (an unset CI variable) would become someone else's image.
+    `engine_id=False` where only a reference makes sense (a Pod's image is pulled by name)."""
+    if not text.strip():
+        raise UsageError(
+            f"{what} is empty",
+            hint="is the variable that should hold it unset? give a reference such as "
+            "registry.example/team/app:1.0, or an image ID",
+        )
+    if not engine_id and text.startswith("sha256:") and ENGINE_ID.match(text):
+        raise UsageError(
+            f"{what} {text!r} is an image ID, not an image reference",
+            hint="a cluster pulls by reference: give repository@sha256:<manifest digest> or repository:tag",
+        )
+    if not (engine_id and ENGINE_ID.match(text)):
+        try:
+            parse_reference(text)
+        except BadReference as e:
+            kind = "an image reference or ID" if engine_id else "an image reference"
+            raise UsageError(f"{what} {text!r} is not {kind}: {e.why}", hint=e.hint) from e
+    return text
 
 
 def is_loopback_registry(registry: str) -> bool:

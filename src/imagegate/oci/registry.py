@@ -29,6 +29,7 @@ import httpx
 
 from imagegate import __version__
 from imagegate.errors import UsageError
+from imagegate.oci import untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
 from imagegate.oci.digest import digest_of, is_digest
 from imagegate.oci.manifest import ACCEPT_ALL
@@ -60,7 +61,7 @@ class FetchedManifest:
 
 def _error_text(resp: httpx.Response) -> str:
     try:
-        body = resp.json()
+        body = untrusted_json.loads(resp.content)
         errs = body.get("errors") if isinstance(body, dict) else None
         if errs:
             return "; ".join(f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errs)
@@ -257,7 +258,7 @@ class RegistryClient:
         if resp.status_code != 200:
             raise RegistryError(f"{self.registry}: the token server answered {resp.status_code}")
         try:
-            body = resp.json()
+            body = untrusted_json.loads(resp.content)
             token = body.get("token") or body.get("access_token")
         except (ValueError, AttributeError):
             token = None
@@ -281,6 +282,11 @@ class RegistryClient:
             headers={"Accept": ", ".join(accept)},
         )
         raw = resp.content
+        if len(raw) > untrusted_json.MAX_MANIFEST_BYTES:
+            raise RegistryError(
+                f"{self.registry}/{repository}: the manifest served for {ref} is larger than "
+                f"{untrusted_json.MAX_MANIFEST_BYTES} bytes ({len(raw)})"
+            )
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         algorithm = ref.partition(":")[0] if is_digest(ref) else "sha256"
         digest = digest_of(raw, algorithm)
@@ -328,7 +334,11 @@ class RegistryClient:
         url: str | None = f"/v2/{repository}/tags/list"
         while url:
             resp = self.request("GET", url, scope=self._scope(repository))
-            tags += resp.json().get("tags") or []
+            try:
+                body = untrusted_json.loads(resp.content)
+            except untrusted_json.UntrustedJSONError as e:
+                raise RegistryError(f"{self.registry}/{repository}: the tag list is {e}") from e
+            tags += (body.get("tags") if isinstance(body, dict) else None) or []
             nxt = resp.links.get("next", {}).get("url")
             url = urljoin(str(resp.url), nxt) if nxt else None
         return tags

@@ -8,10 +8,11 @@ import os
 import re
 from typing import Any
 
+from imagegate.enginehost import check_docker_host
 from imagegate.errors import UsageError
 from imagegate.oci.hashing import decompressing_reader
 from imagegate.oci.manifest import DEFAULT_PLATFORM, parse_platform
-from imagegate.oci.reference import parse_reference
+from imagegate.oci.reference import check_image, parse_reference
 from imagegate.oci.sources.archive import DockerArchiveSource, TarStream, is_compressed_file
 from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.oci.sources.interface import Source
@@ -21,7 +22,6 @@ from imagegate.oci.sources.registry import RegistrySource
 TRANSPORTS = ("docker://", "docker-daemon:", "docker-archive:", "oci:")
 # Transports containers/image has that we do not read: say so instead of guessing a registry.
 _OTHER_TRANSPORTS = ("containers-storage", "dir", "oci-archive", "ostree", "sif", "tarball")
-_ENGINE_ID = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
 
 
 def _usage(spec: str, why: str) -> UsageError:
@@ -46,8 +46,9 @@ def open_source(
         ref = spec[len("docker-daemon:") :]
         if not ref:
             raise _usage(spec, "no image after docker-daemon:")
-        if not _ENGINE_ID.match(ref):
-            parse_reference(ref)  # refuses malformed names before asking the engine
+        check_image(ref, "docker-daemon: image")  # malformed names never reach the engine's API
+        if docker_client is None:
+            check_docker_host(os.environ)
         return DaemonArchive(ref, docker_client)
     if spec.startswith("docker-archive:"):
         path, _, wanted = spec[len("docker-archive:") :].partition(":")

@@ -15,6 +15,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from imagegate.oci import untrusted_json
 from imagegate.oci.digest import digest_of
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED, BlobDigests, digest_blob
 from imagegate.oci.manifest import Descriptor
@@ -250,7 +251,7 @@ def check_config(
     res = ConfigResult(status, desc.digest, actual, desc.size, len(raw), official, detail)
     problems: list[str] = []
     try:
-        doc = json.loads(raw)
+        doc = untrusted_json.loads(raw, max_bytes=MAX_CONFIG_BYTES)
         diff_ids = doc["rootfs"]["diff_ids"]
         if not isinstance(diff_ids, list) or not all(isinstance(x, str) for x in diff_ids):
             raise TypeError("diff_ids is not a list of strings")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Literal
 
@@ -23,10 +24,24 @@ OUTSIDE_PROBES = ("layers", "vulns")
 Requirement = Literal["gpu"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+# A stage or a run that needs more than a day is a typo (or `.inf`); past it the socket layer
+# and the engine's own timers misbehave instead of saying so.
+MAX_DURATION_S = 24 * 3600.0
+
+
+class StageGraphError(ValueError):
+    """A problem between stages (a duplicate id, an unknown `needs`), with where it is:
+    `loc` is the path in the pipeline file, e.g. ("stages", 2, "needs", 0)."""
+
+    def __init__(self, message: str, loc: tuple[str | int, ...]) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 def parse_duration(value: object) -> float:
     """Seconds from 90, 90.5, "90s", "5m", "1h", "500ms"."""
+    if value is None:
+        raise ValueError("empty; give seconds, or '90s', '5m', '1h'")
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like '90s', '5m'")
     if isinstance(value, int | float):
@@ -35,8 +50,17 @@ def parse_duration(value: object) -> float:
         seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
     else:
         raise ValueError(f"{value!r} is not a duration (use seconds, or '90s', '5m', '1h')")
+    return check_duration(seconds)
+
+
+def check_duration(seconds: float) -> float:
+    """A timeout or deadline: finite, positive, at most a day."""
+    if not math.isfinite(seconds):
+        raise ValueError(f"{seconds} is not a duration: give a finite number of seconds")
     if seconds <= 0:
-        raise ValueError("a duration must be positive")
+        raise ValueError(f"{seconds:g} is not a duration: it must be positive")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{seconds:g}s is more than a day ({MAX_DURATION_S:g}s), the longest allowed")
     return seconds
 
 
@@ -55,7 +79,7 @@ class _StageBase(BaseModel):
         WithJsonSchema(
             {
                 "anyOf": [
-                    {"type": "number", "exclusiveMinimum": 0},
+                    {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION_S},
                     {"type": "string", "pattern": r"^\d+(\.\d+)?(ms|s|m|h)?$"},
                 ],
                 "description": "Seconds, or '90s', '5m', '1h'.",
@@ -131,18 +155,23 @@ class Pipeline(BaseModel):
     @model_validator(mode="after")
     def _graph(self) -> Pipeline:
         seen: dict[str, str] = {}
-        for stage in self.stages:
+        for n, stage in enumerate(self.stages):
             if stage.id in seen:
-                raise ValueError(f"stage id {stage.id!r} is used twice; ids must be unique")
-            for need in stage.needs:
+                raise StageGraphError(
+                    f"stage id {stage.id!r} is used twice; ids must be unique", ("stages", n, "id")
+                )
+            for k, need in enumerate(stage.needs):
+                where = ("stages", n, "needs", k)
                 if need not in seen:
-                    raise ValueError(
+                    raise StageGraphError(
                         f"stage {stage.id!r} needs {need!r}, which is not an earlier stage "
-                        f"(earlier: {', '.join(seen) or 'none'})"
+                        f"(earlier: {', '.join(seen) or 'none'})",
+                        where,
                     )
                 if stage.side == "inside" and seen[need] == "outside":
-                    raise ValueError(
-                        f"stage {stage.id!r} runs in the image and cannot need the outside stage {need!r}"
+                    raise StageGraphError(
+                        f"stage {stage.id!r} runs in the image and cannot need the outside stage {need!r}",
+                        where,
                     )
             seen[stage.id] = stage.side
         return self

@@ -104,10 +104,17 @@ class CliParams(Params):
             raise ValueError("give platform or platform_code, not both")
         if self.platform and self.platform not in PLATFORM_OVERRIDES:
             raise ValueError(f"unknown platform {self.platform!r}; built-in: {', '.join(PLATFORM_OVERRIDES)}")
-        for rx in (self.stdout_regex, self.stderr_regex):
-            if rx is not None:
-                re.compile(rx)
         return self
+
+    @field_validator("stdout_regex", "stderr_regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:  # not a ValueError: pydantic would let it escape as a traceback
+                raise ValueError(f"{v!r} is not a valid regular expression: {e}") from None
+        return v
 
 
 PLATFORM_OVERRIDES = ("vllm-cpu",)

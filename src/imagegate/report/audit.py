@@ -19,12 +19,16 @@ def render(result: AuditResult, console: Console) -> None:
     # Fixed widths, the detail taking what is left: rich would otherwise squeeze whole columns
     # away in an 80-column CI log; narrow consoles drop the kind column.
     wide = console.width >= 120
-    name_w = min(36 if wide else 24, max([4, *(len(i.name) for i in result.items)]))
+    cut = console.is_terminal  # a log (not a terminal) keeps every name and detail whole
+    longest = max([4, *(len(i.name) for i in result.items)])
+    name_w = min(36 if wide else 24, longest) if cut else longest
     outcome_w = max([7, *(len(i.outcome) for i in result.items)])
     widths = {"kind": 6, "name": name_w, "outcome": outcome_w, "exit": 4, "time": 6}
     if not wide:
         del widths["kind"]
-    detail_w = max(12, min(90, console.width - sum(w + 2 for w in widths.values()) - 3))
+    detail_w: int | None = max(12, min(90, console.width - sum(w + 2 for w in widths.values()) - 3))
+    if not cut:
+        detail_w = None
     table = Table(
         title=f"imagegate audit · {result.inventory}",
         title_justify="left",

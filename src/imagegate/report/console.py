@@ -3,11 +3,15 @@ line, the evidence path."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from imagegate.model import RunRecord, Status
+from imagegate.model import RunRecord, StageResult, Status
+from imagegate.report import view
+from imagegate.report.view import split_reasons
 
 STYLE = {
     Status.PASS: "green",
@@ -18,9 +22,23 @@ STYLE = {
 }
 
 
-def one_line(text: str, width: int = 90) -> str:
+# Outside a terminal (a CI log, a file) lines are never cut: a log is read with grep and scrolled
+# sideways, and an ellipsis there hides the one reason that was needed.
+LOG_WIDTH = 100_000
+TERMINAL_REASON_WIDTH = 90
+
+
+def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
+    """A console on stdout or stderr: a terminal's own width, or no width limit anywhere else."""
+    console = Console(stderr=stderr, **kwargs)
+    if console.is_terminal or "width" in kwargs:
+        return console
+    return Console(stderr=stderr, width=LOG_WIDTH, **kwargs)
+
+
+def one_line(text: str, width: int | None = TERMINAL_REASON_WIDTH) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
 def verdict_style(verdict: str) -> str:
@@ -29,10 +47,21 @@ def verdict_style(verdict: str) -> str:
     return "bold red" if verdict in ("FAIL", "ERROR") else "bold yellow"
 
 
-def render(record: RunRecord, console: Console) -> None:
+def _time(stage: StageResult) -> str:
+    # A stage that never reported (the run was cut before it) has no time of its own: "-", not
+    # a "0.00s" that reads as "ran and took nothing".
+    if stage.duration_s == 0 and not stage.evidence and stage.status is Status.ERROR:
+        return "-"
+    return f"{stage.duration_s:.2f}s"
+
+
+def render(record: RunRecord, console: Console, *, rejected_by: str | None = None) -> None:
+    """`rejected_by`: the option that turns an accepting verdict into a rejection (e.g.
+    --require-complete), named on the verdict line so the log says why the job failed."""
     title = f"imagegate {record.pipeline['name']} · {record.image.reference}"
-    # Narrow consoles (CI logs default to 80 columns) drop the token column and list tokens below.
+    # Narrow consoles drop the token column and list tokens below; a log has room for all.
     wide = console.width >= 120
+    cut = console.is_terminal  # only a terminal cuts the reason column to its width
     table = Table(title=title, title_justify="left")
     widths = [max([5, *(len(s.id) for s in record.stages)]), 8]
     if wide:
@@ -44,23 +73,31 @@ def render(record: RunRecord, console: Console) -> None:
         table.add_column("token", no_wrap=True, min_width=widths[2])
     table.add_column("time", justify="right", no_wrap=True, min_width=widths[-1])
     room = console.width - sum(widths) - 3 * (len(widths) + 1) - 1
-    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=max(16, min(90, room)))
+    limit = max(16, min(TERMINAL_REASON_WIDTH, room)) if cut else None
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=limit)
     for s in record.stages:
         cells: list[str | Text] = [s.id, Text(s.status.value, style=STYLE[s.status])]
         if wide:
             cells.append(s.token)
-        table.add_row(*cells, f"{s.duration_s:.2f}s", one_line(s.detail))
+        table.add_row(*cells, _time(s), one_line(s.detail, limit))
     console.print(table)
     if not wide:
         console.print("tokens: " + " ".join(s.token for s in record.stages), soft_wrap=True, highlight=False)
     # The full reasons of every stage that did not pass, one problem a line: the table keeps one.
     for s in record.stages:
-        if s.status is Status.PASS or (len(s.detail) <= 90 and "; " not in s.detail):
+        parts = split_reasons(s.detail)
+        if s.status is Status.PASS or (len(parts) <= 1 and (limit is None or len(s.detail) <= limit)):
             continue
         console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
-        for part in s.detail.split("; "):
-            console.print(f"  - {part}", soft_wrap=True, highlight=False)
-    console.print(Text.assemble("verdict: ", (record.verdict, verdict_style(record.verdict))))
+        for part in parts:
+            console.print(f"  - {part}", soft_wrap=True, highlight=False, markup=False)
+    note = view.deferred_note(record)  # the token names the deferred stages, not what they held back
+    verdict = Text.assemble(
+        "verdict: ", (record.verdict, verdict_style(record.verdict)), f" ({note})" if note else ""
+    )
+    if rejected_by:
+        verdict.append(f" → rejected: {rejected_by}", style="bold red")
+    console.print(verdict, soft_wrap=True)
     console.print(
         f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True, highlight=False
     )

@@ -55,6 +55,12 @@ def parse_spec(spec: str) -> tuple[str, Path]:
 def parse_specs(specs: list[str]) -> list[tuple[str, Path]]:
     """All --report values; at most one of them may go to stdout."""
     parsed = [parse_spec(s) for s in specs]
+    for _, path in parsed:  # before the run: an earlier attempt's evidence is never a target
+        if path != STDOUT and (attempt := attempt_folder_of(path)) is not None:
+            raise UsageError(
+                f"--report {path}: inside the attempt folder {attempt}, whose files are evidence",
+                hint="write the report somewhere else, e.g. beside the evidence folder",
+            )
     if sum(1 for _, p in parsed if p == STDOUT) > 1:
         raise UsageError(
             "--report: only one report can go to stdout (-)", hint="write the others to files: FORMAT=PATH"
@@ -64,6 +70,27 @@ def parse_specs(specs: list[str]) -> list[tuple[str, Path]]:
 
 def render(record: RunRecord, fmt: str, base: Path | None = None) -> str:
     return renderer(fmt)(record, base)
+
+
+def attempt_folder_of(path: Path) -> Path | None:
+    """The attempt folder `path` would land in (a folder holding plan.json and run.json), if any."""
+    for parent in path.resolve().parents:
+        if (parent / "plan.json").is_file() and (parent / "run.json").is_file():
+            return parent
+    return None
+
+
+def write_outside_evidence(path: Path, text: str) -> None:
+    """Write a report, never into an attempt folder: evidence is never overwritten or added to
+    after the run (its files are hashed into the signed statement)."""
+    attempt = attempt_folder_of(path)
+    if attempt is not None:
+        raise UsageError(
+            f"{path}: inside the attempt folder {attempt}, whose files are evidence",
+            hint="write the report somewhere else, e.g. beside the evidence folder",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 def write_reports(
@@ -84,8 +111,7 @@ def write_reports(
             out.flush()
             used_stdout = True
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(record, fmt, path.parent), encoding="utf-8")
+        write_outside_evidence(path, render(record, fmt, path.parent))
     from imagegate.report import github
 
     github.publish(record, stderr or sys.stderr, env)

@@ -88,13 +88,15 @@ def render(record: RunRecord, base: Path | None = None) -> str:
         "driver": str(record.environment.get("driver") or ""),
         "attempt": record.attempt_dir,
     }
+    if note := view.deferred_note(record):
+        facts["not_run"] = note  # the verdict token names the deferred stages, not what they held back
     for name, value in facts.items():
         ET.SubElement(props, "property", name=name, value=_clean(value))
     classname = f"imagegate.{record.pipeline.get('name', 'pipeline')}"
     for stage in record.stages:
         suite.append(_testcase(record, stage, classname))
     ET.SubElement(suite, "system-out").text = _clean(
-        f"verdict: {record.verdict}\nimage: {record.image.reference}\nevidence: {record.attempt_dir}\n"
+        f"verdict: {view.verdict_line(record)}\nimage: {record.image.reference}\nevidence: {record.attempt_dir}\n"
     )
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

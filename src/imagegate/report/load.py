@@ -4,6 +4,7 @@ each stage's `result.json`), so that any report can be rendered again later, any
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,29 @@ def run_facts(attempt_dir: Path) -> dict[str, Any]:
     return facts if isinstance(facts, dict) else {}
 
 
+# How `imagegate run` names an attempt folder (evidence.Attempt): its UTC time, then a random tail.
+ATTEMPT_NAME = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}$")
+
+
 def resolve_attempt(path: Path) -> Path:
     """An attempt folder as given, or the latest attempt of an image folder (OUT/<image>/):
-    attempt names start with their UTC time, so the last in name order is the newest."""
-    if (path / STATEMENT).is_file() or not path.is_dir():
+    attempt names start with their UTC time, so the last in name order is the newest. Any other
+    folder is refused, never searched: a report must be of the attempt the user meant."""
+    if (path / STATEMENT).is_file():
         return path
-    attempts = sorted(p for p in path.iterdir() if (p / STATEMENT).is_file())
-    return attempts[-1] if attempts else path
+    if not path.is_dir():
+        raise UsageError(
+            f"{path}: no such folder", hint="give OUT/<image>/<attempt> as written by `imagegate run -o OUT`"
+        )
+    try:
+        children = list(path.iterdir())
+    except OSError as e:
+        raise UsageError(f"{path}: cannot list it ({e.strerror})") from e
+    attempts = sorted(p for p in children if ATTEMPT_NAME.match(p.name) and (p / STATEMENT).is_file())
+    if not attempts:
+        raise UsageError(
+            f"{path}: neither an attempt folder (no {STATEMENT}) nor an image's folder of attempts",
+            hint="give OUT/<image>/<attempt>, or OUT/<image> for its latest attempt, "
+            "as written by `imagegate run -o OUT`",
+        )
+    return attempts[-1]

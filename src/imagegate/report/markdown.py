@@ -50,6 +50,7 @@ def render(record: RunRecord, base: Path | None = None) -> str:
             ]
         ),
         "",
+        *([f"**Not run:** {cell(note, 400)}", ""] if (note := view.deferred_note(record)) else []),
         "| stage | status | token | time | reason |",
         "|---|---|---|---:|---|",
     ]

@@ -51,9 +51,75 @@ def stage_output(record: RunRecord, stage: StageResult, name: str) -> str:
     return ""
 
 
+def split_reasons(detail: str) -> list[str]:
+    """One problem a line: probes join several problems with '; ', and quote a command they
+    name, so a '; ' inside a quoted word belongs to the command, not between two problems. A
+    quote opens only where a shell word starts (an apostrophe in "image's" does not)."""
+    parts, start, i, n = [], 0, 0, len(detail)
+    while i < n:
+        ch = detail[i]
+        if ch in "'\"" and (i == 0 or detail[i - 1] in " =("):
+            end = detail.find(ch, i + 1)
+            if end != -1:  # an unmatched quote is text, not quoting
+                i = end + 1
+                continue
+        if detail.startswith("; ", i):
+            parts.append(detail[start:i])
+            start = i + 2
+            i += 2
+            continue
+        i += 1
+    parts.append(detail[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
 def reasons(stage: StageResult) -> list[str]:
-    """One problem a line: probes join several problems with '; '."""
-    return [p.strip() for p in stage.detail.split("; ") if p.strip()]
+    return split_reasons(stage.detail)
+
+
+def deferred_skips(record: RunRecord) -> dict[str, list[str]]:
+    """SKIPPED stage id -> the DEFERRED stages it waited on, directly or through another stage
+    skipped the same way: checks that never ran, though the verdict token names only the
+    deferred ones."""
+    status = {s.id: s.status for s in record.stages}
+    needs = {
+        str(st.get("id")): [str(n) for n in st.get("needs") or []]
+        for st in record.plan.get("stages") or []
+        if isinstance(st, dict)
+    }
+    causes: dict[str, list[str]] = {}
+    for s in record.stages:  # plan order: what a stage needs comes before it
+        if s.status is not Status.SKIPPED:
+            continue
+        unmet = [n for n in needs.get(s.id, []) if status.get(n) is not Status.PASS]
+        found: list[str] = []
+        for n in unmet:
+            if status.get(n) is Status.DEFERRED:
+                found.append(n)
+            elif n in causes:
+                found += causes[n]
+            else:
+                break  # skipped for another reason too (a FAIL, stop_on_fail): not deferral's doing
+        else:
+            if found:
+                causes[s.id] = list(dict.fromkeys(found))
+    return causes
+
+
+def deferred_note(record: RunRecord) -> str:
+    """For the verdict line: 'skipped because gpu_cli was deferred: gpu_smoke' ('' if none)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for sid, cause in deferred_skips(record).items():
+        groups.setdefault(tuple(cause), []).append(sid)
+    return "; ".join(
+        f"skipped because {', '.join(cause)} {'was' if len(cause) == 1 else 'were'} deferred: {', '.join(ids)}"
+        for cause, ids in groups.items()
+    )
+
+
+def verdict_line(record: RunRecord) -> str:
+    note = deferred_note(record)
+    return f"{record.verdict} ({note})" if note else record.verdict
 
 
 def not_passed(record: RunRecord) -> Iterator[StageResult]:

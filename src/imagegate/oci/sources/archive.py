@@ -5,7 +5,6 @@ member name is checked so that no name (`../x`, `/etc/x`) or link can point outs
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from imagegate.errors import UsageError
+from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest
 from imagegate.oci.hashing import sniff_compression
 from imagegate.oci.manifest import (
@@ -126,9 +126,9 @@ def resolve_archive(
             hint="write one with: docker save IMAGE -o FILE.tar",
         )
     try:
-        entries = json.loads(manifest_raw)
-    except ValueError as e:
-        raise SourceError(f"{source}: manifest.json is not JSON: {e}") from e
+        entries = untrusted_json.loads(manifest_raw)
+    except untrusted_json.UntrustedJSONError as e:
+        raise SourceError(f"{source}: manifest.json is {e}") from e
     if not isinstance(entries, list):
         raise SourceError(f"{source}: manifest.json is not a list")
     entry = _legacy_entry(entries, wanted, source)

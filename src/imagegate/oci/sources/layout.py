@@ -3,13 +3,13 @@ index resolution is shared with `docker save` archives in the OCI layout (Docker
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from imagegate.errors import UsageError
+from imagegate.oci import untrusted_json
 from imagegate.oci.digest import split_digest
 from imagegate.oci.manifest import (
     INDEX_TYPES,
@@ -129,7 +129,7 @@ class OciLayoutSource(ImageSource):
 
     def resolve(self) -> ResolvedImage:
         try:
-            layout = json.loads((self.root / "oci-layout").read_bytes())
+            layout = untrusted_json.loads((self.root / "oci-layout").read_bytes())
             index_raw = (self.root / "index.json").read_bytes()
         except (OSError, ValueError) as e:
             raise SourceError(f"{self.description}: cannot read the layout: {e}") from e

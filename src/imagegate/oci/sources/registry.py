@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from imagegate.errors import UsageError
 from imagegate.oci.manifest import (
     Descriptor,
     Index,
@@ -15,7 +16,7 @@ from imagegate.oci.manifest import (
     select_platform,
 )
 from imagegate.oci.reference import Reference
-from imagegate.oci.registry import RegistryClient
+from imagegate.oci.registry import NotFound, RegistryClient
 from imagegate.oci.sources.interface import BlobNotFound, BlobReader, ImageSource, ResolvedImage
 
 
@@ -34,7 +35,15 @@ class RegistrySource(ImageSource):
 
     def resolve(self) -> ResolvedImage:
         repo = self.ref.repository
-        top = self.client.get_manifest(repo, self.ref.ref)
+        try:
+            top = self.client.get_manifest(repo, self.ref.ref)
+        except NotFound as e:
+            # The image named does not exist there: an input error (exit 3), as a name the engine
+            # lacks is; a registry out of reach stays "could not decide".
+            raise UsageError(
+                f"{self.description}: image not found in the registry ({e})",
+                hint="check the repository and tag (or digest); push the image first",
+            ) from e
         doc = parse_manifest(top.raw, top.media_type, self.description)
         index_digest, digest, media_type, platform = None, top.digest, top.media_type, None
         if isinstance(doc, Index):

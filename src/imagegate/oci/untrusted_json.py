@@ -1,0 +1,43 @@
+"""JSON from an image, an archive or a registry is untrusted: parsed with a size cap and a
+nesting-depth check, so a hostile manifest is an input error, never a RecursionError from the
+parser (CPython's recurses once per level) or gigabytes of memory."""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import accumulate
+from typing import Any
+
+# Registries refuse manifests over 4 MiB; configs may be larger (long histories).
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_DEPTH = 64  # OCI documents nest a handful of levels; configs a few more
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+class UntrustedJSONError(ValueError):
+    """The document is too large, too deep, or not JSON; the message says which."""
+
+
+def loads(raw: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    if len(raw) > max_bytes:
+        raise UntrustedJSONError(f"larger than {max_bytes} bytes ({len(raw)})")
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as e:
+        raise UntrustedJSONError(f"not JSON (not UTF-8: {e})") from None
+    if nesting_depth(text) > max_depth:
+        raise UntrustedJSONError(f"nested more than {max_depth} levels deep")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise UntrustedJSONError(f"not JSON ({e})") from None
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects, outside strings; counted without recursion.
+    On malformed text it may be off, which the parser then reports."""
+    steps = (1 if b in "[{" else -1 for b in _BRACKET.findall(_STRING.sub("", text)))
+    return max(accumulate(steps), default=0)

@@ -1,0 +1,216 @@
+"""Bad input at the command line: a clear message naming it, exit 3, and no engine call.
+
+The engine's API puts an image name in a URL path, so a name like `../containers/ID` reaches
+another endpoint; the tests point DOCKER_HOST at a listening socket that records connections
+(never answering) to show that a refused input is refused before anything is sent, and run the
+same inputs against the real engine to show what a user sees."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DOCKER_SOCK, imagegate
+
+
+class Listener:
+    """A unix socket that counts connections: where an engine would be."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.connections = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[Listener]:
+    spy = Listener(tmp_path / "engine.sock")
+    yield spy
+    spy.close()
+
+
+BAD_IMAGES = [
+    ("", "IMAGE is empty"),
+    ("   ", "IMAGE is empty"),
+    ("../containers/ID", "IMAGE '../containers/ID' is not an image reference or ID"),
+    ("foo bar", "IMAGE 'foo bar' is not an image reference or ID"),
+    ("UPPER/case", "IMAGE 'UPPER/case' is not an image reference or ID: repository names must be lowercase"),
+    ("app@sha256:12", "IMAGE 'app@sha256:12' is not an image reference or ID"),
+]
+
+
+@pytest.mark.parametrize(("image", "message"), BAD_IMAGES)
+def test_run_refuses_a_bad_image_before_any_engine_call(
+    image: str, message: str, listener: Listener, tmp_path: Path
+) -> None:
+    r = imagegate(
+        "run", image, "-p", "python", "-o", str(tmp_path / "out"), "--no-sign",
+        env={"DOCKER_HOST": f"unix://{listener.path}"},
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    assert f"imagegate: error: {message}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert listener.connections == 0
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("layers", "docker-daemon:../containers/ID"),
+        ("compare", "docker-daemon:../containers/ID", "docker-daemon:imagegate-test/python"),
+        ("pod", "render", "../containers/ID", "-p", "python"),
+    ],
+)
+def test_other_commands_refuse_it_too(args: tuple[str, ...], listener: Listener) -> None:
+    r = imagegate(*args, env={"DOCKER_HOST": f"unix://{listener.path}"}, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "'../containers/ID' is not an image reference" in r.stderr
+    assert listener.connections == 0
+
+
+def test_pod_render_needs_a_reference_not_an_engine_id() -> None:
+    r = imagegate("pod", "render", "8aceaa3bfd26dcc2", "-p", "python")
+    assert r.returncode == 0, r.stderr  # a hex name is a valid reference (Docker Hub's library/…)
+    for image, message in (
+        ("", "IMAGE is empty"),
+        ("sha256:" + "a" * 64, "is an image ID, not an image reference"),
+    ):
+        bad = imagegate("pod", "render", image, "-p", "python")
+        assert bad.returncode == 3 and message in bad.stderr, bad.stderr
+
+
+def test_a_path_into_the_engine_api_never_reaches_a_container(
+    engine: str, images: dict[str, str], tmp_path: Path
+) -> None:
+    # A real container the path would name: it stays as it was, and is not taken for an image.
+    cid = subprocess.run(
+        ["docker", "-H", engine, "create", "--label", "io.imagegate.test=bad-input", images["python"], "true"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        r = imagegate("run", f"../containers/{cid}", "-p", "python", "-o", str(tmp_path / "out"), "--no-sign")
+        assert r.returncode == 3, r.stderr
+        assert f"IMAGE '../containers/{cid}' is not an image reference or ID" in r.stderr
+        state = subprocess.run(
+            ["docker", "-H", engine, "inspect", "-f", "{{.State.Status}}", cid],
+            capture_output=True,
+            text=True,
+        )
+        assert state.stdout.strip() == "created"
+    finally:
+        subprocess.run(["docker", "-H", engine, "rm", "-f", cid], capture_output=True)
+
+
+def test_empty_image_is_not_pulled_as_local(engine: str, tmp_path: Path) -> None:
+    r = imagegate(
+        "run", "", "-p", "python", "-o", str(tmp_path / "out"), "--no-sign", env={"DOCKER_HOST": engine}
+    )
+    assert r.returncode == 3
+    assert "IMAGE is empty" in r.stderr and "unset" in r.stderr
+    assert "local" not in r.stderr and "pull" not in r.stderr
+
+
+def test_image_ids_and_short_names_still_run(engine: str, images: dict[str, str], tmp_path: Path) -> None:
+    image_id = subprocess.run(
+        ["docker", "-H", engine, "image", "inspect", "-f", "{{.Id}}", images["python"]],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    for image in (image_id, image_id.removeprefix("sha256:")[:12]):
+        r = imagegate("run", image, "-p", "python", "-o", str(tmp_path / "out"), "--no-sign", "-q")
+        assert r.returncode == 0, r.stderr
+        assert image_id in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ("tcp//x", "no scheme"),
+        ("foo://", "unknown scheme 'foo'"),
+        ("tcp://", "needs HOST:PORT"),
+        ("tcp://127.0.0.1", "needs HOST:PORT"),
+        ("tcp://127.0.0.1:notaport", "Port could not be cast"),
+        ("unix:///", "no socket path"),
+        ("ssh://", "needs [USER@]HOST"),
+    ],
+)
+def test_malformed_docker_host_is_named(host: str, why: str, images: dict[str, str], tmp_path: Path) -> None:
+    for args in (
+        ("run", images["python"], "-p", "python", "-o", str(tmp_path / "out"), "--no-sign"),
+        ("layers", f"docker-daemon:{images['python']}"),
+    ):
+        r = imagegate(*args, env={"DOCKER_HOST": host}, timeout=60)
+        assert r.returncode == 3, r.stderr
+        assert f"imagegate: error: DOCKER_HOST {host!r} is not an engine address: {why}" in r.stderr
+        assert "unix:///run/podman.sock" in r.stderr  # the hint shows the forms
+
+
+def test_well_formed_docker_host_works(images: dict[str, str], tmp_path: Path) -> None:
+    for host in (DOCKER_SOCK, "unix://", ""):
+        r = imagegate(
+            "run",
+            images["python"],
+            "-p",
+            "python",
+            "-o",
+            str(tmp_path / "out"),
+            "--no-sign",
+            "-q",
+            env={"DOCKER_HOST": host},
+        )
+        assert r.returncode == 0, (host, r.stderr)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("inf", "--timeout: inf is not a duration: give a finite number of seconds"),
+        ("nan", "--timeout: nan is not a duration: give a finite number of seconds"),
+        ("1e12", r"--timeout: 1e+12s is more than a day (86400s)"),
+        ("0", "--timeout: 0 is not a duration: it must be positive"),
+        ("-5", "--timeout: -5 is not a duration: it must be positive"),
+    ],
+)
+def test_run_timeout_must_be_finite_positive_and_sane(
+    value: str, message: str, images: dict[str, str], tmp_path: Path
+) -> None:
+    image = images["python"]
+    r = imagegate(
+        "run", image, "-p", "python", "-o", str(tmp_path / "out"), "--no-sign", f"--timeout={value}"
+    )
+    assert r.returncode == 3, r.stderr
+    assert f"imagegate: error: {message}" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()  # refused before the run started
+
+
+def test_pod_deadline_is_bounded_too() -> None:
+    r = imagegate("pod", "render", "myorg/app:1", "-p", "python", "--deadline", "100000h")
+    assert r.returncode == 3 and "--deadline '100000h': 3.6e+08s is more than a day" in r.stderr, r.stderr

@@ -1,0 +1,123 @@
+"""What a CI log holds: outside a terminal nothing is cut to 80 columns, the verdict line says
+when an option rejected an accepting verdict, `--format json` still says where the evidence went,
+a stage's reason is split into problems only between problems, and `report` refuses a folder
+that is not an attempt or an image's folder of attempts."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import imagegate
+
+# COLUMNS unset, stdout a pipe: what a CI runner gives (rich would assume 80 columns).
+CI = {"COLUMNS": ""}
+LONG = "the-whole-reason-" + "x" * 140 + "-end"
+
+
+def _pipeline(tmp_path: Path) -> str:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "apiVersion: imagegate/v1\nname: t\nstages:\n"
+        f"  - id: long\n    probe: cli\n    with: {{command: [python3, -c, 'raise SystemExit(\"{LONG}\")']}}\n"
+        "  - id: hang\n    probe: cli\n    timeout: 5\n"
+        "    with: {command: [python3, -c, 'import time; time.sleep(60)']}\n"
+    )
+    return str(path)
+
+
+def test_a_ci_log_carries_every_reason_whole(images: dict[str, str], tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path)
+    r = imagegate("run", images["python"], "-p", pipeline, "-o", str(tmp_path / "o"), "--no-sign", env=CI)
+    assert r.returncode == 1, r.stdout + r.stderr
+    table = r.stdout.split("verdict:")[0]
+    row = next(ln for ln in table.splitlines() if " long " in ln)
+    assert LONG in row, row  # the table's row itself holds the whole reason
+    assert "…" not in table
+    # The timed-out command stays one problem: its '; ' is inside the quoted argument.
+    assert "  - python3 -c 'import time; time.sleep(60)': timed out after" in r.stdout, r.stdout
+    assert "  - time.sleep(60)" not in r.stdout
+
+
+def test_require_complete_says_so_on_the_verdict_line(images: dict[str, str], tmp_path: Path) -> None:
+    r = imagegate(
+        "run",
+        images["vllm-like"],
+        "-p",
+        "vllm",
+        "-o",
+        str(tmp_path),
+        "--require-complete",
+        "--no-sign",
+        env=CI,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "verdict: CPU_PASS_GPU_CLI_DEFERRED → rejected: --require-complete" in r.stdout
+    plain = imagegate("run", images["vllm-like"], "-p", "vllm", "-o", str(tmp_path), "--no-sign", env=CI)
+    assert plain.returncode == 0
+    assert "rejected" not in plain.stdout.split("verdict:")[1].splitlines()[0]
+
+
+def test_format_json_says_where_the_evidence_went(images: dict[str, str], tmp_path: Path) -> None:
+    r = imagegate("run", images["python"], "-o", str(tmp_path), "--format", "json", "--no-sign")
+    assert r.returncode == 0, r.stderr
+    assert r.json()["predicate"]["verdict"] == "PASS"  # stdout is the statement alone
+    attempt = next(p for p in tmp_path.glob("*/*") if p.is_dir())
+    assert f"imagegate: evidence: {attempt}" in r.stderr
+
+
+@pytest.fixture
+def attempt(images: dict[str, str], tmp_path: Path) -> Path:
+    r = imagegate("run", images["python"], "-o", str(tmp_path / "runs"), "--no-sign")
+    assert r.returncode == 0, r.stderr
+    return next(p for p in (tmp_path / "runs").glob("*/*") if p.is_dir())
+
+
+def test_report_refuses_a_folder_that_is_not_an_attempt(attempt: Path, tmp_path: Path) -> None:
+    unrelated = tmp_path / "unrelated"
+    shutil.copytree(attempt, unrelated / "somewhere" / "copied")  # an attempt two levels below
+    shutil.copytree(attempt, unrelated / "renamed")  # one level below, not named as an attempt
+    r = imagegate("report", str(unrelated))
+    assert r.returncode == 3, r.stdout
+    assert "neither an attempt folder (no statement.json) nor an image's folder of attempts" in r.stderr
+    assert r.stdout == ""
+    # An attempt folder and its image's folder still render.
+    for folder in (attempt, attempt.parent):
+        ok = imagegate("report", str(folder))
+        assert ok.returncode == 0, ok.stderr
+        assert "verdict: PASS" in ok.stdout
+
+
+def test_a_stage_cut_by_the_overall_deadline_shows_no_made_up_time(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "apiVersion: imagegate/v1\nname: t\nstages:\n"
+        "  - id: hang\n    probe: cli\n    timeout: 600\n"
+        "    with: {command: [python3, -c, 'import time; time.sleep(600)']}\n"
+    )
+    out = tmp_path / "o"
+    r = imagegate(
+        "run", images["python"], "-p", str(path), "-o", str(out), "--timeout", "8", "--no-sign", env=CI
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if " hang " in ln)
+    assert "0.00s" not in row and " - " in row, row
+
+
+def test_the_audit_table_keeps_every_detail_in_a_log(engine: str, tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    name = "imagegate-test/absent-for-the-audit-log-test:1"
+    inventory.write_text(
+        f"apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - {{image: {name}, pipeline: python}}\n"
+    )
+    r = imagegate("audit", str(inventory), "-o", str(tmp_path / "runs"), env=CI)
+    assert r.returncode == 3, r.stdout + r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if name in ln)
+    assert "…" not in row
+    # the whole detail: the message, then its hint, both to the end
+    assert "not found in the docker engine, and pulling it failed:" in row
+    assert row.rstrip().endswith("your credentials (docker login))"), row
