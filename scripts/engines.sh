@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Installs (if missing) and starts a Docker engine, Podman's Docker-compatible API service.
 # Idempotent: an engine that already answers is left alone. PIDs go to $IMAGEGATE_STATE (default
-# /run/imagegate-ci) so they can be stopped by PID, never by name.
+# /run/imagegate-ci) so they can be stopped by PID, never by name: `bash scripts/engines.sh stop`.
 set -euo pipefail
 state=${IMAGEGATE_STATE:-/run/imagegate-ci}
 mkdir -p "$state"
+
+if [ "${1:-}" = "stop" ]; then  # stop what this script started (by the PIDs it recorded), nothing else
+  for name in podman dockerd; do
+    if [ -f "$state/$name.pid" ] && kill "$(cat "$state/$name.pid")" 2>/dev/null; then
+      echo "engines: stopped $name (pid $(cat "$state/$name.pid"))" >&2
+    fi
+    rm -f "$state/$name.pid"
+  done
+  exit 0
+fi
 
 need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
