@@ -77,6 +77,26 @@ def test_inventory_errors_name_the_line(tmp_path: Path) -> None:
     assert r.returncode == 3 and "nothing to audit" in r.stderr
 
 
+def test_inventory_duplicate_keys_and_deep_nesting_are_named(tmp_path: Path) -> None:
+    # The last `pipeline:` would win silently: the image would be audited with the wrong pipeline.
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - image: a:1\n"
+        "    pipeline: vllm\n    pipeline: python\n"
+    )
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3, r.stderr
+    assert "inv.yaml:6: images[0].pipeline: duplicate key 'pipeline' (first on line 5)" in r.stderr
+    inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\nimages: " + "[" * 5000 + "]" * 5000 + "\n")
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3 and "inv.yaml:3: nested more than 64 levels deep" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - image: ../containers/ID\n")
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3, r.stderr
+    assert "inv.yaml:4: images[0].image: image '../containers/ID' is not an image reference or ID" in r.stderr
+
+
 def test_worst_exit_code() -> None:
     assert audit.worst([]) == 0
     assert audit.worst([0, 0]) == 0

@@ -5,7 +5,6 @@ input raises."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -21,9 +20,12 @@ from imagegate.attest.statement import (
 )
 from imagegate.errors import UsageError
 from imagegate.evidence import sha256_file
+from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest
 
 Outcome = Literal["ok", "failed", "skipped"]
+# Attestations come from anywhere (a registry, a copied file): parsed within bounds.
+MAX_ATTESTATION_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,12 @@ def read_envelopes(path: Path) -> list[dsse.Envelope]:
         data = path.read_bytes()
     except OSError as e:
         raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
+    if len(data) > MAX_ATTESTATION_BYTES:
+        raise UsageError(f"attestation {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
+    if untrusted_json.nesting_depth(data.decode("utf-8", "replace")) > untrusted_json.MAX_DEPTH:
+        raise UsageError(f"attestation {path}: nested more than {untrusted_json.MAX_DEPTH} levels deep")
     try:
-        obj = json.loads(data)
+        obj = untrusted_json.loads(data, max_bytes=MAX_ATTESTATION_BYTES)
     except ValueError:
         obj = None
     if obj is not None:
@@ -79,7 +85,7 @@ def read_envelopes(path: Path) -> list[dsse.Envelope]:
         if not line.strip():
             continue
         try:
-            out.append(_one(json.loads(line), path))
+            out.append(_one(untrusted_json.loads(line, max_bytes=MAX_ATTESTATION_BYTES), path))
         except ValueError as e:
             raise UsageError(f"attestation {path}: line {n} is not JSON") from e
     if not out:
@@ -148,9 +154,9 @@ def verify_envelope(
 
 def _statement(envelope: dsse.Envelope, predicate_type: str, rep: Report) -> dict[str, Any] | None:
     try:
-        st = json.loads(envelope.payload)
-    except (ValueError, UnicodeDecodeError) as e:
-        rep.add("statement", "failed", f"the payload is not JSON ({e})")
+        st = untrusted_json.loads(envelope.payload, max_bytes=MAX_ATTESTATION_BYTES)
+    except untrusted_json.UntrustedJSONError as e:
+        rep.add("statement", "failed", f"the payload is {e}")
         return None
     problems = []
     if not isinstance(st, dict):
@@ -268,7 +274,7 @@ def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) ->
     if not copy.is_file():
         return
     try:
-        same = json.loads(copy.read_bytes()) == statement
+        same = untrusted_json.loads(copy.read_bytes(), max_bytes=MAX_ATTESTATION_BYTES) == statement
     except ValueError:
         same = False
     if same:
