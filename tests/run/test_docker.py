@@ -178,7 +178,7 @@ def test_every_status_needs_and_a_hanging_probe(images: dict[str, str], tmp_path
     r = imagegate("run", images["python"], "-p", write_pipeline(tmp_path, body), "-o", str(tmp_path / "o"))
     statement = json.loads((only_attempt(tmp_path / "o") / "statement.json").read_text())
     # cut at its own timeout, long before the 600 s sleep would have ended (the run's own clock)
-    assert stage(statement, "hang")["duration_s"] < 60
+    assert stage(statement, "hang")["durationSeconds"] < 60
     got = {s["id"]: s["status"] for s in statement["predicate"]["stages"]}
     assert got == {
         "hang": "ERROR",
@@ -209,7 +209,7 @@ def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str]
     assert stage(statement, "slow")["status"] == "ERROR"
     assert "overall deadline" in stage(statement, "slow")["detail"]
     # cut by the 4 s deadline, not by the stage's own 300 s timeout (the run's own clock)
-    assert stage(statement, "slow")["duration_s"] < 120
+    assert stage(statement, "slow")["durationSeconds"] < 120
     assert not container_exists(container_of(only_attempt(tmp_path)))
 
 
