@@ -71,4 +71,8 @@ def podman(images: dict[str, str]) -> Iterator[str]:
         save = subprocess.Popen(["docker", "-H", DOCKER_SOCK, "save", ref], stdout=subprocess.PIPE)
         subprocess.run(["podman", "load", "-q"], stdin=save.stdout, check=True, capture_output=True)
         assert save.wait() == 0
-    yield PODMAN_SOCK
+    try:
+        yield PODMAN_SOCK
+    finally:
+        if not have:  # leave Podman's store as the suite found it
+            subprocess.run(["podman", "rmi", "-f", ref], capture_output=True)

@@ -153,15 +153,20 @@ def test_docker_daemon_through_podman(oci_image: str, saved: Path) -> None:
         ["curl", "-sf", "--unix-socket", "/run/podman.sock", "http://d/_ping"], capture_output=True
     ).returncode:
         pytest.fail("no Podman API at /run/podman.sock: run scripts/engines.sh")
+    had = subprocess.run(["podman", "image", "exists", oci_image], capture_output=True).returncode == 0
     sh("podman", "load", "-q", "-i", str(saved))
-    r = imagegate(
-        "layers",
-        f"docker-daemon:{oci_image}",
-        "--expect-config",
-        _image_id(oci_image),
-        env={"DOCKER_HOST": PODMAN_SOCK},
-    )
-    assert r.returncode == 0, r.stderr + r.stdout
+    try:
+        r = imagegate(
+            "layers",
+            f"docker-daemon:{oci_image}",
+            "--expect-config",
+            _image_id(oci_image),
+            env={"DOCKER_HOST": PODMAN_SOCK},
+        )
+        assert r.returncode == 0, r.stderr + r.stdout
+    finally:
+        if not had:  # leave Podman's store as the test found it
+            subprocess.run(["podman", "rmi", "-f", oci_image], capture_output=True)
 
 
 def test_compare_archive_with_registry(saved: Path, pushed: Pushed) -> None:
