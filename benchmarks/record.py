@@ -43,6 +43,8 @@ def write(path: Path, benchmark: str, args: dict[str, Any], results: Any, goals:
         "uncommitted_changes": bool(changed),
         "machine": {
             "cores": os.cpu_count(),
+            # a loaded machine makes every timing longer: the 1/5/15-minute load when recorded
+            "load_average": [round(x, 2) for x in os.getloadavg()],
             "python": platform.python_version(),
             "kernel": platform.release(),
         },
