@@ -26,6 +26,9 @@ command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 command -v pigz >/dev/null || need_pkgs+=(pigz)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v unshare >/dev/null || need_pkgs+=(util-linux)
+# node and npm for the independent Sigstore bundle check (sigstore-js, from the npm registry)
+command -v node >/dev/null || need_pkgs+=(nodejs)
+command -v npm >/dev/null || need_pkgs+=(npm)
 if [ -f "$(dirname "$0")/../.ci/apt-packages.txt" ]; then
   while read -r pkg; do
     case "$pkg" in ''|'#'*) continue;; esac
