@@ -157,7 +157,7 @@ def _conclude(record: RunRecord, fmt: Format, require_complete: bool) -> typer.E
         # The statement as written beside the evidence (and signed), byte for byte.
         sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
     else:
-        console_report.render(record, Console())
+        console_report.render(record, console_report.make_console())
     return typer.Exit(exit_code(record.verdict, require_complete=require_complete))
 
 
