@@ -193,6 +193,8 @@ def run_plan(plan, data: bytes, channel: Channel, protection: dict) -> int:
     statuses = {}
     stopped_by = None
     for stage in plan["stages"]:
+        # Said before the stage runs: a run cut during it names the stage and how long it ran.
+        channel.emit({"event": "stage_start", "id": stage["id"]})
         event = run_stage(stage, statuses, capabilities, stopped_by, data, work, env)
         statuses[stage["id"]] = event["status"]
         if event["status"] == "FAIL" and plan.get("stop_on_fail") and stopped_by is None:

@@ -382,7 +382,11 @@ def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attem
         if ev is None:
             # Missing `end` means the run was cut: stages that did not report are ERROR.
             why = (cut[id(cr)] if cr else None) or "stage did not report"
-            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, why))
+            ran = 0.0
+            if cr and sid in cr.events.started and cr.events.closed_at is not None:
+                ran = cr.events.closed_at - cr.events.started[sid]
+                why += f"; it was running for {ran:.1f}s"
+            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, why, ran))
             continue
         n = numbers[sid]
         try:

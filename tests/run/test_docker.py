@@ -207,6 +207,8 @@ def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str]
     assert "overall deadline" in stage(statement, "slow")["detail"]
     # cut by the 4 s deadline, not by the stage's own 300 s timeout (the run's own clock)
     assert stage(statement, "slow")["durationSeconds"] < 120
+    assert stage(statement, "slow")["durationSeconds"] > 1  # the time it really ran, not 0
+    assert "it was running for" in stage(statement, "slow")["detail"]
     assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path)))
 
 
