@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer, OnOutput
 from imagegate.errors import UsageError
+from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
 
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
@@ -30,8 +31,18 @@ class LocalDriver:
     # runs beside another controller's stages.
     isolated_runs = False
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, gpus: GpuRequest | None = None) -> None:
         self.python = python
+        self.gpus = gpus
+
+    def gpu_env(self) -> dict[str, str]:
+        """This host's GPUs are hidden from the probes unless --gpus asks for them."""
+        env = {k: v for k, v in os.environ.items() if k not in HIDING_ENV or v not in ("", "void", "none")}
+        if self.gpus is None:
+            return {**env, **HIDING_ENV}
+        if (cvd := self.gpus.cuda_visible_devices) is not None:
+            env["CUDA_VISIBLE_DEVICES"] = cvd
+        return env
 
     def environment(self) -> dict[str, Any]:
         return {
@@ -40,6 +51,7 @@ class LocalDriver:
             "host": platform.node(),
             "os": platform.system().lower(),
             "arch": platform.machine(),
+            "gpus_requested": self.gpus.spec if self.gpus else None,
         }
 
     def resolve(self, reference: str) -> ImageFacts:
@@ -93,7 +105,11 @@ class LocalDriver:
                     deadline_s,
                     interpreter=exe,
                     tried=tried,
-                    env={**os.environ, KEY_FD_ENV: str(key_r), "IMAGEGATE_STAGES": ",".join(stages or ())},
+                    env={
+                        **self.gpu_env(),
+                        KEY_FD_ENV: str(key_r),
+                        "IMAGEGATE_STAGES": ",".join(stages or ()),
+                    },
                     on_stdout=on_stdout,
                     pass_fds=(key_r,),
                     cancel=cancel,
