@@ -209,6 +209,10 @@ def run_stage(stage, statuses, capabilities, stopped_by, data, work, env) -> dic
     if stopped_by is not None:
         return dict(base, status="SKIPPED", detail="stop_on_fail: %s failed" % stopped_by)
     unmet_needs = [n for n in stage.get("needs", []) if statuses.get(n) != "PASS"]
+    if unmet_needs and all(statuses.get(n) == "DEFERRED" for n in unmet_needs):
+        # What it needs waits for a capability this host lacks (the GPU node check): so does it.
+        why = ", ".join("%s is DEFERRED" % n for n in unmet_needs)
+        return dict(base, status="DEFERRED", detail="needs " + why)
     if unmet_needs:
         why = ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
         return dict(base, status="SKIPPED", detail="needs " + why)

@@ -103,10 +103,36 @@ def stage_facts(probe: str, data: dict[str, Any]) -> dict[str, Any]:
     if probe == "cli":
         keys = ("argv", "how", "platform", "platform_checked_against", "returncode", "version_choice", "raw")
         return {k: data[k] for k in keys if k in data}
+    if probe == "gpu_preflight":
+        return _gpu_facts(data)
     if probe == "av_roundtrip":
         keys = ("av_version", "codec", "width", "height", "decoded_frames", "decoded_widths")
         return {k: data[k] for k in keys if k in data}
     return {}
+
+
+def _gpu_facts(data: dict[str, Any]) -> dict[str, Any]:
+    """The node check's figures: the GPUs, the image's torch, TFLOP/s, the all-reduce."""
+    facts = data.get("facts") or {}
+    out: dict[str, Any] = {
+        k: facts[k] for k in ("torch", "cuda_runtime", "arch_list", "driver") if k in facts
+    }
+    keys = ("index", "name", "capability", "total_memory_bytes", "free_memory_bytes", "uuid", "arch_coverage")
+    if facts.get("devices") is not None:
+        out["gpus"] = _pick(facts.get("devices"), keys)
+    matmul = data.get("matmul") or {}
+    if matmul.get("gpus"):
+        mkeys = ("index", "size", "tflops", "finite", "relative_error", "tolerance", "seconds_per_matmul")
+        out["matmul"] = _pick(matmul["gpus"], mkeys)
+    ar = data.get("allreduce") or {}
+    if ar.get("ranks"):
+        akeys = ("rank", "world", "bytes", "busbw_gbps", "algbw_gbps", "sum_ok", "sum_checks")
+        out["allreduce"] = _pick(ar["ranks"], akeys)
+    elif ar.get("skipped") or ar.get("error"):
+        out["allreduce"] = {k: ar[k] for k in ("skipped", "error") if k in ar}
+    if data.get("unfit"):
+        out["unfit"] = data["unfit"]
+    return out
 
 
 def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
@@ -136,6 +162,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
                 "durationSeconds": round(s.duration_s, 3),
                 "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
                 **({"facts": f} if (f := stage_facts(s.probe, s.data)) else {}),
+                **({"fromAttempt": s.data["from_attempt"]} if s.data.get("from_attempt") else {}),
             }
             for s in record.stages
         ],
@@ -145,6 +172,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
         "startedOn": record.started_at,
         "finishedOn": record.finished_at,
         "imagegate": {"version": record.imagegate_version},
+        **({"completes": record.completes} if record.completes else {}),
     }
 
 
