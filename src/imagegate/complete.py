@@ -164,6 +164,12 @@ def complete(
             f"attempt {earlier.attempt_id} deferred nothing (verdict {earlier.predicate.get('verdict')})",
             hint="only an attempt with DEFERRED stages can be completed",
         )
+    if not str(earlier.predicate.get("verdict", "")).endswith("_DEFERRED"):
+        raise UsageError(
+            f"attempt {earlier.attempt_id} ended {earlier.predicate.get('verdict')}: completing its "
+            f"deferred stages ({', '.join(deferred)}) cannot change that",
+            hint="fix the image and run it anew",
+        )
     was = earlier.predicate.get("image") or {}
     reference = was.get("configDigest") or was.get("reference") or "local"
     image = driver.resolve(reference)
