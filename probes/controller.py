@@ -209,10 +209,11 @@ def run_stage(stage, statuses, capabilities, stopped_by, data, work, env) -> dic
     if stopped_by is not None:
         return dict(base, status="SKIPPED", detail="stop_on_fail: %s failed" % stopped_by)
     unmet_needs = [n for n in stage.get("needs", []) if statuses.get(n) != "PASS"]
+    # What it needs waits for a capability this host lacks (the GPU node check): so does it, and
+    # like any stage deferred it still runs for the record.
+    deferred_needs = []
     if unmet_needs and all(statuses.get(n) == "DEFERRED" for n in unmet_needs):
-        # What it needs waits for a capability this host lacks (the GPU node check): so does it.
-        why = ", ".join("%s is DEFERRED" % n for n in unmet_needs)
-        return dict(base, status="DEFERRED", detail="needs " + why)
+        deferred_needs, unmet_needs = unmet_needs, []
     if unmet_needs:
         why = ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
         return dict(base, status="SKIPPED", detail="needs " + why)
@@ -274,6 +275,7 @@ def run_stage(stage, statuses, capabilities, stopped_by, data, work, env) -> dic
         event["artifacts"] = arts if isinstance(arts, dict) else {}
     shutil.rmtree(folder, ignore_errors=True)
     unmet = [r for r in stage.get("requires", []) if not capabilities.get(r)]
+    unmet += ["%s (DEFERRED)" % n for n in deferred_needs]
     if unmet:
         # Ran for the record: its outcome is evidence, not a verdict, on a host without them.
         event["ran_for_record"] = {"status": event["status"], "detail": event["detail"]}

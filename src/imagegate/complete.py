@@ -171,10 +171,8 @@ def complete(
             hint="fix the image and run it anew",
         )
     was = earlier.predicate.get("image") or {}
-    reference = was.get("configDigest") or was.get("reference") or "local"
-    image = driver.resolve(reference)
-    if was.get("reference") and image.reference != was["reference"]:
-        image = ImageFacts(was["reference"], *_rest(image))
+    # By the name the user gave then: a tag that now names another build is refused below.
+    image = driver.resolve(was.get("reference") or was.get("configDigest") or "local")
     env = dict(driver.environment())
     check_same_subject(earlier, image, env)
     plan = completion_plan(earlier, gpus)
@@ -206,7 +204,3 @@ def complete(
         notify=notify,
         extra_stages=earlier_results(earlier),
     )
-
-
-def _rest(image: ImageFacts) -> tuple[Any, ...]:
-    return (image.config_digest, image.manifest_digest, image.repo_digests, image.platform, image.repository)
