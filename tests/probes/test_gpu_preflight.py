@@ -17,7 +17,18 @@ from tests.probes.test_parsers import load
 ARCH_2_11_CU126 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 ARCH_2_11_CU128 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 ARCH_2_10_CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
-ARCH_OLD_WITH_PTX = "sm_37 sm_50 sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_90 compute_37".split()
+ARCH_OLD_WITH_PTX = [
+    "sm_37",
+    "sm_50",
+    "sm_60",
+    "sm_61",
+    "sm_70",
+    "sm_75",
+    "sm_80",
+    "sm_86",
+    "sm_90",
+    "compute_37",
+]
 
 # /proc/driver/nvidia/version first lines as real drivers write them (proprietary and open modules).
 PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07  Tue Aug  5 17:24:00 UTC 2025\n"
