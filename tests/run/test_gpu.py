@@ -137,6 +137,15 @@ def test_complete_links_verifies_and_tampering_with_either_link_fails(tmp_path: 
     assert by_id["find_spec"]["status"] == "PASS" and by_id["find_spec"]["fromAttempt"] == earlier.name
     assert by_id["gpu_env"]["status"] == "DEFERRED" and "fromAttempt" not in by_id["gpu_env"]
     assert pred["verdict"] == "CPU_PASS_GPU_ENV_DEFERRED"  # still no GPU here: nothing claims a pass
+    chain = f"completes attempt {earlier.name} (verdict CPU_PASS_GPU_ENV_DEFERRED, envelope sha256 "
+    assert (
+        chain in done.stdout and "run now: gpu_env; results of the earlier attempt: find_spec" in done.stdout
+    )
+    page = tmp_path / "page.html"
+    assert imagegate("report", str(later), "-f", "html", "-o", str(page)).returncode == 0
+    assert '<p id="chain"><strong>Chain:</strong> ' + chain in page.read_text()
+    md = imagegate("report", str(later), "-f", "markdown")
+    assert "**Chain:** " + chain in md.stdout
     ok = imagegate("verify", str(later / "attestation.dsse.json"), "--key", str(pub))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert f"ok      link: completes attempt {earlier.name}" in ok.stdout
