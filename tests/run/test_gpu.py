@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
+from imagegate import resources
 from tests.helpers import imagegate
 
 GPU_PIPELINE = """\
@@ -128,6 +130,8 @@ def test_complete_links_verifies_and_tampering_with_either_link_fails(tmp_path: 
     later = next(a for a in _attempts(out) if a != earlier)
     assert _digests(earlier) == before  # the earlier attempt is never touched
     pred = _statement(later)
+    schema = json.loads((resources.manifests_dir() / "acceptance-v1.schema.json").read_text())
+    jsonschema.validate(json.loads((later / "statement.json").read_text()), schema)
     link = pred["completes"]
     assert link["attempt"] == earlier.name and link["stages"] == ["gpu_env"]
     assert (
