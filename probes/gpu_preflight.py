@@ -311,13 +311,15 @@ def _allreduce(world: int, params: dict, tmp: str) -> dict:
     deadline = time.monotonic() + timeout
     timed_out = False
     try:
-        for p, _, _ in procs:
-            left = deadline - time.monotonic()
-            try:
-                p.wait(timeout=max(0.01, left))
-            except subprocess.TimeoutExpired:
+        # Until all are done; a rank that failed leaves the others waiting in NCCL for it, so
+        # they are killed at once rather than at the deadline.
+        while any(p.poll() is None for p, _, _ in procs):
+            if any(p.poll() not in (None, 0) for p, _, _ in procs):
+                break
+            if time.monotonic() >= deadline:
                 timed_out = True
                 break
+            time.sleep(0.05)
     finally:
         for p, _, err in procs:
             if p.poll() is None:
@@ -335,16 +337,15 @@ def _allreduce(world: int, params: dict, tmp: str) -> dict:
                 ranks.append(json.load(f))
         except (OSError, ValueError):
             lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("imagegate-step")]
-            how = "timed out after %gs" % timeout if timed_out else "exited %s" % p.returncode
-            errors.append(
-                "all-reduce rank %d %s in step %r%s"
-                % (
-                    rank,
-                    how,
-                    _last_step(text),
-                    (": " + lines[-1][:200]) if lines and not timed_out else " (killed)",
-                )
-            )
+            killed = timed_out or p.returncode == -signal.SIGKILL
+            if timed_out:
+                how = "timed out after %gs" % timeout
+            elif killed:
+                how = "was stopped after another rank failed"
+            else:
+                how = "exited %s" % p.returncode
+            said = " (killed)" if killed else (": " + lines[-1][:200]) if lines else ""
+            errors.append("all-reduce rank %d %s in step %r%s" % (rank, how, _last_step(text), said))
     if errors:
         return {"error": "; ".join(errors)}
     return {"ranks": ranks, "world": world}
