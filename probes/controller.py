@@ -192,8 +192,9 @@ def run_plan(plan, data: bytes, channel: Channel, protection: dict) -> int:
     capabilities = {"gpu": gpu["present"]}
     statuses = {}
     stopped_by = None
+    node_checks = {s["id"] for s in plan["stages"] if s.get("probe") == "gpu_preflight"}
     for stage in plan["stages"]:
-        event = run_stage(stage, statuses, capabilities, stopped_by, data, work, env)
+        event = run_stage(stage, statuses, capabilities, stopped_by, data, work, env, node_checks)
         statuses[stage["id"]] = event["status"]
         if event["status"] == "FAIL" and plan.get("stop_on_fail") and stopped_by is None:
             stopped_by = stage["id"]
@@ -203,17 +204,15 @@ def run_plan(plan, data: bytes, channel: Channel, protection: dict) -> int:
     return 0
 
 
-def run_stage(stage, statuses, capabilities, stopped_by, data, work, env) -> dict:
+def run_stage(stage, statuses, capabilities, stopped_by, data, work, env, node_checks=()) -> dict:
     sid = stage["id"]
     base = {"event": "stage", "id": sid, "probe": stage["probe"], "duration_s": 0.0}
     if stopped_by is not None:
         return dict(base, status="SKIPPED", detail="stop_on_fail: %s failed" % stopped_by)
     unmet_needs = [n for n in stage.get("needs", []) if statuses.get(n) != "PASS"]
-    # What it needs waits for a capability this host lacks (the GPU node check): so does it, and
-    # like any stage deferred it still runs for the record.
-    deferred_needs = []
-    if unmet_needs and all(statuses.get(n) == "DEFERRED" for n in unmet_needs):
-        deferred_needs, unmet_needs = unmet_needs, []
+    # The GPU node check DEFERRED means no GPU here, not a broken node: a GPU stage that needs it
+    # runs for the record and is DEFERRED by its own `requires`, as without the node check.
+    unmet_needs = [n for n in unmet_needs if not (n in node_checks and statuses.get(n) == "DEFERRED")]
     if unmet_needs:
         why = ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
         return dict(base, status="SKIPPED", detail="needs " + why)
@@ -275,7 +274,6 @@ def run_stage(stage, statuses, capabilities, stopped_by, data, work, env) -> dic
         event["artifacts"] = arts if isinstance(arts, dict) else {}
     shutil.rmtree(folder, ignore_errors=True)
     unmet = [r for r in stage.get("requires", []) if not capabilities.get(r)]
-    unmet += ["%s (DEFERRED)" % n for n in deferred_needs]
     if unmet:
         # Ran for the record: its outcome is evidence, not a verdict, on a host without them.
         event["ran_for_record"] = {"status": event["status"], "detail": event["detail"]}
