@@ -147,6 +147,8 @@ def judge(facts: dict, matmul, allreduce, params: dict) -> dict:
     ERROR 'node not fit: ...'."""
     devices = facts.get("devices") or []
     image_problems, node_problems, said = [], [], []
+    if facts.get("torch") and not facts.get("cuda_runtime"):
+        image_problems.append("torch %s is a CPU-only build (torch.version.cuda is None)" % facts["torch"])
     drv = driver_check(facts.get("driver"), facts.get("cuda_runtime"))
     if drv["ok"] is False:
         image_problems.append(drv["why"])

@@ -148,6 +148,8 @@ def test_judgement_image_fail_node_error_and_figures(gp) -> None:  # type: ignor
         and "570.86.15" in old_driver["detail"]
         and "13.0" in old_driver["detail"]
     )
+    cpu_torch = gp.judge(dict(_facts(0), torch="2.11.0+cpu", cuda_runtime=None), None, None, {})
+    assert cpu_torch["status"] == "FAIL" and "torch 2.11.0+cpu is a CPU-only build" in cpu_torch["detail"]
     # a broken node: ERROR "node not fit", never FAIL
     nan = gp.judge(_facts(), _mm(700.0, 710.0, finite=False), _ar(300.0, 310.0), {})
     assert (
