@@ -17,7 +17,13 @@
 #   typing_extensions==4.16.0 cryptography==50.0.2 cffi==2.1.1 platformdirs==4.14.8
 #   typer==0.29.2 annotated-doc==0.0.7 rich==15.0.0 shellingham==1.5.4 PyYAML==6.0.4
 # (`run --here`, `complete --here` and `verify` import nothing else: docker, httpx, pip-audit and
-# kubernetes-validate are imported only by the commands and stages that use them.)
+# kubernetes-validate are imported only by the commands and stages that use them. Checked with a
+# bare Python that had none of them: these 13 wheels were enough.) Fetch them, for Python 3.12:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl <the names above>
+# and run: device call with carry [".whl"], command `bash scripts/gpu-acceptance.sh` (it installs
+# them into $SITE, default /tmp/site, itself).
 #
 # Environment: OUT (default ./gpu-acceptance-out), GPUS (default all), IMAGEGATE_STEP_TIMEOUT
 # (seconds per imagegate command, default 240), SIZE (matmul n, default 8192), ALLREDUCE_BYTES
@@ -27,6 +33,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-acceptance-out}
 GPUS=${GPUS:-all}
+SITE=${SITE:-/tmp/site}  # where the carried wheels are installed
 STEP_TIMEOUT=${IMAGEGATE_STEP_TIMEOUT:-240}
 SIZE=${SIZE:-8192}
 ALLREDUCE_BYTES=${ALLREDUCE_BYTES:-1073741824}
@@ -41,11 +48,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 
 if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
-    say "installing $(ls "$ROOT"/.whl/*.whl | wc -l) wheels into /tmp/site"
+    say "installing $(ls "$ROOT"/.whl/*.whl | wc -l) wheels into $SITE"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 || { say "wheel install failed"; exit 3; }
+        --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 || { say "wheel install failed"; exit 3; }
 fi
-export PYTHONPATH=$ROOT/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
 
 WORK=$(mktemp -d /tmp/gpu-acceptance.XXXXXX)
 RUNS=$WORK/runs
