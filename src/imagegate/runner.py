@@ -36,6 +36,7 @@ class RunOptions:
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
     # Sees each controller event as it arrives (progress display); never affects the verdict.
     on_event: Callable[[dict[str, Any]], None] | None = None
+    completes: dict[str, Any] | None = None  # `imagegate complete`: the link to the earlier attempt
 
 
 Notify = Callable[[str], None]
@@ -250,10 +251,11 @@ def conclude(
         controllers.append(_record_controller(cr, attempt, env, "" if len(runs) == 1 else f"-{n + 1}"))
     if runs:
         results += inside_results(prep, runs, attempt)
+    given = {r.id for r in extra_stages}  # a completion's earlier results stand for their stages
     results += [
         StageResult(s["id"], s["probe"], s["side"], Status.SKIPPED, f"skipped: {s['skipped']}")
         for s in prep.plan["stages"]
-        if s.get("skipped")
+        if s.get("skipped") and s["id"] not in given
     ]
     done_ids = {r.id for r in outside_done}
     later = [s for s in prep.outside_stages if s["id"] not in done_ids]
@@ -278,6 +280,7 @@ def conclude(
         verdict=verdict(results),
         imagegate_version=__version__,
         bundle_sha256=prep.bundle.sha256,
+        completes=opts.completes,
     )
     attempt.write_json("statement.json", build_statement(record))
     attempt.append_index(

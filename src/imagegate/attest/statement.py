@@ -89,6 +89,7 @@ class FactRules:
 # What the runner and the in-image controller add to any stage's data.
 COMMON_EVIDENCE_ONLY = ("stdout_bytes", "stderr_bytes", "traceback")
 COMMON_CARRIED = ("ran_for_record", "survivors_killed")
+COMMON_ELSEWHERE = ("from_attempt",)  # carried beside the facts (a completion's `fromAttempt`)
 
 FACTS: dict[str, FactRules] = {
     "pip_check": FactRules(
@@ -136,6 +137,12 @@ FACTS: dict[str, FactRules] = {
             "raw",
         ),
         evidence_only=("command_stdout_bytes", "command_stderr_bytes"),
+    ),
+    # The node check: the GPUs and the image's torch (facts), BF16 matmul per GPU, the
+    # all-reduce per rank, whose fault a failure is (unfit: image or node), what the host showed.
+    "gpu_preflight": FactRules(
+        carried=("facts", "matmul", "allreduce", "unfit", "torch", "facts_error", "host"),
+        evidence_only=("params",),
     ),
     "av_roundtrip": FactRules(
         carried=(
@@ -208,7 +215,7 @@ def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, An
             out[key] = [_record(stage_id, probe, key, rules.items[key], item) for item in value or []]
         elif key in carried:
             out[key] = value
-        elif key not in rules.evidence_only and key not in COMMON_EVIDENCE_ONLY:
+        elif key not in rules.evidence_only and key not in (*COMMON_EVIDENCE_ONLY, *COMMON_ELSEWHERE):
             raise InternalError(
                 f"stage {stage_id}: probe {probe} reported the fact {key!r}, which the attestation "
                 "does not know: it would be dropped",
@@ -260,6 +267,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
                 "durationSeconds": round(s.duration_s, 3),
                 "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
                 **({"facts": f} if (f := stage_facts(s.id, s.probe, s.data)) else {}),
+                **({"fromAttempt": s.data["from_attempt"]} if s.data.get("from_attempt") else {}),
             }
             for s in record.stages
         ],
@@ -269,6 +277,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
         "startedOn": record.started_at,
         "finishedOn": record.finished_at,
         "imagegate": {"version": record.imagegate_version},
+        **({"completes": record.completes} if record.completes else {}),
     }
 
 
