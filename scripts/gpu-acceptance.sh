@@ -228,12 +228,12 @@ out = {
     "baseline": base,
 }
 ratios = {}
-mm = {g["index"]: g.get("tflops") for g in nf.get("matmul") or []}
+mm = {g["index"]: g.get("tflops") for g in (nf.get("matmul") or {}).get("gpus") or []}
 for g in base.get("matmul") or []:
     if mm.get(g["index"]) and g.get("tflops"):
         ratios["matmul_gpu%d_node_check_over_baseline" % g["index"]] = mm[g["index"]] / g["tflops"]
-ar = nf.get("allreduce")
-if isinstance(ar, list) and ar and base.get("allreduce", {}).get("busbw_gbps_slowest"):
+ar = (nf.get("allreduce") or {}).get("ranks")
+if ar and base.get("allreduce", {}).get("busbw_gbps_slowest"):
     ratios["allreduce_busbw_node_check_over_baseline"] = min(r["busbw_gbps"] for r in ar) / base["allreduce"]["busbw_gbps_slowest"]
 out["ratios"] = ratios
 print(json.dumps(out, indent=1))
