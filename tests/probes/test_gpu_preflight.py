@@ -39,12 +39,11 @@ PROC_OPEN = (
 PROC_SHORT = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  515.76  Mon Sep 12 19:21:56 UTC 2022\n"
 
 # `nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version,compute_cap,uuid
-# --format=csv,noheader,nounits` on a 2-GPU H200 node: name, total memory (143771 MiB) and driver
-# 580.159.04 as nvidia-smi reported them on such a machine; the free memory and the UUIDs are
-# placeholders in the same format (scripts/gpu-acceptance.sh logs the whole line).
+# --format=csv,noheader,nounits` on a 2-GPU H200 node, as scripts/gpu-acceptance.sh logged it on
+# 2026-11-30 (benchmarks/records/2026-11-30-gpu-h200.md).
 SMI_2xH200 = (
-    "0, NVIDIA H200, 143771, 143247, 580.159.04, 9.0, GPU-3d8ab4f1-1c9e-5b1e-9d2b-6a2f0c0f6e11\n"
-    "1, NVIDIA H200, 143771, 143247, 580.159.04, 9.0, GPU-7b6f1e0a-4c1d-2a7e-8f3b-0d9e5c4b3a22\n"
+    "0, NVIDIA H200, 143771, 143156, 580.159.04, 9.0, GPU-3cf75db2-5cba-bdeb-063d-4cfc6e966eb1\n"
+    "1, NVIDIA H200, 143771, 143156, 580.159.04, 9.0, GPU-ed74a9a9-8727-4505-8c06-7199bff5b64a\n"
 )
 
 
@@ -97,7 +96,7 @@ def test_driver_version_parsed_from_proc_and_nvidia_smi(gp) -> None:  # type: ig
     assert [g["index"] for g in gpus] == [0, 1]
     assert gpus[0]["name"] == "NVIDIA H200" and gpus[0]["capability"] == "9.0"
     assert gpus[0]["total_memory_bytes"] == 143771 * 1024 * 1024
-    assert gpus[1]["driver"] == "580.159.04" and gpus[1]["uuid"].startswith("GPU-7b6f")
+    assert gpus[1]["driver"] == "580.159.04" and gpus[1]["uuid"].startswith("GPU-ed74")
 
 
 def test_busbw_is_nccl_tests_definition(gp) -> None:  # type: ignore[no-untyped-def]
