@@ -30,6 +30,8 @@ class OutsideContext:
     docker_client: Any | None = None
     inside_results: dict[str, StageResult] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # e.g. advisory_db
+    # Seconds the stage may take (its `timeout`), where the runner enforces one; None: no limit.
+    timeout_s: float | None = None
 
 
 @dataclass

@@ -4,6 +4,7 @@ fails on purpose, and OCI layout surgery for tampering."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import http.client
@@ -304,3 +305,81 @@ def zeros_gzip(n: int) -> bytes:
     chunk = b"\0" * (1 << 20)
     out = [comp.compress(chunk) for _ in range(n >> 20)]
     return b"".join([*out, comp.flush()])
+
+
+# -- a slow or failing engine: a unix-socket proxy in front of the real one ------------------
+
+
+class EngineProxy:
+    """A unix socket that forwards to the real engine's socket, except that the response to an
+    image export (`GET /images/NAME/get`) is held back `delay` seconds before its first byte
+    (an engine preparing a large export), and, with `cut_after` set, the connection is closed
+    after that many bytes of it (an engine that dies mid-export)."""
+
+    def __init__(self, path: Path, engine: str, *, delay: float = 0.0, cut_after: int | None = None) -> None:
+        self.path, self.engine = path, engine
+        self.delay, self.cut_after = delay, cut_after
+        self.exports = 0
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen(16)
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.engine.removeprefix("unix://"))
+            state: dict[str, float | None] = {"export_at": None}
+            threading.Thread(target=self._requests, args=(client, upstream, state), daemon=True).start()
+            threading.Thread(target=self._responses, args=(upstream, client, state), daemon=True).start()
+
+    def _requests(self, src: socket.socket, dst: socket.socket, state: dict[str, float | None]) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if b"GET " in data and b"/get" in data.split(b"\r\n", 1)[0]:
+                    self.exports += 1
+                    state["export_at"] = time.monotonic()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _shut(dst)
+
+    def _responses(self, src: socket.socket, dst: socket.socket, state: dict[str, float | None]) -> None:
+        sent = 0
+        try:
+            while data := src.recv(1 << 16):
+                export_at = state["export_at"]
+                if export_at is not None:
+                    if sent == 0:
+                        time.sleep(max(0.0, export_at + self.delay - time.monotonic()))
+                    if self.cut_after is not None and sent + len(data) > self.cut_after:
+                        dst.sendall(data[: self.cut_after - sent])
+                        break  # the engine "dies": both sides closed mid-response
+                    sent += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _shut(dst)
+            _shut(src)
+
+    def close(self) -> None:
+        self._closed = True
+        _shut(self._server)
+        self.path.unlink(missing_ok=True)
+
+
+def _shut(s: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)
+    s.close()

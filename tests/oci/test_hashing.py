@@ -9,6 +9,7 @@ import io
 import lzma
 import subprocess
 
+import pytest
 import zstandard
 
 from imagegate.oci.hashing import digest_blob
@@ -70,3 +71,34 @@ def test_decompression_bomb_is_stopped() -> None:
     assert got.diff_id is None
     assert "decompression bomb" in (got.decompress_error or "")
     assert got.digest == _sha(bomb)  # the blob digest is still checked
+
+
+def test_threaded_pipeline_gives_the_same_results_as_one_thread() -> None:
+    """Large blobs are read, inflated and hashed across threads: same digests, same failures."""
+    tar = _tar_bytes()
+    gz = gzip.compress(tar)
+    zs = zstandard.ZstdCompressor(level=3).compress(tar)
+    corrupt = bytearray(gz)
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    cases = [gz, zs, tar, bytes(corrupt), gz[:-50], gz + b"junk"]
+    for blob in cases:
+        for declared in (None, len(blob), len(blob) - 10):
+            one = digest_blob(io.BytesIO(blob), declared_size=declared, pipeline=False)
+            many = digest_blob(io.BytesIO(blob), declared_size=declared, pipeline=True)
+            assert many == one, (declared, one.decompress_error)
+    assert digest_blob(io.BytesIO(gz), pipeline=True).diff_id == _sha(tar)
+
+
+def test_threaded_pipeline_raises_what_the_source_raises() -> None:
+    class Broken:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def read(self, n: int) -> bytes:
+            self.n += 1
+            if self.n > 3:
+                raise OSError("connection reset by the registry")
+            return b"\x1f\x8b" + b"\0" * (n - 2) if self.n == 1 else b"\0" * n
+
+    with pytest.raises(OSError, match="connection reset by the registry"):
+        digest_blob(Broken(), pipeline=True)

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
 
+from imagegate.drivers.docker import DockerDriver
 from imagegate.model import ImageFacts, Status
 from imagegate.oci.stage import run_layers_stage
 from imagegate.outside import OutsideContext
 from imagegate.pipeline.params import LayersParams
 from tests.helpers import DOCKER_SOCK
 from tests.oci.conftest import Pushed
-from tests.oci.infra import free_port, sh
+from tests.oci.infra import Registry, free_port, sh
 
 pytestmark = pytest.mark.engine
 
@@ -65,3 +73,122 @@ def test_no_engine_and_no_source_is_error(tmp_path: Path) -> None:
     ctx = OutsideContext(image=ImageFacts("app:1", None), driver="kube", stage_dir=tmp_path)
     out = run_layers_stage(ctx, LayersParams())
     assert out.status is Status.ERROR and "--source" in out.detail
+
+
+# -- which source: the registry the image was pulled from, else the engine ---------------------
+
+
+@pytest.fixture
+def pulled(oci_image: str, official: Registry, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """An image of its own (the test image plus a label unique to this test) pushed to the
+    registry, removed from the engine and pulled back: the engine then names the registry
+    manifest in RepoDigests, as for any pulled image. Yields (registry ref, image ID)."""
+    tag = f"{official.host}/team/pulled:{tmp_path.name[-20:].strip('_').lower() or 'x'}"
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f'FROM {oci_image}\nLABEL org.example.unique="{tmp_path}"\n')
+    sh(
+        "docker",
+        "build",
+        "-q",
+        "--network",
+        "none",
+        "-t",
+        tag,
+        str(ctx),
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )
+    sh("docker", "push", "-q", tag)
+    sh("docker", "rmi", tag)
+    sh("docker", "pull", "-q", tag)
+    try:
+        yield tag, sh("docker", "image", "inspect", "-f", "{{.Id}}", tag).strip()
+    finally:
+        subprocess.run(["docker", "rmi", tag], capture_output=True)
+
+
+def _facts(ref: str) -> ImageFacts:
+    """What the docker driver learns about the image (its RepoDigests among them)."""
+    return DockerDriver().resolve(ref)
+
+
+def test_pulled_image_is_verified_from_its_registry(pulled: tuple[str, str], tmp_path: Path) -> None:
+    ref, image_id = pulled
+    facts = _facts(ref)
+    assert facts.repo_digests and facts.config_digest == image_id
+    ctx = OutsideContext(
+        image=facts,
+        driver="docker",
+        stage_dir=tmp_path,
+        docker_client=docker.DockerClient(base_url=DOCKER_SOCK),
+    )
+    out = run_layers_stage(ctx, LayersParams())
+    assert out.status is Status.PASS, out.detail
+    assert "from registry" in out.detail and out.data["source"] == "registry"
+    evidence = json.loads((tmp_path / "layers.json").read_text())
+    choice = evidence["source_choice"]
+    assert choice["kind"] == "registry" and choice["source"] == f"docker://{facts.repo_digests[0]}"
+    assert "RepoDigests" in choice["why"] and choice["notes"] == []
+    assert evidence["manifest_digest"] == facts.manifest_digest  # the registry's own manifest
+
+
+def test_unreachable_registry_falls_back_to_the_engine_with_a_note(
+    pulled: tuple[str, str], official: Registry, tmp_path: Path
+) -> None:
+    ref, image_id = pulled
+    facts = _facts(ref)
+    gone = facts.repo_digests[0].replace(official.host, f"127.0.0.1:{free_port()}")
+    facts = dataclasses.replace(facts, repo_digests=(gone,))
+    ctx = OutsideContext(
+        image=facts,
+        driver="docker",
+        stage_dir=tmp_path,
+        docker_client=docker.DockerClient(base_url=DOCKER_SOCK),
+    )
+    t0 = time.monotonic()
+    out = run_layers_stage(ctx, LayersParams())
+    assert out.status is Status.PASS, out.detail
+    assert time.monotonic() - t0 < 30  # the unreachable registry is not retried for long
+    assert "from engine (registry unreadable)" in out.detail
+    choice = json.loads((tmp_path / "layers.json").read_text())["source_choice"]
+    assert choice["kind"] == "engine" and choice["source"] == f"docker-daemon:{image_id}"
+    assert len(choice["notes"]) == 1 and choice["notes"][0].startswith(
+        f"registry copy docker://{gone} not used"
+    )
+
+
+def test_local_build_is_verified_from_the_engine(oci_image: str, tmp_path: Path) -> None:
+    out = run_layers_stage(_ctx(tmp_path, oci_image), LayersParams())
+    assert out.status is Status.PASS and "from engine" in out.detail
+    choice = json.loads((tmp_path / "layers.json").read_text())["source_choice"]
+    assert choice["kind"] == "engine" and "no registry digest" in choice["why"]
+
+
+def test_kube_pod_image_is_verified_from_its_registry(pushed: Pushed, tmp_path: Path) -> None:
+    """No engine at hand (a Pod's image), but the Pod status names the registry digest."""
+    digest = sh(
+        "skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{pushed.ref}"
+    ).strip()
+    repo = pushed.ref.rsplit(":", 1)[0]
+    facts = ImageFacts(pushed.ref, pushed.config_digest, digest, (f"{repo}@{digest}",))
+    out = run_layers_stage(OutsideContext(image=facts, driver="kube", stage_dir=tmp_path), LayersParams())
+    assert out.status is Status.PASS and "from registry" in out.detail, out.detail
+
+
+def test_engine_export_stops_at_the_stage_timeout(oci_image: str, tmp_path: Path) -> None:
+    """The engine export has no read timeout, but the stage's own deadline holds."""
+    from tests.oci.infra import EngineProxy
+
+    sock = Path(tempfile.mkdtemp(prefix="ig-proxy-"))
+    proxy = EngineProxy(sock / "e.sock", DOCKER_SOCK, delay=30)
+    try:
+        ctx = _ctx(tmp_path, oci_image, timeout_s=2.0)
+        ctx.docker_client = docker.DockerClient(base_url=proxy.url)
+        t0 = time.monotonic()
+        out = run_layers_stage(ctx, LayersParams())
+    finally:
+        proxy.close()
+        shutil.rmtree(sock, ignore_errors=True)
+    assert time.monotonic() - t0 < 15
+    assert out.status is Status.ERROR
+    assert "gave up after 2 s: the engine prepared no byte of the export" in out.detail

@@ -18,7 +18,7 @@ from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest
 from imagegate.report.console import make_console
-from imagegate.report.progress import LayerBars
+from imagegate.report.progress import LayerBars, WaitLines
 
 if TYPE_CHECKING:  # the OCI modules load when a command runs: CLI start-up stays fast
     from imagegate.oci.compare import CompareResult
@@ -65,7 +65,7 @@ def _session(quiet: bool, *sources: Source) -> Iterator[ProgressSink]:
     try:
         if bars is not None:
             bars.progress.start()
-        yield bars or NoProgress()
+        yield bars or (NoProgress() if quiet else WaitLines(err))
     finally:
         if bars is not None:
             bars.progress.stop()

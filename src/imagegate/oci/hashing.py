@@ -1,15 +1,23 @@
 """One pass over a blob: the digest and size of its bytes and, for a layer, the diffID of its
 decompressed stream, in bounded memory. Compression is detected from the bytes (as Docker and
-containers/image do), not trusted from a media type."""
+containers/image do), not trusted from a media type.
+
+A large blob is a pipeline of threads joined by small bounded queues: reading the source,
+the blob digest, inflating and the diffID each run in their own thread. hashlib and ISA-L
+release the GIL, so one giant layer (a 10 GB `pip install` layer) keeps every core busy
+instead of one, in constant memory (a few MiB per queue)."""
 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import hashlib
 import lzma
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import zstandard
 from isal import igzip_lib
@@ -25,6 +33,10 @@ OUT_CHUNK = 2 << 20  # decompressed bytes per step
 ZSTD_MAX_WINDOW = 1 << 27
 # A layer that inflates past this is treated as a decompression bomb (CUDA layers reach ~10 GiB).
 DEFAULT_MAX_UNCOMPRESSED = 64 << 30
+# Blobs from this size on are hashed by the thread pipeline; smaller ones in the calling thread
+# (a thread costs more than it saves on a config or a small layer).
+PIPELINE_MIN = 8 << 20
+QUEUE_DEPTH = 4  # chunks in flight per queue: memory per blob ~ 4 x (READ_CHUNK or OUT_CHUNK)
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -54,6 +66,120 @@ _ISAL_ERROR: type[Exception] = igzip_lib.IsalError  # type: ignore[assignment]
 
 class DecompressError(Exception):
     pass
+
+
+_DONE = object()
+
+
+class _Worker:
+    """One thread fed through a bounded queue; an error in it is raised in the feeder."""
+
+    def __init__(self, name: str, work: Callable[[bytes], Any]):
+        self._work = work
+        self._q: queue.Queue[object] = queue.Queue(QUEUE_DEPTH)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not _DONE:
+            if self._error is None:
+                try:
+                    self._work(item)  # type: ignore[arg-type]
+                except BaseException as e:  # kept; raised in the feeding thread
+                    self._error = e
+
+    def put(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        self._q.put(data)
+
+    def join(self) -> None:
+        self._q.put(_DONE)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+class _ThreadedHash:
+    """A hasher whose update() hands the bytes to its own thread (hashlib releases the GIL)."""
+
+    def __init__(self, hasher: hashlib._Hash, name: str):
+        self.hasher, self.name = hasher, hasher.name
+        self._worker = _Worker(name, hasher.update)
+        self._joined = False
+
+    def update(self, data: bytes) -> None:
+        self._worker.put(data)
+
+    def finish(self) -> None:
+        if not self._joined:
+            self._joined = True
+            self._worker.join()
+
+    def hexdigest(self) -> str:
+        self.finish()
+        return self.hasher.hexdigest()
+
+
+class _ReadAhead:
+    """Reads the source in its own thread, a few chunks ahead (network and disk waits overlap
+    the hashing). Reads stop at `limit` bytes, like the reader they feed."""
+
+    def __init__(self, src: Reader, limit: int | None):
+        self._src, self._limit = src, limit
+        self._q: queue.Queue[object] = queue.Queue(QUEUE_DEPTH)
+        self._stop = threading.Event()
+        self._buf, self._pos, self._eof = b"", 0, False
+        self._thread = threading.Thread(target=self._run, name="blob-read", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        count = 0
+        try:
+            while not self._stop.is_set():
+                n = READ_CHUNK if self._limit is None else min(READ_CHUNK, self._limit - count)
+                data = self._src.read(n) if n > 0 else b""
+                if not data:
+                    break
+                count += len(data)
+                if not self._put(data):
+                    return
+            self._put(_DONE)
+        except BaseException as e:  # raised in the reading thread
+            self._put(e)
+
+    def read(self, n: int) -> bytes:
+        if self._pos >= len(self._buf):
+            if self._eof:
+                return b""
+            item = self._q.get()
+            if item is _DONE:
+                self._eof = True
+                return b""
+            if isinstance(item, BaseException):
+                self._eof = True
+                raise item
+            self._buf, self._pos = item, 0  # type: ignore[assignment]
+        out = self._buf[self._pos : self._pos + n] if self._pos or n < len(self._buf) else self._buf
+        self._pos += len(out)
+        return out
+
+    def close(self) -> None:
+        """Stop reading ahead; returns once the thread no longer touches the source."""
+        self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._q.get(timeout=0.1)  # unblock a put
 
 
 class _Tee:
@@ -159,23 +285,62 @@ def digest_blob(
     layer: bool = True,
     max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
     on_bytes: Callable[[int], None] = lambda n: None,
+    pipeline: bool | None = None,
 ) -> BlobDigests:
-    """Hash `src` once: the blob digest, and for a layer the diffID, in the same pass."""
-    outer = new_hasher(algorithm)
+    """Hash `src` once: the blob digest, and for a layer the diffID, in the same pass.
+    `pipeline`: read and hash in threads (see the module); by default for blobs of unknown size
+    or of PIPELINE_MIN bytes and more."""
+    if pipeline is None:
+        pipeline = declared_size is None or declared_size >= PIPELINE_MIN
     limit = None if declared_size is None else declared_size + 1
+    if not pipeline:
+        return _digest(src, new_hasher(algorithm), hashlib.sha256, limit, layer, max_uncompressed, on_bytes)
+    threaded: list[_ThreadedHash] = []
+
+    def threaded_hash(h: hashlib._Hash, name: str) -> Any:
+        threaded.append(_ThreadedHash(h, name))
+        return threaded[-1]
+
+    ahead = _ReadAhead(src, limit)
+    try:
+        return _digest(
+            ahead,
+            threaded_hash(new_hasher(algorithm), "blob-digest"),
+            lambda: threaded_hash(hashlib.sha256(), "layer-diffid"),
+            limit,
+            layer,
+            max_uncompressed,
+            on_bytes,
+        )
+    finally:
+        ahead.close()
+        for t in threaded:
+            t.finish()
+
+
+def _digest(
+    src: Reader,
+    outer: Any,  # a hashlib hasher, or a _ThreadedHash standing in for one
+    new_inner: Callable[[], Any],
+    limit: int | None,
+    layer: bool,
+    max_uncompressed: int,
+    on_bytes: Callable[[int], None],
+) -> BlobDigests:
     tee = _Tee(src, outer, limit, on_bytes)
     head = tee.read(READ_CHUNK)
     kind = sniff_compression(head) if layer else "none"
     diff_id = uncompressed = error = None
     if layer and kind == "none":
         # Uncompressed: the diffID is the sha256 of the very bytes; hash once when it is sha256.
-        inner = outer if outer.name == "sha256" else hashlib.sha256(head)
+        inner = outer if outer.name == "sha256" else new_inner()
         if inner is not outer:
+            inner.update(head)
             tee.hasher = _Both(outer, inner)  # type: ignore[assignment]
         tee.drain()
         diff_id, uncompressed = "sha256:" + inner.hexdigest(), tee.count
     elif layer:
-        inner = hashlib.sha256()
+        inner = new_inner()
         total = 0
         tee_with_head = _Prefixed(head, tee)
         frames = ZstdFrameWalker() if kind == "zstd" else None

@@ -1,37 +1,108 @@
 """The `layers` pipeline stage (outside side): verify the very image the probes ran.
 
-For the docker driver the image is streamed from the same engine by its image ID (the config
-digest), so what is verified is what ran; `--source` names another transport instead (the
-registry copy a cluster will pull). Per-layer results go to `layers.json` in the stage folder."""
+Where the image came from a registry (the engine's RepoDigests name a manifest there, or the
+reference is `docker://`), its blobs are read from that registry, layers in parallel: far faster
+than an engine export, which the engine prepares whole before its first byte (minutes for 10 GB).
+The registry copy is used only when its config digest is the probed image's ID, so what is
+verified is still what ran. Otherwise the image is streamed from the same engine by its image
+ID. `--source` names another transport instead (the registry copy a cluster will pull). Which
+source was read, and why, is in the evidence; per-layer results go to `layers.json`."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 
 from imagegate.errors import ImagegateError
 from imagegate.model import Status
 from imagegate.oci.digest import check_digest
+from imagegate.oci.manifest import parse_platform
+from imagegate.oci.reference import parse_reference
+from imagegate.oci.registry import RegistryClient
 from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.oci.sources.interface import ImageSource, Source
+from imagegate.oci.sources.registry import RegistrySource
 from imagegate.oci.transports import open_source
 from imagegate.oci.verify import VerifyReport, verify_source
 from imagegate.outside import Outcome, OutsideContext
 from imagegate.pipeline.params import LayersParams
 
 EVIDENCE_FILE = "layers.json"
+# Tries while choosing the registry: an unreachable registry falls back to the engine quickly.
+PROBE_RETRIES = 1
 
 
-def _open(ctx: OutsideContext, params: LayersParams) -> Source | None:
+@dataclass
+class Choice:
+    """Which source the stage read, and why (evidence)."""
+
+    kind: str  # "source" (--source), "registry", "engine", or "none"
+    source: str | None
+    why: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _registry_candidates(ctx: OutsideContext) -> list[str]:
+    refs = []
+    if ctx.image.reference.startswith("docker://"):
+        refs.append(ctx.image.reference[len("docker://") :])
+    refs += [r for r in ctx.image.repo_digests if r not in refs]
+    return refs
+
+
+def _try_registry(ctx: OutsideContext, params: LayersParams, ref: str) -> RegistrySource:
+    """The registry copy, if it is reachable and holds the probed image; raises otherwise."""
+    parsed = parse_reference(ref)
+    platform = parse_platform(params.platform or ctx.image.platform or "linux/amd64")
+    client = RegistryClient(parsed.endpoint, insecure=params.insecure, retries=PROBE_RETRIES)
+    src = RegistrySource(parsed, platform, insecure=params.insecure, client=client)
+    try:
+        image = src.resolve()
+    except BaseException:
+        src.close()
+        raise
+    probed = ctx.image.config_digest
+    if probed and image.config.digest != probed:
+        src.close()
+        raise ImagegateError(f"its config is {image.config.digest}, the probed image is {probed}")
+    client.retries = RegistryClient(parsed.endpoint).retries  # reading blobs: the usual retries
+    return src
+
+
+def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Choice]:
     if ctx.source:
-        return open_source(ctx.source, platform=params.platform, insecure=params.insecure)
+        src = open_source(ctx.source, platform=params.platform, insecure=params.insecure)
+        return src, Choice("source", src.description, "--source names it")
+    notes: list[str] = []
+    for ref in _registry_candidates(ctx):
+        try:
+            src = _try_registry(ctx, params, ref)
+        except ImagegateError as e:
+            notes.append(f"registry copy docker://{ref} not used: {e}")
+            continue
+        why = (
+            "the image was given as docker://"
+            if ctx.image.reference.startswith("docker://")
+            else "the engine's RepoDigests name this registry manifest (the image was pulled from or pushed to it)"
+        )
+        return src, Choice("registry", src.description, why + "; its blobs are read directly", notes)
     if ctx.driver == "docker" and ctx.docker_client is not None and ctx.image.config_digest:
-        return DaemonArchive(ctx.image.config_digest, ctx.docker_client)
-    return None
+        # No read timeout on the engine's export (it prepares for minutes): the stage's own.
+        src = DaemonArchive(ctx.image.config_digest, ctx.docker_client, timeout=ctx.timeout_s)
+        why = (
+            "no registry copy could be read (see notes)"
+            if notes
+            else "the image has no registry digest (built or loaded locally)"
+        )
+        return src, Choice("engine", src.description, why + "; streamed from the engine that ran it", notes)
+    return None, Choice("none", None, "no engine and no registry copy", notes)
 
 
-def _detail(report: VerifyReport, probed_mismatch: str | None) -> str:
+def _detail(report: VerifyReport, probed_mismatch: str | None, choice: Choice | None = None) -> str:
     n = len(report.layers)
     parts = [f"config={report.config.actual_digest}", f"diffids={report.verified}/{n}"]
+    if choice is not None and choice.kind in ("registry", "engine"):
+        parts.append(f"from {choice.kind}" + (" (registry unreadable)" if choice.notes else ""))
     if report.foreign:
         parts.append(f"foreign={report.foreign}")
     if report.config.detail:
@@ -46,20 +117,24 @@ def _detail(report: VerifyReport, probed_mismatch: str | None) -> str:
 def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
     expect = ctx.expect_config_digest or params.expect_config_digest
     source: Source | None = None
+    choice: Choice | None = None
     try:
         if expect:
             check_digest(expect, what="expected config digest")
-        source = _open(ctx, params)
+        source, choice = _open(ctx, params)
         if source is None:
+            (ctx.stage_dir / EVIDENCE_FILE).write_text(
+                json.dumps({"source_choice": asdict(choice)}, indent=2)
+            )
             return Outcome(
                 Status.ERROR,
-                f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from; "
-                "pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
+                f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from "
+                "and it has no readable registry digest; pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
             )
         progress = ctx.options.get("layer_progress")  # a verify.Progress from the CLI, on a terminal
         report = verify_source(source, expect_config=expect, jobs=params.jobs, progress=progress)
     except ImagegateError as e:
-        data = {"error": str(e), "hint": e.hint}
+        data = {"error": str(e), "hint": e.hint, "source_choice": asdict(choice) if choice else None}
         (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(data, indent=2) + "\n")
         return Outcome(Status.ERROR, f"could not read the image: {e}", data)
     finally:
@@ -77,6 +152,7 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
         "probed_config_digest": probed,
         "expected_config_digest": expect,
         "probed_image_mismatch": probed_mismatch,
+        "source_choice": asdict(choice) if choice else None,
         **report.to_dict(),
     }
     (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(evidence, indent=2) + "\n")
@@ -88,4 +164,6 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
         "verified": report.verified,
         "failed": [f"{x.index + 1}:{x.status}" for x in report.failed_layers],
     }
-    return Outcome(status, _detail(report, probed_mismatch), summary)
+    if choice is not None:
+        summary["source"] = choice.kind
+    return Outcome(status, _detail(report, probed_mismatch, choice), summary)

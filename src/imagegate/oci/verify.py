@@ -91,6 +91,8 @@ class VerifyReport:
     layers: tuple[LayerResult, ...]
     diff_ids: tuple[str, ...]  # as the config declares them
     problems: tuple[str, ...] = ()  # structural: e.g. the config lists fewer diffIDs than layers
+    # Seconds the source took to send its first byte (an engine preparing its export).
+    source_wait_s: float | None = None
     # The parsed config, for compare; not part of the evidence (its digest is).
     config_doc: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -125,7 +127,9 @@ class VerifyReport:
 
 
 class Progress(Protocol):
-    """Per-blob progress, called from worker threads."""
+    """Per-blob progress, called from worker threads. A sink may also have
+    `waiting(what: str, elapsed: float, done: bool)`: told every second while a source (an
+    engine preparing its export) has sent no byte yet, and once more when the first arrives."""
 
     def started(self, key: int, label: str, total: int | None) -> None: ...
     def advanced(self, key: int, nbytes: int) -> None: ...
@@ -278,6 +282,7 @@ def _report(
     diff_ids: tuple[str, ...],
     problems: list[str],
     doc: Mapping[str, Any],
+    source_wait_s: float | None = None,
 ) -> VerifyReport:
     return VerifyReport(
         source=source,
@@ -289,6 +294,7 @@ def _report(
         layers=tuple(layers),
         diff_ids=diff_ids,
         problems=tuple(problems),
+        source_wait_s=source_wait_s,
         config_doc=doc,
     )
 
@@ -382,7 +388,17 @@ def _verify_stream(
     sizes: dict[str, int] = {}
     links: dict[str, str] = {}
     lock = threading.Lock()  # progress sinks may expect calls from one thread at a time
-    with archive.members() as members:
+    waited: list[float] = []
+    notice = getattr(progress, "waiting", None)
+
+    def waiting(elapsed: float, done: bool) -> None:
+        if done:
+            waited.append(round(elapsed, 1))
+        if notice is not None:
+            with lock:
+                notice(archive.description, elapsed, done)
+
+    with archive.members(waiting) as members:
         for k, m in enumerate(members):
             if m.link_target is not None:
                 links[m.name] = m.link_target
@@ -443,4 +459,6 @@ def _verify_stream(
                 known_size=sizes.get(name),
             )
         )
-    return _report(archive.description, image, config, results, diff_ids, problems, doc)
+    return _report(
+        archive.description, image, config, results, diff_ids, problems, doc, waited[0] if waited else None
+    )

@@ -176,3 +176,46 @@ class LayerBars:
         task = self.tasks[key]
         label = self.progress.tasks[task].description if task < len(self.progress.tasks) else ""
         self.progress.update(task, description=f"{label} {status}")
+
+    def waiting(self, what: str, elapsed: float, done: bool) -> None:
+        """A pulsing line while the engine prepares its export (no byte yet), with the time."""
+        with self.lock:
+            if not self.progress.live.is_started:
+                self.progress.start()
+            key = -1
+            if done:
+                if key in self.tasks:
+                    text = f"{what}: the engine prepared the export in {elapsed:.0f} s"
+                    self.progress.update(self.tasks[key], description=text, total=1, completed=1)
+                return
+            text = f"{what}: the engine is preparing the export ({elapsed:.0f} s)"
+            if key not in self.tasks:
+                self.tasks[key] = self.progress.add_task(text, total=None)
+            else:
+                self.progress.update(self.tasks[key], description=text)
+
+
+class WaitLines:
+    """Not a terminal (CI logs): no bars, but a line every `every` seconds while the engine
+    prepares its export, so that a long silent wait does not look like a hang."""
+
+    def __init__(self, console: Console, every: float = 15.0):
+        self.console, self.every = console, every
+        self._next = every
+
+    def started(self, key: int, label: str, total: int | None) -> None:
+        pass
+
+    def advanced(self, key: int, nbytes: int) -> None:
+        pass
+
+    def finished(self, key: int, status: str) -> None:
+        pass
+
+    def waiting(self, what: str, elapsed: float, done: bool) -> None:
+        if done:
+            if elapsed >= self.every:
+                self.console.print(f"{what}: the engine prepared the export in {elapsed:.0f} s", markup=False)
+        elif elapsed >= self._next:
+            self._next += self.every
+            self.console.print(f"{what}: the engine is preparing the export ({elapsed:.0f} s)", markup=False)

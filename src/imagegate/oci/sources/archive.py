@@ -33,6 +33,7 @@ from imagegate.oci.sources.interface import (
     ImageSource,
     ResolvedImage,
     SourceError,
+    Waiting,
 )
 from imagegate.oci.sources.layout import blob_path, resolve_oci_index
 
@@ -269,9 +270,12 @@ class TarStream(ArchiveStream):
         if platform is not None:
             self.platform = platform
 
+    def open_raw(self, waiting: Waiting | None) -> object:
+        return self._open_raw()
+
     @contextmanager
-    def members(self) -> Iterator[Iterator[ArchiveMember]]:
-        raw = self._open_raw()
+    def members(self, waiting: Waiting | None = None) -> Iterator[Iterator[ArchiveMember]]:
+        raw = self.open_raw(waiting)
         try:
             yield self._iter(raw)
         finally:
@@ -294,8 +298,11 @@ class TarStream(ArchiveStream):
                         f = tf.extractfile(ti)
                         if f is not None:
                             yield ArchiveMember(name, ti.size, f)
-        except tarfile.ReadError as e:
-            raise SourceError(f"{self.description}: the archive stream is not a valid tar: {e}") from e
+        except (tarfile.ReadError, EOFError) as e:
+            # EOFError: tarfile's stream mode on a stream that ends inside a member.
+            raise SourceError(
+                f"{self.description}: the archive stream is not a valid tar or ends early: {e}"
+            ) from e
 
 
 class _Empty:

@@ -1,17 +1,32 @@
 """`docker-daemon:REF`: the image as the local engine holds it, streamed from the engine's
 save endpoint (`GET /images/{name}/get`) through the Docker SDK. Works with dockerd and with
-Podman's Docker-compatible API alike (`DOCKER_HOST`). Nothing is written to disk."""
+Podman's Docker-compatible API alike (`DOCKER_HOST`). Nothing is written to disk.
+
+An engine prepares the whole export before its first byte (minutes for a 10 GB image; Podman
+writes it to a temporary file first), so the export request has no read timeout: a thread reads
+the stream into a bounded queue while the caller hears how long the engine has been preparing,
+gives up at its own deadline, and gets an error naming the engine and the image when the
+stream breaks."""
 
 from __future__ import annotations
 
+import os
+import queue
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from imagegate.errors import EngineError, UsageError
 from imagegate.oci.sources.archive import TarStream
+from imagegate.oci.sources.interface import Waiting
 
 _ID_RE = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
+CHUNK = 1 << 20
+# Chunks read ahead of the consumer: bounds memory (16 MiB) and lets reading overlap hashing.
+QUEUE_CHUNKS = 16
+TICK_S = 1.0  # how often a waiting caller hears the elapsed time
 
 
 def engine_ref(ref: str) -> str:
@@ -23,19 +38,119 @@ def engine_ref(ref: str) -> str:
     return ref if ":" in last else ref + ":latest"
 
 
-class _Chunks:
-    """A file-like view of the SDK's chunk generator."""
+def engine_endpoint(client: Any) -> str:
+    """The engine as a user would name it in a message: its endpoint."""
+    api = getattr(client, "api", None)
+    base = str(getattr(api, "base_url", "") or "")
+    if base.startswith("http+docker://"):  # a unix socket: the SDK keeps its path in the adapter
+        path = getattr(getattr(api, "_custom_adapter", None), "socket_path", None)
+        base = f"unix://{path}" if path else os.environ.get("DOCKER_HOST", "")
+    return base or "the default engine"
 
-    def __init__(self, chunks: Iterator[bytes]):
-        self._chunks = chunks
-        self._buf = b""
-        self._pos = 0
+
+class _End:
+    pass
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_Item = bytes | _End | _Failed
+
+
+class EngineStream:
+    """A file-like reader over the engine's export, filled by a reader thread.
+
+    `start()` sends the request and returns the chunk iterator; it runs in the thread, so a slow
+    engine blocks the thread, not the caller. `describe(error, nbytes)` turns what the thread met
+    into the error the caller raises."""
+
+    def __init__(
+        self,
+        start: Callable[[], Iterator[bytes]],
+        describe: Callable[[BaseException, int, float], Exception],
+        *,
+        what: str,
+        waiting: Waiting | None = None,
+        timeout: float | None = None,
+    ):
+        self._describe, self._what, self._waiting = describe, what, waiting
+        self._q: queue.Queue[_Item] = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._deadline = None if timeout is None else self._t0 + timeout
+        self._timeout = timeout
+        self._buf, self._pos = b"", 0
+        self._count = 0
+        self._first = False
+        self._ended = False
+        self.first_byte_s: float | None = None
+        self._chunks: Iterator[bytes] | None = None
+        self._thread = threading.Thread(target=self._pump, args=(start,), name="engine-export", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: _Item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _pump(self, start: Callable[[], Iterator[bytes]]) -> None:
+        try:
+            self._chunks = start()
+            for chunk in self._chunks:
+                if chunk and not self._put(chunk):
+                    return
+            self._put(_End())
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(_Failed(e))
+
+    def _next(self) -> bytes:
+        while True:
+            try:
+                item = self._q.get(timeout=TICK_S)
+            except queue.Empty:  # no chunk this tick: tell the caller, check the deadline
+                now = time.monotonic()
+                if not self._first and self._waiting is not None:
+                    self._waiting(now - self._t0, False)
+                if self._deadline is not None and now > self._deadline:
+                    self.close()
+                    stage = "prepared no byte of the export" if not self._first else "stopped sending"
+                    raise EngineError(
+                        f"{self._what}: gave up after {self._timeout:.0f} s: the engine {stage} "
+                        f"({self._count} bytes received)",
+                        hint="raise the stage's timeout for a large image, or verify the registry copy "
+                        "with --source docker://REF",
+                    ) from None
+                continue
+            if isinstance(item, _Failed):
+                self._ended = True
+                raise self._describe(item.error, self._count, time.monotonic() - self._t0) from item.error
+            if isinstance(item, _End):
+                self._ended = True
+                return b""
+            if not self._first:
+                self._first = True
+                self.first_byte_s = time.monotonic() - self._t0
+                if self._waiting is not None:
+                    self._waiting(self.first_byte_s, True)
+            self._count += len(item)
+            return item
 
     def read(self, n: int = -1) -> bytes:
         if self._pos >= len(self._buf):
-            self._buf, self._pos = next(self._chunks, b""), 0
+            if self._ended:
+                return b""
+            self._buf, self._pos = self._next(), 0
         if n < 0:
-            parts = [self._buf[self._pos :], *self._chunks]
+            parts = [self._buf[self._pos :]]
+            while chunk := (b"" if self._ended else self._next()):
+                parts.append(chunk)
             self._buf, self._pos = b"", 0
             return b"".join(parts)
         out = self._buf[self._pos : self._pos + n]
@@ -43,33 +158,91 @@ class _Chunks:
         return out
 
     def close(self) -> None:
+        self._stop.set()
         close = getattr(self._chunks, "close", None)
-        if close is not None:
+        if close is not None and not self._thread.is_alive():
             close()
 
 
+def _sizeof(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"
+
+
 class DaemonArchive(TarStream):
-    def __init__(self, ref: str, client: Any | None = None):
+    def __init__(self, ref: str, client: Any | None = None, *, timeout: float | None = None):
         self.ref = engine_ref(ref)
         self._client = client
-        super().__init__(f"docker-daemon:{ref}", self._open)
+        self.timeout = timeout  # overall, for the export; None: no limit (the caller's deadline)
+        self.first_byte_s: float | None = None  # how long the engine prepared, once known
+        super().__init__(f"docker-daemon:{ref}", lambda: None)
 
-    def _open(self) -> _Chunks:
+    def _engine(self) -> Any:
         import docker  # the SDK is only needed for this transport
-        from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+        from docker.errors import DockerException
 
+        if self._client is not None:
+            return self._client
         try:
-            client = self._client or docker.from_env()
-            client.api.inspect_image(self.ref)
-            chunks = client.api.get_image(self.ref, chunk_size=1 << 20)
-        except (ImageNotFound, NotFound) as e:
-            raise UsageError(
-                f"{self.description}: the engine has no image {self.ref}",
-                hint="list its images with `docker images`; pull or load the image first",
-            ) from e
-        except (APIError, DockerException) as e:
+            self._client = docker.from_env()
+        except DockerException as e:
             raise EngineError(
-                f"{self.description}: the engine could not be asked for {self.ref}: {e}",
+                f"{self.description}: no engine to ask for {self.ref}: {e}",
                 hint="is the engine running? DOCKER_HOST selects it (e.g. unix:///run/podman.sock for Podman)",
             ) from e
-        return _Chunks(iter(chunks))
+        return self._client
+
+    def open_raw(self, waiting: Waiting | None) -> EngineStream:
+        import requests
+        from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+
+        client = self._engine()
+        engine = f"the engine ({engine_endpoint(client)})"
+        not_found = (ImageNotFound, NotFound)
+        try:
+            client.api.inspect_image(self.ref)
+        except not_found as e:
+            raise UsageError(
+                f"{self.description}: the engine has no image {self.ref} ({engine_endpoint(client)})",
+                hint="list its images with `docker images`; pull or load the image first",
+            ) from e
+        except (APIError, DockerException, requests.exceptions.RequestException) as e:
+            raise EngineError(
+                f"{self.description}: {engine} could not be asked for {self.ref}: {e}",
+                hint="is the engine running? DOCKER_HOST selects it (e.g. unix:///run/podman.sock for Podman)",
+            ) from e
+
+        def start() -> Iterator[bytes]:
+            api = client.api
+            # The SDK's get_image() waits for the first byte under the client's read timeout
+            # (60 s by default): far less than an engine takes to prepare a 10 GB export. The
+            # same request without one; the stream's socket timeout is lifted by the SDK too.
+            res = api._get(api._url("/images/{0}/get", self.ref), stream=True, timeout=None)
+            chunks: Iterator[bytes] = api._stream_raw_result(res, CHUNK, False)
+            return chunks
+
+        def describe(error: BaseException, nbytes: int, elapsed: float) -> Exception:
+            if isinstance(error, not_found):
+                return UsageError(f"{self.description}: {engine} has no image {self.ref} (any more)")
+            if isinstance(error, (APIError, DockerException)):
+                return EngineError(
+                    f"{self.description}: {engine} refused the export of {self.ref}: {error}",
+                    hint="see the engine's log; `docker save IMAGE > /dev/null` shows the same error",
+                )
+            where = "before sending its first byte" if nbytes == 0 else f"after {_sizeof(nbytes)}"
+            return EngineError(
+                f"{self.description}: {engine} broke off the export {where} ({elapsed:.0f} s): "
+                f"{type(error).__name__}: {error}",
+                hint="is the engine still running? see its log (out of disk space or memory?), then try again",
+            )
+
+        def heard(elapsed: float, done: bool) -> None:
+            if done:
+                self.first_byte_s = elapsed
+            if waiting is not None:
+                waiting(elapsed, done)
+
+        return EngineStream(start, describe, what=self.description, waiting=heard, timeout=self.timeout)

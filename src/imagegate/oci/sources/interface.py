@@ -11,13 +11,17 @@ Two kinds of source:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 from imagegate.errors import ImagegateError
 from imagegate.oci.manifest import DEFAULT_PLATFORM, Descriptor, Platform, parse_platform
+
+# Called while a stream has not delivered its first byte (an engine preparing its export):
+# (seconds waited so far, done). Done is True once, when the first byte arrives.
+Waiting = Callable[[float, bool], None]
 
 # A config larger than this is refused: configs are kilobytes; this bounds memory.
 MAX_CONFIG_BYTES = 64 << 20
@@ -89,8 +93,9 @@ class ArchiveStream(ABC):
     platform: Platform = parse_platform(DEFAULT_PLATFORM)  # for an OCI archive holding an index
 
     @abstractmethod
-    def members(self) -> AbstractContextManager[Iterator[ArchiveMember]]:
-        """The archive's members in order; each reader is valid until the next member."""
+    def members(self, waiting: Waiting | None = None) -> AbstractContextManager[Iterator[ArchiveMember]]:
+        """The archive's members in order; each reader is valid until the next member.
+        `waiting` hears about a slow start (see Waiting), where the source can tell."""
 
 
 Source = ImageSource | ArchiveStream
