@@ -44,8 +44,18 @@ TARGETS: dict[str, dict] = {
     "vllm": {"framework": "vllm", "pipelines": ["vllm"]},
     "vllm-0.11.0": {"framework": "vllm", "pip": ["vllm==0.11.0", "av"], "pipelines": ["vllm"]},
     "vllm-0.10.2": {"framework": "vllm", "pip": ["vllm==0.10.2", "av"], "pipelines": ["vllm"]},
+    # a release in each case of the vllm pipeline's args_by_version
+    "vllm-0.9.2": {"framework": "vllm", "pip": ["vllm==0.9.2", "av"], "pipelines": ["vllm"]},
+    "vllm-0.8.5.post1": {"framework": "vllm", "pip": ["vllm==0.8.5.post1", "av"], "pipelines": ["vllm"]},
     "sglang": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
     "sglang-nixl": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
+    # either side of the sglang pipelines' args_by_version boundary (`sglang serve` from 0.5.5)
+    "sglang-0.5.5": {"framework": "sglang", "pip": ["sglang==0.5.5", "av"], "pipelines": ["sglang"]},
+    "sglang-0.5.4.post3": {
+        "framework": "sglang",
+        "pip": ["sglang==0.5.4.post3", "av"],
+        "pipelines": ["sglang"],
+    },
 }
 
 
