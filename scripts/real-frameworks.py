@@ -49,6 +49,7 @@ TARGETS: dict[str, dict] = {
     "vllm-0.8.5.post1": {"framework": "vllm", "pip": ["vllm==0.8.5.post1", "av"], "pipelines": ["vllm"]},
     "sglang": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
     "sglang-nixl": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
+    "sglang-nixl-cu12-only": {"framework": "sglang", "pipelines": ["sglang-disagg"]},
     # either side of the sglang pipelines' args_by_version boundary (`sglang serve` from 0.5.5)
     "sglang-0.5.5": {"framework": "sglang", "pip": ["sglang==0.5.5", "av"], "pipelines": ["sglang"]},
     "sglang-0.5.4.post3": {
@@ -64,6 +65,16 @@ def recipe_of(name: str) -> dict:
     if "pip" in t:
         return {"from": "python", "pip": t["pip"]}
     return build.recipe(name)
+
+
+def recipe_text(r: dict) -> str:
+    """What the image adds to its base, in words."""
+    parts = []
+    if r.get("pip"):
+        parts.append("pip install " + " ".join(r["pip"]))
+    if r.get("run"):
+        parts.append(r["run"])
+    return " && ".join(parts)
 
 
 def git(*args: str) -> str:
@@ -124,6 +135,11 @@ def run_pipeline(ref: str, pipeline: str, out: Path) -> dict:
         }
         for s in pred["stages"]
     ]
+    for s, kept in zip(pred["stages"], entry["stages"], strict=True):
+        if s.get("probe") == "find_spec":  # where each module was found: the variant nixl picked
+            kept["origins"] = {
+                m["module"]: m.get("origin") for m in (s.get("facts") or {}).get("modules", [])
+            }
     # The raw run of a deferred GPU stage is the evidence a user reads: keep its last lines.
     attempt = next(out.glob(f"*/{pred['attempt']['id']}"), None)
     if attempt:
@@ -156,6 +172,7 @@ def run_target(name: str, remove_old: bool, commit: str) -> dict:
         "framework": t["framework"],
         "version": facts.get(t["framework"]),
         "recipe": r,
+        "adds": recipe_text(r),
         "image": tag,
         "image_bytes": size,
         "image_gb": round(size / 1e9, 2),
@@ -164,10 +181,13 @@ def run_target(name: str, remove_old: bool, commit: str) -> dict:
         "facts": facts,
         "runs": [],
     }
+    # Durations depend on what else the machine runs: the load is part of the record.
+    entry["load_average_before"] = [round(x, 1) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp:
         for p in t["pipelines"]:
             print(f"real-frameworks: {name}: imagegate run -p {p}", file=sys.stderr, flush=True)
             entry["runs"].append(run_pipeline(tag, p, Path(tmp)))
+    entry["load_average_after"] = [round(x, 1) for x in os.getloadavg()]
     if remove_old and name not in build.REAL_RECIPES:
         subprocess.run(["docker", "image", "rm", tag], capture_output=True)
         entry["removed_after"] = True
@@ -195,16 +215,19 @@ def markdown(record: dict) -> str:
         f"imagegate commit {commits}; "
         f"Docker {record['engine']['docker']}, "
         f"{record['engine']['cpus']} CPUs, no GPU. Made by `scripts/real-frameworks.py`; the JSON "
-        "beside this file holds every stage's detail.",
+        "beside this file holds every stage's detail. Durations depend on the machine's load "
+        "(1-minute load average before each image's runs: "
+        + ", ".join(f"{e['target']} {e.get('load_average_before', ['?'])[0]}" for e in record["entries"])
+        + ").",
         "",
-        "Images: `pip install FRAMEWORK==X av` (extras named) on Debian bookworm's python3, from PyPI.",
+        "Images: `pip install` from PyPI on Debian bookworm's python3 (`python`: tests/images/build.py).",
         "",
-        "| image | framework | torch (CUDA) | size | build | pipeline | verdict | exit | run | stages |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| image | made by | framework | torch (CUDA) | size | build | pipeline | verdict | exit | run | stages |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in record["entries"]:
         f = e["facts"]
-        extras = [q for q in e["recipe"].get("pip", []) if not q.startswith((e["framework"], "av"))]
+        made = f"on {e['recipe']['from']}: {e.get('adds') or recipe_text(e['recipe'])}"
         for run in e["runs"]:
             stages = ", ".join(
                 f"{s['id']} {s['status']} {s['duration_seconds']:.1f}s"
@@ -214,7 +237,7 @@ def markdown(record: dict) -> str:
             )
             build_s = f"{e['build_seconds']:.0f}s" if e.get("build_seconds") else "cached"
             lines.append(
-                f"| {e['target']}{' +' + '+'.join(extras) if extras else ''} | {e['framework']} {e['version']} "
+                f"| {e['target']} | {made} | {e['framework']} {e['version']} "
                 f"| {f.get('torch')} ({f.get('torch_cuda')}) | {e['image_gb']} GB | {build_s} "
                 f"| {run['pipeline']} | {run.get('verdict')} | {run['exit_code']} | {run['wall_seconds']}s "
                 f"| {stages} |"
@@ -240,7 +263,13 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.list:
         for n, t in TARGETS.items():
-            print(n, " ".join(recipe_of(n)["pip"]), "->", ", ".join(t["pipelines"]))
+            print(
+                n,
+                f"(from {recipe_of(n)['from']})",
+                recipe_text(recipe_of(n)),
+                "->",
+                ", ".join(t["pipelines"]),
+            )
         return 0
     unknown = [n for n in a.targets if n not in TARGETS]
     if unknown:
@@ -255,6 +284,9 @@ def main(argv: list[str]) -> int:
     record.update(date=day, engine=engine(), script="scripts/real-frameworks.py")
     for name in a.targets or list(TARGETS):
         entry = run_target(name, a.remove_old, commit)
+        before = next((e for e in record["entries"] if e["image"] == entry["image"]), None)
+        if entry["build_seconds"] is None and before:  # a cached image: its build as recorded then
+            entry["build_seconds"] = before.get("build_seconds")
         entry["recorded"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         record["entries"] = [e for e in record["entries"] if e["target"] != name] + [entry]
         record["entries"].sort(key=lambda e: list(TARGETS).index(e["target"]))

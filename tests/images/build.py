@@ -92,6 +92,11 @@ REAL_RECIPES: dict[str, dict] = {
     # What prefill/decode disaggregation adds: NIXL (`pip install nixl` picks 1.5.1 on Python
     # 3.11, the newest with both of its CUDA variants, nixl-cu12 and nixl-cu13).
     "sglang-nixl": {"from": "sglang", "pip": ["nixl==1.5.1"]},
+    # NIXL without the variant for this torch's CUDA 13: importing nixl raises ImportError.
+    "sglang-nixl-cu12-only": {
+        "from": "sglang-nixl",
+        "run": "python3 -m pip uninstall -q -y --break-system-packages nixl-cu13",
+    },
 }
 
 

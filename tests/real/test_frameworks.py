@@ -16,7 +16,8 @@ import yaml
 
 from tests.helpers import imagegate
 
-pytestmark = pytest.mark.engine
+# The first test may build the images (set-up normally has): ~10 minutes each on 2 cores.
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +83,10 @@ def test_sglang_disagg_rejects_the_standard_image_for_missing_nixl(
     s = stages(pred)
     assert (code, pred["verdict"]) == (1, "FAIL"), s
     assert s["find_spec"]["status"] == "FAIL"
-    assert s["find_spec"]["detail"] == "nixl: not found; nixl._api: parent package nixl is not installed"
+    assert s["find_spec"]["detail"] == (
+        "nixl: not found; nixl._api: parent package nixl is not installed; "
+        "nixl._bindings: parent package nixl is not installed"
+    )
     assert [s[i]["status"] for i in ("pip_check", "server_cli", "av_roundtrip")] == ["PASS"] * 3
 
 
@@ -91,5 +95,17 @@ def test_sglang_disagg_passes_with_nixl_and_its_cuda_variant(real: dict[str, str
     s = stages(pred)
     assert (code, pred["verdict"]) == (0, "PASS"), s
     modules = {m["module"]: m for m in s["find_spec"]["facts"]["modules"]}
-    # nixl._api is the CUDA variant's module, loaded by nixl for torch's CUDA major version.
-    assert "/nixl_cu1" in modules["nixl._api"]["origin"], modules["nixl._api"]
+    # nixl._bindings is the native module of the CUDA variant nixl picked for torch's CUDA major
+    # version (this image's torch is built for CUDA 13; both variants are installed).
+    assert "/nixl_cu13/_bindings." in modules["nixl._bindings"]["origin"], modules["nixl._bindings"]
+
+
+def test_sglang_disagg_rejects_nixl_without_the_variant_for_torchs_cuda(
+    real: dict[str, str], tmp_path: Path
+) -> None:
+    code, pred, _ = run(real["sglang-nixl-cu12-only"], "sglang-disagg", tmp_path)
+    s = stages(pred)
+    assert (code, pred["verdict"]) == (1, "FAIL"), s
+    raised = "importing nixl raised ImportError: detected CUDA 13 but nixl-cu13 is not installed"
+    assert s["find_spec"]["detail"] == f"nixl._api: {raised}; nixl._bindings: {raised}"
+    assert s["pip_check"]["detail"] == "1 problems: nixl 1.5.1 requires nixl-cu13, which is not installed."
