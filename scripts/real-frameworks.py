@@ -44,19 +44,11 @@ TARGETS: dict[str, dict] = {
     "vllm": {"framework": "vllm", "pipelines": ["vllm"]},
     "vllm-0.11.0": {"framework": "vllm", "pip": ["vllm==0.11.0", "av"], "pipelines": ["vllm"]},
     "vllm-0.10.2": {"framework": "vllm", "pip": ["vllm==0.10.2", "av"], "pipelines": ["vllm"]},
-    # a release in each case of the vllm pipeline's args_by_version
+    # the first release that fails to infer a device without a GPU (the override's reason)
     "vllm-0.9.2": {"framework": "vllm", "pip": ["vllm==0.9.2", "av"], "pipelines": ["vllm"]},
-    "vllm-0.8.5.post1": {"framework": "vllm", "pip": ["vllm==0.8.5.post1", "av"], "pipelines": ["vllm"]},
     "sglang": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
     "sglang-nixl": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
     "sglang-nixl-cu12-only": {"framework": "sglang", "pipelines": ["sglang-disagg"]},
-    # either side of the sglang pipelines' args_by_version boundary (`sglang serve` from 0.5.5)
-    "sglang-0.5.5": {"framework": "sglang", "pip": ["sglang==0.5.5", "av"], "pipelines": ["sglang"]},
-    "sglang-0.5.4.post3": {
-        "framework": "sglang",
-        "pip": ["sglang==0.5.4.post3", "av"],
-        "pipelines": ["sglang"],
-    },
 }
 
 
@@ -284,6 +276,8 @@ def main(argv: list[str]) -> int:
     record.update(date=day, engine=engine(), script="scripts/real-frameworks.py")
     for name in a.targets or list(TARGETS):
         entry = run_target(name, a.remove_old, commit)
+        if path.exists():  # another run may have written meanwhile: keep its entries
+            record["entries"] = json.loads(path.read_text())["entries"]
         before = next((e for e in record["entries"] if e["image"] == entry["image"]), None)
         if entry["build_seconds"] is None and before:  # a cached image: its build as recorded then
             entry["build_seconds"] = before.get("build_seconds")
