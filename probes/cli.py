@@ -17,7 +17,7 @@ import sys
 
 from . import capture, versions
 
-# Run on real vLLM 0.9.2, 0.10.2, 0.11.0, 0.33.0 (the dated records in
+# Run on real vLLM 0.10.2, 0.11.0, 0.33.0 (the dated records in
 # benchmarks/records, scripts/real-frameworks.py): vllm.platforms resolves _current_platform
 # lazily on first access to current_platform; it must be set before vllm.engine.arg_utils is
 # imported.

@@ -44,8 +44,6 @@ TARGETS: dict[str, dict] = {
     "vllm": {"framework": "vllm", "pipelines": ["vllm"]},
     "vllm-0.11.0": {"framework": "vllm", "pip": ["vllm==0.11.0", "av"], "pipelines": ["vllm"]},
     "vllm-0.10.2": {"framework": "vllm", "pip": ["vllm==0.10.2", "av"], "pipelines": ["vllm"]},
-    # the first release that fails to infer a device without a GPU (the override's reason)
-    "vllm-0.9.2": {"framework": "vllm", "pip": ["vllm==0.9.2", "av"], "pipelines": ["vllm"]},
     "sglang": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
     "sglang-nixl": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
     "sglang-nixl-cu12-only": {"framework": "sglang", "pipelines": ["sglang-disagg"]},
@@ -181,7 +179,8 @@ def run_target(name: str, remove_old: bool, commit: str) -> dict:
             entry["runs"].append(run_pipeline(tag, p, Path(tmp)))
     entry["load_average_after"] = [round(x, 1) for x in os.getloadavg()]
     if remove_old and name not in build.REAL_RECIPES:
-        subprocess.run(["docker", "image", "rm", tag], capture_output=True)
+        # both of its tags (build.py also tags NAME:latest), so that the layers go
+        subprocess.run(["docker", "image", "rm", tag, f"imagegate-test/{name}:latest"], capture_output=True)
         entry["removed_after"] = True
     return entry
 
