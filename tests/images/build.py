@@ -284,8 +284,9 @@ def build_pip(r: dict, tag: str) -> None:
                 "RUN python3 -m pip install -q --no-cache-dir --break-system-packages"
                 f" --no-index --find-links {url} {reqs}\n"
             )
+            # --force-rm: a failed install leaves no container of gigabytes behind
             sh(
-                "docker", "build", "-q", "--network", "host", "-t", tag, str(ctx),
+                "docker", "build", "-q", "--force-rm", "--network", "host", "-t", tag, str(ctx),
                 env=dict(os.environ, DOCKER_BUILDKIT="0"),
             )  # fmt: skip
 
