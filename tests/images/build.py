@@ -6,12 +6,21 @@ image whose hash tag exists is not rebuilt, so a warm machine starts in seconds 
 builds everything from nothing. Wheels are downloaded on the host (`pip download`) into a cache
 and installed with `pip install --no-index` during `docker build --network none`.
 
-Usage: build.py [NAME ...]    (default: all)
+The real frameworks (REAL_RECIPES: the newest vLLM and SGLang, built the ordinary way with
+`pip install FRAMEWORK==X av` on the Debian base) resolve their whole dependency set: the host
+downloads it (`pip wheel`, the machine's own pip configuration ignored so that nothing but PyPI's
+releases go in), serves the folder on 127.0.0.1 for the duration of the build, and the image's own
+pip installs from there in one `RUN` (`docker build --network host`), so that no copy of the
+wheels stays in a layer.
+
+Usage: build.py [NAME ...]    (default: all, the real frameworks included)
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -20,7 +29,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -96,6 +108,26 @@ RECIPES: dict[str, dict] = {
     },
 }
 
+# The newest release of each framework, installed the ordinary way (whole dependency set from
+# PyPI, CUDA torch included: ~10 GB each). Kept apart from RECIPES so that the `images` fixture
+# of the fast tests never waits for them; tests/real builds them, and so does the set-up.
+REAL_RECIPES: dict[str, dict] = {
+    "vllm": {"from": "python", "pip": ["vllm==0.33.0", "av"]},
+    "sglang": {"from": "python", "pip": ["sglang==0.5.23", "av"]},
+    # What prefill/decode disaggregation adds: NIXL (`pip install nixl` picks 1.5.1 on Python
+    # 3.11, the newest with both of its CUDA variants, nixl-cu12 and nixl-cu13).
+    "sglang-nixl": {"from": "sglang", "pip": ["nixl==1.5.1"]},
+    # NIXL without the variant for this torch's CUDA 13: importing nixl raises ImportError.
+    "sglang-nixl-cu12-only": {
+        "from": "sglang-nixl",
+        "run": "python3 -m pip uninstall -q -y --break-system-packages nixl-cu13",
+    },
+}
+
+
+def recipe(name: str) -> dict:
+    return RECIPES.get(name) or REAL_RECIPES[name]
+
 
 def sh(*argv: str, **kw) -> subprocess.CompletedProcess:
     print("+", " ".join(argv)[:200], file=sys.stderr, flush=True)
@@ -114,8 +146,8 @@ def tree_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def recipe_hash(name: str) -> str:
-    r = RECIPES[name]
+def recipe_hash(name: str, r: dict | None = None) -> str:
+    r = r or recipe(name)
     h = hashlib.sha256(json.dumps(r, sort_keys=True).encode())
     if "from" in r:
         h.update(recipe_hash(r["from"]).encode())
@@ -148,7 +180,7 @@ def debian_mirrors(suite: str = SUITE) -> list[str]:
 
 
 def build_debian(name: str, tag: str) -> None:
-    r = RECIPES[name]
+    r = recipe(name)
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
@@ -239,8 +271,67 @@ def download_wheels(reqs: list[str], python: str = PYTHON) -> list[Path]:
     return found
 
 
+def host_pip_env() -> dict[str, str]:
+    """The environment for the host's pip: this machine's pip configuration (extra indexes,
+    find-links folders, constraints) left out, so that the image gets PyPI's releases."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+@contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """An HTTP listing of `folder` on 127.0.0.1 (pip's --find-links reads it) while in use."""
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def build_pip(r: dict, tag: str) -> None:
+    """`pip install REQS` in one RUN on the base image, from wheels the host downloaded."""
+    base = f"imagegate-test/{r['from']}:{recipe_hash(r['from'])}"
+    # The host resolves what the base's own pip installs too, so that the image's pip finds the
+    # versions it already has among the offered wheels.
+    host_reqs, up = list(r["pip"]), recipe(r["from"])
+    while "pip" in up:
+        host_reqs += up["pip"]
+        up = recipe(up["from"])
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        wheels = Path(tmp) / "wheels"
+        sh(
+            sys.executable, "-m", "pip", "wheel", "-q", "--progress-bar", "off",
+            "-w", str(wheels), *host_reqs,
+            env=host_pip_env(),
+        )  # fmt: skip
+        ctx = Path(tmp) / "ctx"
+        ctx.mkdir()
+        with serve(wheels) as url:
+            reqs = " ".join(f"'{q}'" for q in r["pip"])
+            (ctx / "Dockerfile").write_text(
+                f"FROM {base}\n"
+                "RUN python3 -m pip install -q --no-cache-dir --break-system-packages"
+                f" --no-index --find-links {url} {reqs}\n"
+            )
+            # --force-rm: a failed install leaves no container of gigabytes behind
+            sh(
+                "docker", "build", "-q", "--force-rm", "--network", "host", "-t", tag, str(ctx),
+                env=dict(os.environ, DOCKER_BUILDKIT="0"),
+            )  # fmt: skip
+
+
 def build_derived(name: str, tag: str) -> None:
-    r = RECIPES[name]
+    r = recipe(name)
     base = f"imagegate-test/{r['from']}:{recipe_hash(r['from'])}"
     with tempfile.TemporaryDirectory() as tmp:
         ctx = Path(tmp)
@@ -287,11 +378,16 @@ def build_scratch(tag: str) -> None:
     sh("docker", "import", "--change", 'CMD ["/nothing"]', "-", tag, input=buf.getvalue())
 
 
-def build(name: str) -> str:
-    tag = f"imagegate-test/{name}:{recipe_hash(name)}"
+def build(name: str, r: dict | None = None) -> str:
+    """Build image `name` from its recipe (or the recipe `r`), unless its hash tag exists."""
+    r = r or recipe(name)
+    tag = f"imagegate-test/{name}:{recipe_hash(name, r)}"
     if not image_exists(tag):
-        r = RECIPES[name]
-        if "from" in r:
+        if "pip" in r:
+            build(r["from"])
+            CACHE.mkdir(parents=True, exist_ok=True)
+            build_pip(r, tag)
+        elif "from" in r:
             build(r["from"])
             build_derived(name, tag)
         elif r.get("scratch"):
@@ -303,9 +399,10 @@ def build(name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    for name in argv or list(RECIPES):
-        if name not in RECIPES:
-            print(f"build.py: unknown image {name!r}; known: {', '.join(RECIPES)}", file=sys.stderr)
+    known = {**RECIPES, **REAL_RECIPES}
+    for name in argv or list(known):
+        if name not in known:
+            print(f"build.py: unknown image {name!r}; known: {', '.join(known)}", file=sys.stderr)
             return 3
         build(name)
     return 0

@@ -41,7 +41,10 @@ class Format(str, enum.Enum):
 
 def _pipeline() -> Any:
     return typer.Option(
-        "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang) or a YAML file."
+        "python",
+        "--pipeline",
+        "-p",
+        help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
     )
 
 

@@ -44,7 +44,10 @@ class Format(str, enum.Enum):
 def run(
     image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
     pipeline: str = typer.Option(
-        "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang) or a YAML file."
+        "python",
+        "--pipeline",
+        "-p",
+        help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
     ),
     module: list[str] = typer.Option(
         [], "--module", "-m", help="Module for the find_spec stage (repeatable)."
