@@ -189,7 +189,17 @@ FACTS: dict[str, FactRules] = {
         },
     ),
     "layers": FactRules(
-        carried=("config_digest", "manifest_digest", "layers", "verified", "failed", "error", "hint"),
+        carried=(
+            "config_digest",
+            "manifest_digest",
+            "layers",
+            "verified",
+            "failed",
+            "error",
+            "hint",
+            "source",
+            "source_choice",
+        ),
     ),
     "image_id": FactRules(carried=("image_id", "expected")),
 }
