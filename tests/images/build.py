@@ -25,7 +25,10 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 CACHE = Path(os.environ.get("IMAGEGATE_TEST_CACHE", Path.home() / ".cache" / "imagegate-test"))
-PY_TAGS = ["--python-version", "3.11", "--implementation", "cp", "--only-binary=:all:"]
+PY_TAGS = ["--implementation", "cp", "--only-binary=:all:"]
+PYTHON = "3.11"  # the Python of Debian 12, the default base; a recipe's "python" overrides it
+SUITE = "bookworm"  # a recipe's "suite" overrides it
+PIP_ARGS = "--no-index --no-deps --break-system-packages"
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"]
 
 # name -> recipe. "base" images come from mmdebstrap; the others build FROM another one.
@@ -78,6 +81,19 @@ RECIPES: dict[str, dict] = {
     "hostile": {"from": "python", "copy": "hostile"},
     "hostile-wrapper": {"from": "hostile", "copy": "hostile-wrapper"},
     "flood": {"from": "python", "copy": "flood"},
+    # The oldest Python the probes support that the reachable registries provide: Debian 11's
+    # Python 3.9 (no Debian suite on the mirror, no PyPI or npm package ships an older CPython
+    # build), with Debian 11's Python 2.7 beside it for the loader's too-old message.
+    "oldest": {"debian": ["python3", "python3-pip", "python2.7"], "suite": "bullseye"},
+    # The vLLM imitation and real PyAV on that Python; Debian 11's pip 20.3 predates
+    # --break-system-packages.
+    "oldest-vllm-like": {
+        "from": "oldest",
+        "python": "3.9",
+        "wheels": ["av==14.2.0"],
+        "local": ["vllm_imitation"],
+        "pip_args": "--no-index --no-deps",
+    },
 }
 
 
@@ -110,17 +126,19 @@ def recipe_hash(name: str) -> str:
     return h.hexdigest()[:16]
 
 
-def debian_mirrors() -> list[str]:
-    """deb lines from the machine's own deb822 sources (never a host name written here)."""
+def debian_mirrors(suite: str = SUITE) -> list[str]:
+    """deb lines from the machine's own deb822 sources (never a host name written here), for
+    `suite` (the machine's own suite names, e.g. bookworm-security, renamed to it)."""
     lines = []
     for src in Path("/etc/apt/sources.list.d").glob("*.sources"):
         stanza: dict[str, str] = {}
         for raw in [*src.read_text().splitlines(), ""]:
             if not raw.strip():
                 if stanza.get("types", "").startswith("deb") and "uris" in stanza:
-                    for suite in stanza.get("suites", "bookworm").split():
+                    for own in stanza.get("suites", SUITE).split():
+                        name = suite + own[len(own.split("-")[0]) :]
                         lines.append(
-                            f"deb {stanza['uris'].split()[0]} {suite} {stanza.get('components', 'main')}"
+                            f"deb {stanza['uris'].split()[0]} {name} {stanza.get('components', 'main')}"
                         )
                 stanza = {}
             elif not raw.startswith("#") and ":" in raw:
@@ -134,13 +152,14 @@ def build_debian(name: str, tag: str) -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
-        mirrors = debian_mirrors()
+        suite = r.get("suite", SUITE)
+        mirrors = debian_mirrors(suite)
         sh(
             "mmdebstrap",
             "--quiet",
             "--variant=apt",
             "--include=" + ",".join(r["debian"]),
-            "bookworm",
+            suite,
             str(rootfs),
             *mirrors,
         )
@@ -188,11 +207,12 @@ PIP_LOCATION_NOISE = re.compile(
 )
 
 
-def download_wheels(reqs: list[str]) -> list[Path]:
+def download_wheels(reqs: list[str], python: str = PYTHON) -> list[Path]:
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PY_TAGS, *platforms]
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--python-version", python]
+    argv += [*PY_TAGS, *platforms]
     print("+", " ".join([*argv, "-d", str(wheels), *reqs])[:200], file=sys.stderr, flush=True)
     done = subprocess.run([*argv, "-d", str(wheels), *reqs], capture_output=True, text=True)
     # A host's pip configuration may list index folders that lack most projects: pip warns once
@@ -206,7 +226,13 @@ def download_wheels(reqs: list[str]) -> list[Path]:
     for req in reqs:
         name, _, ver = req.partition("==")
         stem = name.replace("-", "_").lower()
-        matches = [p for p in wheels.glob("*.whl") if p.name.lower().startswith(f"{stem}-{ver}-")]
+        # the cache holds wheels for several Pythons: take the one this recipe's Python installs
+        cp = "cp" + python.replace(".", "")
+        matches = [
+            p
+            for p in wheels.glob("*.whl")
+            if p.name.lower().startswith(f"{stem}-{ver}-") and p.name.split("-")[-3] in (cp, "py3", "py2.py3")
+        ]
         if not matches:
             raise SystemExit(f"build.py: no wheel for {req} in {wheels}")
         found.append(matches[0])
@@ -221,13 +247,13 @@ def build_derived(name: str, tag: str) -> None:
         (ctx / "wheels").mkdir()
         lines = [f"FROM {base}"]
         if r.get("wheels") or r.get("local"):
-            for w in download_wheels(r.get("wheels", [])):
+            for w in download_wheels(r.get("wheels", []), r.get("python", PYTHON)):
                 (ctx / "wheels" / w.name).write_bytes(w.read_bytes())
             for local in r.get("local", []):
                 local_wheel(HERE / local, ctx / "wheels")
             lines += [
                 "COPY wheels/ /tmp/wheels/",
-                "RUN python3 -m pip install -q --no-index --no-deps --break-system-packages /tmp/wheels/*.whl"
+                f"RUN python3 -m pip install -q {r.get('pip_args', PIP_ARGS)} /tmp/wheels/*.whl"
                 " && rm -rf /tmp/wheels /root/.cache",
             ]
         if r.get("copy"):  # a tree laid over the image's root (its README stays here)

@@ -44,7 +44,7 @@ def test_good_pipeline_loads(tmp_path: Path) -> None:
 def test_unknown_key_names_file_line_and_key(tmp_path: Path) -> None:
     text = GOOD.replace("      modules: [json]\n", "      modules: [json]\n      modlues: [x]\n")
     path = write(tmp_path, text)
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(UsageError, match=r"stages\[1\]\.with\.modlues: unknown key 'modlues'") as e:
         pipeline.load(str(path))
     msg = str(e.value)
     assert f"{path}:12: stages[1].with.modlues: unknown key 'modlues'" in msg

@@ -5,6 +5,8 @@ input raises."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -283,6 +285,89 @@ def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) ->
         rep.add("statement.json", "failed", f"{copy} differs from the signed statement")
 
 
+LINK_COPY = "completes/attestation.dsse.json"  # imagegate.complete keeps the earlier envelope here
+
+
+def _subject_of(statement: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What two attempts of one chain must share: the image's name and digest; for an environment
+    without an image (run --here), its fingerprint."""
+    pred = statement.get("predicate") or {}
+    if (pred.get("image") or {}).get("subjectDigest") == "environment":
+        fp = ((pred.get("environment") or {}).get("fingerprint") or {}).get("sha256")
+        return ("environment fingerprint", fp)
+    subj = statement.get("subject") or []
+    return ("subject", json.dumps(subj, sort_keys=True))
+
+
+def _safe_id(attempt: object) -> bool:
+    return isinstance(attempt, str) and bool(attempt) and "/" not in attempt and attempt not in (".", "..")
+
+
+def check_link(statement: dict[str, Any], root: Path, key: PublicKey, rep: Report) -> None:
+    """A completion (`imagegate complete`) names the attempt it completes by the sha256 of that
+    attempt's envelope. Both envelopes must be signed by the key, the earlier one must be the
+    linked one byte for byte (where it lies beside, and the copy in the completion), and both
+    must be about one subject."""
+    link = (statement.get("predicate") or {}).get("completes") or {}
+    want = str(link.get("envelopeSha256") or "")
+    attempt = link.get("attempt")
+    # The earlier attempt folder beside this one (where `complete` puts a completion by default),
+    # and the copy the completion keeps as evidence: each that is there must be the linked one.
+    beside = root.parent / str(attempt) / "attestation.dsse.json" if _safe_id(attempt) else None
+    places = [p for p in (beside, root / LINK_COPY) if p is not None and p.is_file()]
+    if not places:
+        rep.add(
+            "link",
+            "failed",
+            f"completes attempt {attempt}: its envelope is neither beside nor in {LINK_COPY}",
+        )
+        return
+    earlier_env = None
+    for place in places:
+        data = place.read_bytes()
+        got = hashlib.sha256(data).hexdigest()
+        if got != want:
+            rep.add(
+                "link",
+                "failed",
+                f"completes attempt {attempt}: {place} has sha256 {got[:16]}…, the link says {want[:16]}…: "
+                "the earlier attestation was changed after the completion was signed",
+            )
+            return
+        earlier_env = data
+    assert earlier_env is not None
+    try:
+        env = dsse.from_json(earlier_env)
+    except Exception as e:  # a malformed earlier envelope: the link fails, named
+        rep.add("link", "failed", f"completes attempt {attempt}: the earlier envelope is unreadable ({e})")
+        return
+    sub = verify_envelope(env, key, source=str(places[0]))
+    if not sub.ok or sub.statement is None:
+        why = "; ".join(f"{c.name}: {c.detail}" for c in sub.failures)
+        rep.add(
+            "link", "failed", f"completes attempt {attempt}: the earlier attestation does not verify: {why}"
+        )
+        return
+    earlier_id = ((sub.statement.get("predicate") or {}).get("attempt") or {}).get("id")
+    if earlier_id != attempt:
+        rep.add(
+            "link", "failed", f"the link names attempt {attempt}, the linked envelope is attempt {earlier_id}"
+        )
+        return
+    a, b = _subject_of(statement), _subject_of(sub.statement)
+    if a != b:
+        rep.add(
+            "link", "failed", f"completes attempt {attempt}, about another {a[0]}: {b[1]} then, {a[1]} now"
+        )
+        return
+    rep.add(
+        "link",
+        "ok",
+        f"completes attempt {attempt} (verdict {sub.verdict}): its signature verified, envelope sha256 "
+        f"{want[:16]}… as linked, same {a[0]}",
+    )
+
+
 def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> Report | None:
     """Of several attestations (a .jsonl file, an image's `.att`): the first that passes; else the
     first of our predicate type, whose failures explain why; else the first."""
@@ -319,6 +404,8 @@ def verify_file(
             expect_verdict=expect_verdict,
         )
         if rep.statement is not None:
+            if (rep.statement.get("predicate") or {}).get("completes") is not None:
+                check_link(rep.statement, evidence_dir or path.parent, key, rep)
             if evidence:
                 check_evidence(rep.statement, evidence_dir or path.parent, rep)
             else:

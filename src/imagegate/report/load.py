@@ -49,6 +49,8 @@ def _stage(raw: dict[str, Any], root: Path) -> StageResult:
             stored = _read_json(root / f.path)
             if isinstance(stored, dict) and isinstance(stored.get("data"), dict):
                 data = stored["data"]
+    if raw.get("fromAttempt"):  # a completion's result carried over from the earlier attempt
+        data["from_attempt"] = str(raw["fromAttempt"])
     try:
         status = Status(raw.get("status"))
     except ValueError:
@@ -100,6 +102,7 @@ def load_attempt(attempt_dir: Path) -> RunRecord:
         verdict=str(pred["verdict"]),
         imagegate_version=str((pred.get("imagegate") or {}).get("version") or "?"),
         bundle_sha256=pred.get("bundleSha256"),
+        completes=pred["completes"] if isinstance(pred.get("completes"), dict) else None,
     )
 
 
