@@ -31,15 +31,16 @@ def test_memory_limit_kills_the_hog_and_the_run_goes_on(images: dict[str, str], 
         "  - id: after\n    probe: cli\n"
         "    with: {command: [python3, -c, \"print('still here')\"], stdout_regex: still here}\n"
     )
-    r, attempt = _run(images["python"], tmp_path, body, "--memory", "128m")
+    # One controller (-j 1): the hog and the next stage share the container and its limit.
+    r, attempt = _run(images["python"], tmp_path, body, "--memory", "128m", "-j", "1")
     assert r.returncode == 1, r.stdout + r.stderr
     st = _stages(attempt)
     # the kernel's OOM killer ended the 512 MiB allocation inside the 128 MiB container
     assert st["hog"]["status"] == "FAIL" and "exit -9" in st["hog"]["detail"], st["hog"]
     assert "allocated" not in (attempt / "stages/01-hog/stdout.txt").read_text()
     assert st["after"]["status"] == "PASS"  # the controller itself survived
-    run = json.loads((attempt / "run.json").read_text())["run"]
-    assert run["memory"] == "128m"
+    (controller,) = json.loads((attempt / "run.json").read_text())["run"]["controllers"]
+    assert controller["memory"] == "128m"
     assert not any(container_exists(c) for c in containers_of(attempt))
 
 
@@ -55,7 +56,7 @@ def test_pids_limit_stops_a_thread_flood(images: dict[str, str], tmp_path: Path)
     r, attempt = _run(images["python"], tmp_path, body)
     assert r.returncode == 0, r.stdout + r.stderr
     out = (attempt / "stages/01-flood/stdout.txt").read_text().split()
-    limit = json.loads((attempt / "run.json").read_text())["run"]["pids_limit"]
+    limit = json.loads((attempt / "run.json").read_text())["run"]["controllers"][0]["pids_limit"]
     assert out[:2] == ["limited", "at"], out
     # every process and thread of the container counts: the flood stops just short of the limit
     assert limit - 64 <= int(out[2]) < limit, (out, limit)
