@@ -108,4 +108,4 @@ def test_sglang_disagg_rejects_nixl_without_the_variant_for_torchs_cuda(
     assert (code, pred["verdict"]) == (1, "FAIL"), s
     raised = "importing nixl raised ImportError: detected CUDA 13 but nixl-cu13 is not installed"
     assert s["find_spec"]["detail"] == f"nixl._api: {raised}; nixl._bindings: {raised}"
-    assert s["pip_check"]["detail"] == "1 problems: nixl 1.5.1 requires nixl-cu13, which is not installed."
+    assert s["pip_check"]["detail"] == "1 problem: nixl 1.5.1 requires nixl-cu13, which is not installed."
