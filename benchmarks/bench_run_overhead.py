@@ -2,10 +2,11 @@
 """Runner overhead: `imagegate run` with the four in-image stages (pip_check, find_spec,
 cli under vLLM's CpuPlatform, av_roundtrip) against the same probes run by hand in one
 `docker run --rm --network none IMAGE sh -c '...'`. Prints medians, the added seconds and the
-ratio. Goal: <= 1.0 s added.
+ratio. Goal: <= 1.0 s added; prints PASS or FAIL and exits 1 on a miss.
 
-Usage: benchmarks/bench_run_overhead.py [--image imagegate-test/vllm-like:latest] [--reps 5]
-(needs the engine and the test image: scripts/setup.sh vllm-like)
+Usage: benchmarks/bench_run_overhead.py [--image imagegate-test/vllm-like:latest] [--reps 5] [--record F]
+(needs the engine and the test image: scripts/setup.sh vllm-like); --record writes the result
+as a dated JSON record (benchmarks/records/).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from record import Goal, print_goals, write
+
+GOAL_ADDED_S = 1.0
 
 PIPELINE = """\
 apiVersion: imagegate/v1
@@ -77,6 +82,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--image", default="imagegate-test/vllm-like:latest")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--record", type=Path, default=None, help="write a dated JSON record here")
     args = ap.parse_args()
     imagegate = str(Path(sys.executable).parent / "imagegate")
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,9 +121,21 @@ def main() -> int:
     print(f"image: {args.image}, {args.reps} runs each, medians")
     print(f"  by hand, one docker run        {h:6.2f} s")
     print(f"  imagegate run (4 stages)       {o:6.2f} s")
-    print(f"  added by imagegate             {o - h:+6.2f} s   (goal <= 1.00 s)")
+    print(f"  added by imagegate             {o - h:+6.2f} s")
     print(f"  ratio imagegate / by hand      {o / h:6.2f}x")
-    return 0 if o - h <= 1.0 else 1
+    goals = [
+        Goal(
+            "seconds imagegate adds to the probes run by hand",
+            f"<= {GOAL_ADDED_S} s",
+            f"{o - h:+.2f} s",
+            o - h <= GOAL_ADDED_S,
+        )
+    ]
+    code = print_goals(goals)
+    if args.record:
+        results = {"by_hand_s": hand, "imagegate_s": ours, "median_by_hand_s": h, "median_imagegate_s": o}
+        write(args.record, "bench_run_overhead", {"image": args.image, "reps": args.reps}, results, goals)
+    return code
 
 
 if __name__ == "__main__":

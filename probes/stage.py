@@ -37,6 +37,8 @@ def _probe(name):
         from . import av_roundtrip as mod
     elif name == "inventory":
         from . import inventory as mod
+    elif name == "gpu_preflight":
+        from . import gpu_preflight as mod
     else:
         raise ValueError(f"unknown in-image probe {name!r}")
     return mod

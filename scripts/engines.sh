@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Installs (if missing) and starts a Docker engine, Podman's Docker-compatible API service.
 # Idempotent: an engine that already answers is left alone. PIDs go to $IMAGEGATE_STATE (default
-# /run/imagegate-ci) so they can be stopped by PID, never by name.
+# /run/imagegate-ci) so they can be stopped by PID, never by name: `bash scripts/engines.sh stop`.
 set -euo pipefail
 state=${IMAGEGATE_STATE:-/run/imagegate-ci}
 mkdir -p "$state"
+
+if [ "${1:-}" = "stop" ]; then  # stop what this script started (by the PIDs it recorded), nothing else
+  for name in podman dockerd; do
+    if [ -f "$state/$name.pid" ] && kill "$(cat "$state/$name.pid")" 2>/dev/null; then
+      echo "engines: stopped $name (pid $(cat "$state/$name.pid"))" >&2
+    fi
+    rm -f "$state/$name.pid"
+  done
+  exit 0
+fi
 
 need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
@@ -16,6 +26,9 @@ command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 command -v pigz >/dev/null || need_pkgs+=(pigz)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v unshare >/dev/null || need_pkgs+=(util-linux)
+# node and npm for the independent Sigstore bundle check (sigstore-js, from the npm registry)
+command -v node >/dev/null || need_pkgs+=(nodejs)
+command -v npm >/dev/null || need_pkgs+=(npm)
 if [ -f "$(dirname "$0")/../.ci/apt-packages.txt" ]; then
   while read -r pkg; do
     case "$pkg" in ''|'#'*) continue;; esac

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,25 @@ import pytest
 from tests.helpers import DOCKER_SOCK, PODMAN_SOCK
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_config_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test, and every CLI it starts, keeps its keys in a temporary config folder: never the
+    user's (a passphrase-protected key there would otherwise make runs fail), never a key named by
+    the environment the suite was started from."""
+    folder = tmp_path_factory.mktemp("config")
+    names = ("XDG_CONFIG_HOME", "IMAGEGATE_SIGNING_KEY", "IMAGEGATE_KEY_PASSWORD")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ["XDG_CONFIG_HOME"] = str(folder)
+    for k in names[1:]:
+        os.environ.pop(k, None)
+    yield folder
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _engine_ok(host: str) -> bool:
@@ -51,4 +71,8 @@ def podman(images: dict[str, str]) -> Iterator[str]:
         save = subprocess.Popen(["docker", "-H", DOCKER_SOCK, "save", ref], stdout=subprocess.PIPE)
         subprocess.run(["podman", "load", "-q"], stdin=save.stdout, check=True, capture_output=True)
         assert save.wait() == 0
-    yield PODMAN_SOCK
+    try:
+        yield PODMAN_SOCK
+    finally:
+        if not have:  # leave Podman's store as the suite found it
+            subprocess.run(["podman", "rmi", "-f", ref], capture_output=True)

@@ -130,3 +130,13 @@ def test_violations_or_an_unprotected_controller_make_the_run_error() -> None:
     stages = [StageResult(INTEGRITY_STAGE, "controller", "inside", Status.ERROR, why)]
     stages.append(StageResult("find_spec", "find_spec", "inside", Status.PASS, ""))
     assert verdict(stages) == "ERROR"
+
+
+def test_a_stage_start_is_accepted_only_for_the_next_stage() -> None:
+    events = [ev("start"), ev("stage_start", id="pip_check"), ev("stage", id="pip_check", status="PASS")]
+    events.append(ev("stage_start", id="find_spec"))  # then the run is cut
+    e = read(stream(events))
+    assert set(e.started) == {"pip_check", "find_spec"} and not e.violations
+    assert e.closed_at is not None and e.closed_at >= e.started["find_spec"]
+    wrong = read(stream([ev("start"), ev("stage_start", id="find_spec")]))
+    assert "a start for stage 'find_spec' where 'pip_check' was next" in wrong.violations[0]

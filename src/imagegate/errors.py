@@ -24,3 +24,10 @@ class EngineError(ImagegateError):
     """The container engine could not be reached or refused a request."""
 
     exit_code = 2
+
+
+class InternalError(ImagegateError):
+    """imagegate broke its own contract (a bug to report), e.g. a probe reported a fact that the
+    attestation does not know how to carry."""
+
+    exit_code = 2

@@ -117,3 +117,6 @@ class RunRecord:
     verdict: str
     imagegate_version: str
     bundle_sha256: str | None = None
+    # A completion (`imagegate complete`): the earlier attempt it completes, linked by the sha256
+    # of that attempt's signed envelope (manifests/acceptance-v1.md, `completes`).
+    completes: dict[str, Any] | None = None

@@ -11,7 +11,14 @@ from pydantic import TypeAdapter
 
 from imagegate.errors import UsageError
 from imagegate.pipeline import LoadedPipeline
-from imagegate.pipeline.model import FindSpecStage, InventoryStage, Pipeline, Stage, VulnsStage
+from imagegate.pipeline.model import (
+    FindSpecStage,
+    GpuPreflightStage,
+    InventoryStage,
+    Pipeline,
+    Stage,
+    VulnsStage,
+)
 
 
 def build_plan(
@@ -37,6 +44,8 @@ def build_plan(
             params["modules"] = list(dict.fromkeys([*params.get("modules", []), *modules]))
         stages.append(_entry(s, params))
     stages += _audit_stages(p, {s["id"] for s in stages}, extra or {})
+    if (extra or {}).get("gpus"):
+        stages = node_check_first(stages)
     ids = [s["id"] for s in stages]
     unknown = [x for x in skip if x not in ids]
     if unknown:
@@ -71,6 +80,25 @@ def _entry(s: Stage, params: dict[str, Any]) -> dict[str, Any]:
         "needs": list(s.needs),
         "requires": list(s.requires),
     }
+
+
+NODE_CHECK = "node_check"
+
+
+def node_check_first(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A GPU run starts with the node check (gpu_preflight), and the image's GPU stages need it:
+    a node that is not fit leaves them SKIPPED and the run ERROR, never a FAIL of the image. A
+    pipeline with its own gpu_preflight stage keeps it (then that one is the node check)."""
+    if any(s["probe"] == "gpu_preflight" for s in stages):
+        return stages
+    sid = _free_id(NODE_CHECK, {s["id"] for s in stages})
+    check = GpuPreflightStage(id=sid, probe="gpu_preflight", requires=["gpu"], timeout=900)
+    out = [_entry(check, check.with_.model_dump(mode="json", exclude_none=True))]
+    for s in stages:
+        if "gpu" in s["requires"] and s["side"] == "inside":
+            s = dict(s, needs=[sid, *s["needs"]])
+        out.append(s)
+    return out
 
 
 def _audit_stages(p: Pipeline, taken: set[str], extra: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ class Events:
     noise_bytes: int = 0  # output that was not an event line
     noise_head: bytes = b""
     event_lines: bytes = b""  # the accepted lines, verbatim (re-verifiable with the key)
+    started: dict[str, float] = field(default_factory=dict)  # stage id -> when its stage_start came
+    closed_at: float | None = None  # when the output ended (monotonic)
 
 
 class EventStream:
@@ -194,6 +197,14 @@ class EventStream:
                 return False
             ev.stages[sid] = obj
             return True
+        if kind == "stage_start":
+            sid = obj.get("id")
+            upcoming = self.plan_ids[len(ev.stages)] if len(ev.stages) < len(self.plan_ids) else None
+            if not isinstance(sid, str) or sid != upcoming or sid in ev.started:
+                self._violation(f"{where}: a start for stage {sid!r} where {upcoming!r} was next")
+                return False
+            ev.started[sid] = time.monotonic()
+            return True
         if kind == "end":
             ev.end = obj
             return True
@@ -204,6 +215,7 @@ class EventStream:
         # An unterminated event line is a run cut mid-write: the missing events say so already.
         if self._kind != "event" and self._line:
             self._noise_feed(bytes(self._line))
+        self.ev.closed_at = time.monotonic()
         self.ev.noise_head = bytes(self._noise)
         self.ev.event_lines = bytes(self._events)
         return self.ev

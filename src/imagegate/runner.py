@@ -36,6 +36,7 @@ class RunOptions:
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
     # Sees each controller event as it arrives (progress display); never affects the verdict.
     on_event: Callable[[dict[str, Any]], None] | None = None
+    completes: dict[str, Any] | None = None  # `imagegate complete`: the link to the earlier attempt
 
 
 Notify = Callable[[str], None]
@@ -250,10 +251,11 @@ def conclude(
         controllers.append(_record_controller(cr, attempt, env, "" if len(runs) == 1 else f"-{n + 1}"))
     if runs:
         results += inside_results(prep, runs, attempt)
+    given = {r.id for r in extra_stages}  # a completion's earlier results stand for their stages
     results += [
         StageResult(s["id"], s["probe"], s["side"], Status.SKIPPED, f"skipped: {s['skipped']}")
         for s in prep.plan["stages"]
-        if s.get("skipped")
+        if s.get("skipped") and s["id"] not in given
     ]
     done_ids = {r.id for r in outside_done}
     later = [s for s in prep.outside_stages if s["id"] not in done_ids]
@@ -278,6 +280,7 @@ def conclude(
         verdict=verdict(results),
         imagegate_version=__version__,
         bundle_sha256=prep.bundle.sha256,
+        completes=opts.completes,
     )
     attempt.write_json("statement.json", build_statement(record))
     attempt.append_index(
@@ -382,7 +385,11 @@ def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attem
         if ev is None:
             # Missing `end` means the run was cut: stages that did not report are ERROR.
             why = (cut[id(cr)] if cr else None) or "stage did not report"
-            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, why))
+            ran = 0.0
+            if cr and sid in cr.events.started and cr.events.closed_at is not None:
+                ran = cr.events.closed_at - cr.events.started[sid]
+                why += f"; it was running for {ran:.1f}s"
+            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, why, ran))
             continue
         n = numbers[sid]
         try:

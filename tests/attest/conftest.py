@@ -48,7 +48,20 @@ def keypair(tmp_path: Path) -> tuple[Path, Path]:
 
 def make_attempt(out: Path) -> Path:
     """A real attempt folder: the python pipeline run in this environment."""
-    r = cli("run", "--here", "-p", "python", "-m", "json", "-o", str(out), "-q", "--no-sign")
+    r = cli(
+        "run",
+        "--here",
+        "--python",
+        sys.executable,
+        "-p",
+        "python",
+        "-m",
+        "json",
+        "-o",
+        str(out),
+        "-q",
+        "--no-sign",
+    )
     assert r.returncode == 0, r.stderr
     (attempt,) = [p.parent for p in out.glob("*/*/statement.json")]
     return attempt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,27 @@ def test_default_key_is_made_once_and_announced(tmp_path: Path, monkeypatch: pyt
 
 def test_repr_never_shows_the_key(key: keys.SigningKey) -> None:
     assert "PRIVATE" not in repr(key) and key.public.fingerprint in repr(key)
+
+
+def test_the_suite_never_signs_with_the_users_own_key(tmp_path: Path, own_config_folder: Path) -> None:
+    """A passphrase-protected key in the user's own config folder must not reach any test: the
+    suite's key lives in its own temporary folder, and the CLI it starts signs with that one."""
+    home = tmp_path / "home"
+    keys.write_keypair(home / ".config" / "imagegate" / "signing", keys.generate(), b"secret")
+    assert keys.default_key_path().is_relative_to(own_config_folder)
+    r = cli(
+        "run",
+        "--here",
+        "--python",
+        sys.executable,
+        "-p",
+        "python",
+        "-m",
+        "json",
+        "-o",
+        str(tmp_path / "o"),
+        env={"HOME": str(home)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert next((tmp_path / "o").glob("*/*/attestation.dsse.json")).is_file()
+    assert (own_config_folder / "imagegate" / "signing.key").is_file()

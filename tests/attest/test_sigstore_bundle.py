@@ -1,7 +1,8 @@
 """The Sigstore bundle v0.3: its form, and an independent verifier (sigstore-js, which finds the
-key by the bundle's publicKey hint, as sigstore-go does not need to). sigstore-js is optional:
-`npm install --prefix DIR` with tests/attest/sigstore_js/package.json, then
-IMAGEGATE_SIGSTORE_JS=DIR; without it that test is skipped and says so."""
+key by the bundle's publicKey hint, as sigstore-go does not need to). sigstore-js comes from the
+npm registry, with Debian's node and npm (scripts/engines.sh): IMAGEGATE_SIGSTORE_JS=DIR names
+an `npm install --prefix DIR` of tests/attest/sigstore_js/package.json; without it the test
+installs one into .cache/sigstore-js."""
 
 from __future__ import annotations
 
@@ -35,12 +36,21 @@ def test_bundle_form(signed: sign.Signed, attempt: Path, keypair: tuple[Path, Pa
 
 
 def _sigstore_js() -> Path:
-    folder = os.environ.get("IMAGEGATE_SIGSTORE_JS")
-    if not folder or not shutil.which("node"):
-        pytest.skip("sigstore-js not installed: npm install --prefix DIR, then set IMAGEGATE_SIGSTORE_JS=DIR")
-    modules = Path(folder) / "node_modules"
+    if not shutil.which("node") or not shutil.which("npm"):
+        pytest.fail("node and npm are needed for the independent bundle check: apt-get install nodejs npm")
+    folder = Path(os.environ.get("IMAGEGATE_SIGSTORE_JS") or HERE.parents[1] / ".cache" / "sigstore-js")
+    modules = folder / "node_modules"
     if not (modules / "@sigstore" / "verify").is_dir():
-        pytest.fail(f"IMAGEGATE_SIGSTORE_JS={folder} has no node_modules/@sigstore/verify")
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(HERE / "sigstore_js" / "package.json", folder / "package.json")
+        p = subprocess.run(
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if p.returncode != 0 or not (modules / "@sigstore" / "verify").is_dir():
+            pytest.fail(f"npm could not install sigstore-js into {folder}: {p.stderr[-2000:]}")
     return modules
 
 

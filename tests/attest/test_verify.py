@@ -279,6 +279,27 @@ def test_subject_checked_against_the_image_digest(tmp_path: Path, key: keys.Sign
     )
 
 
+def test_hostile_json_is_named_not_a_crash(
+    signed: sign.Signed, attempt: Path, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    deep = "[" * 5000 + "]" * 5000  # past CPython's parser recursion limit
+    (tmp_path / "deep.json").write_text(deep)
+    r = cli("verify", str(tmp_path / "deep.json"), "--key", str(keypair[1]))
+    assert r.returncode == 3, r.stderr
+    assert f"attestation {tmp_path / 'deep.json'}: nested more than 64 levels deep" in r.stderr
+    # A correctly signed envelope whose payload is hostile: the statement check fails, named.
+    env = dsse.sign(deep.encode(), keys.load_signing_key(keypair[0]))
+    (tmp_path / "deep.dsse.json").write_bytes(env.to_json())
+    r = cli("verify", str(tmp_path / "deep.dsse.json"), "--key", str(keypair[1]))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED  statement: the payload is nested more than 64 levels deep" in r.stdout
+    # statement.json beside the evidence, made hostile.
+    (attempt / "statement.json").write_text(deep)
+    r = cli("verify", str(attempt / sign.DSSE_FILE), "--key", str(keypair[1]))
+    assert r.returncode == 1 and "FAILED  statement.json:" in r.stdout, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_unreadable_input_is_a_usage_error(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
     (tmp_path / "x.json").write_text("{}")
     r = cli("verify", str(tmp_path / "x.json"), "--key", str(keypair[1]))

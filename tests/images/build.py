@@ -6,12 +6,21 @@ image whose hash tag exists is not rebuilt, so a warm machine starts in seconds 
 builds everything from nothing. Wheels are downloaded on the host (`pip download`) into a cache
 and installed with `pip install --no-index` during `docker build --network none`.
 
-Usage: build.py [NAME ...]    (default: all)
+The real frameworks (REAL_RECIPES: the newest vLLM and SGLang, built the ordinary way with
+`pip install FRAMEWORK==X av` on the Debian base) resolve their whole dependency set: the host
+downloads it (`pip wheel`, the machine's own pip configuration ignored so that nothing but PyPI's
+releases go in), serves the folder on 127.0.0.1 for the duration of the build, and the image's own
+pip installs from there in one `RUN` (`docker build --network host`), so that no copy of the
+wheels stays in a layer.
+
+Usage: build.py [NAME ...]    (default: all, the real frameworks included)
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -20,12 +29,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).parent
 CACHE = Path(os.environ.get("IMAGEGATE_TEST_CACHE", Path.home() / ".cache" / "imagegate-test"))
-PY_TAGS = ["--python-version", "3.11", "--implementation", "cp", "--only-binary=:all:"]
+PY_TAGS = ["--implementation", "cp", "--only-binary=:all:"]
+PYTHON = "3.11"  # the Python of Debian 12, the default base; a recipe's "python" overrides it
+SUITE = "bookworm"  # a recipe's "suite" overrides it
+PIP_ARGS = "--no-index --no-deps --break-system-packages"
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"]
 
 # name -> recipe. "base" images come from mmdebstrap; the others build FROM another one.
@@ -78,7 +93,40 @@ RECIPES: dict[str, dict] = {
     "hostile": {"from": "python", "copy": "hostile"},
     "hostile-wrapper": {"from": "hostile", "copy": "hostile-wrapper"},
     "flood": {"from": "python", "copy": "flood"},
+    # The oldest Python the probes support that the reachable registries provide: Debian 11's
+    # Python 3.9 (no Debian suite on the mirror, no PyPI or npm package ships an older CPython
+    # build), with Debian 11's Python 2.7 beside it for the loader's too-old message.
+    "oldest": {"debian": ["python3", "python3-pip", "python2.7"], "suite": "bullseye"},
+    # The vLLM imitation and real PyAV on that Python; Debian 11's pip 20.3 predates
+    # --break-system-packages.
+    "oldest-vllm-like": {
+        "from": "oldest",
+        "python": "3.9",
+        "wheels": ["av==14.2.0"],
+        "local": ["vllm_imitation"],
+        "pip_args": "--no-index --no-deps",
+    },
 }
+
+# The newest release of each framework, installed the ordinary way (whole dependency set from
+# PyPI, CUDA torch included: ~10 GB each). Kept apart from RECIPES so that the `images` fixture
+# of the fast tests never waits for them; tests/real builds them, and so does the set-up.
+REAL_RECIPES: dict[str, dict] = {
+    "vllm": {"from": "python", "pip": ["vllm==0.33.0", "av"]},
+    "sglang": {"from": "python", "pip": ["sglang==0.5.23", "av"]},
+    # What prefill/decode disaggregation adds: NIXL (`pip install nixl` picks 1.5.1 on Python
+    # 3.11, the newest with both of its CUDA variants, nixl-cu12 and nixl-cu13).
+    "sglang-nixl": {"from": "sglang", "pip": ["nixl==1.5.1"]},
+    # NIXL without the variant for this torch's CUDA 13: importing nixl raises ImportError.
+    "sglang-nixl-cu12-only": {
+        "from": "sglang-nixl",
+        "run": "python3 -m pip uninstall -q -y --break-system-packages nixl-cu13",
+    },
+}
+
+
+def recipe(name: str) -> dict:
+    return RECIPES.get(name) or REAL_RECIPES[name]
 
 
 def sh(*argv: str, **kw) -> subprocess.CompletedProcess:
@@ -98,8 +146,8 @@ def tree_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def recipe_hash(name: str) -> str:
-    r = RECIPES[name]
+def recipe_hash(name: str, r: dict | None = None) -> str:
+    r = r or recipe(name)
     h = hashlib.sha256(json.dumps(r, sort_keys=True).encode())
     if "from" in r:
         h.update(recipe_hash(r["from"]).encode())
@@ -110,17 +158,19 @@ def recipe_hash(name: str) -> str:
     return h.hexdigest()[:16]
 
 
-def debian_mirrors() -> list[str]:
-    """deb lines from the machine's own deb822 sources (never a host name written here)."""
+def debian_mirrors(suite: str = SUITE) -> list[str]:
+    """deb lines from the machine's own deb822 sources (never a host name written here), for
+    `suite` (the machine's own suite names, e.g. bookworm-security, renamed to it)."""
     lines = []
     for src in Path("/etc/apt/sources.list.d").glob("*.sources"):
         stanza: dict[str, str] = {}
         for raw in [*src.read_text().splitlines(), ""]:
             if not raw.strip():
                 if stanza.get("types", "").startswith("deb") and "uris" in stanza:
-                    for suite in stanza.get("suites", "bookworm").split():
+                    for own in stanza.get("suites", SUITE).split():
+                        name = suite + own[len(own.split("-")[0]) :]
                         lines.append(
-                            f"deb {stanza['uris'].split()[0]} {suite} {stanza.get('components', 'main')}"
+                            f"deb {stanza['uris'].split()[0]} {name} {stanza.get('components', 'main')}"
                         )
                 stanza = {}
             elif not raw.startswith("#") and ":" in raw:
@@ -130,17 +180,18 @@ def debian_mirrors() -> list[str]:
 
 
 def build_debian(name: str, tag: str) -> None:
-    r = RECIPES[name]
+    r = recipe(name)
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
-        mirrors = debian_mirrors()
+        suite = r.get("suite", SUITE)
+        mirrors = debian_mirrors(suite)
         sh(
             "mmdebstrap",
             "--quiet",
             "--variant=apt",
             "--include=" + ",".join(r["debian"]),
-            "bookworm",
+            suite,
             str(rootfs),
             *mirrors,
         )
@@ -188,11 +239,12 @@ PIP_LOCATION_NOISE = re.compile(
 )
 
 
-def download_wheels(reqs: list[str]) -> list[Path]:
+def download_wheels(reqs: list[str], python: str = PYTHON) -> list[Path]:
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PY_TAGS, *platforms]
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--python-version", python]
+    argv += [*PY_TAGS, *platforms]
     print("+", " ".join([*argv, "-d", str(wheels), *reqs])[:200], file=sys.stderr, flush=True)
     done = subprocess.run([*argv, "-d", str(wheels), *reqs], capture_output=True, text=True)
     # A host's pip configuration may list index folders that lack most projects: pip warns once
@@ -206,28 +258,93 @@ def download_wheels(reqs: list[str]) -> list[Path]:
     for req in reqs:
         name, _, ver = req.partition("==")
         stem = name.replace("-", "_").lower()
-        matches = [p for p in wheels.glob("*.whl") if p.name.lower().startswith(f"{stem}-{ver}-")]
+        # the cache holds wheels for several Pythons: take the one this recipe's Python installs
+        cp = "cp" + python.replace(".", "")
+        matches = [
+            p
+            for p in wheels.glob("*.whl")
+            if p.name.lower().startswith(f"{stem}-{ver}-") and p.name.split("-")[-3] in (cp, "py3", "py2.py3")
+        ]
         if not matches:
             raise SystemExit(f"build.py: no wheel for {req} in {wheels}")
         found.append(matches[0])
     return found
 
 
+def host_pip_env() -> dict[str, str]:
+    """The environment for the host's pip: this machine's pip configuration (extra indexes,
+    find-links folders, constraints) left out, so that the image gets PyPI's releases."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+@contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """An HTTP listing of `folder` on 127.0.0.1 (pip's --find-links reads it) while in use."""
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def build_pip(r: dict, tag: str) -> None:
+    """`pip install REQS` in one RUN on the base image, from wheels the host downloaded."""
+    base = f"imagegate-test/{r['from']}:{recipe_hash(r['from'])}"
+    # The host resolves what the base's own pip installs too, so that the image's pip finds the
+    # versions it already has among the offered wheels.
+    host_reqs, up = list(r["pip"]), recipe(r["from"])
+    while "pip" in up:
+        host_reqs += up["pip"]
+        up = recipe(up["from"])
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        wheels = Path(tmp) / "wheels"
+        sh(
+            sys.executable, "-m", "pip", "wheel", "-q", "--progress-bar", "off",
+            "-w", str(wheels), *host_reqs,
+            env=host_pip_env(),
+        )  # fmt: skip
+        ctx = Path(tmp) / "ctx"
+        ctx.mkdir()
+        with serve(wheels) as url:
+            reqs = " ".join(f"'{q}'" for q in r["pip"])
+            (ctx / "Dockerfile").write_text(
+                f"FROM {base}\n"
+                "RUN python3 -m pip install -q --no-cache-dir --break-system-packages"
+                f" --no-index --find-links {url} {reqs}\n"
+            )
+            # --force-rm: a failed install leaves no container of gigabytes behind
+            sh(
+                "docker", "build", "-q", "--force-rm", "--network", "host", "-t", tag, str(ctx),
+                env=dict(os.environ, DOCKER_BUILDKIT="0"),
+            )  # fmt: skip
+
+
 def build_derived(name: str, tag: str) -> None:
-    r = RECIPES[name]
+    r = recipe(name)
     base = f"imagegate-test/{r['from']}:{recipe_hash(r['from'])}"
     with tempfile.TemporaryDirectory() as tmp:
         ctx = Path(tmp)
         (ctx / "wheels").mkdir()
         lines = [f"FROM {base}"]
         if r.get("wheels") or r.get("local"):
-            for w in download_wheels(r.get("wheels", [])):
+            for w in download_wheels(r.get("wheels", []), r.get("python", PYTHON)):
                 (ctx / "wheels" / w.name).write_bytes(w.read_bytes())
             for local in r.get("local", []):
                 local_wheel(HERE / local, ctx / "wheels")
             lines += [
                 "COPY wheels/ /tmp/wheels/",
-                "RUN python3 -m pip install -q --no-index --no-deps --break-system-packages /tmp/wheels/*.whl"
+                f"RUN python3 -m pip install -q {r.get('pip_args', PIP_ARGS)} /tmp/wheels/*.whl"
                 " && rm -rf /tmp/wheels /root/.cache",
             ]
         if r.get("copy"):  # a tree laid over the image's root (its README stays here)
@@ -261,11 +378,16 @@ def build_scratch(tag: str) -> None:
     sh("docker", "import", "--change", 'CMD ["/nothing"]', "-", tag, input=buf.getvalue())
 
 
-def build(name: str) -> str:
-    tag = f"imagegate-test/{name}:{recipe_hash(name)}"
+def build(name: str, r: dict | None = None) -> str:
+    """Build image `name` from its recipe (or the recipe `r`), unless its hash tag exists."""
+    r = r or recipe(name)
+    tag = f"imagegate-test/{name}:{recipe_hash(name, r)}"
     if not image_exists(tag):
-        r = RECIPES[name]
-        if "from" in r:
+        if "pip" in r:
+            build(r["from"])
+            CACHE.mkdir(parents=True, exist_ok=True)
+            build_pip(r, tag)
+        elif "from" in r:
             build(r["from"])
             build_derived(name, tag)
         elif r.get("scratch"):
@@ -277,9 +399,10 @@ def build(name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    for name in argv or list(RECIPES):
-        if name not in RECIPES:
-            print(f"build.py: unknown image {name!r}; known: {', '.join(RECIPES)}", file=sys.stderr)
+    known = {**RECIPES, **REAL_RECIPES}
+    for name in argv or list(known):
+        if name not in known:
+            print(f"build.py: unknown image {name!r}; known: {', '.join(known)}", file=sys.stderr)
             return 3
         build(name)
     return 0

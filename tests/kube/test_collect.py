@@ -50,7 +50,7 @@ def log(name: str) -> bytes:
         else:
             full = controller_output(prep, KEY, "imagegate-test/python:latest", noise=NOISE)
             if name == "cut":
-                mark = b"imagegate-event 2 2 "  # the second stage's event
+                mark = b"imagegate-event 2 4 "  # the second stage's event (0 start, then a stage_start before each stage)
                 full = full[: full.index(mark)]
             _LOGS[name] = full
     return _LOGS[name]
@@ -104,7 +104,9 @@ def test_pass_with_the_expected_digest(tmp_path: Path, fixture: str, engine: str
     statement = json.loads((attempt / "statement.json").read_text())
     assert statement["subject"][0]["digest"] == {"sha256": RAN.split(":")[1]}
     assert json.loads((attempt / "pod.json").read_text())["metadata"]["name"].startswith("imagegate-")
-    assert (attempt / "controller.events.log").read_bytes().count(b"imagegate-event 2 ") == 4
+    assert (attempt / "controller.events.log").read_bytes().count(
+        b"imagegate-event 2 "
+    ) == 6  # start, 2 × (stage_start, stage), end
     # What the image printed itself is kept as evidence.
     assert b"the image printed this line" in (attempt / "controller.stderr.log").read_bytes()
 

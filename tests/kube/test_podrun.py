@@ -190,7 +190,7 @@ def test_job_deadline_is_error_not_pass(
 
     def cut(key: bytes) -> bytes:  # start and the first stage only
         full = real_log(key)
-        return full[: full.index(b"imagegate-event 2 2 ")]
+        return full[: full.index(b"imagegate-event 2 4 ")]
 
     cluster = FakeCluster(cut, pending_polls=10**6)
     cluster.job_failure = {

@@ -163,16 +163,16 @@ def test_scheduling_inputs() -> None:
     assert pod["serviceAccountName"] == "acceptance"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     for bad in ("nvidia.com/gpu", "k=v:Sometimes"):
-        with pytest.raises(UsageError):
+        with pytest.raises(UsageError, match=f"--toleration '{bad}': expected key\\[=value\\]:effect"):
             render.parse_toleration(bad)
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="--node-selector 'novalue': expected key=value"):
         render.parse_node_selector(["novalue"])
 
 
 def test_name_is_stable_per_pipeline_and_image() -> None:
     assert _render().name == _render().name
     assert _render().name != _render(image="other/image:1").name
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="--name 'Not_A_DNS_Label': lower-case letters, digits and '-'"):
         _render(name="Not_A_DNS_Label")
 
 

@@ -212,13 +212,17 @@ def other_gzip_layer(seed: str) -> bytes:
 
 @dataclass
 class FaultyProxy:
-    """Forwards to a registry, but answers 500 to the first `fail_first` requests and can cut
-    the first blob body half-way; counts what it did."""
+    """Forwards to a registry, but answers `fail_status` (500, or 429 with `retry_after`) to the
+    first `fail_first` requests and can cut the first blob body half-way; counts what it did and
+    when each request came (`times`, monotonic seconds)."""
 
     upstream: str
     fail_first: int = 0
+    fail_status: int = 500
+    retry_after: str | None = None
     cut_first_blob: bool = False
     seen: list[str] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
     failed: int = 0
     cut: int = 0
     ranges: list[str] = field(default_factory=list)
@@ -236,11 +240,14 @@ class FaultyProxy:
 
             def _forward(self) -> None:
                 proxy.seen.append(f"{self.command} {self.path}")
+                proxy.times.append(time.monotonic())
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 if proxy.failed < proxy.fail_first:
                     proxy.failed += 1
-                    self.send_response(500)
+                    self.send_response(proxy.fail_status)
+                    if proxy.retry_after is not None:
+                        self.send_header("Retry-After", proxy.retry_after)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return

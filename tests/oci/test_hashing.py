@@ -1,10 +1,12 @@
-"""The single-pass digests on real bytes: gzip (ISA-L), zstd, uncompressed; the failure modes."""
+"""The single-pass digests on real bytes: gzip (ISA-L), zstd, xz, bzip2, uncompressed; the failure modes."""
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import hashlib
 import io
+import lzma
 import subprocess
 
 import pytest
@@ -24,7 +26,7 @@ def _sha(b: bytes) -> str:
     return "sha256:" + hashlib.sha256(b).hexdigest()
 
 
-def test_gzip_zstd_and_plain_give_the_same_diffid() -> None:
+def test_gzip_zstd_xz_bzip2_and_plain_give_the_same_diffid() -> None:
     tar = _tar_bytes()
     pigz = subprocess.run(["pigz", "-c", "-9"], input=tar, capture_output=True, check=True).stdout
     for blob, kind in [
@@ -32,6 +34,8 @@ def test_gzip_zstd_and_plain_give_the_same_diffid() -> None:
         (pigz, "gzip"),
         (gzip.compress(tar[:1000]) + gzip.compress(tar[1000:]), "gzip"),  # two members, as Go reads them
         (zstandard.ZstdCompressor(level=3).compress(tar), "zstd"),
+        (lzma.compress(tar), "xz"),
+        (bz2.compress(tar), "bzip2"),
         (tar, "none"),
     ]:
         got = digest_blob(io.BytesIO(blob), declared_size=len(blob))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from imagegate.errors import UsageError
@@ -52,11 +54,18 @@ def test_loopback_registries_are_plain_http() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec",
-    ["ftp://x/y", "containers-storage:app", "docker-archive:", "oci:", "docker-daemon:", "docker://Bad/Name"],
+    ("spec", "problem"),
+    [
+        ("ftp://x/y", "invalid image source 'ftp://x/y': transport 'ftp' is not supported"),
+        ("containers-storage:app", "transport 'containers-storage' is not supported"),
+        ("docker-archive:", "invalid image source 'docker-archive:': no path after docker-archive:"),
+        ("oci:", "no directory after oci:"),
+        ("docker-daemon:", "no image after docker-daemon:"),
+        ("docker://Bad/Name", "invalid image reference 'Bad/Name': repository names must be lowercase"),
+    ],
 )
-def test_refuses_malformed_sources(spec: str) -> None:
-    with pytest.raises(UsageError):
+def test_refuses_malformed_sources(spec: str, problem: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(problem)):
         open_source(spec)
 
 

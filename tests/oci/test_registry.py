@@ -155,6 +155,27 @@ def test_500_forever_gives_up(pushed: Pushed, proxy: FaultyProxy) -> None:
     assert proxy.failed == 3
 
 
+def test_429_waits_as_long_as_retry_after_says(pushed: Pushed, proxy: FaultyProxy) -> None:
+    proxy.fail_first, proxy.fail_status, proxy.retry_after = 1, 429, "2"
+    ref = parse_reference(pushed.ref.replace(pushed.ref.split("/")[0], proxy.host))
+    # a tiny own backoff: only Retry-After can make the client wait seconds
+    client = RegistryClient(proxy.host, backoff_s=0.01)
+    report = verify_source(RegistrySource(ref, parse_platform("linux/amd64"), client=client), jobs=1)
+    assert report.ok, report
+    assert proxy.failed == 1 and proxy.seen[1] == proxy.seen[0]  # the same request, again
+    # a lower bound read from the registry's side: a loaded machine can only make it longer
+    assert proxy.times[1] - proxy.times[0] >= 2 * 0.75, proxy.times[:2]
+
+
+def test_429_forever_gives_up_naming_it(pushed: Pushed, proxy: FaultyProxy) -> None:
+    proxy.fail_first, proxy.fail_status = 1000, 429
+    ref = parse_reference(pushed.ref.replace(pushed.ref.split("/")[0], proxy.host))
+    client = RegistryClient(proxy.host, retries=2, backoff_s=0.01)
+    with pytest.raises(RegistryError, match=r"failed after 3 tries \(HTTP 429\)"):
+        verify_source(RegistrySource(ref, parse_platform("linux/amd64"), client=client))
+    assert proxy.failed == 3
+
+
 def test_blob_read_cut_midway_resumes_with_range(pushed: Pushed, proxy: FaultyProxy) -> None:
     proxy.cut_first_blob = True
     ref = parse_reference(pushed.ref.replace(pushed.ref.split("/")[0], proxy.host))

@@ -106,3 +106,18 @@ def test_console_script_read_from_the_wrapper_on_path(tmp_path, monkeypatch) -> 
     # a wrapper of another shape falls back to the installed metadata (here: none)
     script.write_text('#!/bin/sh\nexec python3 -m vllm "$@"\n')
     assert cli.console_script("vllm") is None
+
+
+def test_av_roundtrip_fails_on_a_frame_count_or_width_mismatch() -> None:
+    """A working PyAV given valid parameters always roundtrips (tried: mpeg4, mpeg1/2video, hevc,
+    vp9, av1 at odd and extreme sizes), so the FAIL path is checked on the judgement alone, fed
+    the data a real roundtrip in this environment produced."""
+    av_roundtrip = load("av_roundtrip")
+    real = av_roundtrip.run({"frames": 3, "width": 32, "height": 16})
+    assert real["status"] == "PASS", real
+    data = real["data"]
+    short = av_roundtrip.judge(dict(data), frames=4)  # one frame lost in the roundtrip
+    assert short["status"] == "FAIL"
+    assert short["detail"] == "encoded 4 frames 32x16, decoded 3 frames of widths [32]"
+    narrow = av_roundtrip.judge(dict(data, decoded_widths=[16]), frames=3)  # came back at another width
+    assert narrow["status"] == "FAIL" and "decoded 3 frames of widths [16]" in narrow["detail"]

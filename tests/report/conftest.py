@@ -4,6 +4,7 @@ real evidence store and statement builder), and real runs through the CLI."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,7 @@ def mixed_attempt(tmp_path: Path) -> Path:
 def here_run(tmp_path: Path) -> Path:
     """A real run in this environment (no engine), every report format written at once."""
     r = imagegate(
-        "run", "--here", "-p", "python", "-m", "json", "-o", "runs",
+        "run", "--here", "--python", sys.executable, "-p", "python", "-m", "json", "-o", "runs",
         "--report", "junit=reports/junit.xml", "--report", "json=reports/statement.json",
         "--report", "markdown=reports/summary.md", "--report", "html=reports/report.html",
         cwd=tmp_path,

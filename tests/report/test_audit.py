@@ -3,17 +3,14 @@ through compare, a bounded number at a time; one table, one JSON report, the wor
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from imagegate import audit
-from imagegate.model import ImageFacts, RunRecord
 from tests.helpers import DOCKER_SOCK, imagegate
 
 
@@ -77,6 +74,26 @@ def test_inventory_errors_name_the_line(tmp_path: Path) -> None:
     assert r.returncode == 3 and "nothing to audit" in r.stderr
 
 
+def test_inventory_duplicate_keys_and_deep_nesting_are_named(tmp_path: Path) -> None:
+    # The last `pipeline:` would win silently: the image would be audited with the wrong pipeline.
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - image: a:1\n"
+        "    pipeline: vllm\n    pipeline: python\n"
+    )
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3, r.stderr
+    assert "inv.yaml:6: images[0].pipeline: duplicate key 'pipeline' (first on line 5)" in r.stderr
+    inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\nimages: " + "[" * 5000 + "]" * 5000 + "\n")
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3 and "inv.yaml:3: nested more than 64 levels deep" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - image: ../containers/ID\n")
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3, r.stderr
+    assert "inv.yaml:4: images[0].image: image '../containers/ID' is not an image reference or ID" in r.stderr
+
+
 def test_worst_exit_code() -> None:
     assert audit.worst([]) == 0
     assert audit.worst([0, 0]) == 0
@@ -85,41 +102,25 @@ def test_worst_exit_code() -> None:
     assert audit.worst([1, 3]) == 3  # an input error: the inventory itself needs fixing
 
 
-def test_parallelism_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    running, peak, lock = [0], [0], threading.Lock()
-
-    def fake_run(reference: str, driver: Any, opts: Any, notify: Any) -> RunRecord:
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-        time.sleep(0.2)
-        with lock:
-            running[0] -= 1
-        return RunRecord(
-            "a",
-            str(tmp_path),
-            {"name": "python"},
-            {},
-            ImageFacts(reference, None),
-            {},
-            [],
-            "",
-            "",
-            "PASS",
-            "0",
-        )
-
-    monkeypatch.setattr("imagegate.audit.batch.runner.run", fake_run)
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(
-        "apiVersion: imagegate/v1\nkind: Inventory\nimages:\n"
-        + "".join(f"  - image: i{n}\n" for n in range(6))
+@pytest.mark.engine
+def test_parallelism_is_bounded(images: dict[str, str], tmp_path: Path) -> None:
+    """Real images through the real engine, two at a time: no instant of the audit, by the runs'
+    own recorded start and end, has more than two runs in flight, and some has two."""
+    names = ("python", "conflict", "av", "nopip", "vulnerable", "clean-current")
+    (tmp_path / "inv.yaml").write_text(
+        "apiVersion: imagegate/v1\nkind: Inventory\ndefaults: {pipeline: python}\nimages:\n"
+        + "".join(f"  - image: {images[n]}\n" for n in names)
     )
-    done: list[str] = []
-    result = audit.audit(
-        audit.load(inv), audit.AuditOptions(out=tmp_path, jobs=2), lambda: None, lambda r: done.append(r.name)
-    )  # type: ignore[arg-type,return-value]
-    assert peak[0] == 2
-    assert [i.name for i in result.items] == [f"i{n}" for n in range(6)]  # inventory order
-    assert sorted(done) == [f"i{n}" for n in range(6)]
-    assert result.exit_code == 0
+    r = imagegate("audit", "inv.yaml", "-o", "runs", "-j", "2", "--json", "audit.json", "-q", cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert [i["name"] for i in report["items"]] == [images[n] for n in names]  # inventory order
+    spans = []
+    for item in report["items"]:
+        pred = json.loads((tmp_path / item["evidence"] / "statement.json").read_text())["predicate"]
+        spans.append(
+            (dt.datetime.fromisoformat(pred["startedOn"]), dt.datetime.fromisoformat(pred["finishedOn"]))
+        )
+    # at each start, count the runs in flight (started, not yet finished)
+    in_flight = [sum(1 for s, e in spans if s <= start < e) for start, _ in spans]
+    assert max(in_flight) == 2, (in_flight, spans)

@@ -8,6 +8,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from imagegate.report.github import escape_property
 from tests.helpers import imagegate
 
 PIPELINE = """\
@@ -77,3 +78,18 @@ def test_no_note_when_nothing_was_held_back(images: dict[str, str], tmp_path: Pa
     )
     assert r.returncode == 0, r.stderr
     assert "verdict: CPU_PASS_GPU_CLI_DEFERRED\n" in r.stdout and "skipped because" not in r.stdout
+
+
+def test_github_actions_get_a_notice_for_each_check_held_back(images: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(PIPELINE)
+    summary = tmp_path / "summary.md"
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
+    r = imagegate(
+        "run", images["python"], "-p", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-sign", env=env
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    notices = [line for line in r.stderr.splitlines() if line.startswith("::notice ")]
+    title = escape_property(f"imagegate GPU_SMOKE_SKIPPED ({images['python']})")
+    assert f"::notice title={title}::never ran: skipped because gpu_cli was deferred" in notices
+    assert any("GPU_BENCH_SKIPPED" in n for n in notices)
+    assert f"**Not run:** {NOTE}" in summary.read_text()

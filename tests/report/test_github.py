@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 from imagegate.report import formats, github, load, markdown
@@ -20,7 +21,20 @@ def test_summary_and_annotations_in_a_real_run(tmp_path: Path) -> None:
         "apiVersion: imagegate/v1\nkind: Pipeline\nname: broken\nversion: '1'\n"
         "stages:\n  - id: find_spec\n    probe: find_spec\n    with: {modules: [json, no_such_module_xyz]}\n"
     )
-    r = imagegate("run", "--here", "-p", str(pipe), "-o", "runs", "--format", "json", env=env, cwd=tmp_path)
+    r = imagegate(
+        "run",
+        "--here",
+        "--python",
+        sys.executable,
+        "-p",
+        str(pipe),
+        "-o",
+        "runs",
+        "--format",
+        "json",
+        env=env,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1, r.stderr
     assert "::" not in r.stdout  # stdout is the statement alone
     errors = [line for line in r.stderr.splitlines() if line.startswith("::error ")]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,12 @@ def only_attempt(out: Path) -> Path:
     return found[0]
 
 
-def test_clean_python_image_passes_fast(images: dict[str, str], tmp_path: Path) -> None:
-    t0 = time.monotonic()
+def test_clean_python_image_passes_with_its_evidence(images: dict[str, str], tmp_path: Path) -> None:
+    # how fast is a benchmark's goal (benchmarks/), not a test's: a loaded machine is slower
     r = imagegate("run", images["python"], "-p", "python", "-m", "json", "-o", str(tmp_path))
-    elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     assert "verdict: PASS" in r.stdout
     assert "PIP_CHECK_PASS" in r.stdout and "FIND_SPEC_PASS" in r.stdout
-    assert elapsed < 10, f"took {elapsed:.1f}s"
     att = only_attempt(tmp_path)
     statement = json.loads((att / "statement.json").read_text())
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
@@ -175,10 +172,10 @@ def test_every_status_needs_and_a_hanging_probe(images: dict[str, str], tmp_path
     requires: [gpu]
     with: {command: [python3, -c, "print(1)"]}
 """
-    t0 = time.monotonic()
     r = imagegate("run", images["python"], "-p", write_pipeline(tmp_path, body), "-o", str(tmp_path / "o"))
-    assert time.monotonic() - t0 < 30
     statement = json.loads((only_attempt(tmp_path / "o") / "statement.json").read_text())
+    # cut at its own timeout, long before the 600 s sleep would have ended (the run's own clock)
+    assert stage(statement, "hang")["durationSeconds"] < 60
     got = {s["id"]: s["status"] for s in statement["predicate"]["stages"]}
     assert got == {
         "hang": "ERROR",
@@ -200,15 +197,18 @@ def test_overall_deadline_kills_and_removes_the_container(images: dict[str, str]
     timeout: 300s
     with: {command: [python3, -c, "import time; time.sleep(600)"]}
 """
-    t0 = time.monotonic()
     r = imagegate(
         "run", images["python"], "-p", write_pipeline(tmp_path, body), "-o", str(tmp_path), "--timeout", "4"
     )
-    assert time.monotonic() - t0 < 30
     assert r.returncode == 2
-    assert "SLOW_ERROR" in r.stdout.replace("slow      ", "") or "ERROR" in r.stdout
+    assert "SLOW_ERROR" in r.stdout and "verdict: ERROR" in r.stdout, r.stdout
     statement = json.loads((only_attempt(tmp_path) / "statement.json").read_text())
+    assert stage(statement, "slow")["status"] == "ERROR"
     assert "overall deadline" in stage(statement, "slow")["detail"]
+    # cut by the 4 s deadline, not by the stage's own 300 s timeout (the run's own clock)
+    assert stage(statement, "slow")["durationSeconds"] < 120
+    assert stage(statement, "slow")["durationSeconds"] > 1  # the time it really ran, not 0
+    assert "it was running for" in stage(statement, "slow")["detail"]
     assert not any(container_exists(c) for c in containers_of(only_attempt(tmp_path)))
 
 

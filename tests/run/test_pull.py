@@ -60,3 +60,61 @@ def test_pull_never_and_a_missing_repository_are_usage_errors(registry: Registry
     assert f"image {ref}: not found in the docker engine, and pulling it failed:" in r.stderr
     assert "Traceback" not in r.stderr
     assert not list(tmp_path.glob("*/*"))  # nothing ran, nothing recorded
+
+
+def test_pull_always_runs_what_the_registry_holds(
+    images: dict[str, str], registry: Registry, tmp_path: Path
+) -> None:
+    """The engine's copy under the same name is stale: `missing` runs it, `always` pulls first."""
+    ref = f"{registry.host}/imagegate/moving:1"
+    try:
+        _docker("tag", images["python"], ref)
+        _docker("push", "-q", ref)
+        _docker("tag", images["conflict"], ref)  # the engine now holds another image under that name
+        pushed = _docker("image", "inspect", images["python"], "-f", "{{.Id}}").strip()
+        stale = _docker("image", "inspect", images["conflict"], "-f", "{{.Id}}").strip()
+
+        def config_of(*extra: str) -> str:
+            r = imagegate(
+                "run", ref, "-p", "python", "-o", str(tmp_path), "--format", "json", "--no-sign", *extra
+            )
+            assert r.returncode in (0, 1), r.stderr
+            return str(r.json()["predicate"]["image"]["configDigest"])
+
+        assert config_of() == stale  # missing (the default): the engine's own copy
+        assert config_of("--pull", "always") == pushed
+        assert _docker("image", "inspect", ref, "-f", "{{.Id}}").strip() == pushed  # as docker pull leaves it
+    finally:
+        subprocess.run(["docker", "rmi", ref], capture_output=True)
+
+
+def test_run_attach_pushes_an_attestation_that_verify_finds(
+    images: dict[str, str], registry: Registry, tmp_path: Path
+) -> None:
+    ref = f"{registry.host}/imagegate/attached:1"
+    key = tmp_path / "keys" / "gate"
+    assert imagegate("keygen", "--out", str(key)).returncode == 0
+    try:
+        _docker("tag", images["python"], ref)
+        _docker("push", "-q", ref)
+        r = imagegate(
+            "run",
+            ref,
+            "-p",
+            "python",
+            "-m",
+            "json",
+            "-o",
+            str(tmp_path / "o"),
+            "--key",
+            f"{key}.key",
+            "--attach",
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        v = imagegate("verify", "--image", ref, "--key", f"{key}.pub", "--expect-verdict", "PASS")
+        assert v.returncode == 0, v.stdout + v.stderr
+        assert "ok      subject" in v.stdout
+        wrong = imagegate("verify", "--image", ref, "--key", f"{key}.pub", "--expect-verdict", "FAIL")
+        assert wrong.returncode == 1 and "FAILED  verdict" in wrong.stdout
+    finally:
+        subprocess.run(["docker", "rmi", ref], capture_output=True)

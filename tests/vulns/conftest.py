@@ -1,5 +1,6 @@
-"""The real advisory data (a PyPA advisory database snapshot kept beside the repository) and the
-test images with known-vulnerable and current releases."""
+"""The real advisory data (a subset of a PyPA advisory database snapshot, kept in the repository:
+tests/vulns/data/advisory-db, with its licence and source) and the test images with
+known-vulnerable and current releases."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ADVISORY_DB = ROOT / ".." / "shared" / "advisory-db"
+ADVISORY_DB = ROOT / "tests" / "vulns" / "data" / "advisory-db"
 
 
 @pytest.fixture(scope="session")
 def advisory_db() -> Path:
-    if not (ADVISORY_DB / "vulns").is_dir():
-        pytest.skip(f"no advisory database snapshot at {ADVISORY_DB} (shared/advisory-db beside the clone)")
+    assert (ADVISORY_DB / "vulns").is_dir(), f"the advisory data is part of the repository: {ADVISORY_DB}"
     return ADVISORY_DB
 
 

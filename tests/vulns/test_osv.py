@@ -64,7 +64,7 @@ def test_prerelease_of_the_fix_is_still_affected() -> None:
 
 
 def test_unparseable_bound_is_reported_and_versions_list_still_matches() -> None:
-    with pytest.raises(BadRange):
+    with pytest.raises(BadRange, match="range bound '2019-09-12' is not a PEP 440 version"):
         affected("1.0", {"introduced": "0"}, {"fixed": "2019-09-12"})
     entry = {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.2.0-n653"}]}]}
     m = match_affected("0.1", entry)

@@ -62,15 +62,21 @@ def test_ignore_scoped_to_a_package() -> None:
 
 
 @pytest.mark.parametrize(
-    "entry",
+    ("entry", "problem"),
     [
-        {"id": "PYSEC-2023-228", "expires": "2099-01-01"},
-        {"id": "PYSEC-2023-228", "reason": "  ", "expires": "2099-01-01"},
-        {"id": "PYSEC-2023-228", "reason": "r"},
-        {"id": "PYSEC-2023-228", "reason": "r", "expires": "someday"},
-        {"id": "PYSEC-2023-228", "reason": "r", "expires": "2099-01-01", "until": "x"},
+        ({"id": "PYSEC-2023-228", "expires": "2099-01-01"}, r"reason\n\s+Field required"),
+        ({"id": "PYSEC-2023-228", "reason": "  ", "expires": "2099-01-01"}, "an ignore needs a reason"),
+        ({"id": "PYSEC-2023-228", "reason": "r"}, r"expires\n\s+Field required"),
+        (
+            {"id": "PYSEC-2023-228", "reason": "r", "expires": "someday"},
+            r"expires\n\s+Input should be a valid date",
+        ),
+        (
+            {"id": "PYSEC-2023-228", "reason": "r", "expires": "2099-01-01", "until": "x"},
+            r"until\n\s+Extra inputs are not permitted",
+        ),
     ],
 )
-def test_an_ignore_needs_a_reason_and_an_expiry_date(entry: dict[str, str]) -> None:
-    with pytest.raises(ValidationError):
+def test_an_ignore_needs_a_reason_and_an_expiry_date(entry: dict[str, str], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
         VulnIgnore.model_validate(entry)

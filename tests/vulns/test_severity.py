@@ -21,7 +21,7 @@ def test_cvss3_base_scores(vector: str, score: float) -> None:
 
 
 def test_bad_vectors() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a CVSS v3 vector: 'AV:N/AC:L/Au:N"):
         cvss3_base_score("AV:N/AC:L/Au:N/C:P/I:P/A:P")  # CVSS v2
     with pytest.raises(ValueError, match="base metric"):
         cvss3_base_score("CVSS:3.1/AV:N/AC:L")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imagegate.errors import InternalError
 from imagegate.evidence import sha256_file
 from imagegate.model import RunRecord
 
@@ -71,42 +73,181 @@ def environment(record: RunRecord) -> dict[str, Any]:
     return {**env, "driver": env.get("driver"), "engine": env.get("engine"), "gpuPresent": _gpu_present(env)}
 
 
-def _pick(items: Any, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [{k: i[k] for k in keys if k in i} for i in items or [] if isinstance(i, dict)]
+@dataclass(frozen=True)
+class FactRules:
+    """How one probe's `data` enters the predicate. `carried`: keys copied as facts; `items`: keys
+    whose value is a list of records, with the keys a record may have; `evidence_only`: keys left,
+    on purpose, to the stage's result.json (an evidence file whose sha256 the predicate lists):
+    bulky lists (sys.path, the full inventory) and byte counts. A key in none of them is a fact
+    this module does not know: building the statement fails rather than drop it."""
+
+    carried: tuple[str, ...] = ()
+    items: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    evidence_only: tuple[str, ...] = ()
 
 
-def stage_facts(probe: str, data: dict[str, Any]) -> dict[str, Any]:
+# What the runner and the in-image controller add to any stage's data.
+COMMON_EVIDENCE_ONLY = ("stdout_bytes", "stderr_bytes", "traceback")
+COMMON_CARRIED = ("ran_for_record", "survivors_killed")
+COMMON_ELSEWHERE = ("from_attempt",)  # carried beside the facts (a completion's `fromAttempt`)
+
+FACTS: dict[str, FactRules] = {
+    "pip_check": FactRules(
+        carried=("returncode", "unparsed"),
+        items={
+            "problems": (
+                "kind",
+                "project",
+                "version",
+                "requirement",
+                "dependency",
+                "installed",
+                "ignored",
+                "line",
+            ),
+        },
+        evidence_only=("python",),
+    ),
+    "find_spec": FactRules(
+        items={
+            "modules": (
+                "module",
+                "found",
+                "namespace",
+                "distribution",
+                "version",
+                "distributions",
+                "origin",
+                "search_locations",
+                "reason",
+                "error",
+            ),
+        },
+        evidence_only=("cwd", "sys_path"),
+    ),
+    "cli": FactRules(
+        carried=(
+            "argv",
+            "how",
+            "platform",
+            "platform_checked_against",
+            "returncode",
+            "timed_out",
+            "version_choice",
+            "raw",
+        ),
+        evidence_only=("command_stdout_bytes", "command_stderr_bytes"),
+    ),
+    # The node check: the GPUs and the image's torch (facts), BF16 matmul per GPU, the
+    # all-reduce per rank, whose fault a failure is (unfit: image or node), what the host showed.
+    "gpu_preflight": FactRules(
+        carried=("facts", "matmul", "allreduce", "unfit", "torch", "facts_error", "host"),
+        evidence_only=("params",),
+    ),
+    "av_roundtrip": FactRules(
+        carried=(
+            "av_version",
+            "codec",
+            "width",
+            "height",
+            "mp4_bytes",
+            "decoded_frames",
+            "decoded_widths",
+            "decoded_heights",
+        ),
+    ),
+    "inventory": FactRules(
+        carried=("python_version",),
+        items={"broken": ("location", "error")},
+        evidence_only=("python", "sys_path", "distributions"),
+    ),
+    "vulns": FactRules(
+        carried=(
+            "source",
+            "fail_on",
+            "counted",
+            "advisories",
+            "packages",
+            "expired_ignores",
+            "problems",
+            "where",
+        ),
+        items={
+            "findings": (
+                "id",
+                "aliases",
+                "package",
+                "version",
+                "fixed",
+                "severity",
+                "score",
+                "summary",
+                "locations",
+                "state",
+                "ignore",
+            ),
+        },
+    ),
+    "layers": FactRules(
+        carried=(
+            "config_digest",
+            "manifest_digest",
+            "layers",
+            "verified",
+            "failed",
+            "error",
+            "hint",
+            "source",
+            "source_choice",
+        ),
+    ),
+    "image_id": FactRules(carried=("image_id", "expected")),
+}
+
+
+def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, Any]:
     """What a consumer of the attestation acts on, per probe, without opening the evidence:
-    pip's problems, the modules found, the vulnerability findings. Bulky data (sys.path, the
-    full inventory, raw output) stays in the evidence files, whose digests are listed."""
-    if probe == "pip_check":
-        keys: tuple[str, ...] = (
-            "kind",
-            "project",
-            "version",
-            "requirement",
-            "dependency",
-            "installed",
-            "ignored",
-            "line",
+    pip's problems, the modules found, the vulnerability findings. Every key a probe reports is
+    either carried here or, named in FACTS, kept in the evidence: never dropped unseen."""
+    rules = FACTS.get(probe)
+    if rules is None:
+        if not data:
+            return {}
+        raise InternalError(
+            f"stage {stage_id}: probe {probe!r} reported facts ({', '.join(sorted(data))}) that the "
+            "attestation has no rules for",
+            hint="this is a bug in imagegate: add the probe to attest/statement.py FACTS",
         )
-        return {"problems": _pick(data.get("problems"), keys)} if "problems" in data else {}
-    if probe == "find_spec":
-        keys = ("module", "found", "namespace", "distribution", "version", "origin", "reason", "error")
-        return {"modules": _pick(data.get("modules"), keys)} if "modules" in data else {}
-    if probe == "vulns":
-        keys = ("id", "aliases", "package", "version", "fixed", "severity", "state", "ignore")
-        out = {"findings": _pick(data.get("findings"), keys)} if "findings" in data else {}
-        if "source" in data:
-            out["source"] = data["source"]
-        return out
-    if probe == "cli":
-        keys = ("argv", "how", "platform", "platform_checked_against", "returncode", "version_choice", "raw")
-        return {k: data[k] for k in keys if k in data}
-    if probe == "av_roundtrip":
-        keys = ("av_version", "codec", "width", "height", "decoded_frames", "decoded_widths")
-        return {k: data[k] for k in keys if k in data}
-    return {}
+    carried = (*COMMON_CARRIED, *rules.carried)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in rules.items:
+            out[key] = [_record(stage_id, probe, key, rules.items[key], item) for item in value or []]
+        elif key in carried:
+            out[key] = value
+        elif key not in rules.evidence_only and key not in (*COMMON_EVIDENCE_ONLY, *COMMON_ELSEWHERE):
+            raise InternalError(
+                f"stage {stage_id}: probe {probe} reported the fact {key!r}, which the attestation "
+                "does not know: it would be dropped",
+                hint="this is a bug in imagegate: carry it or name it evidence-only in attest/statement.py FACTS",
+            )
+    return out
+
+
+def _record(stage_id: str, probe: str, key: str, known: tuple[str, ...], item: Any) -> Any:
+    if not isinstance(item, dict):
+        raise InternalError(
+            f"stage {stage_id}: probe {probe} reported {key} entry {item!r}, not a record",
+            hint="this is a bug in imagegate",
+        )
+    unknown = sorted(set(item) - set(known))
+    if unknown:
+        raise InternalError(
+            f"stage {stage_id}: probe {probe} reported {key} with {', '.join(map(repr, unknown))}, which the "
+            "attestation does not know: it would be dropped",
+            hint="this is a bug in imagegate: add it to attest/statement.py FACTS",
+        )
+    return dict(item)
 
 
 def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
@@ -135,7 +276,8 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
                 "detail": s.detail,
                 "durationSeconds": round(s.duration_s, 3),
                 "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
-                **({"facts": f} if (f := stage_facts(s.probe, s.data)) else {}),
+                **({"facts": f} if (f := stage_facts(s.id, s.probe, s.data)) else {}),
+                **({"fromAttempt": s.data["from_attempt"]} if s.data.get("from_attempt") else {}),
             }
             for s in record.stages
         ],
@@ -145,6 +287,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
         "startedOn": record.started_at,
         "finishedOn": record.finished_at,
         "imagegate": {"version": record.imagegate_version},
+        **({"completes": record.completes} if record.completes else {}),
     }
 
 

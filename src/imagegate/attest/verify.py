@@ -5,6 +5,7 @@ input raises."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,9 +22,12 @@ from imagegate.attest.statement import (
 )
 from imagegate.errors import UsageError
 from imagegate.evidence import sha256_file
+from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest
 
 Outcome = Literal["ok", "failed", "skipped"]
+# Attestations come from anywhere (a registry, a copied file): parsed within bounds.
+MAX_ATTESTATION_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,12 @@ def read_envelopes(path: Path) -> list[dsse.Envelope]:
         data = path.read_bytes()
     except OSError as e:
         raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
+    if len(data) > MAX_ATTESTATION_BYTES:
+        raise UsageError(f"attestation {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
+    if untrusted_json.nesting_depth(data.decode("utf-8", "replace")) > untrusted_json.MAX_DEPTH:
+        raise UsageError(f"attestation {path}: nested more than {untrusted_json.MAX_DEPTH} levels deep")
     try:
-        obj = json.loads(data)
+        obj = untrusted_json.loads(data, max_bytes=MAX_ATTESTATION_BYTES)
     except ValueError:
         obj = None
     if obj is not None:
@@ -79,7 +87,7 @@ def read_envelopes(path: Path) -> list[dsse.Envelope]:
         if not line.strip():
             continue
         try:
-            out.append(_one(json.loads(line), path))
+            out.append(_one(untrusted_json.loads(line, max_bytes=MAX_ATTESTATION_BYTES), path))
         except ValueError as e:
             raise UsageError(f"attestation {path}: line {n} is not JSON") from e
     if not out:
@@ -148,9 +156,9 @@ def verify_envelope(
 
 def _statement(envelope: dsse.Envelope, predicate_type: str, rep: Report) -> dict[str, Any] | None:
     try:
-        st = json.loads(envelope.payload)
-    except (ValueError, UnicodeDecodeError) as e:
-        rep.add("statement", "failed", f"the payload is not JSON ({e})")
+        st = untrusted_json.loads(envelope.payload, max_bytes=MAX_ATTESTATION_BYTES)
+    except untrusted_json.UntrustedJSONError as e:
+        rep.add("statement", "failed", f"the payload is {e}")
         return None
     problems = []
     if not isinstance(st, dict):
@@ -268,13 +276,96 @@ def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) ->
     if not copy.is_file():
         return
     try:
-        same = json.loads(copy.read_bytes()) == statement
+        same = untrusted_json.loads(copy.read_bytes(), max_bytes=MAX_ATTESTATION_BYTES) == statement
     except ValueError:
         same = False
     if same:
         rep.add("statement.json", "ok", "the same statement as the signed payload")
     else:
         rep.add("statement.json", "failed", f"{copy} differs from the signed statement")
+
+
+LINK_COPY = "completes/attestation.dsse.json"  # imagegate.complete keeps the earlier envelope here
+
+
+def _subject_of(statement: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What two attempts of one chain must share: the image's name and digest; for an environment
+    without an image (run --here), its fingerprint."""
+    pred = statement.get("predicate") or {}
+    if (pred.get("image") or {}).get("subjectDigest") == "environment":
+        fp = ((pred.get("environment") or {}).get("fingerprint") or {}).get("sha256")
+        return ("environment fingerprint", fp)
+    subj = statement.get("subject") or []
+    return ("subject", json.dumps(subj, sort_keys=True))
+
+
+def _safe_id(attempt: object) -> bool:
+    return isinstance(attempt, str) and bool(attempt) and "/" not in attempt and attempt not in (".", "..")
+
+
+def check_link(statement: dict[str, Any], root: Path, key: PublicKey, rep: Report) -> None:
+    """A completion (`imagegate complete`) names the attempt it completes by the sha256 of that
+    attempt's envelope. Both envelopes must be signed by the key, the earlier one must be the
+    linked one byte for byte (where it lies beside, and the copy in the completion), and both
+    must be about one subject."""
+    link = (statement.get("predicate") or {}).get("completes") or {}
+    want = str(link.get("envelopeSha256") or "")
+    attempt = link.get("attempt")
+    # The earlier attempt folder beside this one (where `complete` puts a completion by default),
+    # and the copy the completion keeps as evidence: each that is there must be the linked one.
+    beside = root.parent / str(attempt) / "attestation.dsse.json" if _safe_id(attempt) else None
+    places = [p for p in (beside, root / LINK_COPY) if p is not None and p.is_file()]
+    if not places:
+        rep.add(
+            "link",
+            "failed",
+            f"completes attempt {attempt}: its envelope is neither beside nor in {LINK_COPY}",
+        )
+        return
+    earlier_env = None
+    for place in places:
+        data = place.read_bytes()
+        got = hashlib.sha256(data).hexdigest()
+        if got != want:
+            rep.add(
+                "link",
+                "failed",
+                f"completes attempt {attempt}: {place} has sha256 {got[:16]}…, the link says {want[:16]}…: "
+                "the earlier attestation was changed after the completion was signed",
+            )
+            return
+        earlier_env = data
+    assert earlier_env is not None
+    try:
+        env = dsse.from_json(earlier_env)
+    except Exception as e:  # a malformed earlier envelope: the link fails, named
+        rep.add("link", "failed", f"completes attempt {attempt}: the earlier envelope is unreadable ({e})")
+        return
+    sub = verify_envelope(env, key, source=str(places[0]))
+    if not sub.ok or sub.statement is None:
+        why = "; ".join(f"{c.name}: {c.detail}" for c in sub.failures)
+        rep.add(
+            "link", "failed", f"completes attempt {attempt}: the earlier attestation does not verify: {why}"
+        )
+        return
+    earlier_id = ((sub.statement.get("predicate") or {}).get("attempt") or {}).get("id")
+    if earlier_id != attempt:
+        rep.add(
+            "link", "failed", f"the link names attempt {attempt}, the linked envelope is attempt {earlier_id}"
+        )
+        return
+    a, b = _subject_of(statement), _subject_of(sub.statement)
+    if a != b:
+        rep.add(
+            "link", "failed", f"completes attempt {attempt}, about another {a[0]}: {b[1]} then, {a[1]} now"
+        )
+        return
+    rep.add(
+        "link",
+        "ok",
+        f"completes attempt {attempt} (verdict {sub.verdict}): its signature verified, envelope sha256 "
+        f"{want[:16]}… as linked, same {a[0]}",
+    )
 
 
 def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> Report | None:
@@ -313,6 +404,8 @@ def verify_file(
             expect_verdict=expect_verdict,
         )
         if rep.statement is not None:
+            if (rep.statement.get("predicate") or {}).get("completes") is not None:
+                check_link(rep.statement, evidence_dir or path.parent, key, rep)
             if evidence:
                 check_evidence(rep.statement, evidence_dir or path.parent, rep)
             else:

@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from imagegate.errors import UsageError
-from imagegate.pipeline.load import _line_of  # the pipeline file's error locator, shared
+from imagegate.oci.reference import check_image
+from imagegate.pipeline.load import (
+    _line_of,  # the pipeline file's error locator, shared
+    read_yaml,
+)
 from imagegate.pipeline.model import parse_duration
 
 
@@ -40,6 +43,14 @@ class ImageEntry(_Strict):
     @classmethod
     def _duration(cls, v: object) -> float | None:
         return None if v is None else parse_duration(v)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        try:  # as `run IMAGE`: refused before the engine is asked (a path would reach its API)
+            return check_image(v, "image")
+        except UsageError as e:
+            raise ValueError(str(e)) from None
 
 
 class MirrorEntry(_Strict):
@@ -87,13 +98,8 @@ def load(path: Path) -> LoadedInventory:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise UsageError(f"inventory {path}: cannot read it ({e.strerror})") from e
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise UsageError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+    # The pipelines' reader: duplicate keys, deep nesting and alias bombs are named errors.
+    node, data = read_yaml(text, str(path))
     if not isinstance(data, dict):
         raise UsageError(f"{path}: an inventory is a mapping with apiVersion: imagegate/v1, kind: Inventory")
     try:
@@ -104,6 +110,7 @@ def load(path: Path) -> LoadedInventory:
             loc = tuple(item["loc"])
             key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
             msg = f"unknown key {loc[-1]!r}" if item["type"] == "extra_forbidden" else item["msg"]
+            msg = msg.removeprefix("Value error, ")
             lines.append(f"{path}:{_line_of(node, loc)}: {key or '(top)'}: {msg}")
         raise UsageError("invalid inventory:\n  " + "\n  ".join(lines)) from e
     if not inv.images and not inv.mirrors:

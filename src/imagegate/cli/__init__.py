@@ -16,6 +16,7 @@ from typing import Any
 # command name -> module registering it, in the order `--help` lists them
 COMMAND_MODULES = {
     "run": "run",
+    "complete": "complete",
     "pipelines": "pipelines",
     "layers": "oci",
     "compare": "oci",

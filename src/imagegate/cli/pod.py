@@ -41,7 +41,10 @@ class Format(str, enum.Enum):
 
 def _pipeline() -> Any:
     return typer.Option(
-        "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang) or a YAML file."
+        "python",
+        "--pipeline",
+        "-p",
+        help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
     )
 
 
@@ -139,6 +142,19 @@ def _require_complete() -> Any:
     return typer.Option(False, "--require-complete", help="A deferred verdict exits 1.")
 
 
+def _gpus() -> Any:
+    return typer.Option(
+        0,
+        "--gpus",
+        min=0,
+        help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
+    )
+
+
+def _runtime_class() -> Any:
+    return typer.Option(None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes).")
+
+
 def _quiet() -> Any:
     return typer.Option(False, "--quiet", "-q", help="No progress messages on stderr.")
 
@@ -157,7 +173,7 @@ def _conclude(record: RunRecord, fmt: Format, require_complete: bool) -> typer.E
         # The statement as written beside the evidence (and signed), byte for byte.
         sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
     else:
-        console_report.render(record, Console())
+        console_report.render(record, console_report.make_console())
     return typer.Exit(exit_code(record.verdict, require_complete=require_complete))
 
 
@@ -177,10 +193,12 @@ def _render(
     python: str | None,
     run_as_user: int | None,
     kube_version: str,
+    gpus: int = 0,
+    runtime_class: str | None = None,
 ) -> tuple[runner.Prepared, Any]:
     from imagegate.kube import render, validate
 
-    prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module))
+    prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, extra=_gpu_extra(gpus)))
     opts = render.PodOptions(
         namespace=namespace,
         name=name,
@@ -193,6 +211,8 @@ def _render(
         digest=digest,
         python=python,
         run_as_user=run_as_user,
+        gpus=gpus,
+        runtime_class=runtime_class,
     )
     rendered = render.render(prep, image, opts)
     problems = validate.validate(rendered.objects, kube_version)
@@ -204,9 +224,14 @@ def _render(
     return prep, rendered
 
 
+def _gpu_extra(gpus: int) -> dict[str, Any]:
+    """With GPUs the plan starts with the node check (render, run and collect build one plan)."""
+    return {"gpus": str(gpus)} if gpus else {}
+
+
 # Options render and run share, as typer parameters (typer has no parameter groups).
 _RENDER_EPILOG = (
-    "Pitfalls avoided: no GPU resources and NVIDIA_VISIBLE_DEVICES=void; never preemptionPolicy "
+    "Pitfalls avoided: no GPU resources and NVIDIA_VISIBLE_DEVICES=void unless --gpus N; never preemptionPolicy "
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
@@ -237,6 +262,8 @@ def render_cmd(
     python: str = _python(),
     run_as_user: int = _run_as_user(),
     kube_version: str = _kube_version(),
+    gpus: int = _gpus(),
+    runtime_class: str = _runtime_class(),
     key: str = _sign.key_option(),
     no_sign: bool = _sign.no_sign_option(),
     quiet: bool = _quiet(),
@@ -247,6 +274,7 @@ def render_cmd(
         _, rendered = _render(
             image, pipeline, module, namespace, name, node_selector, toleration, priority_class,
             service_account, image_pull_secret, deadline, digest, python, run_as_user, kube_version,
+            gpus, runtime_class,
         )  # fmt: skip
     except ImagegateError as e:
         raise fail(e) from e
@@ -282,6 +310,7 @@ def collect_cmd(
     require_complete: bool = _require_complete(),
     key: str = _sign.key_option(),
     no_sign: bool = _sign.no_sign_option(),
+    gpus: int = typer.Option(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
     quiet: bool = _quiet(),
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
@@ -293,7 +322,7 @@ def collect_cmd(
         files = logs is not None or pod is not None
         if files == (job is not None) or (files and (logs is None or pod is None)):
             raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
-        prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module))
+        prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, extra=_gpu_extra(gpus)))
         opts = runner.RunOptions(
             pipeline=pipeline, modules=module, out=out, source=source, expect_config=expect_config
         )
@@ -352,6 +381,8 @@ def run_cmd(
     python: str = _python(),
     run_as_user: int = _run_as_user(),
     kube_version: str = _kube_version(),
+    gpus: int = _gpus(),
+    runtime_class: str = _runtime_class(),
     context: str = typer.Option(None, "--context", help="kubectl context."),
     expect_digest: list[str] = _expect_digest(),
     out: Path = _out(),
@@ -376,6 +407,7 @@ def run_cmd(
         prep, rendered = _render(
             image, pipeline, module, namespace, name, node_selector, toleration, priority_class,
             service_account, image_pull_secret, deadline, digest, python, run_as_user, kube_version,
+            gpus, runtime_class,
         )  # fmt: skip
         for note in rendered.notes:
             notify(f"note: {note}")

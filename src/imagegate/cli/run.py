@@ -18,6 +18,7 @@ from imagegate.cli import _sign
 from imagegate.cli._app import app, fail
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError, UsageError
+from imagegate.gpus import parse as gpus_parse
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
 from imagegate.report import formats
@@ -35,6 +36,7 @@ class Format(str, enum.Enum):
     "  imagegate run app:latest -p python -m numpy -m av --format json > statement.json\n\n"
     "  imagegate run app:latest -p ./my-pipeline.yaml --require-complete\n\n"
     "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
+    "  imagegate run myorg/vllm:0.11 -p gpu --gpus all  # the GPU node check alone\n\n"
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
     "--require-complete), 2 could not decide (ERROR), 3 usage or input error, 130 interrupted "
     "(SIGINT), 143 terminated (SIGTERM); the container is removed either way."
@@ -42,7 +44,10 @@ class Format(str, enum.Enum):
 def run(
     image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
     pipeline: str = typer.Option(
-        "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang) or a YAML file."
+        "python",
+        "--pipeline",
+        "-p",
+        help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
     ),
     module: list[str] = typer.Option(
         [], "--module", "-m", help="Module for the find_spec stage (repeatable)."
@@ -76,6 +81,12 @@ def run(
     ),
     here: bool = typer.Option(
         False, "--here", help="Run in this environment instead of a container (local driver)."
+    ),
+    gpus: str = typer.Option(
+        None,
+        "--gpus",
+        help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node "
+        "check. Default: none (GPUs hidden).",
     ),
     python: str = typer.Option(None, "--python", help="With --here: the interpreter to run the probes with."),
     source: str = typer.Option(
@@ -135,14 +146,17 @@ def run(
         extra: dict[str, Any] = {}
         if advisory_db is not None:
             extra["advisory_db"] = advisory_db
+        gpu_request = gpus_parse(gpus)
+        if gpu_request is not None:
+            extra["gpus"] = gpu_request.spec  # the plan starts with the node check
         if here:
             from imagegate.drivers.local import LocalDriver
 
-            driver = LocalDriver(python)
+            driver = LocalDriver(python, gpus=gpu_request)
         else:
             from imagegate.drivers.docker import DockerDriver
 
-            driver = DockerDriver(memory=memory, pull=pull, notify=notify)
+            driver = DockerDriver(memory=memory, pull=pull, notify=notify, gpus=gpu_request)
             for name in driver.leftovers():
                 notify(f"container {name} was left by an imagegate run that was killed: docker rm -f {name}")
         if jobs is not None and jobs < 1:

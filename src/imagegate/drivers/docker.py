@@ -22,9 +22,11 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 
 from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer, OnOutput
 from imagegate.errors import EngineError, UsageError
+from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
 
 LABEL = "io.imagegate.run"
@@ -64,6 +66,12 @@ PULL_POLICIES = ("missing", "never", "always")
 HIDDEN_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void", "TMPDIR": "/tmp"}
 
 
+def _no_gpu_runtime(err: docker.errors.APIError) -> bool:
+    """The engine's refusal of a device request it cannot serve (no NVIDIA runtime or CDI spec)."""
+    text = str(err.explanation or err).lower()
+    return "could not select device driver" in text or ("gpu" in text and ("cdi" in text or "device" in text))
+
+
 def _not_found(err: Exception) -> bool:
     text = str(err).lower()
     return "not found" in text or "no such file" in text
@@ -89,7 +97,9 @@ class DockerDriver:
         tmpfs_size: str = "1g",
         pull: str = "missing",
         notify: Callable[[str], None] = lambda _m: None,
+        gpus: GpuRequest | None = None,
     ) -> None:
+        self.gpus = gpus
         try:
             self.client = docker.from_env(timeout=120)
             self.client.ping()
@@ -122,6 +132,7 @@ class DockerDriver:
                 "os": v.get("Os"),
                 "arch": v.get("Arch"),
                 "docker_host": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+                "gpus_requested": self.gpus.spec if self.gpus else None,
             }
         return self._env
 
@@ -242,6 +253,7 @@ class DockerDriver:
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size}"},
             pids_limit=self.pids,
             mem_limit=self.memory,
+            device_requests=self._device_requests(),
         )
         # Named before it exists: an interrupt that cuts the create call's answer still leaves a
         # name to remove by. Signals are held while the engine creates and removes it.
@@ -257,7 +269,7 @@ class DockerDriver:
                     entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
                     stdin_open=True,
                     tty=False,
-                    environment=HIDDEN_GPU_ENV,
+                    environment=self._container_env(),
                     labels=run_labels(),
                     host_config=host_config,
                     network_disabled=True,
@@ -270,6 +282,8 @@ class DockerDriver:
             try:
                 api.start(cid)
             except docker.errors.APIError as e:
+                if self.gpus is not None and _no_gpu_runtime(e):
+                    raise self._gpu_refused(e) from e
                 if _not_found(e):
                     return "not found in the image"
                 if "exec format error" in str(e).lower():
@@ -308,6 +322,8 @@ class DockerDriver:
                 },
             )
         except docker.errors.APIError as e:
+            if self.gpus is not None and _no_gpu_runtime(e):
+                raise self._gpu_refused(e) from e
             raise EngineError(f"running {image.reference}: {e}") from e
         finally:
             if sock is not None:
@@ -315,6 +331,28 @@ class DockerDriver:
                     sock.close()
             with signals_held():
                 self._remove(name)
+
+    def _device_requests(self) -> list[docker.types.DeviceRequest] | None:
+        """GPUs through the engine's device requests (`docker run --gpus`); none by default."""
+        if self.gpus is None:
+            return None
+        if self.gpus.ids:
+            return [docker.types.DeviceRequest(device_ids=list(self.gpus.ids), capabilities=[["gpu"]])]
+        return [docker.types.DeviceRequest(count=self.gpus.count, capabilities=[["gpu"]])]
+
+    def _gpu_refused(self, e: docker.errors.APIError) -> EngineError:
+        env = self.environment()
+        return EngineError(
+            f"--gpus {self.gpus.spec if self.gpus else ''}: the {env['engine']} engine at {env['docker_host']} "
+            f"cannot give containers GPUs (it has no GPU runtime): {e.explanation or e}",
+            hint="install the NVIDIA Container Toolkit for this engine (nvidia-ctk runtime configure) and "
+            "restart it, run with --here on the GPU host, or leave --gpus out",
+        )
+
+    def _container_env(self) -> dict[str, str]:
+        if self.gpus is None:
+            return HIDDEN_GPU_ENV
+        return {k: v for k, v in HIDDEN_GPU_ENV.items() if k not in HIDING_ENV}
 
     def _foreign(self, image: ImageFacts, interpreter: str, cid: str | None = None) -> BundleRun:
         """An image for another architecture: every stage is ERROR, with this reason."""

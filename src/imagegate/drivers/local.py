@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import platform
 import shutil
@@ -19,6 +21,7 @@ from typing import IO, Any
 
 from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer, OnOutput
 from imagegate.errors import UsageError
+from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
 
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
@@ -30,16 +33,49 @@ class LocalDriver:
     # runs beside another controller's stages.
     isolated_runs = False
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, gpus: GpuRequest | None = None) -> None:
         self.python = python
+        self.gpus = gpus
+        self._fingerprint: dict[str, Any] | None = None
+
+    def gpu_env(self) -> dict[str, str]:
+        """This host's GPUs are hidden from the probes unless --gpus asks for them."""
+        env = {k: v for k, v in os.environ.items() if k not in HIDING_ENV or v not in ("", "void", "none")}
+        if self.gpus is None:
+            return {**env, **HIDING_ENV}
+        if (cvd := self.gpus.cuda_visible_devices) is not None:
+            env["CUDA_VISIBLE_DEVICES"] = cvd
+        return env
+
+    def _interpreter(self, interpreters: Sequence[str]) -> tuple[str | None, list[str]]:
+        # "This environment" is the python a user would type here: an activated venv's, else the
+        # PATH's; imagegate's own interpreter only as the last resort.
+        candidates = [self.python] if self.python else [*interpreters, sys.executable]
+        tried: list[str] = []
+        for cand in candidates:
+            tried.append(cand)
+            exe = cand if os.path.sep in cand and os.access(cand, os.X_OK) else shutil.which(cand)
+            if exe:
+                return exe, tried
+        return None, tried
+
+    def fingerprint(self) -> dict[str, Any] | None:
+        """This environment's identity for `imagegate complete --here`: the interpreter and its
+        installed distributions as the probes see them; the sha256 of that is compared."""
+        if self._fingerprint is None:
+            exe, _ = self._interpreter(DEFAULT_INTERPRETERS)
+            self._fingerprint = environment_fingerprint(exe, self.gpu_env()) if exe else {}
+        return self._fingerprint or None
 
     def environment(self) -> dict[str, Any]:
         return {
+            "fingerprint": self.fingerprint(),
             "driver": self.name,
             "engine": None,
             "host": platform.node(),
             "os": platform.system().lower(),
             "arch": platform.machine(),
+            "gpus_requested": self.gpus.spec if self.gpus else None,
         }
 
     def resolve(self, reference: str) -> ImageFacts:
@@ -59,16 +95,7 @@ class LocalDriver:
         stages: Sequence[str] | None = None,
         cancel: threading.Event | None = None,
     ) -> BundleRun:
-        # "This environment" is the python a user would type here: an activated venv's, else the
-        # PATH's; imagegate's own interpreter only as the last resort.
-        candidates = [self.python] if self.python else [*interpreters, sys.executable]
-        tried: list[str] = []
-        exe = None
-        for cand in candidates:
-            tried.append(cand)
-            exe = cand if os.path.sep in cand and os.access(cand, os.X_OK) else shutil.which(cand)
-            if exe:
-                break
+        exe, tried = self._interpreter(interpreters)
         if not exe:
             if self.python:
                 raise UsageError(
@@ -93,13 +120,47 @@ class LocalDriver:
                     deadline_s,
                     interpreter=exe,
                     tried=tried,
-                    env={**os.environ, KEY_FD_ENV: str(key_r), "IMAGEGATE_STAGES": ",".join(stages or ())},
+                    env={
+                        **self.gpu_env(),
+                        KEY_FD_ENV: str(key_r),
+                        "IMAGEGATE_STAGES": ",".join(stages or ()),
+                    },
                     on_stdout=on_stdout,
                     pass_fds=(key_r,),
                     cancel=cancel,
                 )
             finally:
                 os.close(key_r)
+
+
+DEFAULT_INTERPRETERS = ("python3", "python")
+_FINGERPRINT_CODE = (
+    "import json,sys\n"
+    "import importlib.metadata as m\n"
+    "d=sorted({(str(x.metadata['Name'] or '').lower().replace('_','-').replace('.','-'),x.version)"
+    " for x in m.distributions()})\n"
+    "print(json.dumps({'python':sys.version,'executable':sys.executable,"
+    "'distributions':['%s==%s'%p for p in d]}))\n"
+)
+
+
+def environment_fingerprint(exe: str, env: dict[str, str]) -> dict[str, Any]:
+    """sha256 over the interpreter's version, path and every distribution it can import (name
+    and version), as canonical JSON; {} when the interpreter cannot say."""
+    try:
+        done = subprocess.run(
+            [exe, "-c", _FINGERPRINT_CODE], env=env, capture_output=True, timeout=120, check=False
+        )
+        facts = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return {}
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return {
+        "sha256": digest,
+        "python": str(facts.get("python", "")).split()[0],
+        "executable": facts.get("executable"),
+        "distributions": len(facts.get("distributions") or []),
+    }
 
 
 def _pump(stream: IO[bytes], sink: CappedBuffer) -> None:

@@ -1,9 +1,10 @@
-"""The Kubernetes objects of one zero-GPU run: a ConfigMap holding the bundle and a Job that runs
-it once with the image's own python.
+"""The Kubernetes objects of one run: a ConfigMap holding the bundle and a Job that runs it once
+with the image's own python; zero GPUs unless `--gpus N` asks for `nvidia.com/gpu: N`.
 
 Every choice here answers a pitfall met in real clusters:
-- no GPU resources, and `NVIDIA_VISIBLE_DEVICES=void`: CUDA base images set it to `all`, and on a
-  node whose default runtime is NVIDIA's that alone would hand the container every GPU;
+- without --gpus, no GPU resources and `NVIDIA_VISIBLE_DEVICES=void`: CUDA base images set it to
+  `all`, and on a node whose default runtime is NVIDIA's that alone would hand the container every
+  GPU; with --gpus N, `nvidia.com/gpu: N` and nothing hidden (the device plugin picks the GPUs);
 - never `preemptionPolicy`: admission rejects it when it disagrees with the PriorityClass; only
   `priorityClassName`, when asked;
 - the bundle is mounted as a whole volume, never with `subPath` (a subPath mount pins the
@@ -41,6 +42,7 @@ CONFIGMAP_LIMIT = 1024 * 1024  # the API server's limit for a ConfigMap, all of 
 DEFAULT_DEADLINE_S = 30 * 60.0  # covers pulling a large image, not only the stages
 PULL_ALLOWANCE_S = 10 * 60.0  # activeDeadlineSeconds counts from the Job's start, pull included
 DEFAULT_TTL_S = 3600
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -65,6 +67,8 @@ class PodOptions:
     memory_request: str = "512Mi"
     memory_limit: str = "4Gi"
     tmp_size: str = "2Gi"
+    gpus: int = 0  # nvidia.com/gpu requested; 0: none, and GPUs hidden
+    runtime_class: str | None = None  # e.g. "nvidia" where the GPU runtime is not the default
 
 
 @dataclass(frozen=True)
@@ -228,15 +232,26 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
             # This run's event key: the controller takes it out of its environment before any
             # stage starts, and no stage can read the controller's (non-dumpable) environ.
             {"name": EVENT_KEY_ENV, "value": protocol.new_key().hex()},
-            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
-            {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+            *(
+                []  # the device plugin says which GPUs; hiding them would undo the request
+                if opts.gpus
+                else [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                    {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+                ]
+            ),
             {"name": "TMPDIR", "value": "/tmp"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},  # events reach the log as they happen
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
         "resources": {
             "requests": {"cpu": opts.cpu_request, "memory": opts.memory_request},
-            "limits": {"cpu": opts.cpu_limit, "memory": opts.memory_limit},
+            # Extended resources are requested by their limit alone (the request defaults to it).
+            "limits": {
+                "cpu": opts.cpu_limit,
+                "memory": opts.memory_limit,
+                **({GPU_RESOURCE: str(opts.gpus)} if opts.gpus else {}),
+            },
         },
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -264,6 +279,8 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
         spec["nodeSelector"] = dict(opts.node_selector)
     if opts.tolerations:
         spec["tolerations"] = [dict(t) for t in opts.tolerations]
+    if opts.runtime_class:
+        spec["runtimeClassName"] = opts.runtime_class
     if opts.priority_class:
         spec["priorityClassName"] = opts.priority_class
     if opts.service_account:

@@ -113,7 +113,7 @@ def check_image(text: str, what: str = "IMAGE", *, engine_id: bool = True) -> st
         raise UsageError(
             f"{what} is empty",
             hint="is the variable that should hold it unset? give a reference such as "
-            "registry.example/team/app:1.0, or an image ID",
+            "registry.example/team/app:1.0" + (", or an image ID" if engine_id else ""),
         )
     if not engine_id and text.startswith("sha256:") and ENGINE_ID.match(text):
         raise UsageError(

@@ -126,6 +126,13 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
             (ctx.stage_dir / EVIDENCE_FILE).write_text(
                 json.dumps({"source_choice": asdict(choice)}, indent=2)
             )
+            if ctx.driver == "local":
+                # run --here checks an environment, not an image: there are no layers to verify.
+                return Outcome(
+                    Status.SKIPPED,
+                    "no image here: run --here checks this environment; give --source docker://REF "
+                    "(or docker-archive:PATH, oci:DIR) to verify an image's layers",
+                )
             return Outcome(
                 Status.ERROR,
                 f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from "

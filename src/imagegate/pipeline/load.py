@@ -69,14 +69,7 @@ def _load_file(path: Path, source: str) -> LoadedPipeline:
 
 
 def parse(text: str, filename: str = "<pipeline>") -> Pipeline:
-    if len(text) > MAX_FILE_BYTES:
-        raise UsageError(f"{filename}: larger than {MAX_FILE_BYTES // (1 << 20)} MiB")
-    node = _compose(text, filename)
-    _check_tree(node, filename)
-    try:
-        data = yaml.SafeLoader(text).construct_document(node) if node is not None else None
-    except yaml.YAMLError as e:
-        raise UsageError(_yaml_problem(e, filename)) from e
+    node, data = read_yaml(text, filename)
     if not isinstance(data, dict):
         raise UsageError(f"{filename}: a pipeline is a mapping with apiVersion: imagegate/v1 and stages")
     if data.get("apiVersion") != "imagegate/v1":
@@ -90,6 +83,24 @@ def parse(text: str, filename: str = "<pipeline>") -> Pipeline:
         return Pipeline.model_validate(data)
     except ValidationError as e:
         raise UsageError(_describe(e, node, filename)) from e
+
+
+def read_yaml(text: str, filename: str) -> tuple[yaml.Node | None, Any]:
+    """(node tree, data) of one YAML document written by a user: within the size, depth and
+    alias bounds, no key twice in a mapping; anything else is a UsageError naming file and line."""
+    if len(text) > MAX_FILE_BYTES:
+        raise UsageError(f"{filename}: larger than {MAX_FILE_BYTES // (1 << 20)} MiB")
+    node = _compose(text, filename)
+    _check_tree(node, filename)
+    if node is None:
+        return None, None
+    loader = yaml.SafeLoader(text)
+    try:
+        return node, loader.construct_document(node)
+    except yaml.YAMLError as e:
+        raise UsageError(_yaml_problem(e, filename)) from e
+    finally:
+        loader.dispose()
 
 
 def _yaml_problem(e: yaml.YAMLError, filename: str) -> str:

@@ -12,6 +12,7 @@ from imagegate.pipeline.params import (
     AvRoundtripParams,
     CliParams,
     FindSpecParams,
+    GpuPreflightParams,
     InventoryParams,
     LayersParams,
     PipCheckParams,
@@ -19,7 +20,7 @@ from imagegate.pipeline.params import (
 )
 
 API_VERSION = "imagegate/v1"
-INSIDE_PROBES = ("pip_check", "find_spec", "cli", "av_roundtrip", "inventory")
+INSIDE_PROBES = ("pip_check", "find_spec", "cli", "av_roundtrip", "inventory", "gpu_preflight")
 OUTSIDE_PROBES = ("layers", "vulns")
 Requirement = Literal["gpu"]
 
@@ -132,8 +133,20 @@ class VulnsStage(_StageBase):
     with_: VulnsParams = Field(default_factory=VulnsParams, alias="with")
 
 
+class GpuPreflightStage(_StageBase):
+    probe: Literal["gpu_preflight"]
+    with_: GpuPreflightParams = Field(default_factory=GpuPreflightParams, alias="with")
+
+
 Stage = Annotated[
-    PipCheckStage | FindSpecStage | CliStage | AvRoundtripStage | LayersStage | InventoryStage | VulnsStage,
+    PipCheckStage
+    | FindSpecStage
+    | CliStage
+    | AvRoundtripStage
+    | LayersStage
+    | InventoryStage
+    | VulnsStage
+    | GpuPreflightStage,
     Field(discriminator="probe"),
 ]
 

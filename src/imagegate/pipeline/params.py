@@ -181,3 +181,29 @@ class VulnsParams(Params):
         "offline only (the stage is DEFERRED without a folder).",
     )
     service_timeout: int = Field(default=15, ge=1, le=300, description="Seconds per request.")
+
+
+class GpuPreflightParams(Params):
+    """The GPU node check (probes/gpu_preflight.py). Every step is bounded by its timeout."""
+
+    size: int = Field(default=8192, ge=256, le=65536, description="n of the n x n x n bf16 matmul per GPU.")
+    warmup: int = Field(default=5, ge=0, le=1000, description="Untimed runs before the timed ones.")
+    iters: int = Field(default=20, ge=1, le=10000, description="Timed runs (CUDA events).")
+    min_tflops: float | None = Field(
+        default=None, gt=0, description="Slowest GPU's bf16 TFLOP/s below this: the node is not fit."
+    )
+    min_busbw_gbps: float | None = Field(
+        default=None, gt=0, description="Slowest rank's all-reduce bus bandwidth (GB/s) below this: not fit."
+    )
+    allreduce_bytes: int = Field(
+        default=1 << 30, ge=4, le=1 << 36, description="Bytes per all-reduce (float32), with 2 or more GPUs."
+    )
+    facts_timeout: float = Field(
+        default=120, gt=0, le=3600, description="Seconds: import torch, read the GPUs."
+    )
+    matmul_timeout: float = Field(
+        default=300, gt=0, le=3600, description="Seconds: the matmuls on every GPU."
+    )
+    allreduce_timeout: float = Field(
+        default=300, gt=0, le=3600, description="Seconds: NCCL init and the all-reduces, all ranks."
+    )

@@ -98,6 +98,8 @@ def render(record: RunRecord, console: Console, *, rejected_by: str | None = Non
     if rejected_by:
         verdict.append(f" → rejected: {rejected_by}", style="bold red")
     console.print(verdict, soft_wrap=True)
+    if chain := view.chain_line(record):
+        console.print(chain, soft_wrap=True, highlight=False)
     console.print(
         f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True, highlight=False
     )

@@ -28,12 +28,16 @@ def escape_property(text: str) -> str:
 
 def annotation_lines(record: RunRecord) -> list[str]:
     lines = []
+    held_back = view.deferred_skips(record)  # never ran, though the verdict token does not say so
     for s in record.stages:
-        command = _COMMAND.get(s.status)
+        command = _COMMAND.get(s.status) or ("notice" if s.id in held_back else None)
         if command is None:
             continue
         title = f"imagegate {s.token} ({record.image.reference})"
         message = "\n".join(view.reasons(s)) or s.status.value
+        if s.id in held_back:
+            causes = held_back[s.id]
+            message = f"never ran: skipped because {', '.join(causes)} {'was' if len(causes) == 1 else 'were'} deferred"
         lines.append(f"::{command} title={escape_property(title)}::{escape_data(message)}")
     return lines[:MAX_ANNOTATIONS]
 

@@ -192,6 +192,11 @@ def _stage_summary(stages: list[StageResult]) -> str:
     return ", ".join(f"{n} {st.value.lower()}" for st, n in counts.items() if n)
 
 
+def _chain(record: RunRecord) -> str:
+    line = view.chain_line(record)
+    return f'<p id="chain"><strong>Chain:</strong> {escape(line)}</p>' if line else ""
+
+
 def _not_run(record: RunRecord) -> str:
     note = view.deferred_note(record)
     return f'<p id="not-run"><strong>Not run:</strong> {escape(note)}</p>' if note else ""
@@ -211,7 +216,7 @@ def render(record: RunRecord, base: Path | None = None) -> str:
 <h1>{escape(view.title(record))}</h1>
 <div id="verdict" class="verdict" data-verdict="{escape(v)}" style="background:{verdict_color(v)}">{escape(v)}</div>
 <span style="margin-left:12px">{len(record.stages)} stages: {_stage_summary(record.stages)} · {view.elapsed_s(record):.1f} s</span>
-{_not_run(record)}{_facts(record)}
+{_chain(record)}{_not_run(record)}{_facts(record)}
 </div>
 <h2>Timeline</h2><div class="card">{_timeline(record)}</div>
 <h2>Stages</h2><div class="card">{_stage_table(record, base)}</div>

@@ -3,22 +3,28 @@ each stage's `result.json`), so that any report can be rendered again later, any
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from imagegate.errors import UsageError
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, Side, StageResult, Status
+from imagegate.oci import untrusted_json
 
 STATEMENT = "statement.json"
 
 
+# Evidence files are ours, but a folder can be edited after the run: read them within bounds.
+MAX_JSON_BYTES = 64 << 20
+
+
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path}: cannot read it as JSON ({e})") from e
+        return untrusted_json.loads(path.read_bytes(), max_bytes=MAX_JSON_BYTES)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror})") from e
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"{path}: cannot read it: {e}") from e
 
 
 def statement_text(attempt_dir: Path) -> str:
@@ -43,6 +49,8 @@ def _stage(raw: dict[str, Any], root: Path) -> StageResult:
             stored = _read_json(root / f.path)
             if isinstance(stored, dict) and isinstance(stored.get("data"), dict):
                 data = stored["data"]
+    if raw.get("fromAttempt"):  # a completion's result carried over from the earlier attempt
+        data["from_attempt"] = str(raw["fromAttempt"])
     try:
         status = Status(raw.get("status"))
     except ValueError:
@@ -62,7 +70,10 @@ def _stage(raw: dict[str, Any], root: Path) -> StageResult:
 
 def load_attempt(attempt_dir: Path) -> RunRecord:
     """A RunRecord equal (for every report) to the one the run had in memory."""
-    statement = json.loads(statement_text(attempt_dir))
+    try:
+        statement = untrusted_json.loads(statement_text(attempt_dir), max_bytes=MAX_JSON_BYTES)
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"{attempt_dir / STATEMENT}: cannot read it: {e}") from e
     pred = statement.get("predicate") if isinstance(statement, dict) else None
     if not isinstance(pred, dict) or "verdict" not in pred:
         raise UsageError(f"{attempt_dir / STATEMENT}: not an imagegate acceptance statement")
@@ -91,6 +102,7 @@ def load_attempt(attempt_dir: Path) -> RunRecord:
         verdict=str(pred["verdict"]),
         imagegate_version=str((pred.get("imagegate") or {}).get("version") or "?"),
         bundle_sha256=pred.get("bundleSha256"),
+        completes=pred["completes"] if isinstance(pred.get("completes"), dict) else None,
     )
 
 

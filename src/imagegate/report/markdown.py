@@ -50,6 +50,7 @@ def render(record: RunRecord, base: Path | None = None) -> str:
             ]
         ),
         "",
+        *([f"**Chain:** {cell(chain, 400)}", ""] if (chain := view.chain_line(record)) else []),
         *([f"**Not run:** {cell(note, 400)}", ""] if (note := view.deferred_note(record)) else []),
         "| stage | status | token | time | reason |",
         "|---|---|---|---:|---|",

@@ -117,6 +117,21 @@ def deferred_note(record: RunRecord) -> str:
     )
 
 
+def chain_line(record: RunRecord) -> str:
+    """A completion (`imagegate complete`): which attempt it completes and how they are linked;
+    '' for any other attempt."""
+    link = record.completes
+    if not link:
+        return ""
+    earlier = [s.id for s in record.stages if s.data.get("from_attempt")]
+    now = [s.id for s in record.stages if not s.data.get("from_attempt")]
+    return (
+        f"completes attempt {link.get('attempt')} (verdict {link.get('verdict')}, envelope sha256 "
+        f"{str(link.get('envelopeSha256', ''))[:16]}…): run now: {', '.join(now) or 'none'}; "
+        f"results of the earlier attempt: {', '.join(earlier) or 'none'}"
+    )
+
+
 def verdict_line(record: RunRecord) -> str:
     note = deferred_note(record)
     return f"{record.verdict} ({note})" if note else record.verdict

@@ -1,0 +1,57 @@
+"""A benchmark's result as a dated record (JSON): what ran, on what machine, what it measured,
+and each stated goal with PASS or FAIL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Goal:
+    name: str  # what is compared, in words
+    target: str  # the goal as stated
+    measured: str  # what this run measured
+    ok: bool | None  # None: not measured in this run (the reason is in `measured`)
+
+    @property
+    def verdict(self) -> str:
+        return "NOT RUN" if self.ok is None else "PASS" if self.ok else "FAIL"
+
+
+def print_goals(goals: list[Goal]) -> int:
+    """Prints each goal with PASS/FAIL; the exit code: 1 if any goal was missed."""
+    print("\ngoals:")
+    for g in goals:
+        print(f"  {g.verdict:<8} {g.name}: {g.measured} (goal {g.target})")
+    return 1 if any(g.ok is False for g in goals) else 0
+
+
+def write(path: Path, benchmark: str, args: dict[str, Any], results: Any, goals: list[Goal]) -> None:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    record = {
+        "benchmark": benchmark,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit or None,
+        "uncommitted_changes": bool(changed),
+        "machine": {
+            "cores": os.cpu_count(),
+            # a loaded machine makes every timing longer: the 1/5/15-minute load when recorded
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+        },
+        "arguments": args,
+        "results": results,
+        "goals": [{**asdict(g), "verdict": g.verdict} for g in goals],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"record: {path}")

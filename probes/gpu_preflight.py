@@ -1,0 +1,437 @@
+"""gpu_preflight: is this GPU node fit, and can the image's torch run kernels on it?
+
+Facts per GPU (name, memory, driver, compute capability) and the image's torch (version, CUDA
+runtime, arch list); a BF16 matmul on every GPU (finite, a block equal to a float32 reference,
+TFLOP/s timed with CUDA events); with 2 or more GPUs an NCCL all-reduce, one process per GPU,
+rendezvous over a file (no network), on values whose sum is known exactly; bus bandwidth as
+nccl-tests defines it. Every step runs in a child process bounded by a timeout and killed
+whole (gpu_worker.py). The image's torch is imported only in those children.
+
+Statuses: FAIL when the image cannot run kernels here (its arch list does not cover the GPU,
+or the driver is older than its CUDA runtime needs) -- the image's fault; ERROR "node not fit:
+..." when the node is (a wrong or non-finite result, a threshold missed, a step that hung or
+crashed) -- never a FAIL of the image. The judgement is in pure functions below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import capture
+
+# CUDA runtime major version -> the oldest Linux driver that runs it (CUDA minor-version
+# compatibility; NVIDIA CUDA Toolkit release notes, "CUDA Toolkit and Minimum Required Driver
+# Version for CUDA Minor Version Compatibility"; CUDA 11.0 itself shipped with 450.36.06).
+MIN_DRIVER_BY_CUDA_MAJOR = {
+    11: "450.80.02",
+    12: "525.60.13",
+    13: "580.65.06",
+}
+NODE_UNFIT = "node not fit: "
+BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from importlib import import_module as m; "
+    "sys.exit(m(sys.argv[2] + '.gpu_worker').main(sys.argv[3:]))"
+)
+NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,driver_version,compute_cap,uuid"
+STEP = re.compile(r"^imagegate-step: (.*)$", re.M)
+
+
+# ---------------------------------------------------------------- pure judgement (tested in CI)
+
+
+def version_tuple(v) -> tuple:
+    """'580.95.05' -> (580, 95, 5); '12.8' -> (12, 8); None or junk -> ()."""
+    parts = []
+    for p in str(v or "").strip().split("."):
+        m = re.match(r"\d+", p)
+        if not m:
+            break
+        parts.append(int(m.group(0)))
+    return tuple(parts)
+
+
+def arch_coverage(arch_list, capability: str) -> dict:
+    """Does torch's arch list run kernels on a device of `capability` ('9.0')? Covered by a
+    cubin for exactly this architecture (sm_90; sm_90a runs on 9.0 only, so it counts for 9.0),
+    or by PTX (compute_XY) for an architecture not newer than it, which the driver JIT-compiles."""
+    cap = version_tuple(capability)
+    if len(cap) < 2:
+        return {"covered": False, "by": None, "why": "unknown compute capability %r" % (capability,)}
+    want = cap[0] * 10 + cap[1]
+    sass, ptx = [], []
+    for a in arch_list or []:
+        m = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", str(a))
+        if not m:
+            continue
+        num = int(m.group(2))
+        (sass if m.group(1) == "sm" else ptx).append((num, a))
+    exact = [a for num, a in sass if num == want]
+    if exact:
+        return {"covered": True, "by": exact[0], "why": "cubin for sm_%d" % want}
+    lower_ptx = sorted((num, a) for num, a in ptx if num <= want)
+    if lower_ptx:
+        return {"covered": True, "by": lower_ptx[-1][1], "why": "PTX JIT-compiled by the driver"}
+    return {
+        "covered": False,
+        "by": None,
+        "why": "no sm_%d and no compute_XY <= %d in torch's arch list (%s): CUDA kernels fail with "
+        "'no kernel image is available for execution on the device'"
+        % (want, want, " ".join(arch_list or []) or "empty"),
+    }
+
+
+def min_driver(cuda_runtime) -> str | None:
+    v = version_tuple(cuda_runtime)
+    return MIN_DRIVER_BY_CUDA_MAJOR.get(v[0]) if v else None
+
+
+def driver_check(driver, cuda_runtime) -> dict:
+    """Is the NVIDIA driver new enough for the image's CUDA runtime (torch.version.cuda)?"""
+    need = min_driver(cuda_runtime)
+    if not driver or not cuda_runtime:
+        return {"ok": None, "why": "driver %s, CUDA runtime %s: not both known" % (driver, cuda_runtime)}
+    if need is None:
+        return {"ok": None, "why": "CUDA %s: no minimum driver on record" % cuda_runtime}
+    ok = version_tuple(driver) >= version_tuple(need)
+    why = "driver %s %s CUDA %s runtime's minimum %s" % (
+        driver,
+        "meets" if ok else "is older than the",
+        cuda_runtime,
+        need,
+    )
+    return {"ok": ok, "driver": driver, "cuda_runtime": cuda_runtime, "min_driver": need, "why": why}
+
+
+def parse_nvidia_smi(text: str) -> list:
+    """Rows of `nvidia-smi --query-gpu=NVIDIA_SMI_QUERY --format=csv,noheader,nounits`."""
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 6 or not cells[0].isdigit():
+            continue
+        gpu = {"index": int(cells[0]), "name": cells[1], "driver": cells[4], "capability": cells[5]}
+        for key, cell in (("total_memory_bytes", cells[2]), ("free_memory_bytes", cells[3])):
+            if cell.isdigit():
+                gpu[key] = int(cell) * 1024 * 1024  # nounits: MiB
+        if len(cells) > 6:
+            gpu["uuid"] = cells[6]
+        gpus.append(gpu)
+    return gpus
+
+
+def parse_proc_driver(text: str) -> str | None:
+    """The driver version from /proc/driver/nvidia/version ('NVRM version: ... Kernel Module ...
+    580.95.05 ...')."""
+    m = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s", text or "")
+    return m.group(1) if m else None
+
+
+def busbw(nbytes: int, seconds: float, world: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce, GB/s: algbw * 2(n-1)/n."""
+    return nbytes / seconds / 1e9 * 2.0 * (world - 1) / world
+
+
+def judge(facts: dict, matmul, allreduce, params: dict) -> dict:
+    """The stage's status and detail from what was measured. `matmul`/`allreduce`: the worker
+    results, or {"error": ...}, or None when not run. Image problems FAIL; node problems are
+    ERROR 'node not fit: ...'."""
+    devices = facts.get("devices") or []
+    image_problems, node_problems, said = [], [], []
+    if facts.get("torch") and not facts.get("cuda_runtime"):
+        image_problems.append("torch %s is a CPU-only build (torch.version.cuda is None)" % facts["torch"])
+    drv = driver_check(facts.get("driver"), facts.get("cuda_runtime"))
+    if drv["ok"] is False:
+        image_problems.append(drv["why"])
+    for d in devices:
+        cov = arch_coverage(facts.get("arch_list"), d.get("capability", ""))
+        d["arch_coverage"] = cov
+        if not cov["covered"]:
+            image_problems.append(
+                "GPU %s (%s, capability %s): %s" % (d["index"], d["name"], d["capability"], cov["why"])
+            )
+    if image_problems:
+        return {"status": "FAIL", "detail": "the image cannot run on this GPU: " + "; ".join(image_problems)}
+    if not devices:
+        why = facts.get("error") or "no GPU visible to torch"
+        return {"status": "ERROR", "detail": why}
+    if matmul is not None:
+        if matmul.get("error"):
+            node_problems.append(matmul["error"])
+        else:
+            gpus = matmul.get("gpus") or []
+            for g in gpus:
+                if not g.get("finite"):
+                    node_problems.append("GPU %s: the bf16 matmul result is not finite" % g["index"])
+                elif not (g.get("relative_error", 1) <= g.get("tolerance", 0)):
+                    node_problems.append(
+                        "GPU %s: bf16 matmul differs from the float32 reference by %.3g (relative; tolerance %g)"
+                        % (g["index"], g.get("relative_error"), g.get("tolerance"))
+                    )
+            timed = [g for g in gpus if g.get("tflops")]
+            if timed:
+                slow = min(timed, key=lambda g: g["tflops"])
+                said.append(
+                    "bf16 %d^3 matmul %s TFLOP/s (slowest: GPU %d, %.1f)"
+                    % (
+                        slow["size"],
+                        "/".join("%.1f" % g["tflops"] for g in timed),
+                        slow["index"],
+                        slow["tflops"],
+                    )
+                )
+                floor = params.get("min_tflops")
+                if floor is not None and slow["tflops"] < floor:
+                    node_problems.append(
+                        "GPU %d: %.1f TFLOP/s < min_tflops %g" % (slow["index"], slow["tflops"], floor)
+                    )
+    if allreduce is not None:
+        if allreduce.get("error"):
+            node_problems.append(allreduce["error"])
+        elif allreduce.get("skipped"):
+            said.append(allreduce["skipped"])
+        else:
+            ranks = allreduce.get("ranks") or []
+            bad = [r["rank"] for r in ranks if not r.get("sum_ok")]
+            if bad:
+                node_problems.append("all-reduce sum wrong on rank(s) %s" % ", ".join(map(str, bad)))
+            if ranks:
+                slow = min(ranks, key=lambda r: r.get("busbw_gbps") or 0.0)
+                said.append(
+                    "all-reduce of %d bytes on %d GPUs: sum %s on every rank, busbw %.1f GB/s (slowest: rank %d)"
+                    % (
+                        slow["bytes"],
+                        len(ranks),
+                        "exact" if not bad else "WRONG",
+                        slow["busbw_gbps"] or 0.0,
+                        slow["rank"],
+                    )
+                )
+                floor = params.get("min_busbw_gbps")
+                if floor is not None and (slow.get("busbw_gbps") or 0.0) < floor:
+                    node_problems.append(
+                        "rank %d: busbw %.1f GB/s < min_busbw_gbps %g"
+                        % (slow["rank"], slow["busbw_gbps"] or 0.0, floor)
+                    )
+    names = sorted({d["name"] for d in devices})
+    head = "%d x %s, torch %s (CUDA %s), driver %s" % (
+        len(devices),
+        "/".join(names),
+        facts.get("torch"),
+        facts.get("cuda_runtime"),
+        facts.get("driver"),
+    )
+    if node_problems:
+        return {"status": "ERROR", "detail": NODE_UNFIT + "; ".join(node_problems) + " [" + head + "]"}
+    return {"status": "PASS", "detail": head + ": " + "; ".join(said)}
+
+
+# ---------------------------------------------------------------- the probe
+
+
+def _bundle_root():
+    """(folder or zip to put on sys.path, package name) for the workers: this module's parents."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.dirname(here), os.path.basename(here)
+
+
+def _worker_env() -> dict:
+    env = dict(os.environ)
+    env["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (SHARP): unsupported where we run
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _last_step(text: str) -> str:
+    steps = STEP.findall(text or "")
+    return steps[-1] if steps else "start"
+
+
+def _worker(kind: str, args, timeout: float, tmp: str) -> dict:
+    """One worker, bounded by `timeout`; its result or {"error": ..., naming the step}."""
+    root, pkg = _bundle_root()
+    out = os.path.join(tmp, "%s.json" % kind)
+    argv = [sys.executable, "-c", BOOT, root, pkg, kind, out] + [str(a) for a in args]
+    try:
+        done = capture.run(argv, timeout=timeout, env=_worker_env(), cwd=tmp)
+    except OSError as e:
+        return {"error": "%s: could not start: %s" % (kind, e)}
+    sys.stderr.write(done.err.text())
+    if done.timed_out:
+        return {
+            "error": "%s: timed out after %gs in step %r (killed)"
+            % (kind, timeout, _last_step(done.err.text()))
+        }
+    try:
+        with open(out) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        lines = [
+            ln for ln in done.err.text().splitlines() if ln.strip() and not ln.startswith("imagegate-step")
+        ]
+        return {
+            "error": "%s: exited %s in step %r: %s"
+            % (kind, done.returncode, _last_step(done.err.text()), (lines[-1:] or ["no output"])[0][:300])
+        }
+
+
+def _allreduce(world: int, params: dict, tmp: str) -> dict:
+    """One process per GPU, all at once; every one killed when the step's time is up."""
+    root, pkg = _bundle_root()
+    rdv = os.path.join(tmp, "rendezvous")
+    timeout = float(params.get("allreduce_timeout", 300))
+    procs = []
+    for rank in range(world):
+        out = os.path.join(tmp, "allreduce-%d.json" % rank)
+        err = open(os.path.join(tmp, "allreduce-%d.stderr" % rank), "wb")  # noqa: SIM115 (closed below)
+        argv = [sys.executable, "-c", BOOT, root, pkg, "allreduce", out, rank, world, rdv]
+        argv += [params.get("allreduce_bytes", 1 << 30), params.get("warmup", 5), params.get("iters", 20)]
+        procs.append(
+            (
+                subprocess.Popen(
+                    [str(a) for a in argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=err,
+                    stderr=err,
+                    env=_worker_env(),
+                    cwd=tmp,
+                    start_new_session=True,
+                ),
+                out,
+                err,
+            )
+        )
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    try:
+        # Until all are done; a rank that failed leaves the others waiting in NCCL for it, so
+        # they are killed at once rather than at the deadline.
+        while any(p.poll() is None for p, _, _ in procs):
+            if any(p.poll() not in (None, 0) for p, _, _ in procs):
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            time.sleep(0.05)
+    finally:
+        for p, _, err in procs:
+            if p.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            err.close()
+    ranks, errors = [], []
+    for rank, (p, out, _) in enumerate(procs):
+        with open(os.path.join(tmp, "allreduce-%d.stderr" % rank), errors="replace") as f:
+            text = f.read()
+        sys.stderr.write(text[-20000:])
+        try:
+            with open(out) as f:
+                ranks.append(json.load(f))
+        except (OSError, ValueError):
+            lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("imagegate-step")]
+            killed = timed_out or p.returncode == -signal.SIGKILL
+            if timed_out:
+                how = "timed out after %gs" % timeout
+            elif killed:
+                how = "was stopped after another rank failed"
+            else:
+                how = "exited %s" % p.returncode
+            said = " (killed)" if killed else (": " + lines[-1][:200]) if lines else ""
+            errors.append("all-reduce rank %d %s in step %r%s" % (rank, how, _last_step(text), said))
+    if errors:
+        return {"error": "; ".join(errors)}
+    return {"ranks": ranks, "world": world}
+
+
+def host_facts() -> dict:
+    """What can be read without torch: nvidia-smi, else /proc/driver/nvidia/version."""
+    out: dict = {}
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            out["driver"] = parse_proc_driver(f.read())
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            done = capture.run(
+                [smi, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"], timeout=30
+            )
+            out["nvidia_smi"] = parse_nvidia_smi(done.out.text())
+            if out["nvidia_smi"] and not out.get("driver"):
+                out["driver"] = out["nvidia_smi"][0]["driver"]
+        except OSError as e:
+            out["nvidia_smi_error"] = str(e)
+    return out
+
+
+def run(params: dict) -> dict:
+    tmp = tempfile.mkdtemp(prefix="gpu-preflight-")
+    try:
+        return _run(params, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(params: dict, tmp: str) -> dict:
+    host = host_facts()
+    data = {"host": host, "params": params}
+    facts = _worker("facts", [], float(params.get("facts_timeout", 120)), tmp)
+    if facts.get("error"):
+        if "No module named 'torch'" in facts["error"] or "ModuleNotFoundError" in facts["error"]:
+            gpus = host.get("nvidia_smi") or []
+            seen = (
+                "; ".join(
+                    "GPU %d %s, %d MiB, capability %s"
+                    % (g["index"], g["name"], g.get("total_memory_bytes", 0) >> 20, g["capability"])
+                    for g in gpus
+                )
+                or "no GPU listed by nvidia-smi"
+                if "nvidia_smi" in host
+                else "no nvidia-smi"
+            )
+            data["torch"] = None
+            return {
+                "status": "ERROR",
+                "detail": "no torch in this image: the node check needs the image's torch for the "
+                "matmul and the all-reduce; driver %s; %s" % (host.get("driver") or "unknown", seen),
+                "data": data,
+            }
+        data["facts_error"] = facts["error"]
+        return {"status": "ERROR", "detail": NODE_UNFIT + facts["error"], "data": data}
+    facts["driver"] = host.get("driver")
+    data["facts"] = facts
+    matmul = allreduce = None
+    pre = judge(facts, None, None, params)
+    if pre["status"] == "PASS":
+        matmul = _worker(
+            "matmul",
+            [params.get("size", 8192), params.get("warmup", 5), params.get("iters", 20)],
+            float(params.get("matmul_timeout", 300)),
+            tmp,
+        )
+        world = len(facts["devices"])
+        if world >= 2:
+            allreduce = _allreduce(world, params, tmp)
+        else:
+            allreduce = {"skipped": "all-reduce skipped: 1 GPU (it needs 2 or more)"}
+        data["matmul"], data["allreduce"] = matmul, allreduce
+    verdict = judge(facts, matmul, allreduce, params)
+    data["unfit"] = (
+        "image"
+        if verdict["status"] == "FAIL"
+        else "node"
+        if verdict["detail"].startswith(NODE_UNFIT)
+        else None
+    )
+    return {"status": verdict["status"], "detail": verdict["detail"], "data": data}

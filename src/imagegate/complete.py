@@ -1,0 +1,206 @@
+"""`imagegate complete`: run exactly the stages an earlier attempt deferred (after the GPU node
+check, when the run has GPUs), against the same image or environment, and write a new attempt
+whose statement links the earlier one and whose verdict is computed over both. The earlier
+attempt is only read."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imagegate import bundle, pipeline, runner
+from imagegate import plan as planning
+from imagegate.attest.sign import DSSE_FILE
+from imagegate.drivers.interface import Driver
+from imagegate.errors import UsageError
+from imagegate.model import ImageFacts, RunRecord, StageResult, Status
+
+LINK_COPY = "completes/" + DSSE_FILE  # the earlier envelope, kept as evidence of the completion
+
+
+@dataclass(frozen=True)
+class Earlier:
+    dir: Path
+    statement: dict[str, Any]
+    envelope: bytes
+
+    @property
+    def predicate(self) -> dict[str, Any]:
+        pred: dict[str, Any] = self.statement.get("predicate") or {}
+        return pred
+
+    @property
+    def attempt_id(self) -> str:
+        return str((self.predicate.get("attempt") or {}).get("id") or self.dir.name)
+
+    @property
+    def deferred(self) -> list[str]:
+        return [
+            s["id"] for s in self.predicate.get("stages") or [] if s.get("status") == Status.DEFERRED.value
+        ]
+
+
+def load_earlier(target: Path) -> Earlier:
+    """An attempt folder, or one of its attestation files: the folder must hold the signed
+    envelope (what the completion links) and statement.json."""
+    folder = target if target.is_dir() else target.parent
+    if not target.exists():
+        raise UsageError(f"{target}: no such attempt folder or attestation", hint="give an attempt folder")
+    envelope_path = folder / DSSE_FILE
+    try:
+        envelope = envelope_path.read_bytes()
+        statement = json.loads((folder / "statement.json").read_bytes())
+    except FileNotFoundError as e:
+        raise UsageError(
+            f"{folder}: not a signed attempt ({Path(e.filename or '').name} is missing)",
+            hint="complete an attempt that was signed (run without --no-sign)",
+        ) from e
+    except ValueError as e:
+        raise UsageError(f"{folder}/statement.json: not JSON ({e})") from e
+    from imagegate.attest import dsse
+
+    try:
+        payload = dsse.from_json(envelope).payload
+        signed = json.loads(payload)
+    except Exception as e:  # any malformed envelope: say which file
+        raise UsageError(f"{envelope_path}: not a DSSE envelope ({e})") from e
+    if signed != statement:
+        raise UsageError(
+            f"{folder}: statement.json differs from the signed statement in {DSSE_FILE}",
+            hint="verify the attempt (imagegate verify); complete only an attempt that verifies",
+        )
+    return Earlier(folder, statement, envelope)
+
+
+def check_same_subject(earlier: Earlier, image: ImageFacts, env: dict[str, Any]) -> None:
+    """Refuse (exit 3) when the image or environment found now is not the one the earlier attempt
+    judged, naming both."""
+    was = earlier.predicate.get("image") or {}
+    if was.get("configDigest") or was.get("manifestDigest"):
+        pairs = [("image ID", was.get("configDigest"), image.config_digest)]
+        if was.get("manifestDigest") and image.manifest_digest:
+            pairs.append(("digest", was.get("manifestDigest"), image.manifest_digest))
+        for what, then, now in pairs:
+            if then != now:
+                raise UsageError(
+                    f"{image.reference}: {what} {now} is not the {what} {then} that attempt "
+                    f"{earlier.attempt_id} judged",
+                    hint="complete the attempt against the same image (its ID or digest), or run the image anew",
+                )
+        return
+    then_fp = ((earlier.predicate.get("environment") or {}).get("fingerprint") or {}).get("sha256")
+    now_fp = (env.get("fingerprint") or {}).get("sha256")
+    if not then_fp:
+        raise UsageError(
+            f"attempt {earlier.attempt_id} records no image ID and no environment fingerprint: "
+            "nothing to compare this run with",
+            hint="run the pipeline anew here",
+        )
+    if then_fp != now_fp:
+        raise UsageError(
+            f"this environment (fingerprint sha256:{now_fp}) is not the one attempt {earlier.attempt_id} "
+            f"judged (fingerprint sha256:{then_fp}): the interpreter or its installed distributions differ",
+            hint="complete it in the same environment, or run the pipeline anew here",
+        )
+
+
+def completion_plan(earlier: Earlier, gpus: str | None) -> dict[str, Any]:
+    """The earlier plan with every stage that is not deferred marked as done earlier; a deferred
+    stage's needs on those are dropped (they passed then, or it would not have been deferred)."""
+    plan = copy.deepcopy(earlier.predicate.get("plan") or {})
+    again = set(earlier.deferred)
+    stages = []
+    for s in plan.get("stages") or []:
+        s = dict(s)
+        if s["id"] in again:
+            s.pop("skipped", None)
+            s["needs"] = [n for n in s.get("needs", []) if n in again]
+        else:
+            s["skipped"] = f"completed earlier, in attempt {earlier.attempt_id}"
+        stages.append(s)
+    if gpus:
+        stages = planning.node_check_first(stages)
+    return dict(plan, stages=stages)
+
+
+def earlier_results(earlier: Earlier) -> list[StageResult]:
+    again = set(earlier.deferred)
+    out = []
+    for s in earlier.predicate.get("stages") or []:
+        if s["id"] in again:
+            continue
+        out.append(
+            StageResult(
+                s["id"],
+                s.get("probe", ""),
+                "outside" if s.get("side") == "outside" else "inside",
+                Status(s["status"]),
+                str(s.get("detail", "")),
+                float(s.get("durationSeconds") or 0.0),
+                {"from_attempt": earlier.attempt_id},
+            )
+        )
+    return out
+
+
+def complete(
+    target: Path,
+    driver: Driver,
+    opts: runner.RunOptions,
+    *,
+    gpus: str | None,
+    out: Path | None = None,
+    notify: runner.Notify = lambda _m: None,
+) -> RunRecord:
+    earlier = load_earlier(target)
+    deferred = earlier.deferred
+    if not deferred:
+        raise UsageError(
+            f"attempt {earlier.attempt_id} deferred nothing (verdict {earlier.predicate.get('verdict')})",
+            hint="only an attempt with DEFERRED stages can be completed",
+        )
+    if not str(earlier.predicate.get("verdict", "")).endswith("_DEFERRED"):
+        raise UsageError(
+            f"attempt {earlier.attempt_id} ended {earlier.predicate.get('verdict')}: completing its "
+            f"deferred stages ({', '.join(deferred)}) cannot change that",
+            hint="fix the image and run it anew",
+        )
+    was = earlier.predicate.get("image") or {}
+    # By the name the user gave then: a tag that now names another build is refused below.
+    image = driver.resolve(was.get("reference") or was.get("configDigest") or "local")
+    env = dict(driver.environment())
+    check_same_subject(earlier, image, env)
+    plan = completion_plan(earlier, gpus)
+    loaded = pipeline.load(str(earlier.dir / "pipeline.yaml"))
+    inside = dict(plan, stages=[s for s in plan["stages"] if s["side"] == "inside" and not s.get("skipped")])
+    prep = runner.Prepared(loaded, plan, inside, bundle.build(inside))
+    root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
+    attempt = runner.new_attempt(prep, image, root)
+    attempt.write(LINK_COPY, earlier.envelope)
+    opts.completes = {
+        "attempt": earlier.attempt_id,
+        "envelopeSha256": hashlib.sha256(earlier.envelope).hexdigest(),
+        "envelope": os.path.relpath(earlier.dir / DSSE_FILE, attempt.dir),
+        "verdict": earlier.predicate.get("verdict"),
+        "stages": deferred,
+    }
+    notify(f"attempt {attempt.dir} completes {earlier.attempt_id} ({', '.join(deferred)})")
+    started = runner._now()
+    runs = runner.run_inside(prep, driver, image, opts, notify) if inside["stages"] else []
+    return runner.conclude(
+        prep,
+        image,
+        env,
+        runs,
+        attempt,
+        opts,
+        started=started,
+        driver=driver,
+        notify=notify,
+        extra_stages=earlier_results(earlier),
+    )

@@ -1,0 +1,54 @@
+"""`--gpus all|N|ID[,ID]`: which GPUs a run gets. Zero is the default everywhere: without the
+option, GPUs are hidden from the probes."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from imagegate.errors import UsageError
+
+# What hides GPUs from CUDA and from the NVIDIA container runtime.
+HIDING_ENV = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """`count` -1: all; else `count` GPUs, or the GPUs named in `ids` (indexes or UUIDs)."""
+
+    spec: str
+    count: int = -1
+    ids: tuple[str, ...] = ()
+
+    @property
+    def cuda_visible_devices(self) -> str | None:
+        """What CUDA_VISIBLE_DEVICES says for this request on a host (None: leave it alone)."""
+        if self.ids:
+            return ",".join(self.ids)
+        if self.count > 0:
+            return ",".join(str(i) for i in range(self.count))
+        return None
+
+
+def parse(spec: str | None) -> GpuRequest | None:
+    if spec is None:
+        return None
+    text = spec.strip()
+    if text == "all":
+        return GpuRequest("all")
+    if text.isdigit():
+        n = int(text)
+        if n < 1:
+            raise UsageError(
+                f"--gpus {spec}: give 1 or more GPUs", hint="leave --gpus out for a run without GPUs"
+            )
+        return GpuRequest(text, count=n)
+    ids = tuple(x.strip() for x in text.split(","))
+    if len(ids) >= 1 and all(re.fullmatch(r"\d+|(GPU|MIG)-[0-9A-Za-z-]+", x) for x in ids) and "," in text:
+        return GpuRequest(text, ids=ids)
+    if re.fullmatch(r"(GPU|MIG)-[0-9A-Za-z-]+", text):
+        return GpuRequest(text, ids=(text,))
+    raise UsageError(
+        f"--gpus {spec!r}: not all, a count, or a list of GPU ids",
+        hint="e.g. --gpus all, --gpus 2, --gpus 0,1 or --gpus GPU-<uuid>",
+    )

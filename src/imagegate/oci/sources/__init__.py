@@ -1,0 +1,1 @@
+"""One ImageSource interface (interface.py) and a module per transport."""

@@ -1,0 +1,218 @@
+"""The GPU node check's judgement (probes/gpu_preflight.py), on outputs recorded from real
+installations, and its bounded workers on a host without torch or GPUs. No GPU is faked: every
+case here that needs one is judged from data, and none of it claims a measured pass."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.probes.test_parsers import load
+
+# torch.cuda.get_arch_list() as printed by real wheels (pytorch/pytorch issue 182250, and the
+# "supports CUDA capabilities ..." warning of a torch 1.x cu11x wheel, quoted in public issues).
+ARCH_2_11_CU126 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+ARCH_2_11_CU128 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+ARCH_2_10_CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+ARCH_OLD_WITH_PTX = [
+    "sm_37",
+    "sm_50",
+    "sm_60",
+    "sm_61",
+    "sm_70",
+    "sm_75",
+    "sm_80",
+    "sm_86",
+    "sm_90",
+    "compute_37",
+]
+
+# /proc/driver/nvidia/version first lines as real drivers write them (proprietary and open modules).
+PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07  Tue Aug  5 17:24:00 UTC 2025\n"
+PROC_OPEN = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build  "
+    "(dvs-builder@U16)  Tue May 20 2025\nGCC version:  gcc version 12.3.0\n"
+)
+PROC_SHORT = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  515.76  Mon Sep 12 19:21:56 UTC 2022\n"
+
+# `nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version,compute_cap,uuid
+# --format=csv,noheader,nounits` on a 2-GPU H200 node, as scripts/gpu-acceptance.sh logged it on
+# 2026-11-30 (benchmarks/records/2026-11-30-gpu-h200.md).
+SMI_2xH200 = (
+    "0, NVIDIA H200, 143771, 143156, 580.159.04, 9.0, GPU-3cf75db2-5cba-bdeb-063d-4cfc6e966eb1\n"
+    "1, NVIDIA H200, 143771, 143156, 580.159.04, 9.0, GPU-ed74a9a9-8727-4505-8c06-7199bff5b64a\n"
+)
+
+
+@pytest.fixture(scope="module")
+def gp():  # type: ignore[no-untyped-def]
+    return load("gpu_preflight")
+
+
+def test_arch_list_covers_the_gpu_by_cubin_or_lower_ptx(gp) -> None:  # type: ignore[no-untyped-def]
+    h200 = gp.arch_coverage(ARCH_2_11_CU128, "9.0")
+    assert h200["covered"] and h200["by"] == "sm_90"
+    # torch 2.11+cu128 dropped sm_70: a V100 gets "no kernel image is available" (issue 182250)
+    v100 = gp.arch_coverage(ARCH_2_11_CU128, "7.0")
+    assert not v100["covered"]
+    assert "no sm_70 and no compute_XY <= 70" in v100["why"] and "no kernel image" in v100["why"]
+    assert gp.arch_coverage(ARCH_2_10_CU128, "7.0")["covered"]
+    # an RTX 5090 (12.0) on a cu126 wheel: no sm_120, no PTX
+    assert not gp.arch_coverage(ARCH_2_11_CU126, "12.0")["covered"]
+    # PTX for an older architecture is JIT-compiled by the driver: covered, and said how
+    ptx = gp.arch_coverage(ARCH_OLD_WITH_PTX, "12.0")
+    assert ptx["covered"] and ptx["by"] == "compute_37" and "PTX" in ptx["why"]
+    # a cubin for a newer architecture does not run on an older one, nor sm_89 code on 8.6
+    assert not gp.arch_coverage(["sm_89", "sm_90"], "8.6")["covered"]
+    assert not gp.arch_coverage(["compute_90"], "8.0")["covered"]
+    # arch-specific builds (sm_90a) name the architecture too
+    assert gp.arch_coverage(["sm_80", "sm_90a"], "9.0")["by"] == "sm_90a"
+    assert not gp.arch_coverage([], "9.0")["covered"]
+
+
+def test_driver_older_than_the_cuda_runtime_names_both(gp) -> None:  # type: ignore[no-untyped-def]
+    ok = gp.driver_check("580.159.04", "13.0")
+    assert ok["ok"] is True and ok["min_driver"] == "580.65.06"
+    old = gp.driver_check("575.57.08", "13.0")
+    assert old["ok"] is False
+    assert "575.57.08" in old["why"] and "CUDA 13.0" in old["why"] and "580.65.06" in old["why"]
+    # minor-version compatibility: a cu128 wheel runs on a 12.0-era 525 driver, not on 470
+    assert gp.driver_check("525.60.13", "12.8")["ok"] is True
+    assert gp.driver_check("470.82.01", "12.1")["ok"] is False
+    assert gp.driver_check("515.76", "11.8")["ok"] is True
+    assert gp.driver_check(None, "12.8")["ok"] is None
+    assert gp.driver_check("580.82.07", "10.2")["ok"] is None  # no minimum on record: not judged
+
+
+def test_driver_version_parsed_from_proc_and_nvidia_smi(gp) -> None:  # type: ignore[no-untyped-def]
+    assert gp.parse_proc_driver(PROC_PROPRIETARY) == "580.82.07"
+    assert gp.parse_proc_driver(PROC_OPEN) == "575.57.08"
+    assert gp.parse_proc_driver(PROC_SHORT) == "515.76"
+    assert gp.parse_proc_driver("") is None
+    gpus = gp.parse_nvidia_smi(SMI_2xH200 + "\nNo devices were found\n")
+    assert [g["index"] for g in gpus] == [0, 1]
+    assert gpus[0]["name"] == "NVIDIA H200" and gpus[0]["capability"] == "9.0"
+    assert gpus[0]["total_memory_bytes"] == 143771 * 1024 * 1024
+    assert gpus[1]["driver"] == "580.159.04" and gpus[1]["uuid"].startswith("GPU-ed74")
+
+
+def test_busbw_is_nccl_tests_definition(gp) -> None:  # type: ignore[no-untyped-def]
+    # 1 GiB in 5 ms: algbw 214.7 GB/s; 2 ranks: x1; 8 ranks: x1.75
+    assert gp.busbw(1 << 30, 0.005, 2) == pytest.approx((1 << 30) / 0.005 / 1e9)
+    assert gp.busbw(1 << 30, 0.005, 8) == pytest.approx((1 << 30) / 0.005 / 1e9 * 1.75)
+
+
+def _facts(n: int = 2, arch=ARCH_2_11_CU128, cap: str = "9.0", driver: str = "580.159.04") -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "torch": "2.11.0+cu130",
+        "cuda_runtime": "13.0",
+        "arch_list": arch,
+        "driver": driver,
+        "devices": [{"index": i, "name": "NVIDIA H200", "capability": cap} for i in range(n)],
+    }
+
+
+def _mm(*tflops: float, finite: bool = True, rel: float = 0.002) -> dict:  # type: ignore[type-arg]
+    return {
+        "gpus": [
+            {
+                "index": i,
+                "size": 8192,
+                "tflops": t,
+                "finite": finite,
+                "relative_error": rel,
+                "tolerance": 0.01,
+            }
+            for i, t in enumerate(tflops)
+        ]
+    }
+
+
+def _ar(*busbw: float, ok: bool = True) -> dict:  # type: ignore[type-arg]
+    return {
+        "ranks": [{"rank": r, "bytes": 1 << 30, "busbw_gbps": b, "sum_ok": ok} for r, b in enumerate(busbw)]
+    }
+
+
+def test_judgement_image_fail_node_error_and_figures(gp) -> None:  # type: ignore[no-untyped-def]
+    # the image cannot run here: FAIL, naming the GPU and why
+    bad_arch = gp.judge(_facts(arch=ARCH_2_11_CU126, cap="12.0"), None, None, {})
+    assert bad_arch["status"] == "FAIL" and "capability 12.0" in bad_arch["detail"]
+    old_driver = gp.judge(_facts(driver="570.86.15"), None, None, {})
+    assert (
+        old_driver["status"] == "FAIL"
+        and "570.86.15" in old_driver["detail"]
+        and "13.0" in old_driver["detail"]
+    )
+    cpu_torch = gp.judge(dict(_facts(0), torch="2.11.0+cpu", cuda_runtime=None), None, None, {})
+    assert cpu_torch["status"] == "FAIL" and "torch 2.11.0+cpu is a CPU-only build" in cpu_torch["detail"]
+    # a broken node: ERROR "node not fit", never FAIL
+    nan = gp.judge(_facts(), _mm(700.0, 710.0, finite=False), _ar(300.0, 310.0), {})
+    assert (
+        nan["status"] == "ERROR"
+        and nan["detail"].startswith("node not fit: ")
+        and "not finite" in nan["detail"]
+    )
+    off = gp.judge(_facts(), _mm(700.0, 710.0, rel=0.5), _ar(300.0, 310.0), {})
+    assert off["status"] == "ERROR" and "float32 reference" in off["detail"]
+    wrong_sum = gp.judge(_facts(), _mm(700.0, 710.0), _ar(300.0, 310.0, ok=False), {})
+    assert wrong_sum["status"] == "ERROR" and "sum wrong on rank(s) 0, 1" in wrong_sum["detail"]
+    hung = gp.judge(_facts(), _mm(700.0, 710.0), {"error": "allreduce rank 1 timed out in step 'init'"}, {})
+    assert hung["status"] == "ERROR" and "timed out in step 'init'" in hung["detail"]
+    # thresholds name the slowest GPU and rank
+    slow = gp.judge(
+        _facts(), _mm(780.0, 650.0), _ar(330.0, 150.0), {"min_tflops": 700, "min_busbw_gbps": 300}
+    )
+    assert slow["status"] == "ERROR"
+    assert "GPU 1: 650.0 TFLOP/s < min_tflops 700" in slow["detail"]
+    assert "rank 1: busbw 150.0 GB/s < min_busbw_gbps 300" in slow["detail"]
+    good = gp.judge(_facts(), _mm(780.0, 790.0), _ar(330.0, 320.0), {"min_tflops": 700})
+    assert good["status"] == "PASS"
+    assert "slowest: GPU 0, 780.0" in good["detail"] and "slowest: rank 1" in good["detail"]
+    assert "2 x NVIDIA H200" in good["detail"]
+    one = gp.judge(_facts(1), _mm(790.0), {"skipped": "all-reduce skipped: 1 GPU (it needs 2 or more)"}, {})
+    assert one["status"] == "PASS" and "all-reduce skipped: 1 GPU" in one["detail"]
+    # no GPU visible to torch: nothing measured, nothing passed
+    assert gp.judge(_facts(0), None, None, {})["status"] == "ERROR"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_allreduce_workers_are_bounded_and_killed(gp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The all-reduce step runs one process per GPU; a step past its time is ERROR naming it, and
+    every rank is killed. Here the ranks never get past importing torch (there is none)."""
+    t0 = time.monotonic()
+    res = gp._allreduce(
+        3, {"allreduce_timeout": 0.05, "allreduce_bytes": 1024, "warmup": 1, "iters": 1}, str(tmp_path)
+    )
+    assert time.monotonic() - t0 < 15
+    assert "error" in res
+    for rank in range(3):
+        assert f"rank {rank}" in res["error"]
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    mine = [p for p in pids if _alive(p) and str(tmp_path) in _cmdline(p)]
+    assert mine == []
+    # given time, a rank says where it stopped (torch is not there), and the first rank that fails
+    # stops the others at once instead of leaving them to wait for it until the deadline
+    t0 = time.monotonic()
+    res = gp._allreduce(
+        2, {"allreduce_timeout": 60, "allreduce_bytes": 1024, "warmup": 1, "iters": 1}, str(tmp_path)
+    )
+    assert time.monotonic() - t0 < 30
+    assert "exited 1 in step 'import torch': ModuleNotFoundError: No module named 'torch'" in res["error"]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

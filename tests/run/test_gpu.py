@@ -1,0 +1,223 @@
+"""GPU runs on a host without GPUs (CI has none): the node check is DEFERRED, GPUs stay hidden
+unless asked for, device requests reach the real engine and its refusal is said clearly, and
+`imagegate complete` links, refuses and verifies. No GPU is faked: nothing here passes a GPU stage."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from imagegate import resources
+from tests.helpers import imagegate
+
+GPU_PIPELINE = """\
+apiVersion: imagegate/v1
+name: gpu-env
+stages:
+  - id: find_spec
+    probe: find_spec
+    with:
+      modules: [json]
+  - id: gpu_env
+    probe: cli
+    requires: [gpu]
+    timeout: 60
+    with:
+      command: [{python}, -c, "import os; print('cvd=%r nvd=%r' % (os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('NVIDIA_VISIBLE_DEVICES')))"]
+"""
+
+
+def _pipeline(tmp_path: Path, python: str = sys.executable) -> Path:
+    p = tmp_path / "gpu-env.yaml"
+    p.write_text(GPU_PIPELINE.format(python=python))
+    return p
+
+
+def _key(tmp_path: Path) -> tuple[Path, Path]:
+    r = imagegate("keygen", "--out", str(tmp_path / "k"))
+    assert r.returncode == 0, r.stderr
+    return tmp_path / "k.key", tmp_path / "k.pub"
+
+
+def _attempts(out: Path) -> list[Path]:
+    return sorted(p for p in out.glob("*/*/") if p.is_dir())
+
+
+def _statement(attempt: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((attempt / "statement.json").read_text())["predicate"]  # type: ignore[no-any-return]
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_node_check_is_deferred_without_gpus_and_the_run_records_the_request(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = imagegate("run", "--here", "-p", "gpu", "--gpus", "all", "-o", str(out), "--no-sign")
+    assert r.returncode == 0, r.stderr
+    assert "verdict: CPU_PASS_NODE_CHECK_DEFERRED" in r.stdout
+    pred = _statement(_attempts(out)[0])
+    stage = pred["stages"][0]
+    assert stage["probe"] == "gpu_preflight" and stage["status"] == "DEFERRED"
+    assert pred["environment"]["gpus_requested"] == "all"
+    assert pred["environment"]["gpuPresent"] is False
+
+
+def test_here_hides_this_hosts_gpus_unless_asked(tmp_path: Path) -> None:
+    pipe = _pipeline(tmp_path)
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "all"}
+    hidden = imagegate("run", "--here", "-p", str(pipe), "-o", str(tmp_path / "a"), "--no-sign", env=env)
+    assert hidden.returncode == 0, hidden.stderr
+    att = _attempts(tmp_path / "a")[0]
+    said = next(att.glob("stages/*-gpu_env/stdout.txt")).read_text()
+    assert "cvd='' nvd='void'" in said
+    assert _statement(att)["environment"]["gpu"]["present"] is False
+    shown = imagegate(
+        "run", "--here", "-p", str(pipe), "--gpus", "1", "-o", str(tmp_path / "b"), "--no-sign", env=env
+    )
+    att = _attempts(tmp_path / "b")[0]
+    said = next(att.glob("stages/*-gpu_env/stdout.txt")).read_text()
+    assert "cvd='0' nvd='all'" in said, shown.stderr
+    # the GPU stage needs the node check, which cannot run without a GPU: both DEFERRED
+    pred = _statement(att)
+    assert [s["id"] for s in pred["stages"]] == ["node_check", "find_spec", "gpu_env"]
+    assert pred["verdict"] == "CPU_PASS_NODE_CHECK_GPU_ENV_DEFERRED"
+
+
+def test_gpus_option_refuses_junk() -> None:
+    r = imagegate("run", "--here", "-p", "gpu", "--gpus", "two", "--no-sign")
+    assert r.returncode == 3
+    assert "--gpus 'two': not all, a count, or a list of GPU ids" in r.stderr
+    r = imagegate("run", "--here", "-p", "gpu", "--gpus", "0", "--no-sign")
+    assert r.returncode == 3 and "give 1 or more GPUs" in r.stderr
+
+
+def test_device_request_reaches_the_engine_and_its_refusal_is_clear(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """The engine here has no NVIDIA runtime: the request reaches it and is refused; the user is
+    told what is missing and what to do, with the engine's own words, and no traceback."""
+    r = imagegate("run", images["python"], "-p", "gpu", "--gpus", "all", "-o", str(tmp_path), "--no-sign")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--gpus all: the docker engine" in r.stderr and "cannot give containers GPUs" in r.stderr
+    assert 'could not select device driver "" with capabilities: [[gpu]]' in r.stderr
+    assert "NVIDIA Container Toolkit" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_complete_links_verifies_and_tampering_with_either_link_fails(tmp_path: Path) -> None:
+    key, pub = _key(tmp_path)
+    out = tmp_path / "out"
+    first = imagegate("run", "--here", "-p", str(_pipeline(tmp_path)), "-o", str(out), "--key", str(key))
+    assert first.returncode == 0, first.stderr
+    assert "verdict: CPU_PASS_GPU_ENV_DEFERRED" in first.stdout
+    earlier = _attempts(out)[0]
+    before = _digests(earlier)
+    done = imagegate("complete", str(earlier / "attestation.dsse.json"), "--here", "--key", str(key))
+    assert done.returncode == 0, done.stderr
+    later = next(a for a in _attempts(out) if a != earlier)
+    assert _digests(earlier) == before  # the earlier attempt is never touched
+    pred = _statement(later)
+    schema = json.loads((resources.manifests_dir() / "acceptance-v1.schema.json").read_text())
+    jsonschema.validate(json.loads((later / "statement.json").read_text()), schema)
+    link = pred["completes"]
+    assert link["attempt"] == earlier.name and link["stages"] == ["gpu_env"]
+    assert (
+        link["envelopeSha256"] == hashlib.sha256((earlier / "attestation.dsse.json").read_bytes()).hexdigest()
+    )
+    by_id = {s["id"]: s for s in pred["stages"]}
+    assert by_id["find_spec"]["status"] == "PASS" and by_id["find_spec"]["fromAttempt"] == earlier.name
+    assert by_id["gpu_env"]["status"] == "DEFERRED" and "fromAttempt" not in by_id["gpu_env"]
+    assert pred["verdict"] == "CPU_PASS_GPU_ENV_DEFERRED"  # still no GPU here: nothing claims a pass
+    chain = f"completes attempt {earlier.name} (verdict CPU_PASS_GPU_ENV_DEFERRED, envelope sha256 "
+    assert (
+        chain in done.stdout and "run now: gpu_env; results of the earlier attempt: find_spec" in done.stdout
+    )
+    page = tmp_path / "page.html"
+    assert imagegate("report", str(later), "-f", "html", "-o", str(page)).returncode == 0
+    assert '<p id="chain"><strong>Chain:</strong> ' + chain in page.read_text()
+    md = imagegate("report", str(later), "-f", "markdown")
+    assert "**Chain:** " + chain in md.stdout
+    ok = imagegate("verify", str(later / "attestation.dsse.json"), "--key", str(pub))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"ok      link: completes attempt {earlier.name}" in ok.stdout
+
+    # the earlier envelope changed after the completion was signed: the link fails, named
+    env = earlier / "attestation.dsse.json"
+    original = env.read_bytes()
+    env.write_bytes(original.replace(b'"payload"', b'"payload" ', 1))
+    bad = imagegate("verify", str(later / "attestation.dsse.json"), "--key", str(pub))
+    assert bad.returncode == 1
+    assert (
+        f"link: completes attempt {earlier.name}" in bad.stdout
+        and "changed after the completion" in bad.stdout
+    )
+    env.write_bytes(original)
+    # the completion's own envelope changed (it now claims PASS): its signature fails
+    mine = later / "attestation.dsse.json"
+    doc = json.loads(mine.read_bytes())
+    statement = json.loads(base64.b64decode(doc["payload"]))
+    statement["predicate"]["verdict"] = "PASS"
+    doc["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    mine.write_text(json.dumps(doc))
+    bad = imagegate("verify", str(mine), "--key", str(pub))
+    assert bad.returncode == 1
+    assert "FAILED  signature: no signature verifies" in bad.stdout, bad.stdout
+
+
+def test_complete_refuses_another_environment_and_an_undeferred_attempt(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = imagegate("run", "--here", "-p", str(_pipeline(tmp_path)), "-o", str(out))
+    assert first.returncode == 0, first.stderr
+    earlier = _attempts(out)[0]
+    then = _statement(earlier)["environment"]["fingerprint"]["sha256"]
+    other = (
+        "/usr/bin/python3" if Path("/usr/bin/python3").resolve() != Path(sys.executable).resolve() else None
+    )
+    if other is None:
+        pytest.skip("no second interpreter on this host")
+    r = imagegate("complete", str(earlier), "--here", "--python", other)
+    assert r.returncode == 3
+    assert f"(fingerprint sha256:{then})" in r.stderr and "is not the one attempt" in r.stderr
+    assert len(_attempts(out)) == 1  # refused before anything was written
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(
+        "apiVersion: imagegate/v1\nname: plain\nstages:\n  - id: pip_check\n    probe: pip_check\n"
+    )
+    r = imagegate("run", "--here", "-p", str(plain), "-o", str(tmp_path / "p"))
+    r = imagegate("complete", str(_attempts(tmp_path / "p")[0]), "--here")
+    assert r.returncode == 3 and "deferred nothing" in r.stderr
+
+
+def test_complete_refuses_another_image_naming_both(images: dict[str, str], tmp_path: Path) -> None:
+    tag = f"imagegate-gpu-test:{secrets.token_hex(4)}"
+    subprocess.run(["docker", "tag", images["python"], tag], check=True)
+    try:
+        pipe = _pipeline(tmp_path, python="python3")
+        first = imagegate("run", tag, "-p", str(pipe), "-o", str(tmp_path / "out"))
+        assert first.returncode == 0, first.stderr
+        earlier = _attempts(tmp_path / "out")[0]
+        then = _statement(earlier)["image"]["configDigest"]
+        subprocess.run(["docker", "tag", images["av"], tag], check=True)  # the tag now names another build
+        now = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert now != then
+        r = imagegate("complete", str(earlier))
+        assert r.returncode == 3, r.stderr
+        assert f"image ID {now} is not the image ID {then}" in r.stderr
+        assert len(_attempts(tmp_path / "out")) == 1
+    finally:
+        subprocess.run(["docker", "rmi", tag], capture_output=True)
