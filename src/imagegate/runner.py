@@ -472,6 +472,9 @@ def outside_results(
                 docker_client=docker_client,
                 inside_results=dict(done),
                 options=dict(opts.extra),
+                timeout_s=float(
+                    stage["timeout"]
+                ),  # the stage's own deadline (an engine export waits that long)
             )
             notify(f"outside stage {sid} ({stage['probe']})")
             t0 = time.monotonic()

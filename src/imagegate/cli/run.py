@@ -22,7 +22,7 @@ from imagegate.gpus import parse as gpus_parse
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
 from imagegate.report import formats
-from imagegate.report.progress import LayerBars, StageView, setup_logging
+from imagegate.report.progress import LayerBars, StageView, WaitLines, setup_logging
 
 
 class Format(str, enum.Enum):
@@ -175,6 +175,9 @@ def run(
         silent = quiet or fmt is Format.json
         err_console = Console(stderr=True, highlight=False)
         bars = LayerBars(err_console) if not silent and err_console.is_terminal else None
+        if not silent and bars is None:
+            # A CI log: a line every 15 s while the engine prepares a big image's export.
+            opts.extra["layer_progress"] = WaitLines(err_console)
         if bars is not None:
             opts.extra["layer_progress"] = bars
         with contextlib.nullcontext() if silent else StageView(console=err_console) as view:
