@@ -114,7 +114,7 @@ def test_builtins_are_valid_and_schema_accepts_them() -> None:
 def test_vllm_pipeline_shape() -> None:
     p = pipeline.load("vllm").pipeline
     ids = [s.id for s in p.stages]
-    assert ids == ["pip_check", "find_spec", "gpu_cli", "cli_cpu", "av_roundtrip"]
+    assert ids == ["pip_check", "find_spec", "gpu_cli", "cli_cpu", "av_roundtrip", "layers"]
     gpu = p.stages[2]
     assert gpu.requires == ["gpu"]
     cpu = p.stages[3].with_

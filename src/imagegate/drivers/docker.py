@@ -382,18 +382,37 @@ class DockerDriver:
         return None
 
     def _remove(self, name: str) -> None:
-        """Remove the container by name; `live` keeps it only when that was not confirmed."""
+        """Remove the container by name; `live` keeps it only when that was not confirmed. An
+        engine busy with the container (starting, being killed) is asked again, briefly."""
         log.debug("removing container %s", name)
-        try:
-            self.client.api.remove_container(name, force=True, v=True)
-        except docker.errors.NotFound:
-            pass  # never created (the create failed), or already gone
-        except docker.errors.APIError as e:
-            if not ("removal of container" in str(e) and "already in progress" in str(e)):
+        last: docker.errors.APIError | None = None
+        for attempt in range(6):
+            try:
+                self.client.api.remove_container(name, force=True, v=True)
+            except docker.errors.NotFound:
+                break  # never created (the create failed), or already gone
+            except docker.errors.APIError as e:
+                last = e
+                if "removal of container" in str(e) and "already in progress" in str(e):
+                    time.sleep(0.1 * (attempt + 1))
+                    continue  # someone else removes it: wait until it is really gone
+                time.sleep(0.1 * (attempt + 1))
+                continue
+            else:
+                break
+        else:
+            if self._exists(name):
                 raise EngineError(
-                    f"container {name} could not be removed: {e}", hint=f"remove it: docker rm -f {name}"
-                ) from e
+                    f"container {name} could not be removed: {last}", hint=f"remove it: docker rm -f {name}"
+                ) from last
         self.live.discard(name)
+
+    def _exists(self, name: str) -> bool:
+        try:
+            self.client.api.inspect_container(name)
+        except docker.errors.NotFound:
+            return False
+        return True
 
     def leftovers(self) -> list[str]:
         """Containers an earlier imagegate run on this host created and never removed (it was
