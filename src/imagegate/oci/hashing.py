@@ -36,7 +36,7 @@ DEFAULT_MAX_UNCOMPRESSED = 64 << 30
 # Blobs from this size on are hashed by the thread pipeline; smaller ones in the calling thread
 # (a thread costs more than it saves on a config or a small layer).
 PIPELINE_MIN = 8 << 20
-QUEUE_DEPTH = 4  # chunks in flight per queue: memory per blob ~ 4 x (READ_CHUNK or OUT_CHUNK)
+QUEUE_DEPTH = 2  # chunks in flight per queue: memory per blob ~ 2 x (READ_CHUNK or OUT_CHUNK)
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
