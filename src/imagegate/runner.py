@@ -68,9 +68,15 @@ class Prepared:
         py = self.loaded.pipeline.python
         return [py] if py else ["python3", "python"]
 
-    def deadline(self, override: float | None) -> float:
-        """The whole in-image run's deadline (one controller); run_inside gives each group its own."""
-        return override or sum(s["timeout"] for s in self.inside["stages"]) + STARTUP_SLACK_S
+    def deadline(self, override: float | None, ids: Sequence[str] | None = None) -> float:
+        """The in-image deadline of the stages `ids` (default: all of them, one controller)."""
+        stages = [s for s in self.inside["stages"] if ids is None or s["id"] in ids]
+        return override or sum(s["timeout"] for s in stages) + STARTUP_SLACK_S
+
+    @property
+    def folder_numbers(self) -> dict[str, int]:
+        """Stage id -> its position in the plan: the number of its evidence folder."""
+        return {s["id"]: n for n, s in enumerate(self.plan["stages"], 1)}
 
 
 def prepare(opts: RunOptions) -> Prepared:
@@ -166,12 +172,11 @@ def run_inside(
         return []
     relay = _PlanOrder(prep.stage_ids, opts.on_event) if opts.on_event else None
     cancel = threading.Event()
-    timeouts = {s["id"]: s["timeout"] for s in prep.inside["stages"]}
 
     def one(ids: list[str]) -> ControllerRun:
         key = protocol.new_key()  # this controller's event key: only it gets it
         stream = protocol.EventStream(key, ids, relay)
-        deadline = opts.timeout or sum(timeouts[i] for i in ids) + STARTUP_SLACK_S
+        deadline = prep.deadline(opts.timeout, ids)
         began = _now()
         br = driver.run_bundle(
             image,
@@ -377,7 +382,7 @@ def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attem
         # The image tried to speak for a controller, or a controller could not protect its
         # channel: no in-image result of this run can be trusted to be the probes' own.
         out.append(StageResult(INTEGRITY_STAGE, "controller", "inside", Status.ERROR, "; ".join(reasons)))
-    numbers = {st["id"]: n for n, st in enumerate(prep.plan["stages"], 1)}  # evidence folders
+    numbers = prep.folder_numbers
     for stage in inside["stages"]:
         sid = stage["id"]
         cr = of.get(sid)
@@ -442,7 +447,7 @@ def outside_results(
 ) -> list[StageResult]:
     pipe = prep.loaded.pipeline
     by_id = {s.id: s for s in pipe.stages}
-    numbers = {s["id"]: n for n, s in enumerate(prep.plan["stages"], 1)}
+    numbers = prep.folder_numbers
     done = {r.id: r for r in earlier}
     out: list[StageResult] = []
     failed_before = any(r.status is Status.FAIL for r in earlier)

@@ -12,12 +12,11 @@ import contextlib
 import logging
 import os
 import secrets
-import signal
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import docker
@@ -263,18 +262,17 @@ class DockerDriver:
         sock: Any = None
         self.live.add(name)
         try:
-            with signals_held():
-                container = api.create_container(
-                    image.config_digest or image.reference,
-                    entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
-                    stdin_open=True,
-                    tty=False,
-                    environment=self._container_env(),
-                    labels=run_labels(),
-                    host_config=host_config,
-                    network_disabled=True,
-                    name=name,
-                )
+            container = api.create_container(
+                image.config_digest or image.reference,
+                entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
+                stdin_open=True,
+                tty=False,
+                environment=self._container_env(),
+                labels=run_labels(),
+                host_config=host_config,
+                network_disabled=True,
+                name=name,
+            )
             cid = container["Id"]
             log.debug("created container %s from %s with %s", name, image.config_digest, interpreter)
             sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
@@ -329,8 +327,7 @@ class DockerDriver:
             if sock is not None:
                 with contextlib.suppress(Exception):
                     sock.close()
-            with signals_held():
-                self._remove(name)
+            self._remove(name)
 
     def _device_requests(self) -> list[docker.types.DeviceRequest] | None:
         """GPUs through the engine's device requests (`docker run --gpus`); none by default."""
@@ -391,13 +388,9 @@ class DockerDriver:
                 self.client.api.remove_container(name, force=True, v=True)
             except docker.errors.NotFound:
                 break  # never created (the create failed), or already gone
-            except docker.errors.APIError as e:
+            except docker.errors.APIError as e:  # busy with it (already being removed, starting)
                 last = e
-                if "removal of container" in str(e) and "already in progress" in str(e):
-                    time.sleep(0.1 * (attempt + 1))
-                    continue  # someone else removes it: wait until it is really gone
                 time.sleep(0.1 * (attempt + 1))
-                continue
             else:
                 break
         else:
@@ -482,25 +475,6 @@ def _read_frames(
 
 def run_labels() -> dict[str, str]:
     return {LABEL: "1", PID_LABEL: str(os.getpid()), HOST_LABEL: socket.gethostname()}
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while the engine creates or removes a container, then deliver
-    them: an interrupt can no longer cut between "the engine made it" and "we know its name"."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread receives Python's signal handlers
-        return
-    got: list[int] = []
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, lambda signum, _frame: got.append(signum)) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if got:
-            signal.raise_signal(got[0])
 
 
 def _repository_of(reference: str) -> str | None:
