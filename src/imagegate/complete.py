@@ -5,7 +5,7 @@ attempt is only read."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagegate import bundle, pipeline, runner
+from imagegate import pipeline, runner
 from imagegate import plan as planning
 from imagegate.attest.sign import DSSE_FILE
 from imagegate.drivers.interface import Driver
 from imagegate.errors import UsageError
-from imagegate.model import ImageFacts, RunRecord, StageResult, Status
+from imagegate.evidence import Attempt
+from imagegate.model import ImageFacts, StageResult, Status
+from imagegate.plan import Plan
 
 LINK_COPY = "completes/" + DSSE_FILE  # the earlier envelope, kept as evidence of the completion
 
@@ -109,23 +111,24 @@ def check_same_subject(earlier: Earlier, image: ImageFacts, env: dict[str, Any])
         )
 
 
-def completion_plan(earlier: Earlier, gpus: str | None) -> dict[str, Any]:
+def completion_plan(earlier: Earlier, gpus: str | None) -> Plan:
     """The earlier plan with every stage that is not deferred marked as done earlier; a deferred
     stage's needs on those are dropped (they passed then, or it would not have been deferred)."""
-    plan = copy.deepcopy(earlier.predicate.get("plan") or {})
+    try:
+        plan = Plan.from_json(earlier.predicate.get("plan") or {})
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(
+            f"attempt {earlier.attempt_id}: its recorded plan is not one this imagegate reads ({e})"
+        ) from e
     again = set(earlier.deferred)
     stages = []
-    for s in plan.get("stages") or []:
-        s = dict(s)
-        if s["id"] in again:
-            s.pop("skipped", None)
-            s["needs"] = [n for n in s.get("needs", []) if n in again]
+    for s in plan.stages:
+        if s.id in again:
+            s = dataclasses.replace(s, skipped=None, needs=tuple(n for n in s.needs if n in again))
         else:
-            s["skipped"] = f"completed earlier, in attempt {earlier.attempt_id}"
+            s = dataclasses.replace(s, skipped=f"completed earlier, in attempt {earlier.attempt_id}")
         stages.append(s)
-    if gpus:
-        stages = planning.node_check_first(stages)
-    return dict(plan, stages=stages)
+    return plan.with_stages(planning.node_check_first(stages) if gpus else stages)
 
 
 def earlier_results(earlier: Earlier) -> list[StageResult]:
@@ -148,15 +151,8 @@ def earlier_results(earlier: Earlier) -> list[StageResult]:
     return out
 
 
-def complete(
-    target: Path,
-    driver: Driver,
-    opts: runner.RunOptions,
-    *,
-    gpus: str | None,
-    out: Path | None = None,
-    notify: runner.Notify = lambda _m: None,
-) -> RunRecord:
+def prepare(target: Path, gpus: str | None) -> tuple[Earlier, runner.Prepared]:
+    """The earlier attempt, and the run that completes it: its own pipeline, its deferred stages."""
     earlier = load_earlier(target)
     deferred = earlier.deferred
     if not deferred:
@@ -170,37 +166,44 @@ def complete(
             f"deferred stages ({', '.join(deferred)}) cannot change that",
             hint="fix the image and run it anew",
         )
-    was = earlier.predicate.get("image") or {}
-    # By the name the user gave then: a tag that now names another build is refused below.
-    image = driver.resolve(was.get("reference") or was.get("configDigest") or "local")
-    env = dict(driver.environment())
-    check_same_subject(earlier, image, env)
-    plan = completion_plan(earlier, gpus)
     loaded = pipeline.load(str(earlier.dir / "pipeline.yaml"))
-    inside = dict(plan, stages=[s for s in plan["stages"] if s["side"] == "inside" and not s.get("skipped")])
-    prep = runner.Prepared(loaded, plan, inside, bundle.build(inside))
-    root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
-    attempt = runner.new_attempt(prep, image, root)
-    attempt.write(LINK_COPY, earlier.envelope)
-    opts.completes = {
-        "attempt": earlier.attempt_id,
-        "envelopeSha256": hashlib.sha256(earlier.envelope).hexdigest(),
-        "envelope": os.path.relpath(earlier.dir / DSSE_FILE, attempt.dir),
-        "verdict": earlier.predicate.get("verdict"),
-        "stages": deferred,
-    }
-    notify(f"attempt {attempt.dir} completes {earlier.attempt_id} ({', '.join(deferred)})")
-    started = runner._now()
-    runs = runner.run_inside(prep, driver, image, opts, notify) if inside["stages"] else []
-    return runner.conclude(
-        prep,
-        image,
-        env,
-        runs,
-        attempt,
-        opts,
-        started=started,
-        driver=driver,
-        notify=notify,
-        extra_stages=earlier_results(earlier),
-    )
+    return earlier, runner.Prepared.of(loaded, completion_plan(earlier, gpus))
+
+
+class CompletionObserver:
+    """Completing an attempt as the acceptance use case's observer: the same image (or
+    environment) through a driver, the deferred stages run again, the earlier results carried
+    over and the earlier envelope linked."""
+
+    def __init__(
+        self,
+        earlier: Earlier,
+        driver: Driver,
+        opts: runner.RunOptions,
+        notify: runner.Notify = lambda _m: None,
+    ) -> None:
+        was = earlier.predicate.get("image") or {}
+        # By the name the user gave then: a tag that now names another build is refused below.
+        self.reference: str | None = was.get("reference") or was.get("configDigest") or "local"
+        self.inner = runner.DriverObserver(driver, self.reference, opts, notify)
+        self.earlier, self.notify = earlier, notify
+
+    def subject(self, prep: runner.Prepared) -> ImageFacts:
+        image = self.inner.subject(prep)
+        check_same_subject(self.earlier, image, dict(self.inner.driver.environment()))
+        return image
+
+    def observe(self, prep: runner.Prepared, attempt: Attempt) -> runner.Observation:
+        earlier = self.earlier
+        attempt.write(LINK_COPY, earlier.envelope)
+        self.notify(f"completing {earlier.attempt_id} ({', '.join(earlier.deferred)})")
+        obs = self.inner.observe(prep, attempt)
+        obs.given = earlier_results(earlier)
+        obs.completes = {
+            "attempt": earlier.attempt_id,
+            "envelopeSha256": hashlib.sha256(earlier.envelope).hexdigest(),
+            "envelope": os.path.relpath(earlier.dir / DSSE_FILE, attempt.dir),
+            "verdict": earlier.predicate.get("verdict"),
+            "stages": earlier.deferred,
+        }
+        return obs

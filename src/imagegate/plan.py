@@ -1,111 +1,198 @@
-"""From a loaded pipeline and command-line additions to the plan: what runs inside the image
-(carried in the bundle) and what the runner does itself afterwards."""
+"""From a loaded pipeline and command-line additions to the plan: each stage with its validated
+parameters, what runs inside the image (carried in the bundle) and what the runner does itself
+afterwards. Typed throughout; JSON only for the bundle and the statement (`to_json`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from imagegate.errors import UsageError
 from imagegate.pipeline import LoadedPipeline
-from imagegate.pipeline.model import (
-    FindSpecStage,
-    GpuPreflightStage,
-    InventoryStage,
-    Pipeline,
-    Stage,
-    VulnsStage,
+from imagegate.pipeline.model import FindSpecStage, InventoryStage, Pipeline, Stage, VulnsStage
+from imagegate.pipeline.params import (
+    FindSpecParams,
+    GpuPreflightParams,
+    InventoryParams,
+    Params,
+    VulnsParams,
 )
+from imagegate.pipeline.probes import PROBES, Side
+
+API_VERSION = "imagegate/v1"
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    id: str
+    probe: str
+    side: Side
+    params: Params
+    timeout: float
+    needs: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    skipped: str | None = None  # why the stage is left out (--skip, completed earlier)
+
+    @classmethod
+    def of(cls, s: Stage) -> PlannedStage:
+        return cls(s.id, s.probe, s.side, s.with_, s.timeout, tuple(s.needs), tuple(s.requires))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "probe": self.probe,
+            "side": self.side,
+            "params": self.params.model_dump(mode="json", exclude_none=True),
+            "timeout": self.timeout,
+            "needs": list(self.needs),
+            "requires": list(self.requires),
+        }
+        if self.skipped:
+            out["skipped"] = self.skipped
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PlannedStage:
+        """A stage of a recorded plan (an earlier attempt's statement), validated again."""
+        probe = PROBES[str(d["probe"])]
+        return cls(
+            str(d["id"]),
+            probe.name,
+            probe.side,
+            probe.params.model_validate(d.get("params") or {}),
+            float(d["timeout"]),
+            tuple(d.get("needs") or ()),
+            tuple(d.get("requires") or ()),
+            d.get("skipped") or None,
+        )
+
+
+@dataclass(frozen=True)
+class PipelineRef:
+    name: str
+    version: str
+    sha256: str
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    pipeline: PipelineRef
+    python: str | None
+    stop_on_fail: bool
+    stages: tuple[PlannedStage, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "pipeline": self.pipeline.to_json(),
+            "python": self.python,
+            "stop_on_fail": self.stop_on_fail,
+            "stages": [s.to_json() for s in self.stages],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Plan:
+        p = d.get("pipeline") or {}
+        ref = PipelineRef(
+            str(p.get("name")), str(p.get("version")), str(p.get("sha256")), str(p.get("source"))
+        )
+        stages = tuple(PlannedStage.from_json(s) for s in d.get("stages") or [])
+        return cls(ref, d.get("python"), bool(d.get("stop_on_fail")), stages)
+
+    def with_stages(self, stages: Iterable[PlannedStage]) -> Plan:
+        return dataclasses.replace(self, stages=tuple(stages))
+
+    @property
+    def ids(self) -> list[str]:
+        return [s.id for s in self.stages]
+
+    def inside(self) -> Plan:
+        """The part of the plan the bundle carries: in-image stages that run."""
+        return self.with_stages(s for s in self.stages if s.side == "inside" and not s.skipped)
+
+    @property
+    def outside_stages(self) -> list[PlannedStage]:
+        return [s for s in self.stages if s.side == "outside" and not s.skipped]
+
+    @property
+    def folder_numbers(self) -> dict[str, int]:
+        """Stage id -> its position in the plan: the number of its evidence folder."""
+        return {s.id: n for n, s in enumerate(self.stages, 1)}
 
 
 def build_plan(
     loaded: LoadedPipeline,
     *,
     modules: Sequence[str] = (),
-    extra: Mapping[str, Any] | None = None,
+    advisory_db: Path | None = None,
+    gpus: bool = False,
     skip: Sequence[str] = (),
-) -> dict[str, Any]:
-    """`extra`: command-line options that may add stages (e.g. an advisory database); `skip`:
+) -> Plan:
+    """`advisory_db` may add the audit stages; `gpus` puts the GPU node check first; `skip`:
     stage ids the user leaves out (kept in the plan, marked, so the record says so)."""
     p = loaded.pipeline
-    find_spec_stages = [s for s in p.stages if isinstance(s, FindSpecStage)]
-    if modules and not find_spec_stages:
+    if modules and not any(isinstance(s, FindSpecStage) for s in p.stages):
         raise UsageError(
             f"--module given, but pipeline {p.name!r} has no find_spec stage",
             hint="use -p python, or add a find_spec stage to your pipeline",
         )
-    stages: list[dict[str, Any]] = []
-    for s in p.stages:
-        params = s.with_.model_dump(mode="json", exclude_none=True)
-        if isinstance(s, FindSpecStage) and modules:
-            params["modules"] = list(dict.fromkeys([*params.get("modules", []), *modules]))
-        stages.append(_entry(s, params))
-    stages += _audit_stages(p, {s["id"] for s in stages}, extra or {})
-    if (extra or {}).get("gpus"):
+    stages = [PlannedStage.of(s) for s in p.stages]
+    if modules:
+        stages = [_add_modules(s, modules) for s in stages]
+    stages += _audit_stages(p, {s.id for s in stages}, advisory_db)
+    if gpus:
         stages = node_check_first(stages)
-    ids = [s["id"] for s in stages]
+    ids = [s.id for s in stages]
     unknown = [x for x in skip if x not in ids]
     if unknown:
         raise UsageError(
             f"--skip {', '.join(unknown)}: no such stage in pipeline {p.name!r}",
             hint=f"its stages: {', '.join(ids)}",
         )
-    for entry in stages:
-        if entry["id"] in skip:
-            entry["skipped"] = "--skip " + entry["id"]
-    return {
-        "apiVersion": "imagegate/v1",
-        "pipeline": {
-            "name": p.name,
-            "version": p.version,
-            "sha256": loaded.sha256,
-            "source": loaded.source,
-        },
-        "python": p.python,
-        "stop_on_fail": p.stop_on_fail,
-        "stages": stages,
-    }
+    stages = [dataclasses.replace(s, skipped="--skip " + s.id) if s.id in skip else s for s in stages]
+    ref = PipelineRef(p.name, p.version, loaded.sha256, loaded.source)
+    return Plan(ref, p.python, p.stop_on_fail, tuple(stages))
 
 
-def _entry(s: Stage, params: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": s.id,
-        "probe": s.probe,
-        "side": s.side,
-        "params": params,
-        "timeout": s.timeout,
-        "needs": list(s.needs),
-        "requires": list(s.requires),
-    }
+def _add_modules(s: PlannedStage, modules: Sequence[str]) -> PlannedStage:
+    if not isinstance(s.params, FindSpecParams):
+        return s
+    merged = list(dict.fromkeys([*s.params.modules, *modules]))
+    return dataclasses.replace(
+        s, params=FindSpecParams.model_validate({**s.params.model_dump(), "modules": merged})
+    )
 
 
 NODE_CHECK = "node_check"
 
 
-def node_check_first(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def node_check_first(stages: Sequence[PlannedStage]) -> list[PlannedStage]:
     """A GPU run starts with the node check (gpu_preflight), and the image's GPU stages need it:
     a node that is not fit leaves them SKIPPED and the run ERROR, never a FAIL of the image. A
     pipeline with its own gpu_preflight stage keeps it (then that one is the node check)."""
-    if any(s["probe"] == "gpu_preflight" for s in stages):
-        return stages
-    sid = _free_id(NODE_CHECK, {s["id"] for s in stages})
-    check = GpuPreflightStage(id=sid, probe="gpu_preflight", requires=["gpu"], timeout=900)
-    out = [_entry(check, check.with_.model_dump(mode="json", exclude_none=True))]
+    if any(s.probe == "gpu_preflight" for s in stages):
+        return list(stages)
+    sid = _free_id(NODE_CHECK, {s.id for s in stages})
+    check = PlannedStage(sid, "gpu_preflight", "inside", GpuPreflightParams(), 900.0, requires=("gpu",))
+    out = [check]
     for s in stages:
-        if "gpu" in s["requires"] and s["side"] == "inside":
-            s = dict(s, needs=[sid, *s["needs"]])
+        if "gpu" in s.requires and s.side == "inside":
+            s = dataclasses.replace(s, needs=(sid, *s.needs))
         out.append(s)
     return out
 
 
-def _audit_stages(p: Pipeline, taken: set[str], extra: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _audit_stages(p: Pipeline, taken: set[str], db: Path | None) -> list[PlannedStage]:
     """--advisory-db on a pipeline without a vulns stage adds the audit: an inventory stage
     (unless the pipeline has one) and a vulns stage that needs it. Without it nothing is added,
     so a pipeline never depends on a database it was not given."""
-    db = extra.get("advisory_db")
     if db is not None and not Path(db).exists():
         raise UsageError(
             f"--advisory-db {db}: no such folder",
@@ -121,12 +208,13 @@ def _audit_stages(p: Pipeline, taken: set[str], extra: Mapping[str, Any]) -> lis
         return []
     if db is None:
         return []
-    added: list[Stage] = []
+    added: list[PlannedStage] = []
     if inventory is None:
         inventory = _free_id("inventory", taken)
-        added.append(InventoryStage(id=inventory, probe="inventory", timeout=120))
-    added.append(VulnsStage(id=_free_id("vulns", taken), probe="vulns", needs=[inventory]))
-    return [_entry(s, s.with_.model_dump(mode="json", exclude_none=True)) for s in added]
+        added.append(PlannedStage(inventory, "inventory", "inside", InventoryParams(), 120.0))
+    vulns = _free_id("vulns", taken)
+    added.append(PlannedStage(vulns, "vulns", "outside", VulnsParams(), 300.0, needs=(inventory,)))
+    return added
 
 
 def _free_id(base: str, taken: set[str]) -> str:
@@ -138,18 +226,23 @@ def _free_id(base: str, taken: set[str]) -> str:
     return sid
 
 
-def stage_model(entry: Mapping[str, Any]) -> Stage:
-    """The stage model of a plan entry that has no pipeline stage behind it (one added by a
-    command-line option), validated like a pipeline's."""
-    stage: Stage = _STAGE.validate_python(
-        {"id": entry["id"], "probe": entry["probe"], "with": entry["params"], "needs": entry["needs"]}
-    )
-    return stage
-
-
-_STAGE: TypeAdapter[Stage] = TypeAdapter(Stage)
-
-
-def inside_plan(plan: dict[str, Any]) -> dict[str, Any]:
-    """The part of the plan the bundle carries: in-image stages only."""
-    return dict(plan, stages=[s for s in plan["stages"] if s["side"] == "inside" and not s.get("skipped")])
+def skip_reason(
+    stage: PlannedStage,
+    statuses: Mapping[str, Any],
+    stopped_by: str | None,
+    node_checks: Iterable[str] = (),
+) -> str | None:
+    """Why `stage` is SKIPPED, or None when it runs: after a FAIL with stop_on_fail (`stopped_by`
+    names the failed stage), or when a stage it needs did not PASS. The GPU node check DEFERRED
+    means no GPU here, not a broken node: a GPU stage that needs it still runs. The in-image
+    controller (probes/controller.py, standard library only) applies the same rule with the same
+    words; a test holds the two together. `statuses`: stage id -> Status or its value."""
+    if stopped_by is not None:
+        return f"stop_on_fail: {stopped_by} failed"
+    status = {k: getattr(v, "value", v) for k, v in statuses.items()}
+    checks = set(node_checks)
+    unmet = [n for n in stage.needs if status.get(n) != "PASS"]
+    unmet = [n for n in unmet if not (n in checks and status.get(n) == "DEFERRED")]
+    if unmet:
+        return "needs " + ", ".join(f"{n} is {status.get(n, 'not run')}" for n in unmet)
+    return None

@@ -1,5 +1,5 @@
-"""One acceptance run: plan → bundle → driver → events → stage results → outside stages →
-verdict → evidence and statement. Outcomes are data; only setup problems raise."""
+"""One acceptance run: plan → bundle → observation (what a driver saw) → stage results → outside
+stages → verdict → evidence and statement. Outcomes are data; only setup problems raise."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from imagegate import __version__, bundle, pipeline, protocol
-from imagegate import plan as planning
 from imagegate.attest.statement import build_statement
 from imagegate.drivers.interface import BundleRun, Driver
 from imagegate.evidence import Attempt, sha256_file
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
-from imagegate.outside import Outcome, OutsideContext, load_outside_probe
+from imagegate.oci.sources.interface import Source
+from imagegate.oci.verify import Progress
+from imagegate.plan import Plan, PlannedStage, build_plan, skip_reason
+from imagegate.stages import ImageSourceOpener, Outcome, OutsideContext, load_outside_probe
 
 STARTUP_SLACK_S = 60.0  # container start + interpreter start + bundle transfer
 
@@ -29,14 +31,15 @@ class RunOptions:
     modules: Sequence[str] = ()
     out: Path = Path("imagegate-runs")
     timeout: float | None = None  # overall; default: the stages' timeouts added up + slack
-    source: str | None = None
+    source: str | None = None  # --source: where outside stages read the image
     expect_config: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    advisory_db: Path | None = None  # --advisory-db: adds the audit, overrides a stage's own folder
+    gpus: str | None = None  # --gpus: the plan starts with the GPU node check
+    progress: Progress | None = None  # the layers stage's progress (a terminal, or a CI log)
     skip: Sequence[str] = ()  # stage ids the user left out (--skip): SKIPPED, and so are their dependents
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
     # Sees each controller event as it arrives (progress display); never affects the verdict.
     on_event: Callable[[dict[str, Any]], None] | None = None
-    completes: dict[str, Any] | None = None  # `imagegate complete`: the link to the earlier attempt
 
 
 Notify = Callable[[str], None]
@@ -47,50 +50,61 @@ def _now() -> str:
 
 
 @dataclass(frozen=True)
+class StageInputs:
+    """What outside stages are given besides the image: the command line's choices."""
+
+    source: str | None = None
+    expect_config: str | None = None
+    advisory_db: Path | None = None
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
 class Prepared:
     """What a run needs before it touches an image: the validated pipeline, the plan, the bundle."""
 
     loaded: pipeline.LoadedPipeline
-    plan: dict[str, Any]
-    inside: dict[str, Any]
+    plan: Plan
     bundle: bundle.Bundle
+    inputs: StageInputs = StageInputs()
+
+    @classmethod
+    def of(cls, loaded: pipeline.LoadedPipeline, plan: Plan, inputs: StageInputs = StageInputs()) -> Prepared:
+        return cls(loaded, plan, bundle.build(plan.inside().to_json()), inputs)
+
+    @property
+    def inside(self) -> Plan:
+        return self.plan.inside()
 
     @property
     def stage_ids(self) -> list[str]:
-        return [s["id"] for s in self.inside["stages"]]
-
-    @property
-    def outside_stages(self) -> list[dict[str, Any]]:
-        return [s for s in self.plan["stages"] if s["side"] == "outside" and not s.get("skipped")]
+        return self.inside.ids
 
     @property
     def interpreters(self) -> list[str]:
-        py = self.loaded.pipeline.python
+        py = self.plan.python
         return [py] if py else ["python3", "python"]
 
     def deadline(self, override: float | None, ids: Sequence[str] | None = None) -> float:
         """The in-image deadline of the stages `ids` (default: all of them, one controller)."""
-        stages = [s for s in self.inside["stages"] if ids is None or s["id"] in ids]
-        return override or sum(s["timeout"] for s in stages) + STARTUP_SLACK_S
-
-    @property
-    def folder_numbers(self) -> dict[str, int]:
-        """Stage id -> its position in the plan: the number of its evidence folder."""
-        return {s["id"]: n for n, s in enumerate(self.plan["stages"], 1)}
+        stages = [s for s in self.inside.stages if ids is None or s.id in ids]
+        return override or sum(s.timeout for s in stages) + STARTUP_SLACK_S
 
 
 def prepare(opts: RunOptions) -> Prepared:
     loaded = pipeline.load(opts.pipeline)
-    full_plan = planning.build_plan(loaded, modules=opts.modules, extra=opts.extra, skip=opts.skip)
-    inside = planning.inside_plan(full_plan)
-    return Prepared(loaded, full_plan, inside, bundle.build(inside))
+    plan = build_plan(
+        loaded, modules=opts.modules, advisory_db=opts.advisory_db, gpus=bool(opts.gpus), skip=opts.skip
+    )
+    inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db, opts.progress)
+    return Prepared.of(loaded, plan, inputs)
 
 
 def new_attempt(prep: Prepared, image: ImageFacts, out: Path) -> Attempt:
     """A fresh attempt folder holding the run's inputs."""
     attempt = Attempt(out, image)
     attempt.write("pipeline.yaml", prep.loaded.text)
-    attempt.write_json("plan.json", prep.plan)
+    attempt.write_json("plan.json", prep.plan.to_json())
     attempt.write("bundle.pyz", prep.bundle.data)
     return attempt
 
@@ -105,13 +119,32 @@ class ControllerRun:
     events: protocol.Events
 
 
-def inside_groups(inside: dict[str, Any], jobs: int) -> list[list[str]]:
+@dataclass
+class Observation:
+    """What a driver saw of one run, however it ran (containers, this environment, a Pod): the
+    image, the environment, each controller's raw output, when it started, and how to read the
+    image's bytes for the outside stages. `conclude` turns it into results."""
+
+    image: ImageFacts
+    environment: dict[str, Any]
+    runs: list[ControllerRun]
+    started: str
+    driver: str
+    image_source: ImageSourceOpener | None = None  # the driver's own way to the image's bytes
+    source: str | None = None  # a transport to read the image from, when the driver knows one
+    # Results the observer made itself (the Pod's image_id check) or carried over (a
+    # completion's earlier stages), and outside stages it already ran alongside the image's.
+    given: list[StageResult] = field(default_factory=list)
+    outside_done: list[StageResult] = field(default_factory=list)
+    completes: dict[str, Any] | None = None  # `imagegate complete`: the link to the earlier attempt
+
+
+def inside_groups(inside: Plan, jobs: int) -> list[list[str]]:
     """The in-image stages split into at most `jobs` groups that can run at the same time: a
     stage stays with the stages it `needs` (and they with it); with stop_on_fail, one group.
     Groups are filled round-robin in plan order, so slow neighbours land apart."""
-    stages = inside["stages"]
-    ids = [s["id"] for s in stages]
-    if jobs <= 1 or inside.get("stop_on_fail") or len(ids) <= 1:
+    ids = inside.ids
+    if jobs <= 1 or inside.stop_on_fail or len(ids) <= 1:
         return [ids] if ids else []
     root = {i: i for i in ids}
 
@@ -120,10 +153,10 @@ def inside_groups(inside: dict[str, Any], jobs: int) -> list[list[str]]:
             x = root[x]
         return x
 
-    for s in stages:
-        for n in s["needs"]:
+    for s in inside.stages:
+        for n in s.needs:
             if n in root:
-                root[find(s["id"])] = find(n)
+                root[find(s.id)] = find(n)
     components: dict[str, list[str]] = {}
     for i in ids:
         components.setdefault(find(i), []).append(i)
@@ -205,99 +238,124 @@ def run_inside(
         return [f.result() for f in futures]
 
 
-def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
-    prep = prepare(opts)
-    image = driver.resolve(reference)
+def observe(
+    prep: Prepared,
+    driver: Driver,
+    image: ImageFacts,
+    attempt: Attempt,
+    opts: RunOptions,
+    notify: Notify = lambda _m: None,
+) -> Observation:
+    """How a driver (docker, local) produces its Observation: the in-image stages in its
+    controllers and, meanwhile, the outside stages that need nothing from inside."""
     env = dict(driver.environment())
-    attempt = new_attempt(prep, image, opts.out)
-    notify(f"attempt {attempt.dir}")
-    started = _now()
-    early = [] if prep.loaded.pipeline.stop_on_fail else [s for s in prep.outside_stages if not s["needs"]]
-    runs: list[ControllerRun] = []
+
+    def opener(timeout: float | None) -> Source | None:
+        return driver.image_source(image, timeout)
+
+    obs = Observation(image, env, [], _now(), str(env.get("driver", driver.name)), opener)
+    early = [] if prep.plan.stop_on_fail else [s for s in prep.plan.outside_stages if not s.needs]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outside") as pool:
-        # Outside stages that need nothing from inside run while the image's stages do.
-        early_results = (
-            pool.submit(outside_results, prep, early, image, env, driver, opts, attempt, [], notify)
-            if early
-            else None
-        )
-        if prep.inside["stages"]:
+        done = pool.submit(outside_results, prep, early, obs, attempt, [], notify) if early else None
+        if prep.inside.stages:
             notify(
-                f"running {len(prep.inside['stages'])} stages in {reference} "
+                f"running {len(prep.inside.stages)} stages in {image.reference} "
                 f"({env.get('engine') or env['driver']})"
             )
-            runs = run_inside(prep, driver, image, opts, notify)
-        done_early = early_results.result() if early_results else []
-    return conclude(
-        prep, image, env, runs, attempt, opts, started=started, driver=driver, notify=notify,
-        outside_done=done_early,
-    )  # fmt: skip
+            obs.runs = run_inside(prep, driver, image, opts, notify)
+        obs.outside_done = done.result() if done else []
+    return obs
+
+
+class DriverObserver:
+    """A driver (docker, local) as the acceptance use case's observer."""
+
+    def __init__(
+        self, driver: Driver, reference: str | None, opts: RunOptions, notify: Notify = lambda _m: None
+    ) -> None:
+        self.driver, self.reference, self.opts, self.notify = driver, reference, opts, notify
+        self.image: ImageFacts | None = None
+
+    def subject(self, prep: Prepared) -> ImageFacts:
+        self.image = self.driver.resolve(self.reference or "local")
+        return self.image
+
+    def observe(self, prep: Prepared, attempt: Attempt) -> Observation:
+        assert self.image is not None, "subject() first"
+        return observe(prep, self.driver, self.image, attempt, self.opts, self.notify)
+
+
+def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
+    """prepare → observe → conclude, unsigned (`accept` adds signing, attaching and reports)."""
+    prep = prepare(opts)
+    observer = DriverObserver(driver, reference, opts, notify)
+    attempt = new_attempt(prep, observer.subject(prep), opts.out)
+    notify(f"attempt {attempt.dir}")
+    return conclude(prep, observer.observe(prep, attempt), attempt, notify).record
+
+
+@dataclass(frozen=True)
+class Concluded:
+    record: RunRecord
+    statement: dict[str, Any]  # as written to statement.json; what is signed and reported
 
 
 def conclude(
-    prep: Prepared,
-    image: ImageFacts,
-    env: dict[str, Any],
-    runs: Sequence[ControllerRun],
-    attempt: Attempt,
-    opts: RunOptions,
-    *,
-    started: str,
-    driver: Driver | None = None,
-    notify: Notify = lambda _m: None,
-    extra_stages: Sequence[StageResult] = (),
-    outside_done: Sequence[StageResult] = (),
-) -> RunRecord:
-    """From the controllers' raw output (however it was obtained: containers, a local process, a
-    Pod log) to stage results, outside stages, the verdict, the evidence and the statement."""
-    results: list[StageResult] = list(extra_stages)
-    controllers: list[dict[str, Any]] = []
-    for n, cr in enumerate(runs):
-        controllers.append(_record_controller(cr, attempt, env, "" if len(runs) == 1 else f"-{n + 1}"))
-    if runs:
-        results += inside_results(prep, runs, attempt)
-    given = {r.id for r in extra_stages}  # a completion's earlier results stand for their stages
-    results += [
-        StageResult(s["id"], s["probe"], s["side"], Status.SKIPPED, f"skipped: {s['skipped']}")
-        for s in prep.plan["stages"]
-        if s.get("skipped") and s["id"] not in given
+    prep: Prepared, obs: Observation, attempt: Attempt, notify: Notify = lambda _m: None
+) -> Concluded:
+    """From what a driver observed (containers, a local process, a Pod log) to stage results,
+    outside stages, the verdict, the evidence and the statement."""
+    env = obs.environment
+    controllers = [
+        _record_controller(cr, attempt, env, "" if len(obs.runs) == 1 else f"-{n + 1}")
+        for n, cr in enumerate(obs.runs)
     ]
-    done_ids = {r.id for r in outside_done}
-    later = [s for s in prep.outside_stages if s["id"] not in done_ids]
-    results += list(outside_done)
-    results += outside_results(prep, later, image, env, driver, opts, attempt, results, notify)
-    order = {s["id"]: n for n, s in enumerate(prep.plan["stages"])}
+    results: list[StageResult] = list(obs.given)
+    if obs.runs:
+        results += inside_results(prep, obs.runs, attempt)
+    given = {r.id for r in obs.given}  # a completion's earlier results stand for their stages
+    results += [
+        StageResult(s.id, s.probe, s.side, Status.SKIPPED, f"skipped: {s.skipped}")
+        for s in prep.plan.stages
+        if s.skipped and s.id not in given
+    ]
+    done_ids = {r.id for r in obs.outside_done}
+    later = [s for s in prep.plan.outside_stages if s.id not in done_ids]
+    results += obs.outside_done
+    results += outside_results(prep, later, obs, attempt, results, notify)
+    order = {sid: n for n, sid in enumerate(prep.plan.ids)}
     results.sort(key=lambda r: order.get(r.id, -1))  # plan order; runner-made stages first
-    run_facts: dict[str, Any] = {"controllers": controllers}
     attempt.write_json(
-        "run.json", {"environment": env, "bundle_sha256": prep.bundle.sha256, "run": run_facts}
+        "run.json",
+        {"environment": env, "bundle_sha256": prep.bundle.sha256, "run": {"controllers": controllers}},
     )
     record = RunRecord(
         attempt_id=attempt.id,
         attempt_dir=str(attempt.dir),
-        pipeline=prep.plan["pipeline"],
-        plan=prep.plan,
-        image=image,
+        pipeline=prep.plan.pipeline.to_json(),
+        plan=prep.plan.to_json(),
+        image=obs.image,
         environment=env,
         stages=results,
-        started_at=started,
+        started_at=obs.started,
         finished_at=_now(),
         verdict=verdict(results),
         imagegate_version=__version__,
         bundle_sha256=prep.bundle.sha256,
-        completes=opts.completes,
+        completes=obs.completes,
     )
-    attempt.write_json("statement.json", build_statement(record))
+    statement = build_statement(record)
+    attempt.write_json("statement.json", statement)
     attempt.append_index(
         {
             "attempt": attempt.id,
             "verdict": record.verdict,
-            "reference": image.reference,
-            "pipeline": prep.plan["pipeline"]["name"],
+            "reference": obs.image.reference,
+            "pipeline": prep.plan.pipeline.name,
             "finished": record.finished_at,
         }
     )
-    return record
+    return Concluded(record, statement)
 
 
 def _record_controller(
@@ -371,7 +429,6 @@ def _distrust(events: protocol.Events) -> str | None:
 
 
 def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attempt) -> list[StageResult]:
-    inside = prep.inside
     out: list[StageResult] = []
     of: dict[str, ControllerRun] = {sid: cr for cr in runs for sid in cr.stage_ids}
     cut = {
@@ -382,140 +439,120 @@ def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attem
         # The image tried to speak for a controller, or a controller could not protect its
         # channel: no in-image result of this run can be trusted to be the probes' own.
         out.append(StageResult(INTEGRITY_STAGE, "controller", "inside", Status.ERROR, "; ".join(reasons)))
-    numbers = prep.folder_numbers
-    for stage in inside["stages"]:
-        sid = stage["id"]
-        cr = of.get(sid)
-        ev = cr.events.stages.get(sid) if cr else None
-        if ev is None:
-            # Missing `end` means the run was cut: stages that did not report are ERROR.
-            why = (cut[id(cr)] if cr else None) or "stage did not report"
-            ran = 0.0
-            if cr and sid in cr.events.started and cr.events.closed_at is not None:
-                ran = cr.events.closed_at - cr.events.started[sid]
-                why += f"; it was running for {ran:.1f}s"
-            out.append(StageResult(sid, stage["probe"], "inside", Status.ERROR, why, ran))
-            continue
-        n = numbers[sid]
-        try:
-            status = Status(ev.get("status"))
-        except ValueError:
-            status = Status.ERROR
-        folder = f"stages/{n:02d}-{sid}"
-        files = [
-            attempt.write(f"{folder}/stdout.txt", ev.get("stdout", "")),
-            attempt.write(f"{folder}/stderr.txt", ev.get("stderr", "")),
-        ]
-        for name, text in sorted((ev.get("artifacts") or {}).items()):
-            safe = Path(str(name)).name  # never a path from inside the image
-            files.append(attempt.write(f"{folder}/{safe}", str(text)))
-        data = dict(ev.get("data") or {})
-        for key in ("ran_for_record", "stdout_bytes", "stderr_bytes", "survivors_killed"):
-            if key in ev:
-                data[key] = ev[key]
-        files.append(
-            attempt.write_json(
-                f"{folder}/result.json",
-                {"id": sid, "status": status.value, "detail": ev.get("detail", ""), "data": data},
-            )
-        )
-        out.append(
-            StageResult(
-                sid,
-                stage["probe"],
-                "inside",
-                status,
-                str(ev.get("detail", "")),
-                float(ev.get("duration_s") or 0.0),
-                data,
-                files,
-            )
-        )
+    numbers = prep.plan.folder_numbers
+    for stage in prep.inside.stages:
+        cr = of.get(stage.id)
+        ev = cr.events.stages.get(stage.id) if cr else None
+        if ev is None or cr is None:
+            out.append(_unreported(stage, cr, cut[id(cr)] if cr else None))
+        else:
+            out.append(_reported(stage, ev, f"stages/{numbers[stage.id]:02d}-{stage.id}", attempt))
     return out
+
+
+def _unreported(stage: PlannedStage, cr: ControllerRun | None, cut: str | None) -> StageResult:
+    """A stage without its event: the run was cut (no `end`), so it is ERROR, never PASS."""
+    why = cut or "stage did not report"
+    ran = 0.0
+    if cr and stage.id in cr.events.started and cr.events.closed_at is not None:
+        ran = cr.events.closed_at - cr.events.started[stage.id]
+        why += f"; it was running for {ran:.1f}s"
+    return StageResult(stage.id, stage.probe, "inside", Status.ERROR, why, ran)
+
+
+def _reported(stage: PlannedStage, ev: dict[str, Any], folder: str, attempt: Attempt) -> StageResult:
+    """A stage's event, and its output and artifacts as evidence files."""
+    try:
+        status = Status(ev.get("status"))
+    except ValueError:
+        status = Status.ERROR
+    files = [
+        attempt.write(f"{folder}/stdout.txt", ev.get("stdout", "")),
+        attempt.write(f"{folder}/stderr.txt", ev.get("stderr", "")),
+    ]
+    for name, text in sorted((ev.get("artifacts") or {}).items()):
+        safe = Path(str(name)).name  # never a path from inside the image
+        files.append(attempt.write(f"{folder}/{safe}", str(text)))
+    data = dict(ev.get("data") or {})
+    for key in ("ran_for_record", "stdout_bytes", "stderr_bytes", "survivors_killed"):
+        if key in ev:
+            data[key] = ev[key]
+    detail = str(ev.get("detail", ""))
+    result = {"id": stage.id, "status": status.value, "detail": detail, "data": data}
+    files.append(attempt.write_json(f"{folder}/result.json", result))
+    duration = float(ev.get("duration_s") or 0.0)
+    return StageResult(stage.id, stage.probe, "inside", status, detail, duration, data, files)
 
 
 def outside_results(
     prep: Prepared,
-    stages: Sequence[dict[str, Any]],
-    image: ImageFacts,
-    env: dict[str, Any],
-    driver: Driver | None,
-    opts: RunOptions,
+    stages: Sequence[PlannedStage],
+    obs: Observation,
     attempt: Attempt,
     earlier: list[StageResult],
     notify: Notify,
 ) -> list[StageResult]:
-    pipe = prep.loaded.pipeline
-    by_id = {s.id: s for s in pipe.stages}
-    numbers = prep.folder_numbers
-    done = {r.id: r for r in earlier}
+    """The outside stages, in plan order, each skipped by the same rule as in the image
+    (plan.skip_reason) and DEFERRED by its `requires` where this run lacks them."""
+    done = {r.id: r.status for r in earlier}
+    stopped_by = next((r.id for r in earlier if r.status is Status.FAIL), None)
+    node_checks = {s.id for s in prep.plan.stages if s.probe == "gpu_preflight"}
     out: list[StageResult] = []
-    failed_before = any(r.status is Status.FAIL for r in earlier)
-    driver_name = str(env.get("driver", "unknown"))
-    docker_client = getattr(driver, "client", None)
     for stage in stages:
-        n = numbers[stage["id"]]
-        sid = stage["id"]
-        unmet = [x for x in stage["needs"] if done.get(x) is None or done[x].status is not Status.PASS]
-        if unmet or (pipe.stop_on_fail and failed_before):
-            why = (
-                "needs "
-                + ", ".join(f"{x} is {done[x].status.value if x in done else 'not run'}" for x in unmet)
-                if unmet
-                else "stop_on_fail: an earlier stage failed"
-            )
-            res = StageResult(sid, stage["probe"], "outside", Status.SKIPPED, why)
+        why = skip_reason(stage, done, stopped_by if prep.plan.stop_on_fail else None, node_checks)
+        if why is not None:
+            res = StageResult(stage.id, stage.probe, "outside", Status.SKIPPED, why)
         else:
-            folder = Path(f"stages/{n:02d}-{sid}")
-            (attempt.dir / folder).mkdir(parents=True, exist_ok=False)
-            ctx = OutsideContext(
-                image=image,
-                driver=driver_name,
-                stage_dir=attempt.dir / folder,
-                source=opts.source,
-                expect_config_digest=opts.expect_config,
-                docker_client=docker_client,
-                inside_results=dict(done),
-                options=dict(opts.extra),
-                timeout_s=float(
-                    stage["timeout"]
-                ),  # the stage's own deadline (an engine export waits that long)
-            )
-            notify(f"outside stage {sid} ({stage['probe']})")
-            t0 = time.monotonic()
-            try:
-                # Stages added by an option (--advisory-db) have no pipeline entry: the plan's params.
-                model = by_id[sid] if sid in by_id else planning.stage_model(stage)
-                outcome = load_outside_probe(stage["probe"])(ctx, model.with_)
-            except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
-                outcome = Outcome(Status.ERROR, f"{type(e).__name__}: {e}")
-            files = []
-            for p in sorted((attempt.dir / folder).rglob("*")):
-                if p.is_file():
-                    rel = str(p.relative_to(attempt.dir))
-                    files.append(EvidenceFile(rel, sha256_file(p), p.stat().st_size))
-            files.append(
-                attempt.write_json(
-                    f"{folder}/result.json",
-                    {
-                        "id": sid,
-                        "status": outcome.status.value,
-                        "detail": outcome.detail,
-                        "data": outcome.data,
-                    },
-                )
-            )
-            res = StageResult(
-                sid,
-                stage["probe"],
-                "outside",
-                outcome.status,
-                outcome.detail,
-                time.monotonic() - t0,
-                outcome.data,
-                files,
-            )
+            notify(f"outside stage {stage.id} ({stage.probe})")
+            res = _run_outside(prep, stage, obs, attempt, {r.id: r for r in [*earlier, *out]})
         out.append(res)
-        done[sid] = res
-        failed_before = failed_before or res.status is Status.FAIL
+        done[stage.id] = res.status
+        if res.status is Status.FAIL and stopped_by is None:
+            stopped_by = stage.id
     return out
+
+
+def _run_outside(
+    prep: Prepared, stage: PlannedStage, obs: Observation, attempt: Attempt, done: dict[str, StageResult]
+) -> StageResult:
+    folder = Path(f"stages/{prep.plan.folder_numbers[stage.id]:02d}-{stage.id}")
+    (attempt.dir / folder).mkdir(parents=True, exist_ok=False)
+    ctx = OutsideContext(
+        image=obs.image,
+        driver=obs.driver,
+        stage_dir=attempt.dir / folder,
+        source=prep.inputs.source or obs.source,
+        expect_config_digest=prep.inputs.expect_config,
+        image_source=obs.image_source,
+        inside_results=done,
+        advisory_db=prep.inputs.advisory_db,
+        progress=prep.inputs.progress,
+        timeout_s=stage.timeout,  # the stage's own deadline (an engine export waits that long)
+    )
+    t0 = time.monotonic()
+    try:
+        outcome = load_outside_probe(stage.probe)(ctx, stage.params)
+    except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
+        outcome = Outcome(Status.ERROR, f"{type(e).__name__}: {e}")
+    outcome = _deferred_by_requires(stage, outcome, obs.environment)
+    files = []
+    for p in sorted((attempt.dir / folder).rglob("*")):
+        if p.is_file():
+            files.append(EvidenceFile(str(p.relative_to(attempt.dir)), sha256_file(p), p.stat().st_size))
+    result = {"id": stage.id, "status": outcome.status.value, "detail": outcome.detail, "data": outcome.data}
+    files.append(attempt.write_json(f"{folder}/result.json", result))
+    return StageResult(
+        stage.id, stage.probe, "outside", outcome.status, outcome.detail,
+        time.monotonic() - t0, outcome.data, files,
+    )  # fmt: skip
+
+
+def _deferred_by_requires(stage: PlannedStage, outcome: Outcome, env: dict[str, Any]) -> Outcome:
+    """As in the image: a stage that requires what this run lacks ran for the record, DEFERRED."""
+    capabilities = {"gpu": bool((env.get("gpu") or {}).get("present"))}
+    unmet = [r for r in stage.requires if not capabilities.get(r)]
+    if not unmet:
+        return outcome
+    data = dict(outcome.data, ran_for_record={"status": outcome.status.value, "detail": outcome.detail})
+    detail = f"requires {', '.join(unmet)}, not present here; ran for the record: {outcome.detail or outcome.status.value}"
+    return Outcome(Status.DEFERRED, detail, data)

@@ -310,8 +310,9 @@ def test_unreadable_input_is_a_usage_error(tmp_path: Path, keypair: tuple[Path, 
 
 def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What `imagegate run` does: resolve the key before the run (the default key is made on
-    first use), run, sign the attempt, verify it."""
+    first use), run, sign the attempt (the statement the runner wrote), verify it."""
     from imagegate import runner
+    from imagegate.accept import Outputs, accept
     from imagegate.attest import verify
     from imagegate.drivers.local import LocalDriver
 
@@ -320,9 +321,11 @@ def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     key = keys.resolve_signing_key(None, env={}, notify=said.append)
     assert said and "created a signing key" in said[0]
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path / "out")
-    record = runner.run("local", LocalDriver(None), opts)
-    (Path(record.attempt_dir) / "report.html").write_text("added after the run")  # e.g. --report
-    signed = sign.sign_run(record, key)
+    observer = runner.DriverObserver(LocalDriver(None), None, opts)
+    done = accept(runner.prepare(opts), observer, opts.out, Outputs(key=key))
+    record, signed = done.record, done.signed
+    assert signed is not None
+    assert json.loads((Path(record.attempt_dir) / "statement.json").read_text()) == done.statement
     report = verify.verify_file(signed.dsse_path, key.public, expect_verdict=record.verdict)
     assert report.ok, report.failures
     assert [c.name for c in report.checks if c.outcome == "ok"] == [

@@ -214,3 +214,15 @@ def test_run_timeout_must_be_finite_positive_and_sane(
 def test_pod_deadline_is_bounded_too() -> None:
     r = imagegate("pod", "render", "myorg/app:1", "-p", "python", "--deadline", "100000h")
     assert r.returncode == 3 and "--deadline '100000h': 3.6e+08s is more than a day" in r.stderr, r.stderr
+
+
+def test_run_here_attach_needs_an_image(tmp_path: Path) -> None:
+    """--attach pushes to IMAGE's repository: with --here and no IMAGE there is none, and that is
+    said before anything runs (no attempt folder), not after the run as an internal error."""
+    import sys
+
+    out = tmp_path / "out"
+    r = imagegate("run", "--here", "--python", sys.executable, "-p", "python", "-o", str(out), "--attach")
+    assert r.returncode == 3, r.stderr
+    assert "--attach" in r.stderr and "IMAGE" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()

@@ -94,7 +94,7 @@ def run_with_swap(tmp: Path, body: str) -> tuple[dict[str, dict[str, object]], d
     prep = runner.prepare(runner.RunOptions(pipeline=str(_pipeline(tmp))))
     first = _variant(prep.bundle.data, body)
     # The update carries a new revision of the bundle: the kubelet writes nothing for equal data.
-    revised = dict(prep.inside, revision=2)
+    revised = dict(prep.inside.to_json(), revision=2)
     second = _variant(bundle.build(revised).data, body)
     mount = tmp / "mount"
     mount.mkdir()

@@ -16,7 +16,7 @@ from tests.kube.test_render import DIGEST, VERSIONS
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_gpu_pod_requests_gpus_and_validates(version: str) -> None:
-    prep = runner.prepare(runner.RunOptions(pipeline="vllm", extra={"gpus": "2"}))
+    prep = runner.prepare(runner.RunOptions(pipeline="vllm", gpus="2"))
     r = render.render(prep, f"myorg/vllm@{DIGEST}", render.PodOptions(gpus=2, runtime_class="nvidia"))
     assert validate.validate(r.objects, version) == []
     spec = r.job["spec"]["template"]["spec"]
@@ -27,17 +27,17 @@ def test_gpu_pod_requests_gpus_and_validates(version: str) -> None:
     assert "NVIDIA_VISIBLE_DEVICES" not in names and "CUDA_VISIBLE_DEVICES" not in names
     assert spec["runtimeClassName"] == "nvidia"
     # the bundle's plan starts with the node check, and the image's GPU stage needs it
-    stages = prep.inside["stages"]
-    assert stages[0]["probe"] == "gpu_preflight" and stages[0]["id"] == "node_check"
-    gpu_cli = next(s for s in stages if s["id"] == "gpu_cli")
-    assert gpu_cli["needs"] == ["node_check"]
+    stages = prep.inside.stages
+    assert stages[0].probe == "gpu_preflight" and stages[0].id == "node_check"
+    gpu_cli = next(s for s in stages if s.id == "gpu_cli")
+    assert gpu_cli.needs == ("node_check",)
 
 
 def test_zero_gpus_stays_the_default() -> None:
     prep = runner.prepare(runner.RunOptions(pipeline="vllm"))
     r = render.render(prep, f"myorg/vllm@{DIGEST}", render.PodOptions())
     assert "nvidia.com/gpu" not in json.dumps(r.job) and "runtimeClassName" not in json.dumps(r.job)
-    assert all(s["probe"] != "gpu_preflight" for s in prep.inside["stages"])
+    assert all(s.probe != "gpu_preflight" for s in prep.inside.stages)
 
 
 def test_cli_render_with_gpus() -> None:

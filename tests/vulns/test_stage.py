@@ -11,12 +11,12 @@ import pytest
 from imagegate import pipeline
 from imagegate.errors import UsageError
 from imagegate.model import ImageFacts, StageResult, Status
-from imagegate.outside import OutsideContext
 from imagegate.pipeline.params import VulnsParams
-from imagegate.plan import build_plan, stage_model
+from imagegate.plan import build_plan
+from imagegate.stages import OutsideContext
+from imagegate.stages.vulns import run_vulns_stage
 from imagegate.vulns import online
 from imagegate.vulns.model import Unreachable
-from imagegate.vulns.stage import run_vulns_stage
 
 INVENTORY = {
     "distributions": [
@@ -38,7 +38,7 @@ def ctx(
         driver="docker",
         stage_dir=tmp_path,
         inside_results={inv.id: inv},
-        options=options or {},
+        advisory_db=(options or {}).get("advisory_db"),
     )
 
 
@@ -98,21 +98,21 @@ def test_without_inventory_it_is_an_error(tmp_path: Path) -> None:
 
 def test_python_pipeline_has_no_audit_without_a_database() -> None:
     plan = build_plan(pipeline.load("python"))
-    assert {s["probe"] for s in plan["stages"]} == {"pip_check", "find_spec"}
+    assert {s.probe for s in plan.stages} == {"pip_check", "find_spec"}
 
 
 def test_advisory_db_adds_inventory_and_vulns(advisory_db: Path) -> None:
-    plan = build_plan(pipeline.load("python"), extra={"advisory_db": advisory_db})
-    inv, vulns = plan["stages"][-2:]
-    assert (inv["id"], inv["side"], vulns["id"], vulns["side"]) == ("inventory", "inside", "vulns", "outside")
-    assert vulns["needs"] == ["inventory"]
-    # The runner rebuilds the params of a stage the pipeline file does not have.
-    assert isinstance(stage_model(vulns).with_, VulnsParams)
+    plan = build_plan(pipeline.load("python"), advisory_db=advisory_db)
+    inv, vulns = plan.stages[-2:]
+    assert (inv.id, inv.side, vulns.id, vulns.side) == ("inventory", "inside", "vulns", "outside")
+    assert vulns.needs == ("inventory",)
+    # A stage the pipeline file does not have still carries validated params.
+    assert isinstance(vulns.params, VulnsParams)
 
 
 def test_missing_database_folder_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such folder"):
-        build_plan(pipeline.load("python"), extra={"advisory_db": tmp_path / "nope"})
+        build_plan(pipeline.load("python"), advisory_db=tmp_path / "nope")
 
 
 PIPE = """apiVersion: imagegate/v1
@@ -138,9 +138,9 @@ def test_pipeline_own_vulns_stage_is_kept(tmp_path: Path, advisory_db: Path) -> 
             "    with:\n      fail_on: high\n      service: none\n"
         )
     )
-    plan = build_plan(pipeline.load(str(p)), extra={"advisory_db": advisory_db})
-    assert [s["id"] for s in plan["stages"]] == ["inv", "audit"]
-    assert plan["stages"][1]["params"]["fail_on"] == "high"
+    plan = build_plan(pipeline.load(str(p)), advisory_db=advisory_db)
+    assert plan.ids == ["inv", "audit"]
+    assert isinstance(plan.stages[1].params, VulnsParams) and plan.stages[1].params.fail_on == "high"
 
 
 def test_ignore_without_expiry_is_rejected_with_its_line(tmp_path: Path) -> None:

@@ -4,17 +4,15 @@ it. Files are created exclusively: signing never replaces an earlier attestation
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imagegate.attest import bundle, dsse
 from imagegate.attest.keys import SigningKey
-from imagegate.attest.statement import build_statement, canonical_json
+from imagegate.attest.statement import canonical_json
 from imagegate.attest.vsa import build_vsa
 from imagegate.errors import UsageError
-from imagegate.model import RunRecord
 
 DSSE_FILE = "attestation.dsse.json"
 INTOTO_FILE = "attestation.intoto.jsonl"
@@ -61,19 +59,3 @@ def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) 
     summary = build_vsa(statement, DSSE_FILE, dsse_bytes)
     files.append(_create(attempt_dir / VSA_FILE, dsse.sign(serialize(summary), key).to_json()))
     return Signed(envelope, files, key.public.fingerprint)
-
-
-def sign_run(record: RunRecord, key: SigningKey) -> Signed:
-    """What `run` calls after `runner.run`: signs the statement the runner wrote beside the
-    evidence (statement.json), so the readable copy and the signed payload are one statement even
-    if files (reports) were added to the folder since; rebuilt from the record if it is absent."""
-    attempt_dir = Path(record.attempt_dir)
-    written = attempt_dir / "statement.json"
-    if written.is_file():
-        try:
-            statement = json.loads(written.read_bytes())
-        except ValueError as e:
-            raise UsageError(f"{written}: not JSON; cannot sign it") from e
-    else:
-        statement = build_statement(record)
-    return sign_attempt(attempt_dir, statement, key)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from imagegate import runner
-from imagegate.cli import _sign
+from imagegate.accept import accept
+from imagegate.cli import _accept as o
 from imagegate.cli._app import app, fail
 from imagegate.errors import ImagegateError, UsageError
-from imagegate.model import RunRecord, exit_code
-from imagegate.report import console as console_report
 
 pod_app = typer.Typer(
     help="Zero-GPU Pod mode: run the probes in the target cluster, against the image exactly as "
@@ -28,191 +25,74 @@ pod_app = typer.Typer(
 )
 app.add_typer(pod_app, name="pod")
 
-EXIT_CODES = (
-    "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
-    "--require-complete), 2 could not decide (ERROR), 3 usage or input error."
+# Options render and run share, as typer parameters (typer has no parameter groups).
+_RENDER_EPILOG = (
+    "Pitfalls avoided: no GPU resources and NVIDIA_VISIBLE_DEVICES=void unless --gpus N; never preemptionPolicy "
+    "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
+    "path; pick nodes that can run the image with --node-selector and --toleration."
 )
+_NAMESPACE = o.opt("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
+_NAME = o.opt(None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image).")
+_NODE_SELECTOR = o.opt([], "--node-selector", help="key=value (repeatable).")
+_TOLERATION = o.opt([], "--toleration", help="key[=value]:effect (repeatable).")
+_PRIORITY = o.opt(None, "--priority-class", help="priorityClassName; preemptionPolicy is never set.")
+_ACCOUNT = o.opt(None, "--service-account", help="serviceAccountName.")
+_PULL_SECRET = o.opt([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
+_DEADLINE = o.opt(
+    None,
+    "--deadline",
+    help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
+)
+_DIGEST = o.opt(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
+_PYTHON = o.opt(
+    None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
+)
+_RUN_AS = o.opt(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
+_KUBE_VERSION = o.opt("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
+_GPUS = o.opt(
+    0,
+    "--gpus",
+    min=0,
+    help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
+)
+_RUNTIME_CLASS = o.opt(None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes).")
+_EXPECT_DIGEST = o.opt(
+    [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
+)
+_SOURCE = o.opt(
+    None,
+    "--source",
+    help="For outside stages: read the image from this transport (default: the imageID's digest).",
+)
+_EXPECT_CONFIG = o.opt(None, "--expect-config", help="For the layers stage: the official config digest.")
 
 
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
-
-
-def _pipeline() -> Any:
-    return typer.Option(
-        "python",
-        "--pipeline",
-        "-p",
-        help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
-    )
-
-
-def _modules() -> Any:
-    return typer.Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
-
-
-def _namespace() -> Any:
-    return typer.Option("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
-
-
-def _name() -> Any:
-    return typer.Option(
-        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
-    )
-
-
-def _node_selector() -> Any:
-    return typer.Option([], "--node-selector", help="key=value (repeatable).")
-
-
-def _toleration() -> Any:
-    return typer.Option([], "--toleration", help="key[=value]:effect (repeatable).")
-
-
-def _priority_class() -> Any:
-    return typer.Option(None, "--priority-class", help="priorityClassName; preemptionPolicy is never set.")
-
-
-def _service_account() -> Any:
-    return typer.Option(None, "--service-account", help="serviceAccountName.")
-
-
-def _pull_secret() -> Any:
-    return typer.Option([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
-
-
-def _deadline() -> Any:
-    return typer.Option(
-        None,
-        "--deadline",
-        help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
-    )
-
-
-def _digest() -> Any:
-    return typer.Option(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
-
-
-def _python() -> Any:
-    return typer.Option(
-        None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
-    )
-
-
-def _run_as_user() -> Any:
-    return typer.Option(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
-
-
-def _kube_version() -> Any:
-    return typer.Option("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
-
-
-def _expect_digest() -> Any:
-    return typer.Option(
-        [],
-        "--expect-digest",
-        help="The digest the cluster must run (repeatable; default: the pinned digest).",
-    )
-
-
-def _out() -> Any:
-    return typer.Option(
-        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
-    )
-
-
-def _source() -> Any:
-    return typer.Option(
-        None,
-        "--source",
-        help="For outside stages: read the image from this transport (default: the imageID's digest).",
-    )
-
-
-def _expect_config() -> Any:
-    return typer.Option(None, "--expect-config", help="For the layers stage: the official config digest.")
-
-
-def _format() -> Any:
-    return typer.Option(Format.table, "--format", help="table, or json: the in-toto statement on stdout.")
-
-
-def _require_complete() -> Any:
-    return typer.Option(False, "--require-complete", help="A deferred verdict exits 1.")
-
-
-def _gpus() -> Any:
-    return typer.Option(
-        0,
-        "--gpus",
-        min=0,
-        help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
-    )
-
-
-def _runtime_class() -> Any:
-    return typer.Option(None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes).")
-
-
-def _quiet() -> Any:
-    return typer.Option(False, "--quiet", "-q", help="No progress messages on stderr.")
-
-
-def _notifier(quiet: bool) -> runner.Notify:
-    err = Console(stderr=True)
-    return (
-        (lambda _m: None)
-        if quiet
-        else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False))
-    )
-
-
-def _conclude(record: RunRecord, fmt: Format, require_complete: bool) -> typer.Exit:
-    if fmt is Format.json:
-        # The statement as written beside the evidence (and signed), byte for byte.
-        sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
-    else:
-        console_report.render(record, console_report.make_console())
-    return typer.Exit(exit_code(record.verdict, require_complete=require_complete))
-
-
-def _render(
-    image: str,
+def _prepare(
     pipeline: str,
     module: list[str],
-    namespace: str,
-    name: str | None,
-    node_selector: list[str],
-    toleration: list[str],
-    priority_class: str | None,
-    service_account: str | None,
-    image_pull_secret: list[str],
-    deadline: str | None,
-    digest: str | None,
-    python: str | None,
-    run_as_user: int | None,
-    kube_version: str,
-    gpus: int = 0,
-    runtime_class: str | None = None,
-) -> tuple[runner.Prepared, Any]:
+    gpus: int,
+    advisory_db: Path | None = None,
+    source: str | None = None,
+    expect_config: str | None = None,
+    out: Path = Path("imagegate-runs"),
+) -> runner.Prepared:
+    """With GPUs the plan starts with the node check (render, run and collect build one plan)."""
+    opts = runner.RunOptions(
+        pipeline=pipeline, modules=module, out=out, gpus=str(gpus) if gpus else None,
+        advisory_db=advisory_db, source=source, expect_config=expect_config,
+    )  # fmt: skip
+    return runner.prepare(opts)
+
+
+def _render(prep: runner.Prepared, image: str, kube_version: str, notify: o.Notify, **kw: Any) -> Any:
     from imagegate.kube import render, validate
 
-    prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, extra=_gpu_extra(gpus)))
     opts = render.PodOptions(
-        namespace=namespace,
-        name=name,
-        node_selector=render.parse_node_selector(node_selector),
-        tolerations=[render.parse_toleration(t) for t in toleration],
-        priority_class=priority_class,
-        service_account=service_account,
-        image_pull_secrets=image_pull_secret,
-        deadline_s=render.parse_deadline(deadline) if deadline else None,
-        digest=digest,
-        python=python,
-        run_as_user=run_as_user,
-        gpus=gpus,
-        runtime_class=runtime_class,
+        node_selector=render.parse_node_selector(kw.pop("node_selector")),
+        tolerations=[render.parse_toleration(t) for t in kw.pop("toleration")],
+        deadline_s=render.parse_deadline(d) if (d := kw.pop("deadline")) else None,
+        image_pull_secrets=kw.pop("image_pull_secret"),
+        **kw,
     )
     rendered = render.render(prep, image, opts)
     problems = validate.validate(rendered.objects, kube_version)
@@ -221,20 +101,9 @@ def _render(
             f"the rendered objects do not validate against Kubernetes {kube_version}: " + "; ".join(problems),
             hint="check the values given to --name, --node-selector, --toleration",
         )
-    return prep, rendered
-
-
-def _gpu_extra(gpus: int) -> dict[str, Any]:
-    """With GPUs the plan starts with the node check (render, run and collect build one plan)."""
-    return {"gpus": str(gpus)} if gpus else {}
-
-
-# Options render and run share, as typer parameters (typer has no parameter groups).
-_RENDER_EPILOG = (
-    "Pitfalls avoided: no GPU resources and NVIDIA_VISIBLE_DEVICES=void unless --gpus N; never preemptionPolicy "
-    "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
-    "path; pick nodes that can run the image with --node-selector and --toleration."
-)
+    for note in rendered.notes:
+        notify(f"note: {note}")
+    return rendered
 
 
 @pod_app.command(
@@ -248,38 +117,38 @@ def render_cmd(
     image: str = typer.Argument(
         ..., help="The image the cluster should run, e.g. repo/name:tag or repo@sha256:..."
     ),
-    pipeline: str = _pipeline(),
-    module: list[str] = _modules(),
-    namespace: str = _namespace(),
-    name: str = _name(),
-    node_selector: list[str] = _node_selector(),
-    toleration: list[str] = _toleration(),
-    priority_class: str = _priority_class(),
-    service_account: str = _service_account(),
-    image_pull_secret: list[str] = _pull_secret(),
-    deadline: str = _deadline(),
-    digest: str = _digest(),
-    python: str = _python(),
-    run_as_user: int = _run_as_user(),
-    kube_version: str = _kube_version(),
-    gpus: int = _gpus(),
-    runtime_class: str = _runtime_class(),
-    key: str = _sign.key_option(),
-    no_sign: bool = _sign.no_sign_option(),
-    quiet: bool = _quiet(),
+    pipeline: str = o.pipeline(),
+    module: list[str] = o.modules(),
+    namespace: str = _NAMESPACE,
+    name: str = _NAME,
+    node_selector: list[str] = _NODE_SELECTOR,
+    toleration: list[str] = _TOLERATION,
+    priority_class: str = _PRIORITY,
+    service_account: str = _ACCOUNT,
+    image_pull_secret: list[str] = _PULL_SECRET,
+    deadline: str = _DEADLINE,
+    digest: str = _DIGEST,
+    python: str = _PYTHON,
+    run_as_user: int = _RUN_AS,
+    kube_version: str = _KUBE_VERSION,
+    gpus: int = _GPUS,
+    runtime_class: str = _RUNTIME_CLASS,
+    key: str = o.key(),
+    no_sign: bool = o.no_sign(),
+    quiet: bool = o.quiet(),
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
-    notify = _notifier(quiet)
+    notify = o.notifier(quiet)
     try:
-        _, rendered = _render(
-            image, pipeline, module, namespace, name, node_selector, toleration, priority_class,
-            service_account, image_pull_secret, deadline, digest, python, run_as_user, kube_version,
-            gpus, runtime_class,
+        prep = _prepare(pipeline, module, gpus)
+        rendered = _render(
+            prep, image, kube_version, notify, namespace=namespace, name=name, node_selector=node_selector,
+            toleration=toleration, priority_class=priority_class, service_account=service_account,
+            image_pull_secret=image_pull_secret, deadline=deadline, digest=digest, python=python,
+            run_as_user=run_as_user, gpus=gpus, runtime_class=runtime_class,
         )  # fmt: skip
     except ImagegateError as e:
         raise fail(e) from e
-    for note in rendered.notes:
-        notify(f"note: {note}")
     notify(
         f"configmap/{rendered.name}: {rendered.configmap_bytes()} bytes; validated against Kubernetes {kube_version}"
     )
@@ -292,55 +161,64 @@ def render_cmd(
     "  kubectl logs job/imagegate-vllm-1a2b3c4d > pod.log; kubectl get pod -l "
     "imagegate/run=imagegate-vllm-1a2b3c4d -o json > pod.json\n\n"
     "  imagegate pod collect --logs pod.log --pod pod.json -p vllm --expect-digest sha256:<digest>\n\n"
-    "  imagegate pod collect --job imagegate-vllm-1a2b3c4d -n accept -p vllm\n\n" + EXIT_CODES,
+    "  imagegate pod collect --job imagegate-vllm-1a2b3c4d -n accept -p vllm\n\n" + o.EXIT_CODES,
 )
 def collect_cmd(
-    logs: Path = typer.Option(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
-    pod: Path = typer.Option(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
-    job: str = typer.Option(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
-    namespace: str = _namespace(),
-    context: str = typer.Option(None, "--context", help="kubectl context, with --job."),
-    pipeline: str = _pipeline(),
-    module: list[str] = _modules(),
-    expect_digest: list[str] = _expect_digest(),
-    out: Path = _out(),
-    source: str = _source(),
-    expect_config: str = _expect_config(),
-    fmt: Format = _format(),
-    require_complete: bool = _require_complete(),
-    key: str = _sign.key_option(),
-    no_sign: bool = _sign.no_sign_option(),
-    gpus: int = typer.Option(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
-    quiet: bool = _quiet(),
+    logs: Path = o.opt(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
+    pod: Path = o.opt(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
+    job: str = o.opt(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
+    namespace: str = _NAMESPACE,
+    context: str = o.opt(None, "--context", help="kubectl context, with --job."),
+    pipeline: str = o.pipeline(),
+    module: list[str] = o.modules(),
+    expect_digest: list[str] = _EXPECT_DIGEST,
+    out: Path = o.out(),
+    source: str = _SOURCE,
+    expect_config: str = _EXPECT_CONFIG,
+    fmt: o.Format = o.fmt(),
+    require_complete: bool = o.require_complete(),
+    timeout: float = o.opt(
+        None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
+    ),
+    report: list[str] = o.report(),
+    advisory_db: Path = o.advisory_db(),
+    key: str = o.key(),
+    no_sign: bool = o.no_sign(),
+    attach: bool = o.opt(
+        False, "--attach", help="Push the signed attestation to the repository of the image the Pod ran."
+    ),
+    insecure: bool = o.insecure(),
+    gpus: int = o.opt(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
+    quiet: bool = o.quiet(),
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
-    notify = _notifier(quiet or fmt is Format.json)
+    notify = o.notifier(quiet or fmt is o.Format.json)
     try:
-        from imagegate.kube import collect
+        from imagegate.kube.collect import PodObserver
 
-        signing_key = _sign.resolve(key, no_sign, notify)
         files = logs is not None or pod is not None
         if files == (job is not None) or (files and (logs is None or pod is None)):
             raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
-        prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, extra=_gpu_extra(gpus)))
-        opts = runner.RunOptions(
-            pipeline=pipeline, modules=module, out=out, source=source, expect_config=expect_config
+        o.check_timeout(timeout)
+        prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
+        pod_obj, log = (
+            _from_cluster(job, namespace, context, timeout, notify) if job else _from_files(pod, logs)
         )
-        if job is not None:
-            pod_obj, log = _from_cluster(job, namespace, context)
-        else:
-            assert logs is not None and pod is not None
-            pod_obj, log = _from_files(pod, logs)
-        record = collect.collect(prep, pod_obj, log, opts, expect_digests=expect_digest, notify=notify)
-        _sign.sign(record, signing_key, notify)
+        observer = PodObserver(pod_obj, log, expect_digests=expect_digest, notify=notify)
+        outputs = o.outputs(
+            reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
+            attach=attach, insecure=insecure, reference=observer.reference,
+        )  # fmt: skip
+        done = accept(prep, observer, out, outputs, notify)
     except ImagegateError as e:
         raise fail(e) from e
-    raise _conclude(record, fmt, require_complete)
+    raise o.finish(done, fmt, require_complete, quiet)
 
 
-def _from_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
+def _from_files(pod: Path | None, logs: Path | None) -> tuple[dict[str, Any], bytes]:
     from imagegate.kube.collect import pod_from_json
 
+    assert pod is not None and logs is not None
     try:
         data = json.loads(pod.read_text())
         log = logs.read_bytes()
@@ -351,11 +229,13 @@ def _from_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
     return pod_from_json(data), log
 
 
-def _from_cluster(job: str, namespace: str, context: str | None) -> tuple[dict[str, Any], bytes]:
+def _from_cluster(
+    job: str, namespace: str, context: str | None, wait_s: float | None, notify: o.Notify
+) -> tuple[dict[str, Any], bytes]:
     from imagegate.kube.kubectl import KubectlCluster
     from imagegate.kube.podrun import pod_and_log
 
-    return pod_and_log(KubectlCluster(context=context), job, namespace)
+    return pod_and_log(KubectlCluster(context=context), job, namespace, wait_s, notify=notify)
 
 
 @pod_app.command(
@@ -363,65 +243,78 @@ def _from_cluster(job: str, namespace: str, context: str | None) -> tuple[dict[s
     epilog="Examples:\n\n"
     "  imagegate pod run myorg/vllm@sha256:<digest> -p vllm -n accept --node-selector pool=h20\n\n"
     "  imagegate pod run myorg/vllm:0.11 --digest sha256:<digest> -p vllm --toleration "
-    "nvidia.com/gpu:NoSchedule --priority-class batch-low --keep\n\n" + _RENDER_EPILOG + "\n\n" + EXIT_CODES,
+    "nvidia.com/gpu:NoSchedule --priority-class batch-low --keep\n\n"
+    + _RENDER_EPILOG
+    + "\n\n"
+    + o.EXIT_CODES,
 )
 def run_cmd(
     image: str = typer.Argument(..., help="The image the cluster should run."),
-    pipeline: str = _pipeline(),
-    module: list[str] = _modules(),
-    namespace: str = _namespace(),
-    name: str = _name(),
-    node_selector: list[str] = _node_selector(),
-    toleration: list[str] = _toleration(),
-    priority_class: str = _priority_class(),
-    service_account: str = _service_account(),
-    image_pull_secret: list[str] = _pull_secret(),
-    deadline: str = _deadline(),
-    digest: str = _digest(),
-    python: str = _python(),
-    run_as_user: int = _run_as_user(),
-    kube_version: str = _kube_version(),
-    gpus: int = _gpus(),
-    runtime_class: str = _runtime_class(),
-    context: str = typer.Option(None, "--context", help="kubectl context."),
-    expect_digest: list[str] = _expect_digest(),
-    out: Path = _out(),
-    source: str = _source(),
-    expect_config: str = _expect_config(),
-    keep: bool = typer.Option(
+    pipeline: str = o.pipeline(),
+    module: list[str] = o.modules(),
+    namespace: str = _NAMESPACE,
+    name: str = _NAME,
+    node_selector: list[str] = _NODE_SELECTOR,
+    toleration: list[str] = _TOLERATION,
+    priority_class: str = _PRIORITY,
+    service_account: str = _ACCOUNT,
+    image_pull_secret: list[str] = _PULL_SECRET,
+    deadline: str = _DEADLINE,
+    digest: str = _DIGEST,
+    python: str = _PYTHON,
+    run_as_user: int = _RUN_AS,
+    kube_version: str = _KUBE_VERSION,
+    gpus: int = _GPUS,
+    runtime_class: str = _RUNTIME_CLASS,
+    context: str = o.opt(None, "--context", help="kubectl context."),
+    expect_digest: list[str] = _EXPECT_DIGEST,
+    out: Path = o.out(),
+    source: str = _SOURCE,
+    expect_config: str = _EXPECT_CONFIG,
+    keep: bool = o.opt(
         False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
     ),
-    fmt: Format = _format(),
-    require_complete: bool = _require_complete(),
-    key: str = _sign.key_option(),
-    no_sign: bool = _sign.no_sign_option(),
-    quiet: bool = _quiet(),
+    fmt: o.Format = o.fmt(),
+    require_complete: bool = o.require_complete(),
+    timeout: float = o.opt(
+        None,
+        "--timeout",
+        help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes).",
+    ),
+    report: list[str] = o.report(),
+    advisory_db: Path = o.advisory_db(),
+    key: str = o.key(),
+    no_sign: bool = o.no_sign(),
+    attach: bool = o.attach(),
+    insecure: bool = o.insecure(),
+    quiet: bool = o.quiet(),
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
-    notify = _notifier(quiet or fmt is Format.json)
+    notify = o.notifier(quiet or fmt is o.Format.json)
     try:
         from imagegate.kube.kubectl import KubectlCluster
-        from imagegate.kube.podrun import run_pod
+        from imagegate.kube.podrun import PodRunObserver
 
-        signing_key = _sign.resolve(key, no_sign, notify)
-        prep, rendered = _render(
-            image, pipeline, module, namespace, name, node_selector, toleration, priority_class,
-            service_account, image_pull_secret, deadline, digest, python, run_as_user, kube_version,
-            gpus, runtime_class,
+        o.check_timeout(timeout)
+        outputs = o.outputs(
+            reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
+            attach=attach, insecure=insecure, reference=image,
         )  # fmt: skip
-        for note in rendered.notes:
-            notify(f"note: {note}")
-        opts = runner.RunOptions(
-            pipeline=pipeline, modules=module, out=out, source=source, expect_config=expect_config
-        )
+        prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
+        rendered = _render(
+            prep, image, kube_version, notify, namespace=namespace, name=name, node_selector=node_selector,
+            toleration=toleration, priority_class=priority_class, service_account=service_account,
+            image_pull_secret=image_pull_secret, deadline=deadline, digest=digest, python=python,
+            run_as_user=run_as_user, gpus=gpus, runtime_class=runtime_class,
+        )  # fmt: skip
         cluster = KubectlCluster(context=context)
-        record = run_pod(
-            prep, rendered, cluster, opts, expect_digests=expect_digest, keep=keep, notify=notify
+        observer = PodRunObserver(
+            rendered, cluster, expect_digests=expect_digest, keep=keep, limit_s=timeout, notify=notify
         )
-        _sign.sign(record, signing_key, notify)
+        done = accept(prep, observer, out, outputs, notify)
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
         print("imagegate: interrupted; the Job may still be there (ttlSecondsAfterFinished)", file=sys.stderr)
         raise typer.Exit(130) from None
-    raise _conclude(record, fmt, require_complete)
+    raise o.finish(done, fmt, require_complete, quiet)

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import typer
-from rich.console import Console
 
-from imagegate import runner
-from imagegate.cli import _sign
+from imagegate import accept, runner
+from imagegate.cli import _accept as o
 from imagegate.cli._app import app, fail
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.gpus import parse as gpus_parse
-from imagegate.model import exit_code
-from imagegate.report import console as console_report
-from imagegate.report import formats
-from imagegate.report.progress import LayerBars, StageView, WaitLines, setup_logging
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
+from imagegate.report.progress import setup_logging
 
 
 @app.command(
@@ -43,207 +29,99 @@ class Format(str, enum.Enum):
 )
 def run(
     image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
-    pipeline: str = typer.Option(
-        "python",
-        "--pipeline",
-        "-p",
-        help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
-    ),
-    module: list[str] = typer.Option(
-        [], "--module", "-m", help="Module for the find_spec stage (repeatable)."
-    ),
-    out: Path = typer.Option(
-        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
-    ),
-    fmt: Format = typer.Option(
-        Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
-    ),
-    require_complete: bool = typer.Option(False, "--require-complete", help="A deferred verdict exits 1."),
-    timeout: float = typer.Option(
-        None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
-    ),
-    memory: str = typer.Option("8g", "--memory", help="Container memory limit."),
-    jobs: int = typer.Option(
+    pipeline: str = o.pipeline(),
+    module: list[str] = o.modules(),
+    out: Path = o.out(),
+    fmt: o.Format = o.fmt(),
+    require_complete: bool = o.require_complete(),
+    timeout: float = o.timeout(),
+    memory: str = o.opt("8g", "--memory", help="Container memory limit."),
+    jobs: int = o.opt(
         None,
         "--jobs",
         "-j",
         metavar="N",
         help="Groups of in-image stages run at once, a container each (default: the CPU count).",
     ),
-    skip: list[str] = typer.Option(
+    skip: list[str] = o.opt(
         [],
         "--skip",
         metavar="ID",
         help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
     ),
-    pull: str = typer.Option(
+    pull: str = o.opt(
         "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
     ),
-    here: bool = typer.Option(
+    here: bool = o.opt(
         False, "--here", help="Run in this environment instead of a container (local driver)."
     ),
-    gpus: str = typer.Option(
+    gpus: str = o.opt(
         None,
         "--gpus",
         help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node "
         "check. Default: none (GPUs hidden).",
     ),
-    python: str = typer.Option(None, "--python", help="With --here: the interpreter to run the probes with."),
-    source: str = typer.Option(
-        None, "--source", help="For the layers stage: read the image from this transport."
-    ),
-    expect_config: str = typer.Option(
+    python: str = o.opt(None, "--python", help="With --here: the interpreter to run the probes with."),
+    source: str = o.opt(None, "--source", help="For the layers stage: read the image from this transport."),
+    expect_config: str = o.opt(
         None, "--expect-config", help="For the layers stage: the official config digest."
     ),
-    report: list[str] = typer.Option(
-        [],
-        "--report",
-        help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
-    ),
-    advisory_db: Path = typer.Option(
-        None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
-    ),
-    key: str = _sign.key_option(),
-    no_sign: bool = _sign.no_sign_option(),
-    attach: bool = typer.Option(
-        False, "--attach", help="Push the signed attestation to IMAGE's repository (as cosign attaches .att)."
-    ),
-    insecure: bool = typer.Option(False, "--insecure", help="With --attach: plain HTTP to the registry."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages on stderr."),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
+    report: list[str] = o.report(),
+    advisory_db: Path = o.advisory_db(),
+    key: str = o.key(),
+    no_sign: bool = o.no_sign(),
+    attach: bool = o.attach(),
+    insecure: bool = o.insecure(),
+    quiet: bool = o.quiet(),
+    verbose: int = o.opt(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     setup_logging(verbose, quiet)
-    err = Console(stderr=True)
-    notify: Callable[[str], None] = (
-        (lambda _m: None)
-        if quiet or fmt is Format.json
-        else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False))
-    )
+    silent = quiet or fmt is o.Format.json
+    notify = o.notifier(silent)
     driver: Driver | None = None
     try:
-        if image is None and not here:
-            raise UsageError(
-                "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
-            )
-        if not here:
-            _check_engine_input(image)
-        if timeout is not None:
-            _check_timeout(timeout)
-        if python and not here:
-            raise UsageError(
-                "--python goes with --here", hint="in a container the image's own python is used"
-            )
-        if attach and no_sign:
-            raise UsageError("--attach needs a signed attestation", hint="drop --no-sign")
-        reports = formats.parse_specs(report)
-        if fmt is Format.json and any(p == formats.STDOUT for _, p in reports):
-            raise UsageError(
-                "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
-            )
-        # A bad key or passphrase fails before the work, not after it.
-        signing_key = _sign.resolve(key, no_sign, notify)
-        extra: dict[str, Any] = {}
-        if advisory_db is not None:
-            extra["advisory_db"] = advisory_db
+        _check_input(image, here, python, jobs, timeout)
+        outputs = o.outputs(
+            reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
+            attach=attach, insecure=insecure, reference=image,
+        )  # fmt: skip
         gpu_request = gpus_parse(gpus)
-        if gpu_request is not None:
-            extra["gpus"] = gpu_request.spec  # the plan starts with the node check
-        if here:
-            from imagegate.drivers.local import LocalDriver
-
-            driver = LocalDriver(python, gpus=gpu_request)
-        else:
-            from imagegate.drivers.docker import DockerDriver
-
-            driver = DockerDriver(memory=memory, pull=pull, notify=notify, gpus=gpu_request)
-            for name in driver.leftovers():
-                notify(f"container {name} was left by an imagegate run that was killed: docker rm -f {name}")
-        if jobs is not None and jobs < 1:
-            raise UsageError(f"--jobs {jobs}: must be 1 or more")
         opts = runner.RunOptions(
-            pipeline=pipeline,
-            modules=module,
-            skip=skip,
-            jobs=jobs or os.cpu_count() or 1,
-            out=out,
-            timeout=timeout,
-            source=source,
-            expect_config=expect_config,
-            extra=extra,
+            pipeline=pipeline, modules=module, skip=skip, jobs=jobs or os.cpu_count() or 1, out=out,
+            timeout=timeout, source=source, expect_config=expect_config, advisory_db=advisory_db,
+            gpus=gpu_request.spec if gpu_request else None,
+        )  # fmt: skip
+        prep = runner.prepare(opts)
+        driver = accept.driver_for(
+            here=here, python=python, memory=memory, pull=pull, gpus=gpu_request, notify=notify
         )
-        silent = quiet or fmt is Format.json
-        err_console = Console(stderr=True, highlight=False)
-        bars = LayerBars(err_console) if not silent and err_console.is_terminal else None
-        if not silent and bars is None:
-            # A CI log: a line every 15 s while the engine prepares a big image's export.
-            opts.extra["layer_progress"] = WaitLines(err_console)
-        if bars is not None:
-            opts.extra["layer_progress"] = bars
-        with contextlib.nullcontext() if silent else StageView(console=err_console) as view:
-            if view is not None:
-                opts.on_event = view.event
-            try:
-                record = runner.run(image or "local", driver, opts, notify)
-            finally:
-                if bars is not None:
-                    bars.close()
-        signed = _sign.sign(record, signing_key, notify)
-        if signed is not None and attach:
-            from imagegate.attest import attach as attest_attach
-
-            done = attest_attach.attach_file(signed.dsse_path, image, insecure=insecure)
-            notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
+        with o.progress(opts, silent):
+            observer = runner.DriverObserver(driver, image, opts, notify)
+            done = accept.accept(prep, observer, out, outputs, notify)
     except ImagegateError as e:
         raise fail(e) from e
     except KeyboardInterrupt:
-        # The entry point's handlers made SIGTERM take this path too; it sets the code (130, 143).
-        # Say "removed" only when the engine confirmed it (the driver forgets a container then).
-        left = sorted(getattr(driver, "live", ()))
-        if left:
-            print(
-                f"imagegate: interrupted; container {', '.join(left)} may be left: docker rm -f {' '.join(left)}",
-                file=sys.stderr,
-            )
-        else:
-            print("imagegate: interrupted; nothing was left running", file=sys.stderr)
-        raise typer.Exit(130) from None
-    try:
-        used_stdout = formats.write_reports(record, reports)
-    except OSError as e:
-        raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
-    except ImagegateError as e:
-        raise fail(e) from e
-    code = exit_code(record.verdict, require_complete=require_complete)
-    if fmt is Format.json:
-        # The statement as written beside the evidence (and signed), byte for byte.
-        sys.stdout.write((Path(record.attempt_dir) / "statement.json").read_text())
-        if not quiet:  # stdout is the statement's alone; where the evidence went still matters
-            print(f"imagegate: evidence: {record.attempt_dir}", file=sys.stderr)
-    else:
-        # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
-        rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
-        console_report.render(
-            record, console_report.make_console(stderr=used_stdout), rejected_by=rejected_by
-        )
-    raise typer.Exit(code)
+        raise o.interrupted(driver) from None
+    raise o.finish(done, fmt, require_complete, quiet)
 
 
-def _check_engine_input(image: str) -> None:
+def _check_input(
+    image: str | None, here: bool, python: str | None, jobs: int | None, timeout: float | None
+) -> None:
     """IMAGE and DOCKER_HOST are checked before the engine is asked anything."""
-    import os
+    if not here:
+        if image is None:
+            raise UsageError(
+                "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
+            )
+        from imagegate.enginehost import check_docker_host
+        from imagegate.oci.reference import check_image
 
-    from imagegate.enginehost import check_docker_host
-    from imagegate.oci.reference import check_image
-
-    check_image(image)
-    check_docker_host(os.environ)
-
-
-def _check_timeout(seconds: float) -> None:
-    from imagegate.pipeline.model import check_duration
-
-    try:
-        check_duration(seconds)
-    except ValueError as e:
-        raise UsageError(f"--timeout: {e}", hint="give seconds, e.g. --timeout 1800") from e
+        check_image(image)
+        check_docker_host(os.environ)
+    o.check_timeout(timeout)
+    if python and not here:
+        raise UsageError("--python goes with --here", hint="in a container the image's own python is used")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs}: must be 1 or more")

@@ -27,6 +27,7 @@ from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, Cappe
 from imagegate.errors import EngineError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
+from imagegate.oci.sources.interface import Source
 
 LABEL = "io.imagegate.run"
 PID_LABEL = "io.imagegate.pid"  # the runner's process: a container whose runner is gone is a leftover
@@ -134,6 +135,14 @@ class DockerDriver:
                 "gpus_requested": self.gpus.spec if self.gpus else None,
             }
         return self._env
+
+    def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
+        from imagegate.oci.sources.daemon import DaemonArchive
+
+        # The very engine the probes ran in, by image ID: what is read is what ran.
+        return (
+            DaemonArchive(image.config_digest, self.client, timeout=timeout) if image.config_digest else None
+        )
 
     def _pull(self, reference: str, why: str = "") -> None:
         """Pull through the engine (its credentials and mirrors), as `docker run` does."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from imagegate.model import ImageFacts
+from imagegate.oci.sources.interface import Source
 
 # The controller's stdout is streamed to the runner's event reader (protocol.EventStream) as it
 # arrives; a driver keeps only its head, for diagnostics. Memory stays bounded whatever an image
@@ -43,6 +44,12 @@ class Driver(Protocol):
 
     def resolve(self, reference: str) -> ImageFacts:
         """Raise UsageError when the image does not exist."""
+        ...
+
+    def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
+        """How the outside stages read the bytes of the image this driver ran (the docker driver:
+        its engine's export, by image ID, read within `timeout` seconds; None: no limit), or None
+        where the driver has no image of its own (local) and a registry copy or --source must do."""
         ...
 
     def run_bundle(

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagegate import protocol
+from imagegate.accept import Outputs, accept
 from imagegate.drivers.interface import BundleRun
 from imagegate.errors import UsageError
+from imagegate.evidence import Attempt
 from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
-from imagegate.runner import ControllerRun, Notify, Prepared, RunOptions, conclude, new_attempt
+from imagegate.runner import ControllerRun, Notify, Observation, Prepared, RunOptions
 
 IMAGE_ID_STAGE = "image_id"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -241,6 +243,61 @@ def expected_digests(pod: dict[str, Any], given: Sequence[str], container: str =
     return [pinned] if at and _DIGEST.fullmatch(pinned) else []
 
 
+class PodObserver:
+    """The Pod path's way of observing (Pod mode is one more driver): a finished Pod's status
+    and log. `job_failure`: why the Job ended early when the caller knows (e.g. its deadline)."""
+
+    def __init__(
+        self,
+        pod: dict[str, Any],
+        log: bytes,
+        *,
+        expect_digests: Sequence[str] = (),
+        job_failure: str | None = None,
+        notify: Notify = lambda _m: None,
+    ) -> None:
+        self.pod, self.log, self.job_failure, self.notify = pod, log, job_failure, notify
+        self.expected = expected_digests(pod, expect_digests)
+        self.image, self.iid = image_facts(pod)
+        self.reference: str | None = self.image.reference
+
+    def subject(self, prep: Prepared) -> ImageFacts:
+        annotated = self.pod.get("metadata", {}).get("annotations", {}).get(BUNDLE_ANNOTATION)
+        if annotated and annotated != prep.bundle.sha256:
+            raise UsageError(
+                f"the Pod ran bundle {annotated[:12]}…, but this pipeline and these modules give "
+                f"{prep.bundle.sha256[:12]}…",
+                hint="give collect the same -p and -m as pod render",
+            )
+        if not annotated:
+            self.notify("the Pod carries no bundle digest annotation: assuming it ran this pipeline's bundle")
+        return self.image
+
+    def observe(self, prep: Prepared, attempt: Attempt) -> Observation:
+        pod, iid = self.pod, self.iid
+        pod_file = attempt.write_json("pod.json", pod)
+        br = bundle_run(pod, self.log)
+        key = event_key(pod)
+        events = protocol.read_all(key or protocol.new_key(), prep.stage_ids, self.log)
+        if key is None:
+            events.violations.insert(0, "the Pod carries no event key: render it again with this imagegate")
+            events.violations_total += 1
+        if self.job_failure:
+            br.error = self.job_failure
+            br.timed_out = br.timed_out or "deadline" in self.job_failure.lower()
+        # Outside stages (layers) read the very image the cluster ran, by its digest.
+        source = f"docker://{iid.repository}@{iid.digest}" if iid and iid.repository and iid.digest else None
+        return Observation(
+            image=self.image,
+            environment=environment(pod, iid),
+            runs=[ControllerRun(prep.stage_ids, br, events)],
+            started=_started(pod),
+            driver="kube",
+            source=source,
+            given=[image_id_stage(iid, self.expected, [pod_file])],
+        )
+
+
 def collect(
     prep: Prepared,
     pod: dict[str, Any],
@@ -251,51 +308,9 @@ def collect(
     job_failure: str | None = None,
     notify: Notify = lambda _m: None,
 ) -> RunRecord:
-    """`job_failure`: why the Job ended early when the caller knows (e.g. its deadline)."""
-    annotated = pod.get("metadata", {}).get("annotations", {}).get(BUNDLE_ANNOTATION)
-    if annotated and annotated != prep.bundle.sha256:
-        raise UsageError(
-            f"the Pod ran bundle {annotated[:12]}…, but this pipeline and these modules give "
-            f"{prep.bundle.sha256[:12]}…",
-            hint="give collect the same -p and -m as pod render",
-        )
-    if not annotated:
-        notify("the Pod carries no bundle digest annotation: assuming it ran this pipeline's bundle")
-    image, iid = image_facts(pod)
-    expected = expected_digests(pod, expect_digests)
-    env = environment(pod, iid)
-    attempt = new_attempt(prep, image, opts.out)
-    notify(f"attempt {attempt.dir}")
-    pod_file = attempt.write_json("pod.json", pod)
-    br = bundle_run(pod, log)
-    key = event_key(pod)
-    events = protocol.read_all(key or protocol.new_key(), prep.stage_ids, log)
-    if key is None:
-        events.violations.insert(0, "the Pod carries no event key: render it again with this imagegate")
-        events.violations_total += 1
-    if job_failure:
-        br.error = job_failure
-        br.timed_out = br.timed_out or "deadline" in job_failure.lower()
-    if opts.source is None and iid is not None and iid.repository and iid.digest:
-        # Outside stages (layers) read the very image the cluster ran, by its digest.
-        opts = _with_source(opts, f"docker://{iid.repository}@{iid.digest}")
-    return conclude(
-        prep,
-        image,
-        env,
-        [ControllerRun(prep.stage_ids, br, events)],
-        attempt,
-        opts,
-        started=_started(pod),
-        notify=notify,
-        extra_stages=[image_id_stage(iid, expected, [pod_file])],
-    )
-
-
-def _with_source(opts: RunOptions, source: str) -> RunOptions:
-    from dataclasses import replace
-
-    return replace(opts, source=source)
+    """A finished Pod to an unsigned record (`accept` with a PodObserver adds signing, reports)."""
+    observer = PodObserver(pod, log, expect_digests=expect_digests, job_failure=job_failure, notify=notify)
+    return accept(prep, observer, opts.out, Outputs(), notify).record
 
 
 def _started(pod: dict[str, Any]) -> str:

@@ -11,12 +11,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from imagegate.accept import Outputs, accept
 from imagegate.errors import UsageError
+from imagegate.evidence import Attempt
 from imagegate.kube.cluster import Cluster, ClusterError
-from imagegate.kube.collect import collect
+from imagegate.kube.collect import PodObserver
 from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
-from imagegate.model import RunRecord
-from imagegate.runner import Notify, Prepared, RunOptions
+from imagegate.model import ImageFacts, RunRecord
+from imagegate.runner import Notify, Observation, Prepared, RunOptions
 
 KINDS = ("job", "configmap")
 # Waiting reasons that no amount of waiting fixes: stop now and report them.
@@ -32,23 +34,64 @@ class Waits:
     sleep: Callable[[float], None] = time.sleep
 
 
-def run_pod(
-    prep: Prepared,
+class PodRunObserver:
+    """`pod run` as the acceptance use case's observer: `subject` runs the Job (and deletes it
+    unless `keep`), then the finished Pod is observed as `pod collect` observes one."""
+
+    def __init__(
+        self,
+        rendered: Rendered,
+        cluster: Cluster,
+        *,
+        expect_digests: Sequence[str] = (),
+        keep: bool = False,
+        limit_s: float | None = None,
+        waits: Waits = Waits(),
+        notify: Notify = lambda _m: None,
+    ) -> None:
+        self.rendered, self.cluster, self.keep, self.waits = rendered, cluster, keep, waits
+        self.limit_s = limit_s
+        self.expect_digests, self.notify = expect_digests, notify
+        self.reference: str | None = rendered.image
+        self.collected: PodObserver | None = None
+
+    def subject(self, prep: Prepared) -> ImageFacts:
+        pod, log, failure = run_job(
+            self.rendered,
+            self.cluster,
+            keep=self.keep,
+            limit_s=self.limit_s,
+            waits=self.waits,
+            notify=self.notify,
+        )
+        self.collected = PodObserver(
+            pod, log, expect_digests=self.expect_digests, job_failure=failure, notify=self.notify
+        )
+        return self.collected.subject(prep)
+
+    def observe(self, prep: Prepared, attempt: Attempt) -> Observation:
+        assert self.collected is not None, "subject() first"
+        return self.collected.observe(prep, attempt)
+
+
+def run_job(
     rendered: Rendered,
     cluster: Cluster,
-    opts: RunOptions,
     *,
-    expect_digests: Sequence[str] = (),
-    keep: bool = False,
+    keep: bool,
+    limit_s: float | None = None,
     waits: Waits = Waits(),
     notify: Notify = lambda _m: None,
-) -> RunRecord:
+) -> tuple[dict[str, Any], bytes, str | None]:
+    """Wait out the previous run, create, wait for the Pod to finish (`limit_s`, default: the
+    Job's deadline and a grace period), read its log, delete: the finished Pod, its log, and
+    why the Job ended early if it did."""
     ns, name = rendered.namespace, rendered.name
     wait_gone(cluster, name, ns, waits, notify)
     notify(f"creating configmap/{name} and job/{name} in {ns}")
     cluster.create(rendered.objects)
     try:
-        limit = float(rendered.job["spec"]["activeDeadlineSeconds"]) + FINISH_GRACE_S
+        limit = limit_s or float(rendered.job["spec"]["activeDeadlineSeconds"]) + FINISH_GRACE_S
         pod, failure = wait_finished(cluster, name, ns, limit, waits, notify)
         if pod is None:
             raise ClusterError(
@@ -61,17 +104,43 @@ def run_pod(
         except ClusterError as e:  # e.g. never started: the status still tells why
             notify(f"no log from pod/{pod_name}: {e}")
             log = b""
-        return collect(
-            prep, pod, log, opts, expect_digests=expect_digests, job_failure=failure, notify=notify
-        )
+        return pod, log, failure
     finally:
         if not keep:
             for kind in KINDS:
                 cluster.delete(kind, name, ns)
 
 
-def pod_and_log(cluster: Cluster, job: str, ns: str) -> tuple[dict[str, Any], bytes]:
-    """The newest Pod of a Job run earlier (by our label, or the Job controller's) and its log."""
+def run_pod(
+    prep: Prepared,
+    rendered: Rendered,
+    cluster: Cluster,
+    opts: RunOptions,
+    *,
+    expect_digests: Sequence[str] = (),
+    keep: bool = False,
+    waits: Waits = Waits(),
+    notify: Notify = lambda _m: None,
+) -> RunRecord:
+    """One run in a Pod to an unsigned record (`accept` adds signing, attaching, reports)."""
+    observer = PodRunObserver(
+        rendered, cluster, expect_digests=expect_digests, keep=keep, waits=waits, notify=notify
+    )
+    return accept(prep, observer, opts.out, Outputs(), notify).record
+
+
+def pod_and_log(
+    cluster: Cluster,
+    job: str,
+    ns: str,
+    wait_s: float | None = None,
+    waits: Waits = Waits(),
+    notify: Notify = lambda _m: None,
+) -> tuple[dict[str, Any], bytes]:
+    """The newest Pod of a Job run earlier (by our label, or the Job controller's) and its log;
+    `wait_s`: first wait up to that long for it to finish."""
+    if wait_s:
+        wait_finished(cluster, job, ns, wait_s, waits, notify)
     pods = cluster.pods(ns, _selector(job)) or cluster.pods(ns, f"job-name={job}")
     pod = _newest(pods)
     if pod is None:
@@ -149,7 +218,7 @@ def wait_finished(
             if why.split(":", 1)[0] in HOPELESS:
                 return pod, None
         if waits.clock() >= end:
-            return pod, f"no result within {limit_s:g}s (the Job's deadline and a grace period)"
+            return pod, f"no result within {limit_s:g}s"
         waits.sleep(waits.poll_s)
 
 

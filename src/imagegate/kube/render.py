@@ -160,12 +160,12 @@ def job_deadline(prep: Prepared, given: float | None) -> int:
 def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
     # The kubelet pulls what the Pod names: a reference, never a local image ID.
     check_image(image, engine_id=False)
-    if not prep.inside["stages"]:
+    if not prep.inside.stages:
         raise UsageError(
-            f"pipeline {prep.plan['pipeline']['name']!r} has no in-image stage: nothing to run in a Pod",
+            f"pipeline {prep.plan.pipeline.name!r} has no in-image stage: nothing to run in a Pod",
             hint="run its outside stages with `imagegate run`",
         )
-    name = opts.name or default_name(str(prep.plan["pipeline"]["name"]), image)
+    name = opts.name or default_name(prep.plan.pipeline.name, image)
     if len(name) > 52 or not _DNS_LABEL.match(name):
         # Job names become Pod names with a suffix and a label value (63 characters at most).
         raise UsageError(f"--name {name!r}: lower-case letters, digits and '-', at most 52 characters")
@@ -206,7 +206,7 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
                     "labels": dict(labels),
                     "annotations": {
                         BUNDLE_ANNOTATION: prep.bundle.sha256,
-                        PIPELINE_ANNOTATION: str(prep.plan["pipeline"]["name"]),
+                        PIPELINE_ANNOTATION: prep.plan.pipeline.name,
                     },
                 },
                 "spec": _pod_spec(ref, python, name, opts),
@@ -221,7 +221,34 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
     if opts.run_as_user is not None:
         pod_security["runAsUser"] = opts.run_as_user
         pod_security["runAsNonRoot"] = opts.run_as_user != 0
-    container: dict[str, Any] = {
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # the probes never talk to the API server
+        "enableServiceLinks": False,
+        "securityContext": pod_security,
+        "containers": [_container(image, python, opts)],
+        "volumes": [
+            {"name": "bundle", "configMap": {"name": name, "defaultMode": 0o444}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}},
+        ],
+    }
+    if opts.node_selector:
+        spec["nodeSelector"] = dict(opts.node_selector)
+    if opts.tolerations:
+        spec["tolerations"] = [dict(t) for t in opts.tolerations]
+    if opts.runtime_class:
+        spec["runtimeClassName"] = opts.runtime_class
+    if opts.priority_class:
+        spec["priorityClassName"] = opts.priority_class
+    if opts.service_account:
+        spec["serviceAccountName"] = opts.service_account
+    if opts.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    return spec
+
+
+def _container(image: str, python: str, opts: PodOptions) -> dict[str, Any]:
+    return {
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -264,27 +291,3 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,  # the probes never talk to the API server
-        "enableServiceLinks": False,
-        "securityContext": pod_security,
-        "containers": [container],
-        "volumes": [
-            {"name": "bundle", "configMap": {"name": name, "defaultMode": 0o444}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}},
-        ],
-    }
-    if opts.node_selector:
-        spec["nodeSelector"] = dict(opts.node_selector)
-    if opts.tolerations:
-        spec["tolerations"] = [dict(t) for t in opts.tolerations]
-    if opts.runtime_class:
-        spec["runtimeClassName"] = opts.runtime_class
-    if opts.priority_class:
-        spec["priorityClassName"] = opts.priority_class
-    if opts.service_account:
-        spec["serviceAccountName"] = opts.service_account
-    if opts.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
-    return spec

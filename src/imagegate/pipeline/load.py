@@ -12,9 +12,10 @@ from pydantic import ValidationError
 
 from imagegate import resources
 from imagegate.errors import UsageError
-from imagegate.pipeline.model import INSIDE_PROBES, OUTSIDE_PROBES, Pipeline, StageGraphError
+from imagegate.pipeline.model import Pipeline, StageGraphError
+from imagegate.pipeline.probes import PROBES
 
-PROBE_TAGS = (*INSIDE_PROBES, *OUTSIDE_PROBES)
+PROBE_TAGS = tuple(PROBES)
 # Input bounds: a pipeline is a short file; beyond these it is a mistake or an attack, and is
 # refused before it can cost a RecursionError or gigabytes of memory.
 MAX_FILE_BYTES = 1 << 20

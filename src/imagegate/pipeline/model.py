@@ -18,10 +18,9 @@ from imagegate.pipeline.params import (
     PipCheckParams,
     VulnsParams,
 )
+from imagegate.pipeline.probes import side_of
 
 API_VERSION = "imagegate/v1"
-INSIDE_PROBES = ("pip_check", "find_spec", "cli", "av_roundtrip", "inventory", "gpu_preflight")
-OUTSIDE_PROBES = ("layers", "vulns")
 Requirement = Literal["gpu"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -95,7 +94,7 @@ class _StageBase(BaseModel):
 
     @property
     def side(self) -> Literal["inside", "outside"]:
-        return "outside" if self.probe in OUTSIDE_PROBES else "inside"  # type: ignore[attr-defined]
+        return side_of(self.probe)  # type: ignore[attr-defined]
 
 
 class PipCheckStage(_StageBase):

@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from imagegate.attest.statement import build_statement
 from imagegate.errors import UsageError
@@ -24,7 +24,12 @@ Renderer = Callable[[RunRecord, Path | None], str]
 
 def render_json(record: RunRecord, base: Path | None = None) -> str:
     del base
-    return json.dumps(build_statement(record), indent=2, sort_keys=True) + "\n"
+    return statement_text(build_statement(record))
+
+
+def statement_text(statement: dict[str, Any]) -> str:
+    """The statement as statement.json holds it (and `--format json` prints it), byte for byte."""
+    return json.dumps(statement, indent=2, sort_keys=True, default=str) + "\n"
 
 
 # name -> "module:function", imported when a report of that format is written (start-up time)
@@ -68,7 +73,12 @@ def parse_specs(specs: list[str]) -> list[tuple[str, Path]]:
     return parsed
 
 
-def render(record: RunRecord, fmt: str, base: Path | None = None) -> str:
+def render(
+    record: RunRecord, fmt: str, base: Path | None = None, statement: dict[str, Any] | None = None
+) -> str:
+    """`statement`: the run's own, when known (the json report is that statement, not a rebuild)."""
+    if fmt == "json" and statement is not None:
+        return statement_text(statement)
     return renderer(fmt)(record, base)
 
 
@@ -100,6 +110,7 @@ def write_reports(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     env: Mapping[str, str] | None = None,
+    statement: dict[str, Any] | None = None,
 ) -> bool:
     """Write each report; in GitHub Actions also the step summary and the annotations (on
     stderr). Returns whether a report went to stdout: then the caller prints nothing else there."""
@@ -107,11 +118,11 @@ def write_reports(
     for fmt, path in specs:
         if path == STDOUT:
             out = stdout or sys.stdout
-            out.write(render(record, fmt))
+            out.write(render(record, fmt, statement=statement))
             out.flush()
             used_stdout = True
             continue
-        write_outside_evidence(path, render(record, fmt, path.parent))
+        write_outside_evidence(path, render(record, fmt, path.parent, statement))
     from imagegate.report import github
 
     github.publish(record, stderr or sys.stderr, env)

@@ -19,13 +19,12 @@ from imagegate.oci.digest import check_digest
 from imagegate.oci.manifest import parse_platform
 from imagegate.oci.reference import parse_reference
 from imagegate.oci.registry import RegistryClient
-from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.oci.sources.interface import ImageSource, Source
 from imagegate.oci.sources.registry import RegistrySource
 from imagegate.oci.transports import open_source
 from imagegate.oci.verify import VerifyReport, verify_source
-from imagegate.outside import Outcome, OutsideContext
 from imagegate.pipeline.params import LayersParams
+from imagegate.stages import Outcome, OutsideContext
 
 EVIDENCE_FILE = "layers.json"
 # Tries while choosing the registry: an unreachable registry falls back to the engine quickly.
@@ -86,9 +85,10 @@ def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Cho
             else "the engine's RepoDigests name this registry manifest (the image was pulled from or pushed to it)"
         )
         return src, Choice("registry", src.description, why + "; its blobs are read directly", notes)
-    if ctx.driver == "docker" and ctx.docker_client is not None and ctx.image.config_digest:
-        # No read timeout on the engine's export (it prepares for minutes): the stage's own.
-        src = DaemonArchive(ctx.image.config_digest, ctx.docker_client, timeout=ctx.timeout_s)
+    # No read timeout on the engine's export (it prepares for minutes): the stage's own.
+    engine = ctx.image_source(ctx.timeout_s) if ctx.image_source and ctx.image.config_digest else None
+    if engine is not None:
+        src = engine
         why = (
             "no registry copy could be read (see notes)"
             if notes
@@ -138,8 +138,7 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
                 f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from "
                 "and it has no readable registry digest; pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
             )
-        progress = ctx.options.get("layer_progress")  # a verify.Progress from the CLI, on a terminal
-        report = verify_source(source, expect_config=expect, jobs=params.jobs, progress=progress)
+        report = verify_source(source, expect_config=expect, jobs=params.jobs, progress=ctx.progress)
     except ImagegateError as e:
         data = {"error": str(e), "hint": e.hint, "source_choice": asdict(choice) if choice else None}
         (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(data, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """Outside stages: checks the runner does itself, beside the image (layer identity,
-vulnerability audit), after the in-image stages reported. One function per probe, looked up by
-name so that each lives in the package it belongs to."""
+vulnerability audit), with the libraries in `oci` and `vulns`. Each probe's function is named
+in the probe registry (pipeline/probes.py) and imported when its stage runs."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from imagegate.model import ImageFacts, StageResult, Status
+from imagegate.oci.sources.interface import Source
+from imagegate.oci.verify import Progress
+from imagegate.pipeline.probes import PROBES
+
+# How to read the image the probes ran, from where they ran it (the docker driver: its engine,
+# by image ID), within `timeout` seconds (None: no limit); None where a driver has no such way.
+ImageSourceOpener = Callable[[float | None], Source | None]
 
 
 @dataclass
@@ -25,11 +32,10 @@ class OutsideContext:
     source: str | None = None
     # --expect-config on the command line; overrides the pipeline's expect_config_digest.
     expect_config_digest: str | None = None
-    # The Docker SDK client of the docker driver (None for other drivers): docker-daemon reads
-    # go through the very engine the probes ran in.
-    docker_client: Any | None = None
+    image_source: ImageSourceOpener | None = None
     inside_results: dict[str, StageResult] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)  # e.g. advisory_db
+    advisory_db: Path | None = None  # --advisory-db: overrides the stage's own
+    progress: Progress | None = None  # layer progress on a terminal, or wait lines in a CI log
     # Seconds the stage may take (its `timeout`), where the runner enforces one; None: no limit.
     timeout_s: float | None = None
 
@@ -43,14 +49,11 @@ class Outcome:
 
 OutsideProbe = Callable[[OutsideContext, BaseModel], Outcome]
 
-# probe name -> "module:function"
-OUTSIDE_PROBES: dict[str, str] = {
-    "layers": "imagegate.oci.stage:run_layers_stage",
-    "vulns": "imagegate.vulns.stage:run_vulns_stage",
-}
-
 
 def load_outside_probe(name: str) -> OutsideProbe:
-    module, _, func = OUTSIDE_PROBES[name].partition(":")
+    target = PROBES[name].run
+    if target is None:
+        raise ValueError(f"probe {name!r} runs inside the image")
+    module, _, func = target.partition(":")
     fn: OutsideProbe = getattr(importlib.import_module(module), func)
     return fn

@@ -17,9 +17,10 @@ import pytest
 
 from imagegate.drivers.docker import DockerDriver
 from imagegate.model import ImageFacts, Status
-from imagegate.oci.stage import run_layers_stage
-from imagegate.outside import OutsideContext
+from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.pipeline.params import LayersParams
+from imagegate.stages import ImageSourceOpener, OutsideContext
+from imagegate.stages.layers import run_layers_stage
 from tests.helpers import DOCKER_SOCK
 from tests.oci.conftest import Pushed
 from tests.oci.infra import Registry, free_port, sh
@@ -27,11 +28,19 @@ from tests.oci.infra import Registry, free_port, sh
 pytestmark = pytest.mark.engine
 
 
+def _engine(image_id: str | None, base_url: str = DOCKER_SOCK) -> ImageSourceOpener:
+    """What the docker driver offers the layers stage: its engine's export of the image it ran."""
+    client = docker.DockerClient(base_url=base_url)
+    assert image_id is not None
+    return lambda timeout: DaemonArchive(image_id, client, timeout=timeout)
+
+
 def _ctx(tmp_path: Path, image: str, **kw: object) -> OutsideContext:
     image_id = sh("docker", "image", "inspect", "-f", "{{.Id}}", image).strip()
-    client = docker.DockerClient(base_url=DOCKER_SOCK)
     facts = ImageFacts(reference=image, config_digest=image_id)
-    return OutsideContext(image=facts, driver="docker", stage_dir=tmp_path, docker_client=client, **kw)  # type: ignore[arg-type]
+    return OutsideContext(
+        image=facts, driver="docker", stage_dir=tmp_path, image_source=_engine(image_id), **kw
+    )  # type: ignore[arg-type]
 
 
 def test_verifies_the_image_that_ran(oci_image: str, tmp_path: Path) -> None:
@@ -120,7 +129,7 @@ def test_pulled_image_is_verified_from_its_registry(pulled: tuple[str, str], tmp
         image=facts,
         driver="docker",
         stage_dir=tmp_path,
-        docker_client=docker.DockerClient(base_url=DOCKER_SOCK),
+        image_source=_engine(facts.config_digest),
     )
     out = run_layers_stage(ctx, LayersParams())
     assert out.status is Status.PASS, out.detail
@@ -143,7 +152,7 @@ def test_unreachable_registry_falls_back_to_the_engine_with_a_note(
         image=facts,
         driver="docker",
         stage_dir=tmp_path,
-        docker_client=docker.DockerClient(base_url=DOCKER_SOCK),
+        image_source=_engine(facts.config_digest),
     )
     t0 = time.monotonic()
     out = run_layers_stage(ctx, LayersParams())
@@ -183,7 +192,7 @@ def test_engine_export_stops_at_the_stage_timeout(oci_image: str, tmp_path: Path
     proxy = EngineProxy(sock / "e.sock", DOCKER_SOCK, delay=30)
     try:
         ctx = _ctx(tmp_path, oci_image, timeout_s=2.0)
-        ctx.docker_client = docker.DockerClient(base_url=proxy.url)
+        ctx.image_source = _engine(ctx.image.config_digest, proxy.url)
         t0 = time.monotonic()
         out = run_layers_stage(ctx, LayersParams())
     finally:

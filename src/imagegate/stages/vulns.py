@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from imagegate.model import Status
-from imagegate.outside import Outcome, OutsideContext
 from imagegate.pipeline.params import VulnsParams
+from imagegate.stages import Outcome, OutsideContext
 from imagegate.vulns import inventory, online, policy
 from imagegate.vulns.model import Audit, AuditError, Finding, Unreachable
 from imagegate.vulns.osv import AdvisoryDB
@@ -29,7 +29,7 @@ def run_vulns_stage(ctx: OutsideContext, params: BaseModel, today: dt.date | Non
         why = "no inventory stage ran" if inv is None else f"the inventory stage is {inv.status.value}"
         return Outcome(Status.ERROR, f"{why}: add a stage with probe: inventory and list it in needs")
     packages = inventory.packages(inv.data)
-    db = ctx.options.get("advisory_db") or params.advisory_db
+    db = ctx.advisory_db or params.advisory_db
     try:
         if db is not None:
             audit = AdvisoryDB.load(Path(db)).audit(packages)
