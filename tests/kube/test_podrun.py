@@ -240,3 +240,42 @@ def test_pod_and_log_of_an_earlier_job(prep: runner.Prepared, real_log: Callable
     assert key is not None and pod["metadata"]["name"] == f"{r.name}-abcde" and log == real_log(key)
     with pytest.raises(UsageError, match="no Pod found"):
         podrun.pod_and_log(cluster, "other", "accept")
+
+
+def test_cli_pod_run_writes_reports_of_the_signed_statement(
+    tmp_path: Path,
+    real_log: Callable[[bytes], bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`pod run --report`: the same reports as `run`, made from the statement that was signed.
+    The command runs in-process so that FakeCluster can stand in for the API server behind
+    kubectl (none can start here); everything else is the real command."""
+    import base64
+
+    from typer.testing import CliRunner
+
+    from imagegate.cli import app
+
+    cluster = FakeCluster(real_log, pending_polls=0)
+    monkeypatch.setattr("imagegate.kube.kubectl.KubectlCluster", lambda context=None: cluster)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))  # the default key, made on first use
+    reports = tmp_path / "reports"
+    result = CliRunner().invoke(
+        app,
+        [
+            "pod", "run", f"myorg/app@{DIGEST}", "-p", "python", "-m", "json", "-n", "accept",
+            "-o", str(tmp_path / "runs"), "--report", f"json={reports}/statement.json",
+            "--report", f"junit={reports}/junit.xml", "--report", f"markdown={reports}/summary.md",
+        ],
+    )  # fmt: skip
+    # pip check judges this machine's environment: PASS or FAIL, never ERROR.
+    assert result.exit_code in (0, 1), result.output
+    (attempt,) = (tmp_path / "runs").glob("*/*/")
+    signed = json.loads((attempt / "attestation.dsse.json").read_text())
+    payload = json.loads(base64.b64decode(signed["payload"]))
+    assert json.loads((reports / "statement.json").read_text()) == payload
+    assert (reports / "statement.json").read_text() == (attempt / "statement.json").read_text()
+    junit = (reports / "junit.xml").read_text()
+    assert 'name="image_id"' in junit and 'name="find_spec"' in junit, junit
+    assert payload["predicate"]["verdict"] in (summary := (reports / "summary.md").read_text()), summary
+    assert not cluster.objects  # the Job and the ConfigMap were deleted after the run

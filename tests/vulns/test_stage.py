@@ -153,3 +153,27 @@ def test_ignore_without_expiry_is_rejected_with_its_line(tmp_path: Path) -> None
     )
     with pytest.raises(UsageError, match=r"p.yaml:1\d: stages\[1\]\.with\.ignore\[0\]\.expires"):
         pipeline.load(str(p))
+
+
+def test_an_outside_stage_honours_requires(tmp_path: Path, advisory_db: Path) -> None:
+    """`requires: [gpu]` on an outside stage, on a host without one: it runs for the record and is
+    DEFERRED, as an in-image stage would be, never PASS or FAIL of the image."""
+    import sys
+
+    from imagegate import runner
+    from imagegate.drivers.local import LocalDriver
+
+    p = tmp_path / "p.yaml"
+    p.write_text(
+        PIPE.format(
+            stages="  - id: inv\n    probe: inventory\n  - id: audit\n    probe: vulns\n    needs: [inv]\n"
+            "    requires: [gpu]\n"
+        )
+    )
+    opts = runner.RunOptions(pipeline=str(p), out=tmp_path / "out", advisory_db=advisory_db)
+    record = runner.run("local", LocalDriver(sys.executable), opts)
+    audit = next(s for s in record.stages if s.id == "audit")
+    assert audit.status is Status.DEFERRED, audit.detail
+    assert audit.detail.startswith("requires gpu, not present here; ran for the record: ")
+    assert audit.data["ran_for_record"]["status"] in ("PASS", "FAIL")
+    assert record.verdict == "CPU_PASS_AUDIT_DEFERRED"

@@ -14,6 +14,8 @@ from imagegate.accept import accept
 from imagegate.cli import _accept as o
 from imagegate.cli._app import app, fail
 from imagegate.errors import ImagegateError, UsageError
+from imagegate.kube import kubectl
+from imagegate.kube.podrun import PodRunObserver
 
 pod_app = typer.Typer(
     help="Zero-GPU Pod mode: run the probes in the target cluster, against the image exactly as "
@@ -65,6 +67,11 @@ _SOURCE = o.opt(
     help="For outside stages: read the image from this transport (default: the imageID's digest).",
 )
 _EXPECT_CONFIG = o.opt(None, "--expect-config", help="For the layers stage: the official config digest.")
+_CONTEXT = o.opt(None, "--context", help="kubectl context.")
+_KEEP = o.opt(False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies).")
+_RUN_TIMEOUT = o.opt(
+    None, "--timeout", help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes)."
+)
 
 
 def _prepare(
@@ -266,21 +273,15 @@ def run_cmd(
     kube_version: str = _KUBE_VERSION,
     gpus: int = _GPUS,
     runtime_class: str = _RUNTIME_CLASS,
-    context: str = o.opt(None, "--context", help="kubectl context."),
+    context: str = _CONTEXT,
     expect_digest: list[str] = _EXPECT_DIGEST,
     out: Path = o.out(),
     source: str = _SOURCE,
     expect_config: str = _EXPECT_CONFIG,
-    keep: bool = o.opt(
-        False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
-    ),
+    keep: bool = _KEEP,
     fmt: o.Format = o.fmt(),
     require_complete: bool = o.require_complete(),
-    timeout: float = o.opt(
-        None,
-        "--timeout",
-        help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes).",
-    ),
+    timeout: float = _RUN_TIMEOUT,
     report: list[str] = o.report(),
     advisory_db: Path = o.advisory_db(),
     key: str = o.key(),
@@ -292,9 +293,6 @@ def run_cmd(
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
     notify = o.notifier(quiet or fmt is o.Format.json)
     try:
-        from imagegate.kube.kubectl import KubectlCluster
-        from imagegate.kube.podrun import PodRunObserver
-
         o.check_timeout(timeout)
         outputs = o.outputs(
             reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
@@ -307,10 +305,10 @@ def run_cmd(
             image_pull_secret=image_pull_secret, deadline=deadline, digest=digest, python=python,
             run_as_user=run_as_user, gpus=gpus, runtime_class=runtime_class,
         )  # fmt: skip
-        cluster = KubectlCluster(context=context)
         observer = PodRunObserver(
-            rendered, cluster, expect_digests=expect_digest, keep=keep, limit_s=timeout, notify=notify
-        )
+            rendered, kubectl.KubectlCluster(context=context), expect_digests=expect_digest, keep=keep,
+            limit_s=timeout, notify=notify,
+        )  # fmt: skip
         done = accept(prep, observer, out, outputs, notify)
     except ImagegateError as e:
         raise fail(e) from e

@@ -15,6 +15,35 @@ from imagegate.errors import ImagegateError, UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.report.progress import setup_logging
 
+_MEMORY = o.opt("8g", "--memory", help="Container memory limit.")
+_JOBS = o.opt(
+    None,
+    "--jobs",
+    "-j",
+    metavar="N",
+    help="Groups of in-image stages run at once, a container each (default: the CPU count).",
+)
+_SKIP = o.opt(
+    [],
+    "--skip",
+    metavar="ID",
+    help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
+)
+_PULL = o.opt(
+    "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
+)
+_HERE = o.opt(False, "--here", help="Run in this environment instead of a container (local driver).")
+_GPUS = o.opt(
+    None,
+    "--gpus",
+    help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node "
+    "check. Default: none (GPUs hidden).",
+)
+_PYTHON = o.opt(None, "--python", help="With --here: the interpreter to run the probes with.")
+_SOURCE = o.opt(None, "--source", help="For the layers stage: read the image from this transport.")
+_EXPECT_CONFIG = o.opt(None, "--expect-config", help="For the layers stage: the official config digest.")
+_VERBOSE = o.opt(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv).")
+
 
 @app.command(
     epilog="Examples:\n\n"
@@ -35,37 +64,15 @@ def run(
     fmt: o.Format = o.fmt(),
     require_complete: bool = o.require_complete(),
     timeout: float = o.timeout(),
-    memory: str = o.opt("8g", "--memory", help="Container memory limit."),
-    jobs: int = o.opt(
-        None,
-        "--jobs",
-        "-j",
-        metavar="N",
-        help="Groups of in-image stages run at once, a container each (default: the CPU count).",
-    ),
-    skip: list[str] = o.opt(
-        [],
-        "--skip",
-        metavar="ID",
-        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
-    ),
-    pull: str = o.opt(
-        "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
-    ),
-    here: bool = o.opt(
-        False, "--here", help="Run in this environment instead of a container (local driver)."
-    ),
-    gpus: str = o.opt(
-        None,
-        "--gpus",
-        help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node "
-        "check. Default: none (GPUs hidden).",
-    ),
-    python: str = o.opt(None, "--python", help="With --here: the interpreter to run the probes with."),
-    source: str = o.opt(None, "--source", help="For the layers stage: read the image from this transport."),
-    expect_config: str = o.opt(
-        None, "--expect-config", help="For the layers stage: the official config digest."
-    ),
+    memory: str = _MEMORY,
+    jobs: int = _JOBS,
+    skip: list[str] = _SKIP,
+    pull: str = _PULL,
+    here: bool = _HERE,
+    gpus: str = _GPUS,
+    python: str = _PYTHON,
+    source: str = _SOURCE,
+    expect_config: str = _EXPECT_CONFIG,
     report: list[str] = o.report(),
     advisory_db: Path = o.advisory_db(),
     key: str = o.key(),
@@ -73,7 +80,7 @@ def run(
     attach: bool = o.attach(),
     insecure: bool = o.insecure(),
     quiet: bool = o.quiet(),
-    verbose: int = o.opt(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
+    verbose: int = _VERBOSE,
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     setup_logging(verbose, quiet)
