@@ -232,3 +232,8 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert as_json.returncode == 0 and as_json.json()["_type"].startswith("https://in-toto.io/")
     usage = imagegate("pod", "collect", "--logs", str(log_file), "-p", "python")
     assert usage.returncode == 3 and "--pod FILE" in usage.stderr
+    no_job = cli("--timeout", "5")
+    assert no_job.returncode == 3 and "--timeout goes with --job" in no_job.stderr
+    reported = cli("--report", f"junit={tmp_path}/reports/junit.xml")
+    assert reported.returncode == 0, reported.stderr
+    assert 'name="image_id"' in (tmp_path / "reports" / "junit.xml").read_text()

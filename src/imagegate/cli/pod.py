@@ -206,6 +206,8 @@ def collect_cmd(
         files = logs is not None or pod is not None
         if files == (job is not None) or (files and (logs is None or pod is None)):
             raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
+        if timeout is not None and job is None:
+            raise UsageError("--timeout goes with --job", hint="a Pod given as files has finished already")
         o.check_timeout(timeout)
         prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
         pod_obj, log = (
