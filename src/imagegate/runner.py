@@ -7,12 +7,12 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imagegate import __version__, bundle, pipeline, protocol
+from imagegate import __version__, bundle, pipeline, protocol, workers
 from imagegate.attest.statement import build_statement
 from imagegate.drivers.interface import BundleRun, Driver
 from imagegate.evidence import Attempt, sha256_file
@@ -226,16 +226,8 @@ def run_inside(
         br.facts["started"], br.facts["finished"] = began, _now()
         return ControllerRun(ids, br, stream.close())
 
-    with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="controller") as pool:
-        futures = [pool.submit(one, g) for g in groups]
-        try:
-            while not all(f.done() for f in futures):
-                wait(futures, timeout=0.5)
-        except BaseException:
-            cancel.set()  # each run stops and removes its container; then the interrupt goes on
-            wait(futures)
-            raise
-        return [f.result() for f in futures]
+    # Each run stops and removes its container when cancelled; then the interrupt goes on.
+    return workers.run_all(one, groups, cancel, "controller")
 
 
 def observe(
@@ -256,7 +248,8 @@ def observe(
     obs = Observation(image, env, [], _now(), str(env.get("driver", driver.name)), opener)
     early = [] if prep.plan.stop_on_fail else [s for s in prep.plan.outside_stages if not s.needs]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outside") as pool:
-        done = pool.submit(outside_results, prep, early, obs, attempt, [], notify) if early else None
+        with workers.signals_held():  # an interrupt inside submit() would orphan the thread
+            done = pool.submit(outside_results, prep, early, obs, attempt, [], notify) if early else None
         if prep.inside.stages:
             notify(
                 f"running {len(prep.inside.stages)} stages in {image.reference} "
