@@ -246,7 +246,9 @@ def observe(
         return driver.image_source(image, timeout)
 
     obs = Observation(image, env, [], _now(), str(env.get("driver", driver.name)), opener)
-    early = [] if prep.plan.stop_on_fail else [s for s in prep.plan.outside_stages if not s.needs]
+    # Outside stages that need nothing from inside run while the image's stages do; one that
+    # `requires` a capability waits for the controller to say what this run has.
+    early = [s for s in prep.plan.outside_stages if not (s.needs or s.requires or prep.plan.stop_on_fail)]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outside") as pool:
         with workers.signals_held():  # an interrupt inside submit() would orphan the thread
             done = pool.submit(outside_results, prep, early, obs, attempt, [], notify) if early else None

@@ -45,56 +45,19 @@ EXIT_CODES = (
 )
 
 
-def pipeline() -> Any:
-    return opt("python", "--pipeline", "-p", help=PIPELINE_HELP)
-
-
-def modules() -> Any:
-    return opt([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
-
-
-def out() -> Any:
-    return opt(Path("imagegate-runs"), "--out", "-o", help=OUT_HELP)
-
-
-def fmt() -> Any:
-    return opt(Format.table, "--format", help=FORMAT_HELP)
-
-
-def require_complete() -> Any:
-    return opt(False, "--require-complete", help="A deferred verdict exits 1.")
-
-
-def timeout() -> Any:
-    return opt(None, "--timeout", help=TIMEOUT_HELP)
-
-
-def report() -> Any:
-    return opt([], "--report", help=REPORT_HELP)
-
-
-def advisory_db() -> Any:
-    return opt(None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit.")
-
-
-def key() -> Any:
-    return opt(None, "--key", help=KEY_HELP)
-
-
-def no_sign() -> Any:
-    return opt(False, "--no-sign", help="Do not sign the attempt.")
-
-
-def attach() -> Any:
-    return opt(False, "--attach", help=ATTACH_HELP)
-
-
-def insecure() -> Any:
-    return opt(False, "--insecure", help="With --attach: plain HTTP to the registry.")
-
-
-def quiet() -> Any:
-    return opt(False, "--quiet", "-q", help="No progress messages on stderr.")
+PIPELINE = opt("python", "--pipeline", "-p", help=PIPELINE_HELP)
+MODULES = opt([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
+OUT = opt(Path("imagegate-runs"), "--out", "-o", help=OUT_HELP)
+FMT = opt(Format.table, "--format", help=FORMAT_HELP)
+REQUIRE_COMPLETE = opt(False, "--require-complete", help="A deferred verdict exits 1.")
+TIMEOUT = opt(None, "--timeout", help=TIMEOUT_HELP)
+REPORT = opt([], "--report", help=REPORT_HELP)
+ADVISORY_DB = opt(None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit.")
+KEY = opt(None, "--key", help=KEY_HELP)
+NO_SIGN = opt(False, "--no-sign", help="Do not sign the attempt.")
+ATTACH = opt(False, "--attach", help=ATTACH_HELP)
+INSECURE = opt(False, "--insecure", help="With --attach: plain HTTP to the registry.")
+QUIET = opt(False, "--quiet", "-q", help="No progress messages on stderr.")
 
 
 def notifier(quiet: bool) -> Notify:

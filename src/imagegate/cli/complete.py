@@ -37,15 +37,15 @@ def complete(
     out: Path = o.opt(
         None, "--out", "-o", help="Evidence folder (default: the one holding the earlier attempt)."
     ),
-    timeout: float = o.timeout(),
+    timeout: float = o.TIMEOUT,
     memory: str = o.opt("8g", "--memory", help="Container memory limit."),
     pull: str = o.opt(
         "never", "--pull", help="Pull the image through the engine: never (default), missing, always."
     ),
-    require_complete: bool = o.require_complete(),
-    key: str = o.key(),
-    no_sign: bool = o.no_sign(),
-    quiet: bool = o.quiet(),
+    require_complete: bool = o.REQUIRE_COMPLETE,
+    key: str = o.KEY,
+    no_sign: bool = o.NO_SIGN,
+    quiet: bool = o.QUIET,
 ) -> None:
     """Complete an attempt's deferred stages (e.g. on a GPU host) in a new, linked attempt."""
     from imagegate import complete as completing

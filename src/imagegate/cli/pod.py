@@ -124,8 +124,8 @@ def render_cmd(
     image: str = typer.Argument(
         ..., help="The image the cluster should run, e.g. repo/name:tag or repo@sha256:..."
     ),
-    pipeline: str = o.pipeline(),
-    module: list[str] = o.modules(),
+    pipeline: str = o.PIPELINE,
+    module: list[str] = o.MODULES,
     namespace: str = _NAMESPACE,
     name: str = _NAME,
     node_selector: list[str] = _NODE_SELECTOR,
@@ -140,9 +140,9 @@ def render_cmd(
     kube_version: str = _KUBE_VERSION,
     gpus: int = _GPUS,
     runtime_class: str = _RUNTIME_CLASS,
-    key: str = o.key(),
-    no_sign: bool = o.no_sign(),
-    quiet: bool = o.quiet(),
+    key: str = o.KEY,
+    no_sign: bool = o.NO_SIGN,
+    quiet: bool = o.QUIET,
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = o.notifier(quiet)
@@ -176,27 +176,27 @@ def collect_cmd(
     job: str = o.opt(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
     namespace: str = _NAMESPACE,
     context: str = o.opt(None, "--context", help="kubectl context, with --job."),
-    pipeline: str = o.pipeline(),
-    module: list[str] = o.modules(),
+    pipeline: str = o.PIPELINE,
+    module: list[str] = o.MODULES,
     expect_digest: list[str] = _EXPECT_DIGEST,
-    out: Path = o.out(),
+    out: Path = o.OUT,
     source: str = _SOURCE,
     expect_config: str = _EXPECT_CONFIG,
-    fmt: o.Format = o.fmt(),
-    require_complete: bool = o.require_complete(),
+    fmt: o.Format = o.FMT,
+    require_complete: bool = o.REQUIRE_COMPLETE,
     timeout: float = o.opt(
         None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
     ),
-    report: list[str] = o.report(),
-    advisory_db: Path = o.advisory_db(),
-    key: str = o.key(),
-    no_sign: bool = o.no_sign(),
+    report: list[str] = o.REPORT,
+    advisory_db: Path = o.ADVISORY_DB,
+    key: str = o.KEY,
+    no_sign: bool = o.NO_SIGN,
     attach: bool = o.opt(
         False, "--attach", help="Push the signed attestation to the repository of the image the Pod ran."
     ),
-    insecure: bool = o.insecure(),
+    insecure: bool = o.INSECURE,
     gpus: int = o.opt(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
-    quiet: bool = o.quiet(),
+    quiet: bool = o.QUIET,
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = o.notifier(quiet or fmt is o.Format.json)
@@ -259,8 +259,8 @@ def _from_cluster(
 )
 def run_cmd(
     image: str = typer.Argument(..., help="The image the cluster should run."),
-    pipeline: str = o.pipeline(),
-    module: list[str] = o.modules(),
+    pipeline: str = o.PIPELINE,
+    module: list[str] = o.MODULES,
     namespace: str = _NAMESPACE,
     name: str = _NAME,
     node_selector: list[str] = _NODE_SELECTOR,
@@ -277,20 +277,20 @@ def run_cmd(
     runtime_class: str = _RUNTIME_CLASS,
     context: str = _CONTEXT,
     expect_digest: list[str] = _EXPECT_DIGEST,
-    out: Path = o.out(),
+    out: Path = o.OUT,
     source: str = _SOURCE,
     expect_config: str = _EXPECT_CONFIG,
     keep: bool = _KEEP,
-    fmt: o.Format = o.fmt(),
-    require_complete: bool = o.require_complete(),
+    fmt: o.Format = o.FMT,
+    require_complete: bool = o.REQUIRE_COMPLETE,
     timeout: float = _RUN_TIMEOUT,
-    report: list[str] = o.report(),
-    advisory_db: Path = o.advisory_db(),
-    key: str = o.key(),
-    no_sign: bool = o.no_sign(),
-    attach: bool = o.attach(),
-    insecure: bool = o.insecure(),
-    quiet: bool = o.quiet(),
+    report: list[str] = o.REPORT,
+    advisory_db: Path = o.ADVISORY_DB,
+    key: str = o.KEY,
+    no_sign: bool = o.NO_SIGN,
+    attach: bool = o.ATTACH,
+    insecure: bool = o.INSECURE,
+    quiet: bool = o.QUIET,
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
     notify = o.notifier(quiet or fmt is o.Format.json)
