@@ -12,9 +12,9 @@ from rich.console import Console
 
 from imagegate import runner
 from imagegate.cli import _sign
-from imagegate.cli._app import app, fail
+from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
@@ -84,8 +84,6 @@ def complete(
             attempt, driver, opts, gpus=gpu_request.spec if gpu_request else None, out=out, notify=notify
         )
         _sign.sign(record, signing_key, notify)
-    except ImagegateError as e:
-        raise fail(e) from e
     except KeyboardInterrupt:
         left = sorted(getattr(driver, "live", ()))
         print(

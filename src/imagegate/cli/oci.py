@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from imagegate.cli._app import app, fail
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.cli._app import app
+from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest
 from imagegate.report.console import make_console
@@ -159,19 +159,16 @@ def layers(
     quiet: bool = _QUIET,
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
-    try:
-        if expect_config:
-            check_digest(expect_config, what="--expect-config")
-        limit = _size(max_layer_size)
-        src = _open(source, platform, insecure)
-        with _session(quiet, src) as sink:
-            from imagegate.oci.verify import verify_source
+    if expect_config:
+        check_digest(expect_config, what="--expect-config")
+    limit = _size(max_layer_size)
+    src = _open(source, platform, insecure)
+    with _session(quiet, src) as sink:
+        from imagegate.oci.verify import verify_source
 
-            report = verify_source(
-                src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
-            )
-    except ImagegateError as e:
-        raise fail(e) from None
+        report = verify_source(
+            src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
+        )
     if fmt is Format.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -223,16 +220,13 @@ def compare_cmd(
     quiet: bool = _QUIET,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
-    try:
-        limit = _size(max_layer_size)
-        a = _open(official, platform, insecure)
-        b = _open(mirror, platform, insecure)
-        with _session(quiet, a, b) as sink:
-            from imagegate.oci.compare import compare
+    limit = _size(max_layer_size)
+    a = _open(official, platform, insecure)
+    b = _open(mirror, platform, insecure)
+    with _session(quiet, a, b) as sink:
+        from imagegate.oci.compare import compare
 
-            result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
-    except ImagegateError as e:
-        raise fail(e) from None
+        result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
     if fmt is Format.json:
         print(_json(result.to_dict()))
     else:

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from imagegate import runner
 from imagegate.cli import _sign
-from imagegate.cli._app import app, fail
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.cli._app import app
+from imagegate.errors import UsageError
 from imagegate.model import RunRecord, exit_code
 from imagegate.report import console as console_report
 
@@ -270,14 +270,11 @@ def render_cmd(
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = _notifier(quiet)
-    try:
-        _, rendered = _render(
-            image, pipeline, module, namespace, name, node_selector, toleration, priority_class,
-            service_account, image_pull_secret, deadline, digest, python, run_as_user, kube_version,
-            gpus, runtime_class,
-        )  # fmt: skip
-    except ImagegateError as e:
-        raise fail(e) from e
+    _, rendered = _render(
+        image, pipeline, module, namespace, name, node_selector, toleration, priority_class,
+        service_account, image_pull_secret, deadline, digest, python, run_as_user, kube_version,
+        gpus, runtime_class,
+    )  # fmt: skip
     for note in rendered.notes:
         notify(f"note: {note}")
     notify(
@@ -315,26 +312,23 @@ def collect_cmd(
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = _notifier(quiet or fmt is Format.json)
-    try:
-        from imagegate.kube import collect
+    from imagegate.kube import collect
 
-        signing_key = _sign.resolve(key, no_sign, notify)
-        files = logs is not None or pod is not None
-        if files == (job is not None) or (files and (logs is None or pod is None)):
-            raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
-        prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, extra=_gpu_extra(gpus)))
-        opts = runner.RunOptions(
-            pipeline=pipeline, modules=module, out=out, source=source, expect_config=expect_config
-        )
-        if job is not None:
-            pod_obj, log = _from_cluster(job, namespace, context)
-        else:
-            assert logs is not None and pod is not None
-            pod_obj, log = _from_files(pod, logs)
-        record = collect.collect(prep, pod_obj, log, opts, expect_digests=expect_digest, notify=notify)
-        _sign.sign(record, signing_key, notify)
-    except ImagegateError as e:
-        raise fail(e) from e
+    signing_key = _sign.resolve(key, no_sign, notify)
+    files = logs is not None or pod is not None
+    if files == (job is not None) or (files and (logs is None or pod is None)):
+        raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
+    prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, extra=_gpu_extra(gpus)))
+    opts = runner.RunOptions(
+        pipeline=pipeline, modules=module, out=out, source=source, expect_config=expect_config
+    )
+    if job is not None:
+        pod_obj, log = _from_cluster(job, namespace, context)
+    else:
+        assert logs is not None and pod is not None
+        pod_obj, log = _from_files(pod, logs)
+    record = collect.collect(prep, pod_obj, log, opts, expect_digests=expect_digest, notify=notify)
+    _sign.sign(record, signing_key, notify)
     raise _conclude(record, fmt, require_complete)
 
 
@@ -419,8 +413,6 @@ def run_cmd(
             prep, rendered, cluster, opts, expect_digests=expect_digest, keep=keep, notify=notify
         )
         _sign.sign(record, signing_key, notify)
-    except ImagegateError as e:
-        raise fail(e) from e
     except KeyboardInterrupt:
         print("imagegate: interrupted; the Job may still be there (ttlSecondsAfterFinished)", file=sys.stderr)
         raise typer.Exit(130) from None

@@ -11,9 +11,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from imagegate.cli._app import app, fail
+from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.errors import UsageError
 from imagegate.model import RunRecord
 from imagegate.report import audit as audit_view
 from imagegate.report import console as console_report
@@ -68,9 +68,7 @@ def report(
         else:
             formats.write_outside_evidence(output, text)
     except OSError as e:
-        raise fail(UsageError(f"writing {output}: {e.strerror}", hint="check the --output path")) from e
-    except ImagegateError as e:
-        raise fail(e) from e
+        raise UsageError(f"writing {output}: {e.strerror}", hint="check the --output path") from e
 
 
 def _table(record: RunRecord) -> str:
@@ -140,9 +138,7 @@ def audit(
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise fail(UsageError(f"writing {json_out}: {e.strerror}", hint="check the --json path")) from e
-    except ImagegateError as e:
-        raise fail(e) from e
+        raise UsageError(f"writing {json_out}: {e.strerror}", hint="check the --json path") from e
     # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
     audit_view.render(result, err if to_stdout else console_report.make_console())
     raise typer.Exit(result.exit_code)

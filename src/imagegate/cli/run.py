@@ -15,9 +15,9 @@ from rich.console import Console
 
 from imagegate import runner
 from imagegate.cli import _sign
-from imagegate.cli._app import app, fail
+from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.model import exit_code
 from imagegate.report import console as console_report
@@ -194,8 +194,6 @@ def run(
 
             done = attest_attach.attach_file(signed.dsse_path, image, insecure=insecure)
             notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
-    except ImagegateError as e:
-        raise fail(e) from e
     except KeyboardInterrupt:
         # The entry point's handlers made SIGTERM take this path too; it sets the code (130, 143).
         # Say "removed" only when the engine confirmed it (the driver forgets a container then).
@@ -211,9 +209,7 @@ def run(
     try:
         used_stdout = formats.write_reports(record, reports)
     except OSError as e:
-        raise fail(UsageError(f"writing a report: {e}", hint="check the --report paths")) from e
-    except ImagegateError as e:
-        raise fail(e) from e
+        raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
     code = exit_code(record.verdict, require_complete=require_complete)
     if fmt is Format.json:
         # The statement as written beside the evidence (and signed), byte for byte.
