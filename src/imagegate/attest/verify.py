@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from imagegate.attest import bundle, dsse
+from imagegate.attest import dsse
+from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES, read_envelopes
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.statement import (
     PREDICATE_TYPE,
@@ -26,8 +27,6 @@ from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest
 
 Outcome = Literal["ok", "failed", "skipped"]
-# Attestations come from anywhere (a registry, a copied file): parsed within bounds.
-MAX_ATTESTATION_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -63,48 +62,6 @@ class Report:
 
     def add(self, name: str, outcome: Outcome, detail: str) -> None:
         self.checks.append(Check(name, outcome, detail))
-
-
-def read_envelopes(path: Path) -> list[dsse.Envelope]:
-    """A DSSE envelope (`.dsse.json`), a Sigstore bundle (`.sigstore.json`), or JSON lines of
-    envelopes (`.intoto.jsonl`, which may hold several)."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
-    if len(data) > MAX_ATTESTATION_BYTES:
-        raise UsageError(f"attestation {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
-    if untrusted_json.nesting_depth(data.decode("utf-8", "replace")) > untrusted_json.MAX_DEPTH:
-        raise UsageError(f"attestation {path}: nested more than {untrusted_json.MAX_DEPTH} levels deep")
-    try:
-        obj = untrusted_json.loads(data, max_bytes=MAX_ATTESTATION_BYTES)
-    except ValueError:
-        obj = None
-    if obj is not None:
-        return [_one(obj, path)]
-    out = []
-    for n, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(_one(untrusted_json.loads(line, max_bytes=MAX_ATTESTATION_BYTES), path))
-        except ValueError as e:
-            raise UsageError(f"attestation {path}: line {n} is not JSON") from e
-    if not out:
-        raise UsageError(f"attestation {path}: empty")
-    return out
-
-
-def _one(obj: object, path: Path) -> dsse.Envelope:
-    try:
-        if bundle.is_bundle(obj):
-            assert isinstance(obj, dict)
-            return bundle.envelope_of(obj)
-        return dsse.from_dict(obj)
-    except UsageError as e:
-        raise UsageError(
-            f"attestation {path}: {e}", hint="pass attestation.dsse.json, .intoto.jsonl or .sigstore.json"
-        ) from e
 
 
 def _short(digest: str) -> str:
