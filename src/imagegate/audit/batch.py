@@ -18,6 +18,7 @@ from imagegate.audit.inventory import ImageEntry, LoadedInventory, MirrorEntry
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError
 from imagegate.model import EXIT_UNDECIDED, EXIT_USAGE, exit_code
+from imagegate.pipeline.model import API_VERSION
 
 log = logging.getLogger("imagegate.audit")
 
@@ -178,7 +179,7 @@ def audit(
 
 def to_json(result: AuditResult) -> dict[str, Any]:
     return {
-        "apiVersion": "imagegate/v1",
+        "apiVersion": API_VERSION,
         "kind": "AuditReport",
         "inventory": result.inventory,
         "startedOn": result.started_at,

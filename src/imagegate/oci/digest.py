@@ -40,10 +40,6 @@ def new_hasher(digest_or_algorithm: str) -> hashlib._Hash:
     return hashlib.new(algorithm)
 
 
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
 def digest_of(data: bytes, algorithm: str = "sha256") -> str:
     h = new_hasher(algorithm)
     h.update(data)

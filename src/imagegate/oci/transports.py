@@ -19,7 +19,6 @@ from imagegate.oci.sources.interface import Source
 from imagegate.oci.sources.layout import OciLayoutSource
 from imagegate.oci.sources.registry import RegistrySource
 
-TRANSPORTS = ("docker://", "docker-daemon:", "docker-archive:", "oci:")
 # Transports containers/image has that we do not read: say so instead of guessing a registry.
 _OTHER_TRANSPORTS = ("containers-storage", "dir", "oci-archive", "ostree", "sif", "tarball")
 
