@@ -27,6 +27,7 @@ from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, Cappe
 from imagegate.errors import EngineError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
+from imagegate.oci.reference import ImageName, parse_image_name
 
 LABEL = "io.imagegate.run"
 PID_LABEL = "io.imagegate.pid"  # the runner's process: a container whose runner is gone is a leftover
@@ -135,13 +136,14 @@ class DockerDriver:
             }
         return self._env
 
-    def _pull(self, reference: str, why: str = "") -> None:
+    def _pull(self, name: ImageName, why: str = "") -> None:
         """Pull through the engine (its credentials and mirrors), as `docker run` does."""
-        if reference.startswith("sha256:"):
+        reference = name.text
+        if name.reference is None or name.repository is None or reference.startswith("sha256:"):
             raise UsageError(
                 f"image {reference}: an image ID cannot be pulled", hint="build or load it first"
             )
-        repo, tag = _repo_and_tag(reference)
+        repo, tag = name.repository, name.reference.ref  # a bare name means :latest
         self.notify(f"{why}; pulling it" if why else f"pulling {reference}")
         hint = "check the reference, the registry's reachability and your credentials (docker login)"
         try:
@@ -151,9 +153,11 @@ class DockerDriver:
         except docker.errors.APIError as e:
             raise PullFailed(reference, str(e.explanation or e), hint=hint) from e
 
-    def resolve(self, reference: str) -> ImageFacts:
+    def resolve(self, image: ImageName | str) -> ImageFacts:
+        name = image if isinstance(image, ImageName) else parse_image_name(image)
+        reference = name.text
         if self.pull == "always":
-            self._pull(reference)
+            self._pull(name)
         try:
             attrs = self.client.api.inspect_image(reference)
         except docker.errors.ImageNotFound as e:
@@ -162,7 +166,7 @@ class DockerDriver:
                 # Say first what the user can act on (a typo, an image not built yet), then why
                 # the pull did not help: a registry's DNS or 404 message alone hides the cause.
                 try:
-                    self._pull(reference, why=missing)
+                    self._pull(name, why=missing)
                 except PullFailed as pull_error:
                     raise UsageError(
                         f"{missing}, and pulling it failed: {pull_error.detail}",
@@ -170,7 +174,7 @@ class DockerDriver:
                         "check the registry's reachability and your credentials (docker login)",
                     ) from pull_error
                 self.pull = "never"  # once: a pulled image that still cannot be inspected is an error
-                return self.resolve(reference)
+                return self.resolve(name)
             raise UsageError(
                 missing, hint=f"build or pull it (docker pull {reference}), or drop --pull never"
             ) from e
@@ -185,7 +189,7 @@ class DockerDriver:
         if repo_digests:
             repository, _, manifest_digest = repo_digests[0].partition("@")
         else:
-            repository = _repository_of(reference)
+            repository = name.repository
         plat = "/".join(x for x in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if x)
         return ImageFacts(
             reference=reference,
@@ -475,24 +479,3 @@ def _read_frames(
 
 def run_labels() -> dict[str, str]:
     return {LABEL: "1", PID_LABEL: str(os.getpid()), HOST_LABEL: socket.gethostname()}
-
-
-def _repository_of(reference: str) -> str | None:
-    if reference.startswith("sha256:"):
-        return None
-    name = reference.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    return name
-
-
-def _repo_and_tag(reference: str) -> tuple[str, str]:
-    """("repo", "tag or digest") as the engine's pull takes them; a bare name means :latest."""
-    if "@" in reference:
-        repo, _, digest = reference.partition("@")
-        return repo, digest
-    if ":" in reference.rsplit("/", 1)[-1]:
-        repo, _, tag = reference.rpartition(":")
-        return repo, tag
-    return reference, "latest"
