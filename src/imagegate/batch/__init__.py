@@ -1,17 +1,19 @@
-"""Batch audits: an inventory of images (each through a pipeline) and (official, mirror) pairs
-(each through compare), a bounded number at a time, one result with the worst exit code."""
+"""Batch audits (`imagegate audit`): a list of images (each through a pipeline) and (official,
+mirror) pairs (each through compare), read from an `Inventory` file, a bounded number at a time,
+one result with the worst exit code. ("inventory" alone, in the code, is the in-image probe of
+installed distributions; "audit" alone is the vulnerability audit of `imagegate.vulns`.)"""
 
-from imagegate.audit.batch import AuditOptions, AuditResult, ItemResult, audit, to_json, worst
-from imagegate.audit.inventory import Inventory, LoadedInventory, load
+from imagegate.batch.imagelist import ImageList, LoadedImageList, load
+from imagegate.batch.run import BatchOptions, BatchResult, ItemResult, run_batch, to_json, worst
 
 __all__ = [
-    "AuditOptions",
-    "AuditResult",
-    "Inventory",
+    "BatchOptions",
+    "BatchResult",
+    "ImageList",
     "ItemResult",
-    "LoadedInventory",
-    "audit",
+    "LoadedImageList",
     "load",
+    "run_batch",
     "to_json",
     "worst",
 ]

@@ -4,6 +4,7 @@ errors rise; `run_main` (imagegate.cli) catches them once, around the whole app,
 
 from __future__ import annotations
 
+import enum
 import sys
 
 import typer
@@ -24,6 +25,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+class Format(str, enum.Enum):
+    """`--format` of the commands that print either a table or JSON."""
+
+    table = "table"
+    json = "json"
 
 
 def report_error(err: ImagegateError) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from imagegate.cli._app import app
+from imagegate.cli._app import Format, app
 from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest
@@ -25,11 +24,6 @@ if TYPE_CHECKING:  # the OCI modules load when a command runs: CLI start-up stay
     from imagegate.oci.sources.interface import Source
     from imagegate.oci.verify import Progress as ProgressSink
     from imagegate.oci.verify import VerifyReport
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
 
 
 _SOURCES_HELP = (
@@ -80,7 +74,7 @@ def _open(spec: str, platform: str | None, insecure: bool) -> Source:
     return open_source(spec, platform=platform, insecure=insecure)
 
 
-def _short(d: str | None) -> str:
+def _hex12(d: str | None) -> str:
     return "-" if d is None else d.split(":", 1)[-1][:12]
 
 
@@ -105,8 +99,8 @@ def _render_report(report: VerifyReport, out: Console) -> None:
             x.status.value,
             x.compression or "-",
             str(x.actual_size if x.actual_size is not None else "-"),
-            _short(x.expected_digest or x.actual_digest),
-            _short(x.actual_diff_id or x.expected_diff_id),
+            _hex12(x.expected_digest or x.actual_digest),
+            _hex12(x.actual_diff_id or x.expected_diff_id),
         )
     out.print(table)
     for x in report.layers:
