@@ -248,74 +248,36 @@ class DockerDriver:
     ) -> BundleRun | str:
         """A string says why this interpreter cannot run the bundle (absent, too old)."""
         api = self.client.api
-        host_config = api.create_host_config(
-            network_mode="none",
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            read_only=True,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size}"},
-            pids_limit=self.pids,
-            mem_limit=self.memory,
-            device_requests=self._device_requests(),
-        )
         # Named before it exists: an interrupt that cuts the create call's answer still leaves a
         # name to remove by. Signals are held while the engine creates and removes it.
         name = f"imagegate-{secrets.token_hex(8)}"
         out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
-        timed_out = False
         sock: Any = None
         self.live.add(name)
         try:
-            container = api.create_container(
-                image.config_digest or image.reference,
-                entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
-                stdin_open=True,
-                tty=False,
-                environment=self._container_env(),
-                labels=run_labels(),
-                host_config=host_config,
-                network_disabled=True,
-                name=name,
-            )
-            cid = container["Id"]
-            log.debug("created container %s from %s with %s", name, image.config_digest, interpreter)
+            cid = self._create(image, interpreter, sha, name)
             sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw: socket.socket = getattr(sock, "_sock", sock)
-            try:
-                api.start(cid)
-            except docker.errors.APIError as e:
-                if self.gpus is not None and _no_gpu_runtime(e):
-                    raise self._gpu_refused(e) from e
-                if _not_found(e):
-                    return "not found in the image"
-                if "exec format error" in str(e).lower():
-                    return self._foreign(image, interpreter)
-                raise EngineError(f"starting a container of {image.reference}: {e}") from e
+            cannot = self._start(cid, image, interpreter)
+            if cannot is not None:
+                return cannot
             raw.settimeout(max(0.1, deadline - time.monotonic()))
             raw.sendall(payload)
             log.info("container %s started; bundle sent (%d bytes)", name, len(payload))
             timed_out = not _read_frames(raw, out, err, deadline, cancel)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
-            if exit_code is None:
-                timed_out = True
-            if exit_code == 127 and not out.total and b"not found" in err.value().lower():
-                return (
-                    "not found in the image"  # podman reports a missing executable as exit 127 on some paths
-                )
-            if not out.total and b"exec format error" in err.value().lower():
-                return self._foreign(image, interpreter, cid)
-            if exit_code == TOO_OLD_EXIT and b"imagegate: too old:" in err.value():
-                found = err.value().decode(errors="replace").split("too old:", 1)[1].strip()
-                return f"{found}; the probes need Python 3.8 or newer"
+            cannot = self._cannot_run(image, interpreter, cid, exit_code, out.total, err.value())
+            if cannot is not None:
+                return cannot
             return BundleRun(
                 out.value(),
                 err.value(),
                 exit_code,
-                timed_out=timed_out,
+                timed_out=exit_code is None,
                 interpreter=interpreter,
                 stdout_total=out.total,
                 stderr_total=err.total,
-                error="overall deadline reached; container killed" if timed_out else None,
+                error="overall deadline reached; container killed" if exit_code is None else None,
                 facts={
                     "container_id": cid,
                     "container_name": name,
@@ -332,6 +294,62 @@ class DockerDriver:
                 with contextlib.suppress(Exception):
                     sock.close()
             self._remove(name)
+
+    def _create(self, image: ImageFacts, interpreter: str, sha: str, name: str) -> str:
+        """The container, isolated, created (not started): its ID."""
+        api = self.client.api
+        host_config = api.create_host_config(
+            network_mode="none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size}"},
+            pids_limit=self.pids,
+            mem_limit=self.memory,
+            device_requests=self._device_requests(),
+        )
+        container = api.create_container(
+            image.config_digest or image.reference,
+            entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
+            stdin_open=True,
+            tty=False,
+            environment=self._container_env(),
+            labels=run_labels(),
+            host_config=host_config,
+            network_disabled=True,
+            name=name,
+        )
+        log.debug("created container %s from %s with %s", name, image.config_digest, interpreter)
+        return str(container["Id"])
+
+    def _start(self, cid: str, image: ImageFacts, interpreter: str) -> BundleRun | str | None:
+        """Start it. None: started; else this interpreter cannot run the bundle: why (absent), or
+        the run's end (an image for another machine)."""
+        try:
+            self.client.api.start(cid)
+        except docker.errors.APIError as e:
+            if self.gpus is not None and _no_gpu_runtime(e):
+                raise self._gpu_refused(e) from e
+            if _not_found(e):
+                return "not found in the image"
+            if "exec format error" in str(e).lower():
+                return self._foreign(image, interpreter)
+            raise EngineError(f"starting a container of {image.reference}: {e}") from e
+        return None
+
+    def _cannot_run(
+        self, image: ImageFacts, interpreter: str, cid: str, exit_code: int | None, out_total: int, err: bytes
+    ) -> BundleRun | str | None:
+        """None when the loader ran the bundle; else, read from how it ended, why this interpreter
+        could not (absent, too old), or the run's end (an image for another machine)."""
+        if exit_code == 127 and not out_total and b"not found" in err.lower():
+            return "not found in the image"  # podman reports a missing executable as exit 127 on some paths
+        if not out_total and b"exec format error" in err.lower():
+            return self._foreign(image, interpreter, cid)
+        if exit_code == TOO_OLD_EXIT and b"imagegate: too old:" in err:
+            found = err.decode(errors="replace").split("too old:", 1)[1].strip()
+            return f"{found}; the probes need Python 3.8 or newer"
+        return None
 
     def _device_requests(self) -> list[docker.types.DeviceRequest] | None:
         """GPUs through the engine's device requests (`docker run --gpus`); none by default."""
