@@ -1,5 +1,6 @@
 """The in-image controller: runs each stage of the plan as a subprocess with its own timeout
-and reports one authenticated event per stage (start, stage..., end) to the runner.
+and reports one authenticated event per stage (start, stage..., end) to the runner; the protocol
+is written down in docs/design.md, "Protocol".
 
 Trust (the image is untrusted; see README "What an image can and cannot do to the verdict"):
 - it is started isolated from the image's site hooks (`python -I -S`): it needs only the
@@ -35,7 +36,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 
 from . import capture
 
@@ -367,7 +367,3 @@ def reap() -> None:
             return
         if pid == 0:
             return
-
-
-def crash_detail() -> str:
-    return traceback.format_exc(limit=8)

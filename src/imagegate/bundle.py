@@ -22,7 +22,6 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 class Bundle:
     data: bytes
     sha256: str
-    plan: dict[str, Any]
 
 
 def build(plan: dict[str, Any]) -> Bundle:
@@ -40,4 +39,4 @@ def build(plan: dict[str, Any]) -> Bundle:
             info.external_attr = 0o644 << 16
             zf.writestr(info, members[name])
     data = buf.getvalue()
-    return Bundle(data, hashlib.sha256(data).hexdigest(), plan)
+    return Bundle(data, hashlib.sha256(data).hexdigest())

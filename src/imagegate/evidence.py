@@ -52,7 +52,6 @@ class Attempt:
             self.dir.mkdir(exist_ok=False)  # exclusive: a clash raises instead of mixing two runs
         except FileExistsError as e:
             raise UsageError(f"attempt folder {self.dir}: something is already there", hint=_HINT) from e
-        self._files: dict[str, EvidenceFile] = {}
 
     def write(self, rel: str, data: bytes | str) -> EvidenceFile:
         if isinstance(data, str):
@@ -69,15 +68,10 @@ class Attempt:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        ef = EvidenceFile(rel, hashlib.sha256(data).hexdigest(), len(data))
-        self._files[rel] = ef
-        return ef
+        return EvidenceFile(rel, hashlib.sha256(data).hexdigest(), len(data))
 
     def write_json(self, rel: str, obj: Any) -> EvidenceFile:
         return self.write(rel, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-    def files(self) -> list[EvidenceFile]:
-        return sorted(self._files.values(), key=lambda f: f.path)
 
     def _open_index(self) -> _Index:
         path = self.image_dir / INDEX

@@ -1,4 +1,4 @@
-"""Results as data: stage statuses, tokens, the verdict and its exit code (DESIGN.md)."""
+"""Results as data: stage statuses, tokens, the verdict and its exit code (docs/design.md, "Stages and the verdict")."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from imagegate.errors import UsageError
-from imagegate.oci.reference import is_loopback_registry, parse_reference
+from imagegate.oci.digest import is_digest
+from imagegate.oci.reference import is_loopback_registry, parse_image_name, parse_reference
 from imagegate.oci.transports import open_source
 from tests.helpers import imagegate
 
@@ -77,3 +78,56 @@ def test_cli_malformed_reference_is_a_usage_error() -> None:
     assert r.returncode == 3 and "not a digest" in r.stderr
     r = imagegate("layers", "x:1", "--expect-config", "sha256:nothex")
     assert r.returncode == 3 and "--expect-config" in r.stderr
+
+
+ID = "sha256:" + "c" * 64
+DIGEST = "sha256:" + "d" * 64
+
+
+@pytest.mark.parametrize(
+    ("text", "repository", "one_image"),
+    [
+        ("python", "python", "python:latest"),  # as written: an engine resolves short names itself
+        ("python:3.11", "python", "python:3.11"),
+        ("127.0.0.1:5000/team/app", "127.0.0.1:5000/team/app", "127.0.0.1:5000/team/app:latest"),
+        (
+            f"127.0.0.1:5000/team/app:1@{DIGEST}",
+            "127.0.0.1:5000/team/app",
+            f"127.0.0.1:5000/team/app:1@{DIGEST}",
+        ),
+        (f"ghcr.io/a/b@{DIGEST}", "ghcr.io/a/b", f"ghcr.io/a/b@{DIGEST}"),
+        (ID, None, ID),  # an image ID names no repository and is saved as is
+        ("c" * 12, "c" * 12, "c" * 12),  # a short hex ID: an engine tries it as an ID first
+    ],
+)
+def test_an_image_name_is_parsed_once_and_keeps_its_text(
+    text: str, repository: str | None, one_image: str
+) -> None:
+    name = parse_image_name(text)
+    assert str(name) == text
+    assert name.repository == repository
+    assert name.pinned_or_tagged == one_image
+    assert (name.reference is None) == (text == ID)
+
+
+def test_an_image_id_is_refused_where_only_a_reference_will_do() -> None:
+    with pytest.raises(UsageError, match="is an image ID, not an image reference"):
+        parse_image_name(ID, "--image", engine_id=False)
+    with pytest.raises(UsageError, match=r"IMAGE '\.\./x' is not an image reference or ID"):
+        parse_image_name("../x")
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        (DIGEST, True),
+        ("sha512:" + "e" * 128, True),
+        (DIGEST + "\n", False),  # a trailing newline (a file read without strip) is no digest
+        ("sha256:" + "d" * 63, False),
+        ("sha256:" + "D" * 64, False),
+        ("sha512:" + "e" * 64, False),
+        ("md5:" + "e" * 32, False),
+    ],
+)
+def test_one_digest_check(text: str, ok: bool) -> None:
+    assert is_digest(text) is ok

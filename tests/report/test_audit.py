@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imagegate import audit
+from imagegate import batch
 from tests.helpers import DOCKER_SOCK, imagegate
 
 
@@ -95,11 +95,11 @@ def test_inventory_duplicate_keys_and_deep_nesting_are_named(tmp_path: Path) -> 
 
 
 def test_worst_exit_code() -> None:
-    assert audit.worst([]) == 0
-    assert audit.worst([0, 0]) == 0
-    assert audit.worst([0, 2]) == 2
-    assert audit.worst([2, 1, 0]) == 1  # rejected outranks undecided, as FAIL outranks ERROR
-    assert audit.worst([1, 3]) == 3  # an input error: the inventory itself needs fixing
+    assert batch.worst([]) == 0
+    assert batch.worst([0, 0]) == 0
+    assert batch.worst([0, 2]) == 2
+    assert batch.worst([2, 1, 0]) == 1  # rejected outranks undecided, as FAIL outranks ERROR
+    assert batch.worst([1, 3]) == 3  # an input error: the inventory itself needs fixing
 
 
 @pytest.mark.engine

@@ -106,6 +106,35 @@ def test_no_place_for_a_default_key_runs_unsigned_and_says_so(tmp_path: Path) ->
     assert not (attempt / "attestation.dsse.json").exists()
 
 
+def test_an_existing_config_folder_that_cannot_be_written_runs_unsigned_and_says_so(tmp_path: Path) -> None:
+    """The folder is there (made by an earlier `sudo imagegate`, or a home mounted read-only in a
+    container) but no key can be created in it: the run goes on unsigned and says so."""
+    config = tmp_path / "config"
+    folder = config / "imagegate"
+    folder.mkdir(parents=True)
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "imagegate", "run", "--here", "--python", sys.executable]
+    cmd += ["-p", "python", "-m", "json", "-o", str(out)]
+    if os.geteuid() == 0:
+        # Permissions do not bind root: mount the folder read-only in a private mount namespace,
+        # as a read-only home in a container is.
+        remount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", remount, "sh", str(folder), *cmd]
+    else:
+        folder.chmod(0o555)
+    env = dict(os.environ, XDG_CONFIG_HOME=str(config), IMAGEGATE_SIGNING_KEY="")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        folder.chmod(0o755)
+    assert r.returncode == 0, r.stderr
+    assert "the attempt will not be signed" in r.stderr and str(folder) in r.stderr, r.stderr
+    attempt = next(out.glob("*/*/"))
+    assert (attempt / "statement.json").is_file()
+    assert not (attempt / "attestation.dsse.json").exists()
+    assert list(folder.iterdir()) == []
+
+
 def test_av_roundtrip_with_this_environments_pyav(tmp_path: Path) -> None:
     """The image tests use PyAV 14; the test environment has a current PyAV: both must work."""
     # PyAV is a test dependency (pyproject.toml [test]): never skipped

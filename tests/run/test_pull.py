@@ -50,6 +50,36 @@ def test_missing_image_is_pulled_and_the_subject_is_the_manifest_digest(
         subprocess.run(["docker", "rmi", ref], capture_output=True)
 
 
+def test_a_reference_with_a_tag_and_a_digest_is_pulled_by_its_digest(
+    images: dict[str, str], registry: Registry, tmp_path: Path
+) -> None:
+    """`repo:tag@sha256:...`, as CI pins images: the digest decides, the tag is only a label."""
+    tagged = f"{registry.host}/imagegate/pinned:1"
+    _docker("tag", images["python"], tagged)
+    _docker("push", "-q", tagged)
+    digest = json.loads(_docker("image", "inspect", tagged, "-f", "{{json .RepoDigests}}"))[0].split("@")[1]
+    _docker("rmi", tagged)
+    ref = f"{tagged}@{digest}"
+    try:
+        r = imagegate(
+            "run",
+            ref,
+            "-p",
+            "python",
+            "-o",
+            str(tmp_path),
+            "--format",
+            "json",
+            "--no-sign",
+            "--pull",
+            "always",
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.json()["predicate"]["image"]["manifestDigest"] == digest
+    finally:
+        subprocess.run(["docker", "rmi", f"{registry.host}/imagegate/pinned@{digest}"], capture_output=True)
+
+
 def test_pull_never_and_a_missing_repository_are_usage_errors(registry: Registry, tmp_path: Path) -> None:
     ref = f"{registry.host}/imagegate/absent:1"
     r = imagegate("run", ref, "-o", str(tmp_path), "--pull", "never")

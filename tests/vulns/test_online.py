@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from imagegate.vulns import online
+from imagegate.vulns import online, pip_audit_service
 from imagegate.vulns.model import Package, Unreachable
 
 
@@ -25,13 +25,12 @@ def test_known_vulnerable_release_online(service: online.Service) -> None:
 
 
 def test_a_service_that_knows_no_package_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pip_audit._service import SkippedDependency
+    # A fake answer at the adapter's seam: a proxy or mirror that answers 404 for everything
+    # cannot be started here in place of the service's fixed address.
+    def knows_nothing(_service: str, distributions: Any, _timeout: int) -> Iterator[pip_audit_service.Answer]:
+        for name, _version in distributions:
+            yield pip_audit_service.Answer(name, "", (), skipped="not found")
 
-    class NotFound:
-        def query_all(self, specs: Iterator[Any]) -> Iterator[tuple[Any, list[Any]]]:
-            for s in specs:
-                yield SkippedDependency(name=s.name, skip_reason="not found"), []
-
-    monkeypatch.setattr(online, "_service", lambda *_a: NotFound())
+    monkeypatch.setattr(pip_audit_service, "query", knows_nothing)
     with pytest.raises(Unreachable, match="knew none of 2"):
         online.audit([Package("a", "1.0"), Package("b", "2.0")], "pypi")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from imagegate.attest import dsse
+from imagegate.attest.envelopes import read_envelopes
 from imagegate.errors import UsageError
 from imagegate.oci.digest import digest_of, is_digest, split_digest
 from imagegate.oci.manifest import DOCKER_MANIFEST, MANIFEST_TYPES, OCI_CONFIG, OCI_MANIFEST
@@ -313,8 +314,6 @@ def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
 
 def attach_file(path: Path, image: str, *, insecure: bool = False) -> Attached:
     """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry."""
-    from imagegate.attest.verify import read_envelopes
-
     envelopes = read_envelopes(path)
     if len(envelopes) != 1:
         raise UsageError(f"attestation {path}: holds {len(envelopes)} envelopes; attach one at a time")

@@ -6,6 +6,7 @@ errors name the file, never its contents."""
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import os
 from collections.abc import Callable, Mapping
@@ -113,14 +114,10 @@ def key_paths(prefix: Path) -> tuple[Path, Path]:
 
 
 def _create(path: Path, data: bytes, mode: int) -> None:
-    try:
-        # O_EXCL: an existing key is never overwritten; the mode is set at creation, so the
-        # private key is never readable by others, not even for an instant.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    except FileExistsError as e:
-        raise UsageError(f"{path}: already exists", hint="choose another --out prefix or remove it") from e
-    except OSError as e:
-        raise UsageError(f"{path}: cannot create it ({e.strerror})") from e
+    """Raises OSError (FileExistsError for an existing file): the caller says what it means."""
+    # O_EXCL: an existing key is never overwritten; the mode is set at creation, so the private
+    # key is never readable by others, not even for an instant.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         os.fchmod(fd, mode)  # the umask may have removed bits we asked for; never adds any
         os.write(fd, data)
@@ -128,15 +125,27 @@ def _create(path: Path, data: bytes, mode: int) -> None:
         os.close(fd)
 
 
-def write_keypair(prefix: Path, key: SigningKey, password: bytes | None) -> tuple[Path, Path]:
+def _write_pair(prefix: Path, key: SigningKey, password: bytes | None) -> tuple[Path, Path]:
     priv, pub = key_paths(prefix)
     for p in (priv, pub):
         if p.exists():
-            raise UsageError(f"{p}: already exists", hint="choose another --out prefix or remove it")
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(p))
     priv.parent.mkdir(parents=True, exist_ok=True)
     _create(priv, private_pem(key, password), 0o600)
     _create(pub, key.public.pem, 0o644)
     return priv, pub
+
+
+def write_keypair(prefix: Path, key: SigningKey, password: bytes | None) -> tuple[Path, Path]:
+    """`keygen`: write `PREFIX.key` and `PREFIX.pub`, never over an existing file."""
+    try:
+        return _write_pair(prefix, key, password)
+    except FileExistsError as e:
+        raise UsageError(
+            f"{e.filename}: already exists", hint="choose another --out prefix or remove it"
+        ) from e
+    except OSError as e:
+        raise UsageError(f"{e.filename or prefix}: cannot create it ({e.strerror})") from e
 
 
 def _check_type(key: object, path: Path) -> None:
@@ -245,8 +254,8 @@ def resolve_signing_key(
     new = generate()
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_keypair(path.with_suffix(""), new, password)
-    except OSError as e:  # e.g. a read-only home in a container
+        _write_pair(path.with_suffix(""), new, password)
+    except OSError as e:  # a read-only home in a container, a folder made by another user
         raise DefaultKeyUnavailable(
             f"no signing key, and none can be created at {path} ({e.strerror})",
             hint=f"pass --key PATH or set {KEY_ENV}; --no-sign skips signing",

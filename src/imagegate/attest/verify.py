@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from imagegate.attest import bundle, dsse
+from imagegate.attest import dsse
+from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES, read_envelopes
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.statement import (
     PREDICATE_TYPE,
@@ -23,17 +24,15 @@ from imagegate.attest.statement import (
 from imagegate.errors import UsageError
 from imagegate.evidence import sha256_file
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import is_digest
+from imagegate.oci.digest import is_digest, short_digest
 
-Outcome = Literal["ok", "failed", "skipped"]
-# Attestations come from anywhere (a registry, a copied file): parsed within bounds.
-MAX_ATTESTATION_BYTES = 64 << 20
+CheckOutcome = Literal["ok", "failed", "skipped"]
 
 
 @dataclass(frozen=True)
 class Check:
     name: str  # signature, payloadType, statement, subject, evidence, statement.json, verdict
-    outcome: Outcome
+    outcome: CheckOutcome
     detail: str
 
     @property
@@ -61,55 +60,8 @@ class Report:
         pred = (self.statement or {}).get("predicate")
         return str(pred.get("verdict")) if isinstance(pred, dict) and "verdict" in pred else None
 
-    def add(self, name: str, outcome: Outcome, detail: str) -> None:
+    def add(self, name: str, outcome: CheckOutcome, detail: str) -> None:
         self.checks.append(Check(name, outcome, detail))
-
-
-def read_envelopes(path: Path) -> list[dsse.Envelope]:
-    """A DSSE envelope (`.dsse.json`), a Sigstore bundle (`.sigstore.json`), or JSON lines of
-    envelopes (`.intoto.jsonl`, which may hold several)."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
-    if len(data) > MAX_ATTESTATION_BYTES:
-        raise UsageError(f"attestation {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
-    if untrusted_json.nesting_depth(data.decode("utf-8", "replace")) > untrusted_json.MAX_DEPTH:
-        raise UsageError(f"attestation {path}: nested more than {untrusted_json.MAX_DEPTH} levels deep")
-    try:
-        obj = untrusted_json.loads(data, max_bytes=MAX_ATTESTATION_BYTES)
-    except ValueError:
-        obj = None
-    if obj is not None:
-        return [_one(obj, path)]
-    out = []
-    for n, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(_one(untrusted_json.loads(line, max_bytes=MAX_ATTESTATION_BYTES), path))
-        except ValueError as e:
-            raise UsageError(f"attestation {path}: line {n} is not JSON") from e
-    if not out:
-        raise UsageError(f"attestation {path}: empty")
-    return out
-
-
-def _one(obj: object, path: Path) -> dsse.Envelope:
-    try:
-        if bundle.is_bundle(obj):
-            assert isinstance(obj, dict)
-            return bundle.envelope_of(obj)
-        return dsse.from_dict(obj)
-    except UsageError as e:
-        raise UsageError(
-            f"attestation {path}: {e}", hint="pass attestation.dsse.json, .intoto.jsonl or .sigstore.json"
-        ) from e
-
-
-def _short(digest: str) -> str:
-    algo, _, hexd = digest.partition(":")
-    return f"{algo}:{hexd[:12]}…" if hexd else digest
 
 
 def verify_envelope(
@@ -222,8 +174,8 @@ def _check_subject(
         rep.add(
             "subject",
             "failed",
-            f"subject {', '.join(_short(d) for d in subj)} is not {what} "
-            f"({', '.join(_short(d) for d in image_digests)})",
+            f"subject {', '.join(short_digest(d) for d in subj)} is not {what} "
+            f"({', '.join(short_digest(d) for d in image_digests)})",
         )
 
 
@@ -303,6 +255,26 @@ def _safe_id(attempt: object) -> bool:
     return isinstance(attempt, str) and bool(attempt) and "/" not in attempt and attempt not in (".", "..")
 
 
+def _linked_envelope(attempt: object, want: str, root: Path) -> tuple[Path, bytes] | str:
+    """The earlier attempt's envelope and where it was read, or why the link fails. It is looked
+    for beside this attempt (where `complete` puts a completion by default) and in the copy the
+    completion keeps as evidence: each that is there must be the linked one."""
+    beside = root.parent / str(attempt) / "attestation.dsse.json" if _safe_id(attempt) else None
+    places = [p for p in (beside, root / LINK_COPY) if p is not None and p.is_file()]
+    if not places:
+        return f"completes attempt {attempt}: its envelope is neither beside nor in {LINK_COPY}"
+    data = b""
+    for place in places:
+        data = place.read_bytes()
+        got = hashlib.sha256(data).hexdigest()
+        if got != want:
+            return (
+                f"completes attempt {attempt}: {place} has sha256 {got[:16]}…, the link says {want[:16]}…: "
+                "the earlier attestation was changed after the completion was signed"
+            )
+    return places[0], data
+
+
 def check_link(statement: dict[str, Any], root: Path, key: PublicKey, rep: Report) -> None:
     """A completion (`imagegate complete`) names the attempt it completes by the sha256 of that
     attempt's envelope. Both envelopes must be signed by the key, the earlier one must be the
@@ -311,37 +283,17 @@ def check_link(statement: dict[str, Any], root: Path, key: PublicKey, rep: Repor
     link = (statement.get("predicate") or {}).get("completes") or {}
     want = str(link.get("envelopeSha256") or "")
     attempt = link.get("attempt")
-    # The earlier attempt folder beside this one (where `complete` puts a completion by default),
-    # and the copy the completion keeps as evidence: each that is there must be the linked one.
-    beside = root.parent / str(attempt) / "attestation.dsse.json" if _safe_id(attempt) else None
-    places = [p for p in (beside, root / LINK_COPY) if p is not None and p.is_file()]
-    if not places:
-        rep.add(
-            "link",
-            "failed",
-            f"completes attempt {attempt}: its envelope is neither beside nor in {LINK_COPY}",
-        )
+    found = _linked_envelope(attempt, want, root)
+    if isinstance(found, str):
+        rep.add("link", "failed", found)
         return
-    earlier_env = None
-    for place in places:
-        data = place.read_bytes()
-        got = hashlib.sha256(data).hexdigest()
-        if got != want:
-            rep.add(
-                "link",
-                "failed",
-                f"completes attempt {attempt}: {place} has sha256 {got[:16]}…, the link says {want[:16]}…: "
-                "the earlier attestation was changed after the completion was signed",
-            )
-            return
-        earlier_env = data
-    assert earlier_env is not None
+    place, earlier_env = found
     try:
         env = dsse.from_json(earlier_env)
     except Exception as e:  # a malformed earlier envelope: the link fails, named
         rep.add("link", "failed", f"completes attempt {attempt}: the earlier envelope is unreadable ({e})")
         return
-    sub = verify_envelope(env, key, source=str(places[0]))
+    sub = verify_envelope(env, key, source=str(place))
     if not sub.ok or sub.statement is None:
         why = "; ".join(f"{c.name}: {c.detail}" for c in sub.failures)
         rep.add(

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
 def run_main(argv: list[str] | None = None) -> int:
     import typer
 
-    from imagegate.cli._app import app
+    from imagegate.cli._app import app, report_error
+    from imagegate.errors import ImagegateError
 
     args = sys.argv[1:] if argv is None else list(argv)
     install_signal_handlers()
@@ -110,6 +111,8 @@ def run_main(argv: list[str] | None = None) -> int:
         else:
             print(f"imagegate: error: {e.format_message()}", file=sys.stderr)
         return EXIT_USAGE
+    except ImagegateError as e:  # every command's input and setup errors, mapped here only
+        return report_error(e)
     except (typer.Abort, KeyboardInterrupt):
         print("imagegate: interrupted", file=sys.stderr)
         return _interrupted()

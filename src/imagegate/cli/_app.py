@@ -1,7 +1,10 @@
-"""The typer app and the one place where errors become messages and exit codes."""
+"""The typer app, and how an ImagegateError becomes a message and an exit code: commands let
+errors rise; `run_main` (imagegate.cli) catches them once, around the whole app, and calls
+`report_error`."""
 
 from __future__ import annotations
 
+import enum
 import sys
 
 import typer
@@ -24,13 +27,20 @@ app = typer.Typer(
 )
 
 
-def fail(err: ImagegateError) -> typer.Exit:
-    """Print `err` (and its hint) to stderr; return the Exit to raise."""
+class Format(str, enum.Enum):
+    """`--format` of the commands that print either a table or JSON."""
+
+    table = "table"
+    json = "json"
+
+
+def report_error(err: ImagegateError) -> int:
+    """Print `err` (and its hint) to stderr; return its exit code."""
     msg = f"imagegate: error: {err}"
     if err.hint:
         msg += f"\n  hint: {err.hint}"
     print(msg, file=sys.stderr)
-    return typer.Exit(err.exit_code)
+    return err.exit_code
 
 
 def version_callback(value: bool) -> None:

@@ -11,8 +11,8 @@ import typer
 
 from imagegate.attest import keys
 from imagegate.attest.statement import PREDICATE_TYPE
-from imagegate.cli._app import app, fail
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.cli._app import app
+from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 
 
@@ -39,12 +39,9 @@ def keygen(
     ),
 ) -> None:
     """Make a signing key pair: a PKCS#8 PEM private key and its PEM public key."""
-    try:
-        key = keys.generate(algorithm.value)
-        password = keys.password_from_env(os.environ)
-        priv, pub = keys.write_keypair(out, key, password)
-    except ImagegateError as e:
-        raise fail(e) from e
+    key = keys.generate(algorithm.value)
+    password = keys.password_from_env(os.environ)
+    priv, pub = keys.write_keypair(out, key, password)
     protected = "passphrase-protected" if password else f"no passphrase (set {keys.PASSWORD_ENV} for one)"
     print(f"private key: {priv} (mode 0600, {protected})")
     print(f"public key:  {pub}")
@@ -103,32 +100,27 @@ def verify(
     ),
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
-    try:
-        from imagegate.attest import verify as verifying  # lazy: keeps CLI start-up fast
+    from imagegate.attest import verify as verifying  # lazy: keeps CLI start-up fast
 
-        pub = keys.load_public_key(key)
-        if attestation is None:
-            if image is None:
-                raise UsageError(
-                    "nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it"
-                )
-            report = verifying.verify_image(
-                image, pub, expect_verdict=expect_verdict, predicate_type=predicate_type, insecure=insecure
-            )
-        else:
-            name, digests = verifying.image_digests(image, insecure=insecure) if image else (None, [])
-            report = verifying.verify_file(
-                attestation,
-                pub,
-                image_digests=digests,
-                image_name=name,
-                evidence_dir=evidence,
-                evidence=not (signature_only or no_evidence),
-                expect_verdict=expect_verdict,
-                predicate_type=predicate_type,
-            )
-    except ImagegateError as e:
-        raise fail(e) from e
+    pub = keys.load_public_key(key)
+    if attestation is None:
+        if image is None:
+            raise UsageError("nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it")
+        report = verifying.verify_image(
+            image, pub, expect_verdict=expect_verdict, predicate_type=predicate_type, insecure=insecure
+        )
+    else:
+        name, digests = verifying.image_digests(image, insecure=insecure) if image else (None, [])
+        report = verifying.verify_file(
+            attestation,
+            pub,
+            image_digests=digests,
+            image_name=name,
+            evidence_dir=evidence,
+            evidence=not (signature_only or no_evidence),
+            expect_verdict=expect_verdict,
+            predicate_type=predicate_type,
+        )
     _render(report)
     raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
 
@@ -154,12 +146,9 @@ def attach(
 ) -> None:
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""
-    try:
-        from imagegate.attest import attach as attaching  # lazy: keeps CLI start-up fast
+    from imagegate.attest import attach as attaching  # lazy: keeps CLI start-up fast
 
-        done = attaching.attach_file(attestation, image, insecure=insecure)
-    except ImagegateError as e:
-        raise fail(e) from e
+    done = attaching.attach_file(attestation, image, insecure=insecure)
     if done.already:
         print(f"already attached: {done.reference} ({done.tag}, layer {done.layer_digest})")
     else:

@@ -9,9 +9,8 @@ import typer
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app, fail
+from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
-from imagegate.errors import ImagegateError
 from imagegate.gpus import parse as gpus_parse
 
 
@@ -64,8 +63,6 @@ def complete(
         observer = completing.CompletionObserver(earlier, driver, opts, notify)
         root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
         done = accept.accept(prep, observer, root, outputs, notify)
-    except ImagegateError as e:
-        raise fail(e) from e
     except KeyboardInterrupt:
         raise o.interrupted(driver) from None
     raise o.finish(done, o.Format.table, require_complete, quiet)

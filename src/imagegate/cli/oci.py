@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 from collections.abc import Iterator
@@ -13,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from imagegate.cli._app import app, fail
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.cli._app import Format, app
+from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest
 from imagegate.report.console import make_console
@@ -25,11 +24,6 @@ if TYPE_CHECKING:  # the OCI modules load when a command runs: CLI start-up stay
     from imagegate.oci.sources.interface import Source
     from imagegate.oci.verify import Progress as ProgressSink
     from imagegate.oci.verify import VerifyReport
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
 
 
 _SOURCES_HELP = (
@@ -80,7 +74,7 @@ def _open(spec: str, platform: str | None, insecure: bool) -> Source:
     return open_source(spec, platform=platform, insecure=insecure)
 
 
-def _short(d: str | None) -> str:
+def _hex12(d: str | None) -> str:
     return "-" if d is None else d.split(":", 1)[-1][:12]
 
 
@@ -105,8 +99,8 @@ def _render_report(report: VerifyReport, out: Console) -> None:
             x.status.value,
             x.compression or "-",
             str(x.actual_size if x.actual_size is not None else "-"),
-            _short(x.expected_digest or x.actual_digest),
-            _short(x.actual_diff_id or x.expected_diff_id),
+            _hex12(x.expected_digest or x.actual_digest),
+            _hex12(x.actual_diff_id or x.expected_diff_id),
         )
     out.print(table)
     for x in report.layers:
@@ -159,19 +153,16 @@ def layers(
     quiet: bool = _QUIET,
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
-    try:
-        if expect_config:
-            check_digest(expect_config, what="--expect-config")
-        limit = _size(max_layer_size)
-        src = _open(source, platform, insecure)
-        with _session(quiet, src) as sink:
-            from imagegate.oci.verify import verify_source
+    if expect_config:
+        check_digest(expect_config, what="--expect-config")
+    limit = _size(max_layer_size)
+    src = _open(source, platform, insecure)
+    with _session(quiet, src) as sink:
+        from imagegate.oci.verify import verify_source
 
-            report = verify_source(
-                src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
-            )
-    except ImagegateError as e:
-        raise fail(e) from None
+        report = verify_source(
+            src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
+        )
     if fmt is Format.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -223,16 +214,13 @@ def compare_cmd(
     quiet: bool = _QUIET,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
-    try:
-        limit = _size(max_layer_size)
-        a = _open(official, platform, insecure)
-        b = _open(mirror, platform, insecure)
-        with _session(quiet, a, b) as sink:
-            from imagegate.oci.compare import compare
+    limit = _size(max_layer_size)
+    a = _open(official, platform, insecure)
+    b = _open(mirror, platform, insecure)
+    with _session(quiet, a, b) as sink:
+        from imagegate.oci.compare import compare
 
-            result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
-    except ImagegateError as e:
-        raise fail(e) from None
+        result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
     if fmt is Format.json:
         print(_json(result.to_dict()))
     else:

@@ -7,8 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from imagegate import pipeline
-from imagegate.cli._app import app, fail
-from imagegate.errors import ImagegateError
+from imagegate.cli._app import app
 from imagegate.pipeline.schema import pipeline_schema_text
 
 pipelines_app = typer.Typer(
@@ -41,10 +40,7 @@ def show(name: str = typer.Argument(..., help="A built-in name or a pipeline fil
 
     Example: imagegate pipelines show vllm
     """
-    try:
-        loaded = pipeline.load(name)
-    except ImagegateError as e:
-        raise fail(e) from e
+    loaded = pipeline.load(name)
     typer.echo(loaded.text, nl=False)
 
 
@@ -63,8 +59,5 @@ def validate(path: str = typer.Argument(..., help="A pipeline file.")) -> None:
 
     Example: imagegate pipelines validate my-pipeline.yaml
     """
-    try:
-        loaded = pipeline.load(path)
-    except ImagegateError as e:
-        raise fail(e) from e
+    loaded = pipeline.load(path)
     typer.echo(f"{path}: valid ({loaded.pipeline.name}, {len(loaded.pipeline.stages)} stages)")

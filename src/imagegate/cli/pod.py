@@ -12,8 +12,8 @@ import typer
 from imagegate import runner
 from imagegate.accept import accept
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app, fail
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.cli._app import app
+from imagegate.errors import UsageError
 from imagegate.kube import kubectl
 from imagegate.kube.podrun import PodRunObserver
 
@@ -146,16 +146,13 @@ def render_cmd(
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = o.notifier(quiet)
-    try:
-        prep = _prepare(pipeline, module, gpus)
-        rendered = _render(
-            prep, image, kube_version, notify, namespace=namespace, name=name, node_selector=node_selector,
-            toleration=toleration, priority_class=priority_class, service_account=service_account,
-            image_pull_secret=image_pull_secret, deadline=deadline, digest=digest, python=python,
-            run_as_user=run_as_user, gpus=gpus, runtime_class=runtime_class,
-        )  # fmt: skip
-    except ImagegateError as e:
-        raise fail(e) from e
+    prep = _prepare(pipeline, module, gpus)
+    rendered = _render(
+        prep, image, kube_version, notify, namespace=namespace, name=name, node_selector=node_selector,
+        toleration=toleration, priority_class=priority_class, service_account=service_account,
+        image_pull_secret=image_pull_secret, deadline=deadline, digest=digest, python=python,
+        run_as_user=run_as_user, gpus=gpus, runtime_class=runtime_class,
+    )  # fmt: skip
     notify(
         f"configmap/{rendered.name}: {rendered.configmap_bytes()} bytes; validated against Kubernetes {kube_version}"
     )
@@ -200,27 +197,22 @@ def collect_cmd(
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = o.notifier(quiet or fmt is o.Format.json)
-    try:
-        from imagegate.kube.collect import PodObserver
+    from imagegate.kube.collect import PodObserver
 
-        files = logs is not None or pod is not None
-        if files == (job is not None) or (files and (logs is None or pod is None)):
-            raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
-        if timeout is not None and job is None:
-            raise UsageError("--timeout goes with --job", hint="a Pod given as files has finished already")
-        o.check_timeout(timeout)
-        prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
-        pod_obj, log = (
-            _from_cluster(job, namespace, context, timeout, notify) if job else _from_files(pod, logs)
-        )
-        observer = PodObserver(pod_obj, log, expect_digests=expect_digest, notify=notify)
-        outputs = o.outputs(
-            reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
-            attach=attach, insecure=insecure, reference=observer.reference,
-        )  # fmt: skip
-        done = accept(prep, observer, out, outputs, notify)
-    except ImagegateError as e:
-        raise fail(e) from e
+    files = logs is not None or pod is not None
+    if files == (job is not None) or (files and (logs is None or pod is None)):
+        raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
+    if timeout is not None and job is None:
+        raise UsageError("--timeout goes with --job", hint="a Pod given as files has finished already")
+    o.check_timeout(timeout)
+    prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
+    pod_obj, log = _from_cluster(job, namespace, context, timeout, notify) if job else _from_files(pod, logs)
+    observer = PodObserver(pod_obj, log, expect_digests=expect_digest, notify=notify)
+    outputs = o.outputs(
+        reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
+        attach=attach, insecure=insecure, reference=observer.reference,
+    )  # fmt: skip
+    done = accept(prep, observer, out, outputs, notify)
     raise o.finish(done, fmt, require_complete, quiet)
 
 
@@ -312,8 +304,6 @@ def run_cmd(
             limit_s=timeout, notify=notify,
         )  # fmt: skip
         done = accept(prep, observer, out, outputs, notify)
-    except ImagegateError as e:
-        raise fail(e) from e
     except KeyboardInterrupt:
         print("imagegate: interrupted; the Job may still be there (ttlSecondsAfterFinished)", file=sys.stderr)
         raise typer.Exit(130) from None

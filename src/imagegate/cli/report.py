@@ -11,11 +11,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from imagegate.cli._app import app, fail
+from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.errors import UsageError
 from imagegate.model import RunRecord
-from imagegate.report import audit as audit_view
+from imagegate.report import batch as batch_view
 from imagegate.report import console as console_report
 from imagegate.report import formats, load
 from imagegate.report.progress import ItemsBar, setup_logging
@@ -68,9 +68,7 @@ def report(
         else:
             formats.write_outside_evidence(output, text)
     except OSError as e:
-        raise fail(UsageError(f"writing {output}: {e.strerror}", hint="check the --output path")) from e
-    except ImagegateError as e:
-        raise fail(e) from e
+        raise UsageError(f"writing {output}: {e.strerror}", hint="check the --output path") from e
 
 
 def _table(record: RunRecord) -> str:
@@ -115,7 +113,7 @@ def audit(
     setup_logging(verbose, quiet)
     to_stdout = json_out is not None and str(json_out) == "-"
     try:
-        from imagegate import audit as batch  # lazy: keeps CLI start-up fast
+        from imagegate import batch  # lazy: keeps CLI start-up fast
 
         inv = batch.load(inventory)
 
@@ -124,10 +122,10 @@ def audit(
 
             return DockerDriver(memory=memory)
 
-        opts = batch.AuditOptions(out=out, jobs=jobs, platform=platform)
-        total = len(inv.inventory.images) + len(inv.inventory.mirrors)
+        opts = batch.BatchOptions(out=out, jobs=jobs, platform=platform)
+        total = len(inv.image_list.images) + len(inv.image_list.mirrors)
         with ItemsBar(total, "audit", quiet=quiet, console=err) as bar:
-            result = batch.audit(
+            result = batch.run_batch(
                 inv,
                 opts,
                 docker_driver,
@@ -140,9 +138,7 @@ def audit(
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise fail(UsageError(f"writing {json_out}: {e.strerror}", hint="check the --json path")) from e
-    except ImagegateError as e:
-        raise fail(e) from e
+        raise UsageError(f"writing {json_out}: {e.strerror}", hint="check the --json path") from e
     # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
-    audit_view.render(result, err if to_stdout else console_report.make_console())
+    batch_view.render(result, err if to_stdout else console_report.make_console())
     raise typer.Exit(result.exit_code)

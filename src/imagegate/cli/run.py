@@ -9,9 +9,9 @@ import typer
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app, fail
+from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
-from imagegate.errors import ImagegateError, UsageError
+from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.report.progress import setup_logging
 
@@ -106,8 +106,6 @@ def run(
         with o.progress(opts, silent):
             observer = runner.DriverObserver(driver, image, opts, notify)
             done = accept.accept(prep, observer, out, outputs, notify)
-    except ImagegateError as e:
-        raise fail(e) from e
     except KeyboardInterrupt:
         raise o.interrupted(driver) from None
     raise o.finish(done, fmt, require_complete, quiet)

@@ -27,6 +27,7 @@ from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, Cappe
 from imagegate.errors import EngineError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
+from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.interface import Source
 
 LABEL = "io.imagegate.run"
@@ -144,13 +145,14 @@ class DockerDriver:
             DaemonArchive(image.config_digest, self.client, timeout=timeout) if image.config_digest else None
         )
 
-    def _pull(self, reference: str, why: str = "") -> None:
+    def _pull(self, name: ImageName, why: str = "") -> None:
         """Pull through the engine (its credentials and mirrors), as `docker run` does."""
-        if reference.startswith("sha256:"):
+        reference = name.text
+        if name.reference is None or name.repository is None or reference.startswith("sha256:"):
             raise UsageError(
                 f"image {reference}: an image ID cannot be pulled", hint="build or load it first"
             )
-        repo, tag = _repo_and_tag(reference)
+        repo, tag = name.repository, name.reference.ref  # a bare name means :latest
         self.notify(f"{why}; pulling it" if why else f"pulling {reference}")
         hint = "check the reference, the registry's reachability and your credentials (docker login)"
         try:
@@ -160,9 +162,11 @@ class DockerDriver:
         except docker.errors.APIError as e:
             raise PullFailed(reference, str(e.explanation or e), hint=hint) from e
 
-    def resolve(self, reference: str) -> ImageFacts:
+    def resolve(self, image: ImageName | str) -> ImageFacts:
+        name = image if isinstance(image, ImageName) else parse_image_name(image)
+        reference = name.text
         if self.pull == "always":
-            self._pull(reference)
+            self._pull(name)
         try:
             attrs = self.client.api.inspect_image(reference)
         except docker.errors.ImageNotFound as e:
@@ -171,7 +175,7 @@ class DockerDriver:
                 # Say first what the user can act on (a typo, an image not built yet), then why
                 # the pull did not help: a registry's DNS or 404 message alone hides the cause.
                 try:
-                    self._pull(reference, why=missing)
+                    self._pull(name, why=missing)
                 except PullFailed as pull_error:
                     raise UsageError(
                         f"{missing}, and pulling it failed: {pull_error.detail}",
@@ -179,7 +183,7 @@ class DockerDriver:
                         "check the registry's reachability and your credentials (docker login)",
                     ) from pull_error
                 self.pull = "never"  # once: a pulled image that still cannot be inspected is an error
-                return self.resolve(reference)
+                return self.resolve(name)
             raise UsageError(
                 missing, hint=f"build or pull it (docker pull {reference}), or drop --pull never"
             ) from e
@@ -194,7 +198,7 @@ class DockerDriver:
         if repo_digests:
             repository, _, manifest_digest = repo_digests[0].partition("@")
         else:
-            repository = _repository_of(reference)
+            repository = name.repository
         plat = "/".join(x for x in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if x)
         return ImageFacts(
             reference=reference,
@@ -253,74 +257,36 @@ class DockerDriver:
     ) -> BundleRun | str:
         """A string says why this interpreter cannot run the bundle (absent, too old)."""
         api = self.client.api
-        host_config = api.create_host_config(
-            network_mode="none",
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            read_only=True,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size}"},
-            pids_limit=self.pids,
-            mem_limit=self.memory,
-            device_requests=self._device_requests(),
-        )
         # Named before it exists: an interrupt that cuts the create call's answer still leaves a
         # name to remove by. Signals are held while the engine creates and removes it.
         name = f"imagegate-{secrets.token_hex(8)}"
         out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
-        timed_out = False
         sock: Any = None
         self.live.add(name)
         try:
-            container = api.create_container(
-                image.config_digest or image.reference,
-                entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
-                stdin_open=True,
-                tty=False,
-                environment=self._container_env(),
-                labels=run_labels(),
-                host_config=host_config,
-                network_disabled=True,
-                name=name,
-            )
-            cid = container["Id"]
-            log.debug("created container %s from %s with %s", name, image.config_digest, interpreter)
+            cid = self._create(image, interpreter, sha, name)
             sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw: socket.socket = getattr(sock, "_sock", sock)
-            try:
-                api.start(cid)
-            except docker.errors.APIError as e:
-                if self.gpus is not None and _no_gpu_runtime(e):
-                    raise self._gpu_refused(e) from e
-                if _not_found(e):
-                    return "not found in the image"
-                if "exec format error" in str(e).lower():
-                    return self._foreign(image, interpreter)
-                raise EngineError(f"starting a container of {image.reference}: {e}") from e
+            cannot = self._start(cid, image, interpreter)
+            if cannot is not None:
+                return cannot
             raw.settimeout(max(0.1, deadline - time.monotonic()))
             raw.sendall(payload)
             log.info("container %s started; bundle sent (%d bytes)", name, len(payload))
             timed_out = not _read_frames(raw, out, err, deadline, cancel)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
-            if exit_code is None:
-                timed_out = True
-            if exit_code == 127 and not out.total and b"not found" in err.value().lower():
-                return (
-                    "not found in the image"  # podman reports a missing executable as exit 127 on some paths
-                )
-            if not out.total and b"exec format error" in err.value().lower():
-                return self._foreign(image, interpreter, cid)
-            if exit_code == TOO_OLD_EXIT and b"imagegate: too old:" in err.value():
-                found = err.value().decode(errors="replace").split("too old:", 1)[1].strip()
-                return f"{found}; the probes need Python 3.8 or newer"
+            cannot = self._cannot_run(image, interpreter, cid, exit_code, out.total, err.value())
+            if cannot is not None:
+                return cannot
             return BundleRun(
                 out.value(),
                 err.value(),
                 exit_code,
-                timed_out=timed_out,
+                timed_out=exit_code is None,
                 interpreter=interpreter,
                 stdout_total=out.total,
                 stderr_total=err.total,
-                error="overall deadline reached; container killed" if timed_out else None,
+                error="overall deadline reached; container killed" if exit_code is None else None,
                 facts={
                     "container_id": cid,
                     "container_name": name,
@@ -337,6 +303,62 @@ class DockerDriver:
                 with contextlib.suppress(Exception):
                     sock.close()
             self._remove(name)
+
+    def _create(self, image: ImageFacts, interpreter: str, sha: str, name: str) -> str:
+        """The container, isolated, created (not started): its ID."""
+        api = self.client.api
+        host_config = api.create_host_config(
+            network_mode="none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size}"},
+            pids_limit=self.pids,
+            mem_limit=self.memory,
+            device_requests=self._device_requests(),
+        )
+        container = api.create_container(
+            image.config_digest or image.reference,
+            entrypoint=[interpreter, *LOADER_FLAGS, "-c", LOADER, sha],
+            stdin_open=True,
+            tty=False,
+            environment=self._container_env(),
+            labels=run_labels(),
+            host_config=host_config,
+            network_disabled=True,
+            name=name,
+        )
+        log.debug("created container %s from %s with %s", name, image.config_digest, interpreter)
+        return str(container["Id"])
+
+    def _start(self, cid: str, image: ImageFacts, interpreter: str) -> BundleRun | str | None:
+        """Start it. None: started; else this interpreter cannot run the bundle: why (absent), or
+        the run's end (an image for another machine)."""
+        try:
+            self.client.api.start(cid)
+        except docker.errors.APIError as e:
+            if self.gpus is not None and _no_gpu_runtime(e):
+                raise self._gpu_refused(e) from e
+            if _not_found(e):
+                return "not found in the image"
+            if "exec format error" in str(e).lower():
+                return self._foreign(image, interpreter)
+            raise EngineError(f"starting a container of {image.reference}: {e}") from e
+        return None
+
+    def _cannot_run(
+        self, image: ImageFacts, interpreter: str, cid: str, exit_code: int | None, out_total: int, err: bytes
+    ) -> BundleRun | str | None:
+        """None when the loader ran the bundle; else, read from how it ended, why this interpreter
+        could not (absent, too old), or the run's end (an image for another machine)."""
+        if exit_code == 127 and not out_total and b"not found" in err.lower():
+            return "not found in the image"  # podman reports a missing executable as exit 127 on some paths
+        if not out_total and b"exec format error" in err.lower():
+            return self._foreign(image, interpreter, cid)
+        if exit_code == TOO_OLD_EXIT and b"imagegate: too old:" in err:
+            found = err.decode(errors="replace").split("too old:", 1)[1].strip()
+            return f"{found}; the probes need Python 3.8 or newer"
+        return None
 
     def _device_requests(self) -> list[docker.types.DeviceRequest] | None:
         """GPUs through the engine's device requests (`docker run --gpus`); none by default."""
@@ -484,24 +506,3 @@ def _read_frames(
 
 def run_labels() -> dict[str, str]:
     return {LABEL: "1", PID_LABEL: str(os.getpid()), HOST_LABEL: socket.gethostname()}
-
-
-def _repository_of(reference: str) -> str | None:
-    if reference.startswith("sha256:"):
-        return None
-    name = reference.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    return name
-
-
-def _repo_and_tag(reference: str) -> tuple[str, str]:
-    """("repo", "tag or digest") as the engine's pull takes them; a bare name means :latest."""
-    if "@" in reference:
-        repo, _, digest = reference.partition("@")
-        return repo, digest
-    if ":" in reference.rsplit("/", 1)[-1]:
-        repo, _, tag = reference.rpartition(":")
-        return repo, tag
-    return reference, "latest"

@@ -63,7 +63,7 @@ class LayerDiff:
 
 
 @dataclass(frozen=True)
-class Side:
+class ComparedImage:
     source: str
     manifest_digest: str | None
     config_digest: str | None  # computed from the config's bytes
@@ -77,8 +77,8 @@ class Side:
 class CompareResult:
     verdict: Verdict
     sentence: str
-    official: Side
-    mirror: Side
+    official: ComparedImage
+    mirror: ComparedImage
     layer_diffs: tuple[LayerDiff, ...] = ()
     field_diffs: tuple[FieldDiff, ...] = ()
     other_fields: tuple[str, ...] = ()  # other config keys that differ (created, history, ...)
@@ -91,7 +91,7 @@ class CompareResult:
         return EXIT_ACCEPTED if self.verdict in (Verdict.IDENTICAL, Verdict.SAME_CONTENT) else EXIT_REJECTED
 
     def to_dict(self) -> dict[str, Any]:
-        def side(s: Side) -> dict[str, Any]:
+        def side(s: ComparedImage) -> dict[str, Any]:
             return {
                 "source": s.source,
                 "manifest_digest": s.manifest_digest,
@@ -153,17 +153,21 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list
     return diffs, others
 
 
-def _side(source: Source, *, read_blobs: bool, **verify_kw: Any) -> Side:
+def _side(source: Source, *, read_blobs: bool, **verify_kw: Any) -> ComparedImage:
     """One image's identity; its blobs are read (and verified) when asked, or when the source
     can only be read whole (an archive stream)."""
     if isinstance(source, ArchiveStream) or read_blobs:
         r = verify_source(source, **verify_kw)
         digests = tuple(x.expected_digest for x in r.layers)
-        return Side(r.source, r.manifest_digest, r.config.actual_digest, digests, r.diff_ids, r.config_doc, r)
+        return ComparedImage(
+            r.source, r.manifest_digest, r.config.actual_digest, digests, r.diff_ids, r.config_doc, r
+        )
     image = source.resolve()
     config, doc, diff_ids, _ = check_config(image.config, read_config(source, image.config), None)
     digests = tuple(d.digest for d in image.layers)
-    return Side(source.description, image.manifest_digest, config.actual_digest, digests, diff_ids, doc)
+    return ComparedImage(
+        source.description, image.manifest_digest, config.actual_digest, digests, diff_ids, doc
+    )
 
 
 def _named_failures(r: VerifyReport) -> list[str]:
@@ -194,8 +198,8 @@ def compare(
     if not deep and isinstance(official, ImageSource) and isinstance(mirror, ImageSource):
         o_img, m_img = official.resolve(), mirror.resolve()
         if o_img.manifest_digest and o_img.manifest_digest == m_img.manifest_digest:
-            o = Side(official.description, o_img.manifest_digest, o_img.config.digest, (), (), {})
-            m = Side(mirror.description, m_img.manifest_digest, m_img.config.digest, (), (), {})
+            o = ComparedImage(official.description, o_img.manifest_digest, o_img.config.digest, (), (), {})
+            m = ComparedImage(mirror.description, m_img.manifest_digest, m_img.config.digest, (), (), {})
             return CompareResult(
                 Verdict.IDENTICAL,
                 f"identical: manifest digest equal ({o_img.manifest_digest}); no blob read",
@@ -209,7 +213,9 @@ def compare(
     return _different(o, m, mirror, deep, kw)
 
 
-def _same_config(o: Side, mirror: Source, m: Side, deep: bool, kw: dict[str, Any]) -> CompareResult:
+def _same_config(
+    o: ComparedImage, mirror: Source, m: ComparedImage, deep: bool, kw: dict[str, Any]
+) -> CompareResult:
     if m.report is None:
         m = _side(mirror, read_blobs=True, **kw)
     assert m.report is not None
@@ -228,6 +234,13 @@ def _same_config(o: Side, mirror: Source, m: Side, deep: bool, kw: dict[str, Any
     foreign = m.report.foreign
     tail = f" ({foreign} foreign layers not verified)" if foreign else ""
     head = f"same content: config digest equal, {verified}/{n} diffIDs verified{tail}"
+    return _same_content(o, m, head, tail, verified, n)
+
+
+def _same_content(
+    o: ComparedImage, m: ComparedImage, head: str, tail: str, verified: int, n: int
+) -> CompareResult:
+    """Same config, every diffID verified: what the compressed blobs and manifests add to it."""
     # A docker save archive (and the engine's export) has no registry blobs: a legacy one
     # declares no layer digest at all, an OCI one holds the layers uncompressed. Comparing its
     # blobs with a registry's compressed ones says nothing: only the uncompressed layers compare.
@@ -275,16 +288,18 @@ def _same_config(o: Side, mirror: Source, m: Side, deep: bool, kw: dict[str, Any
     )
 
 
-def _uncompressed(side: Side) -> bool:
+def _uncompressed(side: ComparedImage) -> bool:
     """Its layer blobs are the uncompressed tars (digest = diffID), as `docker save` writes them."""
     return bool(side.layer_digests) and tuple(side.layer_digests) == tuple(side.diff_ids)
 
 
-def _names(sides: Iterable[Side]) -> list[str]:
+def _names(sides: Iterable[ComparedImage]) -> list[str]:
     return list(dict.fromkeys(s.source for s in sides))
 
 
-def _different(o: Side, m: Side, mirror: Source, deep: bool, kw: dict[str, Any]) -> CompareResult:
+def _different(
+    o: ComparedImage, m: ComparedImage, mirror: Source, deep: bool, kw: dict[str, Any]
+) -> CompareResult:
     if deep and m.report is None:
         m = _side(mirror, read_blobs=True, **kw)
     layer_diffs = [

@@ -9,12 +9,20 @@ from imagegate.errors import UsageError
 
 # The registered algorithms of the OCI image spec; others are refused rather than guessed at.
 _HEX_LEN = {"sha256": 64, "sha512": 128}
-_DIGEST_RE = re.compile(r"^(sha256|sha512):([0-9a-f]+)$")
+# A digest, as a regular expression (JSON Schema patterns take it as is); `is_digest` checks it.
+PATTERN = "^(" + "|".join(f"{a}:[0-9a-f]{{{n}}}" for a, n in _HEX_LEN.items()) + ")$"
+_DIGEST_RE = re.compile(PATTERN)
 
 
 def is_digest(value: str) -> bool:
-    m = _DIGEST_RE.match(value)
-    return m is not None and len(m.group(2)) == _HEX_LEN[m.group(1)]
+    """The one digest check: `sha256:` and 64 lowercase hex characters (or `sha512:` and 128)."""
+    return _DIGEST_RE.fullmatch(value) is not None  # fullmatch: `$` alone lets a newline through
+
+
+def short_digest(digest: str) -> str:
+    """`sha256:0123456789ab…`: enough to tell digests apart in a sentence."""
+    algo, _, hexd = digest.partition(":")
+    return f"{algo}:{hexd[:12]}…" if hexd else digest
 
 
 def check_digest(value: str, *, what: str = "digest") -> str:
@@ -38,10 +46,6 @@ def new_hasher(digest_or_algorithm: str) -> hashlib._Hash:
     if algorithm not in _HEX_LEN:
         raise UsageError(f"unsupported digest algorithm {algorithm!r}")
     return hashlib.new(algorithm)
-
-
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def digest_of(data: bytes, algorithm: str = "sha256") -> str:

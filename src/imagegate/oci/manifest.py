@@ -4,7 +4,6 @@ sizes) and lenient about the rest."""
 
 from __future__ import annotations
 
-import platform as _host_platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +22,7 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 DOCKER_FOREIGN_LAYER = "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"
-OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OCI_NONDISTRIBUTABLE = "application/vnd.oci.image.layer.nondistributable.v1.tar"
 # A layer of a legacy `docker save` archive: a plain tar named by path, no declared digest.
 LEGACY_ARCHIVE_LAYER = "application/x-tar"
@@ -63,10 +60,6 @@ def parse_platform(text: str) -> Platform:
         )
     arch = _ARCH_ALIASES.get(parts[1], parts[1])
     return Platform(parts[0], arch, parts[2] if len(parts) == 3 else None)
-
-
-def host_platform() -> Platform:
-    return parse_platform("linux/" + _host_platform.machine())
 
 
 def _variant(p: Platform) -> str | None:

@@ -104,7 +104,42 @@ def parse_reference(text: str) -> Reference:
     return Reference(registry, rest, tag, digest)
 
 
-def check_image(text: str, what: str = "IMAGE", *, engine_id: bool = True) -> str:
+@dataclass(frozen=True)
+class ImageName:
+    """An image as a user names it to an engine: a reference, or an image ID. Parsed once, where
+    the text comes in (`parse_image_name`), then passed as this value. The text is kept as
+    written: an engine resolves short names itself (`python` may not mean Docker Hub on Podman)."""
+
+    text: str
+    reference: Reference | None  # None: a `sha256:` image ID, which names no repository
+
+    @property
+    def may_be_id(self) -> bool:
+        """An engine takes a hex string of 12 to 64 characters as an image ID first."""
+        return ENGINE_ID.match(self.text) is not None
+
+    @property
+    def repository(self) -> str | None:
+        """The repository as written, without tag or digest; None for an image ID."""
+        if self.reference is None:
+            return None
+        name = self.text.partition("@")[0]
+        return name[: -len(self.reference.tag) - 1] if self.reference.tag else name
+
+    @property
+    def pinned_or_tagged(self) -> str:
+        """What names one image of the repository to an engine: an ID or a digest as written, a
+        tag as written; a bare name gets `:latest` (an engine would read it as every tag)."""
+        ref = self.reference
+        if self.may_be_id or ref is None or ref.digest or ref.tag:
+            return self.text
+        return self.text + ":latest"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_image_name(text: str, what: str = "IMAGE", *, engine_id: bool = True) -> ImageName:
     """An image as the engine takes it: a reference or an image ID, checked before any engine
     call. The engine's API puts the name in a URL path, so `../containers/ID` would reach
     another endpoint; an empty string (an unset CI variable) would become someone else's image.
@@ -120,13 +155,18 @@ def check_image(text: str, what: str = "IMAGE", *, engine_id: bool = True) -> st
             f"{what} {text!r} is an image ID, not an image reference",
             hint="a cluster pulls by reference: give repository@sha256:<manifest digest> or repository:tag",
         )
-    if not (engine_id and ENGINE_ID.match(text)):
-        try:
-            parse_reference(text)
-        except BadReference as e:
-            kind = "an image reference or ID" if engine_id else "an image reference"
-            raise UsageError(f"{what} {text!r} is not {kind}: {e.why}", hint=e.hint) from e
-    return text
+    if engine_id and text.startswith("sha256:") and ENGINE_ID.match(text):
+        return ImageName(text, None)
+    try:
+        return ImageName(text, parse_reference(text))
+    except BadReference as e:  # a bare hex image ID is a valid reference too: never here
+        kind = "an image reference or ID" if engine_id else "an image reference"
+        raise UsageError(f"{what} {text!r} is not {kind}: {e.why}", hint=e.hint) from e
+
+
+def check_image(text: str, what: str = "IMAGE", *, engine_id: bool = True) -> str:
+    """`parse_image_name`, for callers that keep the text."""
+    return parse_image_name(text, what, engine_id=engine_id).text
 
 
 def is_loopback_registry(registry: str) -> bool:

@@ -32,9 +32,9 @@ from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
 from imagegate.oci.digest import digest_of, is_digest
+from imagegate.oci.errors import BlobNotFound, SourceError
 from imagegate.oci.manifest import ACCEPT_ALL
 from imagegate.oci.reference import is_loopback_registry
-from imagegate.oci.sources.interface import BlobNotFound, SourceError
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 USER_AGENT = f"imagegate/{__version__}"

@@ -12,14 +12,13 @@ from imagegate.enginehost import check_docker_host
 from imagegate.errors import UsageError
 from imagegate.oci.hashing import decompressing_reader
 from imagegate.oci.manifest import DEFAULT_PLATFORM, parse_platform
-from imagegate.oci.reference import check_image, parse_reference
+from imagegate.oci.reference import parse_image_name, parse_reference
 from imagegate.oci.sources.archive import DockerArchiveSource, TarStream, is_compressed_file
 from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.sources.layout import OciLayoutSource
 from imagegate.oci.sources.registry import RegistrySource
 
-TRANSPORTS = ("docker://", "docker-daemon:", "docker-archive:", "oci:")
 # Transports containers/image has that we do not read: say so instead of guessing a registry.
 _OTHER_TRANSPORTS = ("containers-storage", "dir", "oci-archive", "ostree", "sif", "tarball")
 
@@ -46,10 +45,10 @@ def open_source(
         ref = spec[len("docker-daemon:") :]
         if not ref:
             raise _usage(spec, "no image after docker-daemon:")
-        check_image(ref, "docker-daemon: image")  # malformed names never reach the engine's API
+        name = parse_image_name(ref, "docker-daemon: image")  # malformed names never reach the engine's API
         if docker_client is None:
             check_docker_host(os.environ)
-        return DaemonArchive(ref, docker_client)
+        return DaemonArchive(name, docker_client)
     if spec.startswith("docker-archive:"):
         path, _, wanted = spec[len("docker-archive:") :].partition(":")
         if not path:

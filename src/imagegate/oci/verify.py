@@ -152,7 +152,7 @@ def default_jobs() -> int:
     return max(2, min(8, (os.cpu_count() or 2) + 2))
 
 
-def _short(d: str | None) -> str:
+def _clip(d: str | None) -> str:
     return "?" if d is None else d if len(d) <= 20 else d[:19] + "…"
 
 
@@ -177,26 +177,11 @@ def judge_layer(
     if got is None:
         if foreign or desc.foreign:
             where = f" (from {', '.join(desc.urls)})" if desc.urls else ""
-            return LayerResult(
-                status=LayerStatus.FOREIGN,
-                compression=None,
-                actual_digest=None,
-                actual_size=None,
-                actual_diff_id=None,
-                uncompressed_size=None,
-                detail=f"foreign (non-distributable) layer, not in the source{where}: not verified",
-                **base,
-            )
-        return LayerResult(
-            status=LayerStatus.MISSING,
-            compression=None,
-            actual_digest=None,
-            actual_size=None,
-            actual_diff_id=None,
-            uncompressed_size=None,
-            detail=f"the source has no blob {desc.name}",
-            **base,
-        )
+            status = LayerStatus.FOREIGN
+            detail = f"foreign (non-distributable) layer, not in the source{where}: not verified"
+        else:
+            status, detail = LayerStatus.MISSING, f"the source has no blob {desc.name}"
+        return LayerResult(status=status, detail=detail, **base, **_NOTHING_READ)
     actual_size = known_size if got.too_long and known_size is not None else got.size
     values: dict[str, Any] = {
         "compression": got.compression,
@@ -205,23 +190,45 @@ def judge_layer(
         "actual_diff_id": got.diff_id,
         "uncompressed_size": got.uncompressed_size,
     }
+    status, detail = _judge_read(desc, expected_diff_id, got, known_size, actual_size)
+    return LayerResult(status=status, detail=detail, **base, **values)
+
+
+_NOTHING_READ: dict[str, Any] = {
+    "compression": None,
+    "actual_digest": None,
+    "actual_size": None,
+    "actual_diff_id": None,
+    "uncompressed_size": None,
+}
+
+
+def _judge_read(
+    desc: Descriptor, expected_diff_id: str | None, got: BlobDigests, known_size: int | None, actual_size: int
+) -> tuple[LayerStatus, str]:
+    """A blob that was read: its size, its digest, its inflation, then its diffID, in that order."""
     if desc.size is not None and (got.too_long or got.size != desc.size):
         longer = "more than " if got.too_long and known_size is None else ""
         why = "truncated" if not got.too_long else "longer than declared"
-        detail = f"the blob is {longer}{actual_size} bytes, the manifest says {desc.size} ({why})"
-        return LayerResult(status=LayerStatus.SIZE_MISMATCH, detail=detail, **base, **values)
+        return (
+            LayerStatus.SIZE_MISMATCH,
+            f"the blob is {longer}{actual_size} bytes, the manifest says {desc.size} ({why})",
+        )
     if desc.digest is not None and got.digest != desc.digest:
-        detail = f"the blob hashes to {got.digest}, the manifest says {desc.digest}"
-        return LayerResult(status=LayerStatus.DIGEST_MISMATCH, detail=detail, **base, **values)
+        return (
+            LayerStatus.DIGEST_MISMATCH,
+            f"the blob hashes to {got.digest}, the manifest says {desc.digest}",
+        )
     if got.decompress_error:
-        return LayerResult(status=LayerStatus.DECOMPRESS_ERROR, detail=got.decompress_error, **base, **values)
+        return LayerStatus.DECOMPRESS_ERROR, got.decompress_error
     if expected_diff_id is None:
-        detail = "the config lists no diffID for this layer"
-        return LayerResult(status=LayerStatus.DIFFID_MISMATCH, detail=detail, **base, **values)
+        return LayerStatus.DIFFID_MISMATCH, "the config lists no diffID for this layer"
     if got.diff_id != expected_diff_id:
-        detail = f"content differs: diffID {got.diff_id}, the config says {expected_diff_id}"
-        return LayerResult(status=LayerStatus.DIFFID_MISMATCH, detail=detail, **base, **values)
-    return LayerResult(status=LayerStatus.OK, detail="", **base, **values)
+        return (
+            LayerStatus.DIFFID_MISMATCH,
+            f"content differs: diffID {got.diff_id}, the config says {expected_diff_id}",
+        )
+    return LayerStatus.OK, ""
 
 
 def check_config(
@@ -339,7 +346,7 @@ def _verify_random(
 
     def one(i: int, desc: Descriptor) -> LayerResult:
         expected = diff_ids[i] if i < len(diff_ids) else None
-        label = f"layer {i + 1}/{len(image.layers)} {_short(desc.digest or desc.locator)}"
+        label = f"layer {i + 1}/{len(image.layers)} {_clip(desc.digest or desc.locator)}"
         progress.started(
             i, label, desc.size if desc.size is not None else (member_size(desc) if member_size else None)
         )
@@ -379,21 +386,34 @@ _KEEP_TOTAL = 64 << 20  # at most this much metadata is kept in memory
 _META_NAMES = ("manifest.json", "index.json", "oci-layout", "repositories")
 
 
-def _verify_stream(
-    archive: ArchiveStream, expect: str | None, max_uncompressed: int, progress: Progress
-) -> VerifyReport:
-    kept: dict[str, bytes] = {}
-    kept_total = 0
-    digests: dict[str, BlobDigests] = {}
-    sizes: dict[str, int] = {}
-    links: dict[str, str] = {}
+@dataclass
+class _StreamHashes:
+    """What one pass over an archive stream leaves: every member hashed, the small ones that may
+    be metadata kept, and the hard links between members."""
+
+    kept: dict[str, bytes] = field(default_factory=dict)
+    kept_total: int = 0
+    digests: dict[str, BlobDigests] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    waited: float | None = None  # how long the stream took to start, when it was waited for
+
+    def follow(self, name: str) -> str:
+        for _ in range(16):
+            if name not in self.links:
+                return name
+            name = self.links[name]
+        return name
+
+
+def _hash_members(archive: ArchiveStream, max_uncompressed: int, progress: Progress) -> _StreamHashes:
+    got = _StreamHashes()
     lock = threading.Lock()  # progress sinks may expect calls from one thread at a time
-    waited: list[float] = []
     notice = getattr(progress, "waiting", None)
 
     def waiting(elapsed: float, done: bool) -> None:
-        if done:
-            waited.append(round(elapsed, 1))
+        if done and got.waited is None:
+            got.waited = round(elapsed, 1)
         if notice is not None:
             with lock:
                 notice(archive.description, elapsed, done)
@@ -401,41 +421,41 @@ def _verify_stream(
     with archive.members(waiting) as members:
         for k, m in enumerate(members):
             if m.link_target is not None:
-                links[m.name] = m.link_target
+                got.links[m.name] = m.link_target
                 continue
             algorithm = (
                 m.name.split("/")[1] if m.name.startswith("blobs/") and m.name.count("/") == 2 else "sha256"
             )
             if algorithm not in ("sha256", "sha512"):
                 algorithm = "sha256"
-            sizes[m.name] = m.size
+            got.sizes[m.name] = m.size
             if m.size <= _SMALL:
                 data = m.reader.read(m.size)
                 looks_meta = m.name in _META_NAMES or m.name.endswith(".json") or data[:1] == b"{"
-                if looks_meta and kept_total + len(data) <= _KEEP_TOTAL:
-                    kept[m.name] = data
-                    kept_total += len(data)
-                digests[m.name] = digest_blob(
+                if looks_meta and got.kept_total + len(data) <= _KEEP_TOTAL:
+                    got.kept[m.name] = data
+                    got.kept_total += len(data)
+                got.digests[m.name] = digest_blob(
                     io.BytesIO(data), algorithm=algorithm, max_uncompressed=max_uncompressed
                 )
                 continue
             with lock:
                 progress.started(k, m.name, m.size)
-            digests[m.name] = digest_blob(
+            got.digests[m.name] = digest_blob(
                 m.reader,
                 algorithm=algorithm,
                 max_uncompressed=max_uncompressed,
                 on_bytes=lambda n, k=k: progress.advanced(k, n),  # type: ignore[misc]
             )
             progress.finished(k, "hashed")
+    return got
 
-    def follow(name: str) -> str:
-        for _ in range(16):
-            if name not in links:
-                return name
-            name = links[name]
-        return name
 
+def _verify_stream(
+    archive: ArchiveStream, expect: str | None, max_uncompressed: int, progress: Progress
+) -> VerifyReport:
+    got = _hash_members(archive, max_uncompressed, progress)
+    kept, follow = got.kept, got.follow
     image = resolve_archive(
         lambda n: kept.get(follow(n)),
         wanted=archive.wanted,
@@ -454,11 +474,9 @@ def _verify_stream(
                 i,
                 desc,
                 expected,
-                digests.get(name),
+                got.digests.get(name),
                 foreign=expected in image.foreign_diff_ids,
-                known_size=sizes.get(name),
+                known_size=got.sizes.get(name),
             )
         )
-    return _report(
-        archive.description, image, config, results, diff_ids, problems, doc, waited[0] if waited else None
-    )
+    return _report(archive.description, image, config, results, diff_ids, problems, doc, got.waited)

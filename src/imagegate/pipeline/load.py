@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from imagegate import resources
 from imagegate.errors import UsageError
-from imagegate.pipeline.model import Pipeline, StageGraphError
+from imagegate.pipeline.model import API_VERSION, Pipeline, StageGraphError
 from imagegate.pipeline.probes import PROBES
 
 PROBE_TAGS = tuple(PROBES)
@@ -73,12 +73,12 @@ def parse(text: str, filename: str = "<pipeline>") -> Pipeline:
     node, data = read_yaml(text, filename)
     if not isinstance(data, dict):
         raise UsageError(f"{filename}: a pipeline is a mapping with apiVersion: imagegate/v1 and stages")
-    if data.get("apiVersion") != "imagegate/v1":
+    if data.get("apiVersion") != API_VERSION:
         line = _line_of(node, ("apiVersion",))
         found = "missing" if "apiVersion" not in data else f"found {data['apiVersion']!r}"
         raise UsageError(
-            f"{filename}:{line}: apiVersion: {found}, expected 'imagegate/v1'",
-            hint="this imagegate reads imagegate/v1 pipelines",
+            f"{filename}:{line}: apiVersion: {found}, expected {API_VERSION!r}",
+            hint=f"this imagegate reads {API_VERSION} pipelines",
         )
     try:
         return Pipeline.model_validate(data)

@@ -106,13 +106,6 @@ def load_attempt(attempt_dir: Path) -> RunRecord:
     )
 
 
-def run_facts(attempt_dir: Path) -> dict[str, Any]:
-    """run.json's `run` part (interpreter, exit code, timed out), or {} when absent."""
-    path = Path(attempt_dir) / "run.json"
-    facts = _read_json(path).get("run") if path.is_file() else None
-    return facts if isinstance(facts, dict) else {}
-
-
 # How `imagegate run` names an attempt folder (evidence.Attempt): its UTC time, then a random tail.
 ATTEMPT_NAME = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}$")
 

@@ -12,30 +12,20 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from imagegate.errors import EngineError, UsageError
+from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.archive import TarStream
 from imagegate.oci.sources.interface import Waiting
 
-_ID_RE = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
 CHUNK = 1 << 20
 # Chunks read ahead of the consumer: bounds memory (16 MiB) and lets reading overlap hashing.
 QUEUE_CHUNKS = 16
 TICK_S = 1.0  # how often a waiting caller hears the elapsed time
-
-
-def engine_ref(ref: str) -> str:
-    """What to ask the engine to save: an ID or digest as is; a bare name gets `:latest`, since
-    saving a bare repository name would save all of its tags."""
-    if _ID_RE.match(ref) or "@" in ref:
-        return ref
-    last = ref.rsplit("/", 1)[-1]
-    return ref if ":" in last else ref + ":latest"
 
 
 def engine_endpoint(client: Any) -> str:
@@ -173,8 +163,11 @@ def _sizeof(n: int) -> str:
 
 
 class DaemonArchive(TarStream):
-    def __init__(self, ref: str, client: Any | None = None, *, timeout: float | None = None):
-        self.ref = engine_ref(ref)
+    def __init__(self, image: ImageName | str, client: Any | None = None, *, timeout: float | None = None):
+        name = image if isinstance(image, ImageName) else parse_image_name(image, "docker-daemon: image")
+        ref = name.text
+        # saving a bare repository name would save all of its tags: one image, `:latest`
+        self.ref = name.pinned_or_tagged
         self._client = client
         self.timeout = timeout  # overall, for the export; None: no limit (the caller's deadline)
         self.first_byte_s: float | None = None  # how long the engine prepared, once known

@@ -16,7 +16,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from imagegate.errors import ImagegateError
+# re-exported: where the sources' users find them
+from imagegate.oci.errors import BlobNotFound as BlobNotFound
+from imagegate.oci.errors import SourceError as SourceError
 from imagegate.oci.manifest import DEFAULT_PLATFORM, Descriptor, Platform, parse_platform
 
 # Called while a stream has not delivered its first byte (an engine preparing its export):
@@ -25,14 +27,6 @@ Waiting = Callable[[float, bool], None]
 
 # A config larger than this is refused: configs are kilobytes; this bounds memory.
 MAX_CONFIG_BYTES = 64 << 20
-
-
-class SourceError(ImagegateError):
-    """The image could not be read (unreachable, refused, malformed): exit 2, undecided."""
-
-
-class BlobNotFound(SourceError):
-    """The source has no blob with this digest (or no such archive member)."""
 
 
 class BlobReader(Protocol):

@@ -1,4 +1,4 @@
-"""Run an inventory: every image through its pipeline, every (official, mirror) pair through
+"""Run an image list (an `Inventory` file): every image through its pipeline, every (official, mirror) pair through
 compare, a bounded number at a time. Each item's outcome is data; one item that cannot run
 (missing image, unreachable registry, a bug) is reported as such and never stops the others."""
 
@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from imagegate import runner
-from imagegate.audit.inventory import ImageEntry, LoadedInventory, MirrorEntry
+from imagegate.batch.imagelist import ImageEntry, LoadedImageList, MirrorEntry
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError
 from imagegate.model import EXIT_UNDECIDED, EXIT_USAGE, exit_code
+from imagegate.pipeline.model import API_VERSION
 
 log = logging.getLogger("imagegate.audit")
 
@@ -45,8 +46,8 @@ class ItemResult:
 
 
 @dataclass(frozen=True)
-class AuditResult:
-    inventory: str
+class BatchResult:
+    image_list: str  # the file's path
     started_at: str
     finished_at: str
     items: list[ItemResult]
@@ -57,7 +58,7 @@ class AuditResult:
 
 
 @dataclass(frozen=True)
-class AuditOptions:
+class BatchOptions:
     out: Path = Path("imagegate-runs")
     jobs: int = 4
     platform: str | None = None  # overrides the inventory's default for mirror pairs
@@ -84,14 +85,14 @@ def _failed(
 
 
 def run_image(
-    entry: ImageEntry, inv: LoadedInventory, opts: AuditOptions, make_driver: DriverFactory
+    entry: ImageEntry, inv: LoadedImageList, opts: BatchOptions, make_driver: DriverFactory
 ) -> ItemResult:
     name = entry.name or entry.image
     t0 = time.monotonic()
-    pipeline = entry.pipeline or inv.inventory.defaults.pipeline
+    pipeline = entry.pipeline or inv.image_list.defaults.pipeline
     require = entry.require_complete
     if require is None:
-        require = inv.inventory.defaults.require_complete
+        require = inv.image_list.defaults.require_complete
     try:
         ropts = runner.RunOptions(
             pipeline=pipeline, modules=entry.modules, out=opts.out, timeout=entry.timeout
@@ -113,7 +114,7 @@ def run_image(
     )
 
 
-def run_mirror(entry: MirrorEntry, inv: LoadedInventory, opts: AuditOptions) -> ItemResult:
+def run_mirror(entry: MirrorEntry, inv: LoadedImageList, opts: BatchOptions) -> ItemResult:
     from imagegate.oci.compare import compare
     from imagegate.oci.sources.interface import ImageSource, Source
     from imagegate.oci.transports import open_source
@@ -121,7 +122,7 @@ def run_mirror(entry: MirrorEntry, inv: LoadedInventory, opts: AuditOptions) -> 
     subject = f"{entry.official} -> {entry.mirror}"
     name = entry.name or entry.mirror
     t0 = time.monotonic()
-    platform = opts.platform or entry.platform or inv.inventory.defaults.platform
+    platform = opts.platform or entry.platform or inv.image_list.defaults.platform
     opened: list[Source] = []
     try:
         for spec in (entry.official, entry.mirror):
@@ -145,15 +146,15 @@ def run_mirror(entry: MirrorEntry, inv: LoadedInventory, opts: AuditOptions) -> 
     )
 
 
-def audit(
-    inv: LoadedInventory,
-    opts: AuditOptions,
+def run_batch(
+    inv: LoadedImageList,
+    opts: BatchOptions,
     make_driver: DriverFactory,
     on_done: OnDone = lambda _r: None,
-) -> AuditResult:
+) -> BatchResult:
     """Every item, at most `opts.jobs` at a time; results in inventory order."""
     started = _now()
-    images, mirrors = inv.inventory.images, inv.inventory.mirrors
+    images, mirrors = inv.image_list.images, inv.image_list.mirrors
     log.info(
         "audit %s: %d images, %d mirror pairs, %d at a time", inv.path, len(images), len(mirrors), opts.jobs
     )
@@ -173,14 +174,14 @@ def audit(
         futures = [pool.submit(one_image, e) for e in images]
         futures += [pool.submit(one_mirror, m) for m in mirrors]
         items = [f.result() for f in futures]
-    return AuditResult(str(inv.path), started, _now(), items)
+    return BatchResult(str(inv.path), started, _now(), items)
 
 
-def to_json(result: AuditResult) -> dict[str, Any]:
+def to_json(result: BatchResult) -> dict[str, Any]:
     return {
-        "apiVersion": "imagegate/v1",
+        "apiVersion": API_VERSION,
         "kind": "AuditReport",
-        "inventory": result.inventory,
+        "inventory": result.image_list,
         "startedOn": result.started_at,
         "finishedOn": result.finished_at,
         "exitCode": result.exit_code,

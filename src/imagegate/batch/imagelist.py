@@ -1,4 +1,4 @@
-"""The inventory file of `imagegate audit` (apiVersion imagegate/v1, kind Inventory): images to
+"""The image list of `imagegate audit`, an inventory file (apiVersion imagegate/v1, kind Inventory): images to
 run a pipeline against, and (official, mirror) pairs to compare. Strict: unknown keys are errors
 that name the file, the line and the key. Relative paths in it are relative to the file."""
 
@@ -64,7 +64,7 @@ class MirrorEntry(_Strict):
     insecure: bool = False
 
 
-class Inventory(_Strict):
+class ImageList(_Strict):
     apiVersion: Literal["imagegate/v1"]
     kind: Literal["Inventory"]
     defaults: Defaults = Defaults()
@@ -73,8 +73,8 @@ class Inventory(_Strict):
 
 
 @dataclass(frozen=True)
-class LoadedInventory:
-    inventory: Inventory
+class LoadedImageList:
+    image_list: ImageList
     path: Path
 
 
@@ -93,7 +93,7 @@ def _pipeline_path(name: str, folder: Path) -> str:
     return str(folder / name) if looks_like_file and not Path(name).is_absolute() else name
 
 
-def load(path: Path) -> LoadedInventory:
+def load(path: Path) -> LoadedImageList:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -103,7 +103,7 @@ def load(path: Path) -> LoadedInventory:
     if not isinstance(data, dict):
         raise UsageError(f"{path}: an inventory is a mapping with apiVersion: imagegate/v1, kind: Inventory")
     try:
-        inv = Inventory.model_validate(data)
+        inv = ImageList.model_validate(data)
     except ValidationError as e:
         lines = []
         for item in e.errors():
@@ -120,4 +120,4 @@ def load(path: Path) -> LoadedInventory:
         img.pipeline = _pipeline_path(img.pipeline or inv.defaults.pipeline, folder)
     for m in inv.mirrors:
         m.official, m.mirror = _rebase(m.official, folder), _rebase(m.mirror, folder)
-    return LoadedInventory(inv, path)
+    return LoadedImageList(inv, path)

@@ -1,4 +1,4 @@
-"""The console view of an audit: one table, one row per image or mirror pair, then the count
+"""The console view of a batch audit (`imagegate audit`): one table, one row per image or mirror pair, then the count
 and the exit code."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from imagegate.audit.batch import AuditResult
+from imagegate.batch.run import BatchResult
 from imagegate.report.console import one_line
 
 _MEANING = {0: "accepted", 1: "rejected", 2: "undecided", 3: "input error"}
 _STYLE = {0: "green", 1: "bold red", 2: "bold magenta", 3: "bold magenta"}
 
 
-def render(result: AuditResult, console: Console) -> None:
+def render(result: BatchResult, console: Console) -> None:
     # Fixed widths, the detail taking what is left: rich would otherwise squeeze whole columns
     # away in an 80-column CI log; narrow consoles drop the kind column.
     wide = console.width >= 120
@@ -30,7 +30,7 @@ def render(result: AuditResult, console: Console) -> None:
     if not cut:
         detail_w = None
     table = Table(
-        title=f"imagegate audit · {result.inventory}",
+        title=f"imagegate audit · {result.image_list}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,

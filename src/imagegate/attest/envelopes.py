@@ -1,0 +1,56 @@
+"""Reading attestation files in the forms imagegate writes and cosign reads: a DSSE envelope
+(`.dsse.json`), a Sigstore bundle (`.sigstore.json`), JSON lines of envelopes (`.intoto.jsonl`).
+Shared by `verify` (which checks them) and `attach` (which pushes them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from imagegate.attest import bundle, dsse
+from imagegate.errors import UsageError
+from imagegate.oci import untrusted_json
+
+# Attestations come from anywhere (a registry, a copied file): parsed within bounds.
+MAX_ATTESTATION_BYTES = 64 << 20
+
+
+def read_envelopes(path: Path) -> list[dsse.Envelope]:
+    """A DSSE envelope (`.dsse.json`), a Sigstore bundle (`.sigstore.json`), or JSON lines of
+    envelopes (`.intoto.jsonl`, which may hold several)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
+    if len(data) > MAX_ATTESTATION_BYTES:
+        raise UsageError(f"attestation {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
+    if untrusted_json.nesting_depth(data.decode("utf-8", "replace")) > untrusted_json.MAX_DEPTH:
+        raise UsageError(f"attestation {path}: nested more than {untrusted_json.MAX_DEPTH} levels deep")
+    try:
+        obj = untrusted_json.loads(data, max_bytes=MAX_ATTESTATION_BYTES)
+    except ValueError:
+        obj = None
+    if obj is not None:
+        return [_one(obj, path)]
+    out = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(_one(untrusted_json.loads(line, max_bytes=MAX_ATTESTATION_BYTES), path))
+        except ValueError as e:
+            raise UsageError(f"attestation {path}: line {n} is not JSON") from e
+    if not out:
+        raise UsageError(f"attestation {path}: empty")
+    return out
+
+
+def _one(obj: object, path: Path) -> dsse.Envelope:
+    try:
+        if bundle.is_bundle(obj):
+            assert isinstance(obj, dict)
+            return bundle.envelope_of(obj)
+        return dsse.from_dict(obj)
+    except UsageError as e:
+        raise UsageError(
+            f"attestation {path}: {e}", hint="pass attestation.dsse.json, .intoto.jsonl or .sigstore.json"
+        ) from e
