@@ -11,12 +11,11 @@ step; the other two together take about as long on the other core."""
 from __future__ import annotations
 
 import bz2
-import contextlib
 import hashlib
 import lzma
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +23,7 @@ import zstandard
 from isal import igzip_lib
 
 from imagegate.oci.digest import new_hasher
+from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.zstdframes import ZstdFrameWalker
 
 # Small steps keep each chunk in the CPU cache between inflating and hashing it (measured:
@@ -123,77 +123,34 @@ class _ThreadedHash:
         return self.hasher.hexdigest()
 
 
-class _ReadAhead:
+def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash | None) -> Iterator[bytes]:
+    count = 0
+    while True:
+        n = READ_CHUNK if limit is None else min(READ_CHUNK, limit - count)
+        data = src.read(n) if n > 0 else b""
+        if not data:
+            return
+        count += len(data)
+        if hasher is not None:
+            hasher.update(data)
+        yield data
+
+
+class _ReadAhead(ThreadedReader):
     """Reads the source in its own thread, a few chunks ahead (network and disk waits overlap
     the hashing), and hashes what it read there when given a hasher (one hand-off per chunk
     fewer than a hashing thread of its own). Reads stop at `limit` bytes, like the reader they
     feed."""
 
     def __init__(self, src: Reader, limit: int | None, hasher: hashlib._Hash | None = None):
-        self._src, self._limit, self._hasher = src, limit, hasher
-        self._q: queue.Queue[object] = queue.Queue(QUEUE_DEPTH)
-        self._stop = threading.Event()
-        self._buf, self._pos, self._eof = b"", 0, False
-        self._thread = threading.Thread(target=self._run, name="blob-read", daemon=True)
-        self._thread.start()
-
-    def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        count = 0
-        try:
-            while not self._stop.is_set():
-                n = READ_CHUNK if self._limit is None else min(READ_CHUNK, self._limit - count)
-                data = self._src.read(n) if n > 0 else b""
-                if not data:
-                    break
-                count += len(data)
-                if self._hasher is not None:
-                    self._hasher.update(data)
-                if not self._put(data):
-                    return
-            self._put(_DONE)
-        except BaseException as e:  # raised in the reading thread
-            self._put(e)
-
-    def read(self, n: int) -> bytes:
-        if self._pos >= len(self._buf):
-            if self._eof:
-                return b""
-            item = self._q.get()
-            if item is _DONE:
-                self._eof = True
-                return b""
-            if isinstance(item, BaseException):
-                self._eof = True
-                raise item
-            self._buf, self._pos = item, 0  # type: ignore[assignment]
-        out = self._buf[self._pos : self._pos + n] if self._pos or n < len(self._buf) else self._buf
-        self._pos += len(out)
-        return out
+        self._hasher = hasher
+        super().__init__(lambda: _read_chunks(src, limit, hasher), depth=QUEUE_DEPTH, name="blob-read")
 
     def hexdigest(self) -> str:
-        """The hash of every byte read, once all of them were returned by read() (the reader
-        that stopped at `limit` has not asked for the end: it is next in the queue)."""
-        if not self._eof and self._pos >= len(self._buf):
-            self._eof = self._q.get() is _DONE
-        assert self._hasher is not None and self._eof, "the blob digest before the end of the blob"
+        """The hash of every byte read, once all of them were returned by read()."""
+        assert self._hasher is not None and self.at_end(), "the blob digest before the end of the blob"
         self._thread.join()
         return self._hasher.hexdigest()
-
-    def close(self) -> None:
-        """Stop reading ahead; returns once the thread no longer touches the source."""
-        self._stop.set()
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._q.get(timeout=0.1)  # unblock a put
 
 
 class _HashedAhead:
