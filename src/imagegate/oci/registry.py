@@ -20,6 +20,7 @@ import base64
 import random
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -400,6 +401,7 @@ class BlobStream:
         self._sock: socket.socket | None = None  # see _direct_socket
         self._direct = False  # reading from _sock
         self._length = self._taken = 0  # of this response's body
+        self._recv_flags = 0
         self._buf = b""
         self._resumes = 0
 
@@ -465,6 +467,7 @@ class BlobStream:
         self._taken += len(chunk)
         if self._sock is not None:
             self._direct = True  # the parser's buffer is empty now
+            self._set_timeout(self._sock)  # httpcore set its own for its read
         return chunk
 
     def _recv(self, n: int) -> bytes:
@@ -475,9 +478,8 @@ class BlobStream:
         if left <= 0:
             return b""
         try:
-            self._sock.settimeout(self.client._http.timeout.read)
-            data = self._sock.recv(min(n, left))
-        except TimeoutError as e:
+            data = self._sock.recv(min(n, left), self._recv_flags)
+        except (TimeoutError, BlockingIOError) as e:
             raise httpx.ReadTimeout(str(e) or "timed out") from e
         except OSError as e:
             raise httpx.ReadError(str(e)) from e
@@ -485,6 +487,23 @@ class BlobStream:
             raise httpx.ReadError(f"the connection closed with {left} bytes of the body unread")
         self._taken += len(data)
         return data
+
+    def _set_timeout(self, sock: socket.socket) -> None:
+        """The read timeout on the socket. A plain socket is made blocking with the timeout in
+        the kernel (SO_RCVTIMEO), so that MSG_WAITALL fills whole chunks in one call (a socket
+        with a Python timeout is non-blocking: each recv returns what has arrived, ~150 KiB on
+        loopback, and every chunk costs a hand-off downstream). TLS sockets take no flags."""
+        timeout = self.client._http.timeout.read
+        self._recv_flags = 0
+        if isinstance(sock, ssl.SSLSocket) or timeout is None or not hasattr(socket, "MSG_WAITALL"):
+            sock.settimeout(timeout)
+            return
+        sock.settimeout(None)
+        whole = int(timeout)
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((timeout - whole) * 1e6))
+        )
+        self._recv_flags = socket.MSG_WAITALL
 
     def read(self, n: int) -> bytes:
         # `offset` counts bytes received (returned or buffered): a resume asks for the rest.
