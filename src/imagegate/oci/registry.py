@@ -479,8 +479,8 @@ class BlobStream:
             return b""
         try:
             data = self._sock.recv(min(n, left), self._recv_flags)
-        except (TimeoutError, BlockingIOError) as e:
-            raise httpx.ReadTimeout(str(e) or "timed out") from e
+        except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO ran out
+            raise httpx.ReadTimeout(f"no byte for {self.client._http.timeout.read} s") from e
         except OSError as e:
             raise httpx.ReadError(str(e)) from e
         if not data:
