@@ -11,9 +11,12 @@ step; the other two together take about as long on the other core."""
 from __future__ import annotations
 
 import bz2
+import ctypes
+import functools
 import hashlib
 import lzma
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +46,25 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 BZIP2_MAGIC = b"BZh"
+
+
+# glibc's malloc serves chunks of this pipeline's size (0.5-2 MiB) with fresh mmap()s or from a
+# heap it trims after each free, so every chunk's pages fault in anew: measured on a 4.5 GB layer,
+# ~600k page faults and 1.6 s of system CPU out of ~27. Kept in the heap, they are reused.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+@functools.cache
+def _keep_chunks_in_heap() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "gnu_get_libc_version"):  # glibc's mallopt; musl's has no such knobs
+            libc.mallopt(_M_MMAP_THRESHOLD, 4 << 20)  # chunks under 4 MiB from the heap
+            libc.mallopt(_M_TRIM_THRESHOLD, 16 << 20)  # and the heap not trimmed below 16 MiB free
+    except OSError:
+        pass
 
 
 class Reader(Protocol):
@@ -279,6 +301,7 @@ def digest_blob(
     limit = None if declared_size is None else declared_size + 1
     if not pipeline:
         return _digest(src, new_hasher(algorithm), hashlib.sha256, limit, layer, max_uncompressed, on_bytes)
+    _keep_chunks_in_heap()
     threaded: list[_ThreadedHash] = []
 
     def threaded_hash(h: hashlib._Hash, name: str) -> Any:
