@@ -221,6 +221,7 @@ class FaultyProxy:
     fail_status: int = 500
     retry_after: str | None = None
     cut_first_blob: bool = False
+    stall_first_blob_s: float = 0.0  # send half of the first blob, then nothing for this long
     seen: list[str] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     failed: int = 0
@@ -265,10 +266,12 @@ class FaultyProxy:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 is_blob = self.command == "GET" and "/blobs/" in self.path and len(data) > 1000
-                if proxy.cut_first_blob and is_blob and proxy.cut == 0 and resp.status == 200:
+                cutting = proxy.cut_first_blob or proxy.stall_first_blob_s
+                if cutting and is_blob and proxy.cut == 0 and resp.status == 200:
                     proxy.cut += 1
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
+                    time.sleep(proxy.stall_first_blob_s)
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return

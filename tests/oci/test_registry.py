@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,6 +183,18 @@ def test_blob_read_cut_midway_resumes_with_range(pushed: Pushed, proxy: FaultyPr
     client = RegistryClient(proxy.host, backoff_s=0.01)
     report = verify_source(RegistrySource(ref, parse_platform("linux/amd64"), client=client), jobs=1)
     assert report.ok, report
+    assert proxy.cut == 1 and proxy.ranges and proxy.ranges[0].startswith("bytes=")
+
+
+def test_blob_read_stalled_midway_times_out_and_resumes(pushed: Pushed, proxy: FaultyProxy) -> None:
+    # The body is read from the socket directly: its read timeout must still hold there.
+    proxy.stall_first_blob_s = 8
+    ref = parse_reference(pushed.ref.replace(pushed.ref.split("/")[0], proxy.host))
+    client = RegistryClient(proxy.host, backoff_s=0.01, timeout_s=1.5)
+    t0 = time.monotonic()
+    report = verify_source(RegistrySource(ref, parse_platform("linux/amd64"), client=client), jobs=1)
+    assert report.ok, report
+    assert time.monotonic() - t0 < 7, "the stalled read was not given up after its timeout"
     assert proxy.cut == 1 and proxy.ranges and proxy.ranges[0].startswith("bytes=")
 
 

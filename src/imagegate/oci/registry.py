@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import base64
 import random
+import socket
+import ssl
+import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -382,7 +385,12 @@ class RegistryClient:
 
 
 class BlobStream:
-    """A blob body read in chunks; a connection cut mid-way is resumed with a Range request."""
+    """A blob body read in chunks; a connection cut mid-way is resumed with a Range request.
+
+    A body of known length on a connection that carries it as is (HTTP/1.1, no transfer coding,
+    no TLS-in-TLS) is read from the socket directly once the HTTP parser's buffer is drained:
+    one copy from the kernel instead of a trip through h11, httpcore and httpx per 64 KiB
+    (measured on a 4.5 GB blob from a loopback registry: 1.1 CPU-s instead of 6.6)."""
 
     def __init__(self, client: RegistryClient, repository: str, digest: str):
         self.client, self.repository, self.digest = client, repository, digest
@@ -390,6 +398,10 @@ class BlobStream:
         self.size: int | None = None
         self._resp: httpx.Response | None = None
         self._iter: Iterator[bytes] | None = None
+        self._sock: socket.socket | None = None  # see _direct_socket
+        self._direct = False  # reading from _sock
+        self._length = self._taken = 0  # of this response's body
+        self._recv_flags = 0
         self._buf = b""
         self._resumes = 0
 
@@ -413,14 +425,85 @@ class BlobStream:
         if self.size is None and resp.status_code == 200 and "Content-Length" in resp.headers:
             self.size = int(resp.headers["Content-Length"])
         # Chunks as they arrive (not re-assembled to a size): a cut loses nothing received.
-        self._resp, self._iter = resp, resp.iter_raw()
+        self._resp, self._iter, self._taken = resp, resp.iter_raw(), 0
+        self._sock = self._direct_socket(resp)
         while skip:
-            chunk = next(self._iter, b"")
+            chunk = self._next_chunk()
             if not chunk:
                 break
             self._buf += chunk[skip:]
             self.offset += len(chunk[skip:])
             skip = max(0, skip - len(chunk))
+
+    def _direct_socket(self, resp: httpx.Response) -> socket.socket | None:
+        """The socket the body can be read from as is once httpx has handed over one chunk
+        (that chunk holds whatever the parser read past the headers), or None: read through
+        httpx. Such a connection is out of step with the parser and is closed with the
+        response, never reused."""
+        length = resp.headers.get("Content-Length", "")
+        stream = resp.extensions.get("network_stream")
+        if (
+            resp.http_version != "HTTP/1.1"
+            or not length.isdigit()
+            or "Transfer-Encoding" in resp.headers
+            or stream is None
+        ):
+            return None
+        sock = stream.get_extra_info("socket")
+        ssl_object = stream.get_extra_info("ssl_object")
+        if not isinstance(sock, socket.socket):
+            return None
+        # TLS in TLS (through an HTTPS proxy) reports the outer socket, not this stream's.
+        tls = sock._sslobj if isinstance(sock, ssl.SSLSocket) else None  # type: ignore[attr-defined]
+        if ssl_object is not tls:
+            return None
+        self._length = int(length)
+        return sock
+
+    def _next_chunk(self) -> bytes:
+        """The next chunk through httpx (b"" at the end); raises httpx.TransportError."""
+        assert self._iter is not None
+        chunk = next(self._iter, b"")
+        self._taken += len(chunk)
+        if self._sock is not None:
+            self._direct = True  # the parser's buffer is empty now
+            self._set_timeout(self._sock)  # httpcore set its own for its read
+        return chunk
+
+    def _recv(self, n: int) -> bytes:
+        """Up to `n` bytes straight from the socket (b"" at the end of the body); raises
+        httpx.ReadError or ReadTimeout when the connection fails or ends early."""
+        assert self._sock is not None
+        left = self._length - self._taken
+        if left <= 0:
+            return b""
+        try:
+            data = self._sock.recv(min(n, left), self._recv_flags)
+        except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO ran out
+            raise httpx.ReadTimeout(f"no byte for {self.client._http.timeout.read} s") from e
+        except OSError as e:
+            raise httpx.ReadError(str(e)) from e
+        if not data:
+            raise httpx.ReadError(f"the connection closed with {left} bytes of the body unread")
+        self._taken += len(data)
+        return data
+
+    def _set_timeout(self, sock: socket.socket) -> None:
+        """The read timeout on the socket. A plain socket is made blocking with the timeout in
+        the kernel (SO_RCVTIMEO), so that MSG_WAITALL fills whole chunks in one call (a socket
+        with a Python timeout is non-blocking: each recv returns what has arrived, ~150 KiB on
+        loopback, and every chunk costs a hand-off downstream). TLS sockets take no flags."""
+        timeout = self.client._http.timeout.read
+        self._recv_flags = 0
+        if isinstance(sock, ssl.SSLSocket) or timeout is None or not hasattr(socket, "MSG_WAITALL"):
+            sock.settimeout(timeout)
+            return
+        sock.settimeout(None)
+        whole = int(timeout)
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((timeout - whole) * 1e6))
+        )
+        self._recv_flags = socket.MSG_WAITALL
 
     def read(self, n: int) -> bytes:
         # `offset` counts bytes received (returned or buffered): a resume asks for the rest.
@@ -428,7 +511,7 @@ class BlobStream:
         self._buf = b""
         while have < n and self._iter is not None:
             try:
-                chunk = next(self._iter, b"")
+                chunk = self._recv(n - have) if self._direct else self._next_chunk()
             except httpx.TransportError as e:
                 if self._resumes >= self.client.retries:
                     raise RegistryError(
@@ -450,11 +533,15 @@ class BlobStream:
             parts.append(chunk)
             have += len(chunk)
             self.offset += len(chunk)
+            if self._direct:
+                break  # a short read, as a socket gives it: no copy to join pieces
         data = b"".join(parts) if len(parts) > 1 else parts[0]
+        if len(data) <= n:
+            return data
         out, self._buf = data[:n], data[n:]
         return out
 
     def close(self) -> None:
         if self._resp is not None:
             self._resp.close()
-        self._resp, self._iter = None, None
+        self._resp, self._iter, self._sock, self._direct = None, None, None, False

@@ -11,13 +11,12 @@ stream breaks."""
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from imagegate.errors import EngineError, UsageError
+from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.archive import TarStream
 from imagegate.oci.sources.interface import Waiting
@@ -38,19 +37,7 @@ def engine_endpoint(client: Any) -> str:
     return base or "the default engine"
 
 
-class _End:
-    pass
-
-
-class _Failed:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
-_Item = bytes | _End | _Failed
-
-
-class EngineStream:
+class EngineStream(ThreadedReader):
     """A file-like reader over the engine's export, filled by a reader thread.
 
     `start()` sends the request and returns the chunk iterator; it runs in the thread, so a slow
@@ -66,92 +53,42 @@ class EngineStream:
         waiting: Waiting | None = None,
         timeout: float | None = None,
     ):
-        self._describe, self._what, self._waiting = describe, what, waiting
-        self._q: queue.Queue[_Item] = queue.Queue(maxsize=QUEUE_CHUNKS)
-        self._stop = threading.Event()
+        self._describe_error, self._what, self._waiting = describe, what, waiting
         self._t0 = time.monotonic()
         self._deadline = None if timeout is None else self._t0 + timeout
         self._timeout = timeout
-        self._buf, self._pos = b"", 0
-        self._count = 0
         self._first = False
-        self._ended = False
         self.first_byte_s: float | None = None
-        self._chunks: Iterator[bytes] | None = None
-        self._thread = threading.Thread(target=self._pump, args=(start,), name="engine-export", daemon=True)
-        self._thread.start()
+        super().__init__(start, depth=QUEUE_CHUNKS, name="engine-export", tick_s=TICK_S)
 
-    def _put(self, item: _Item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def on_tick(self) -> None:
+        # No chunk this tick: tell the caller, check the deadline.
+        now = time.monotonic()
+        if not self._first and self._waiting is not None:
+            self._waiting(now - self._t0, False)
+        if self._deadline is not None and now > self._deadline:
+            self.close()
+            stage = "prepared no byte of the export" if not self._first else "stopped sending"
+            raise EngineError(
+                f"{self._what}: gave up after {self._timeout:.0f} s: the engine {stage} "
+                f"({self.count} bytes received)",
+                hint="raise the stage's timeout for a large image, or verify the registry copy "
+                "with --source docker://REF",
+            ) from None
 
-    def _pump(self, start: Callable[[], Iterator[bytes]]) -> None:
-        try:
-            self._chunks = start()
-            for chunk in self._chunks:
-                if chunk and not self._put(chunk):
-                    return
-            self._put(_End())
-        except BaseException as e:  # handed to the consumer, raised there
-            self._put(_Failed(e))
+    def on_chunk(self, chunk: bytes) -> None:
+        if not self._first:
+            self._first = True
+            self.first_byte_s = time.monotonic() - self._t0
+            if self._waiting is not None:
+                self._waiting(self.first_byte_s, True)
 
-    def _next(self) -> bytes:
-        while True:
-            try:
-                item = self._q.get(timeout=TICK_S)
-            except queue.Empty:  # no chunk this tick: tell the caller, check the deadline
-                now = time.monotonic()
-                if not self._first and self._waiting is not None:
-                    self._waiting(now - self._t0, False)
-                if self._deadline is not None and now > self._deadline:
-                    self.close()
-                    stage = "prepared no byte of the export" if not self._first else "stopped sending"
-                    raise EngineError(
-                        f"{self._what}: gave up after {self._timeout:.0f} s: the engine {stage} "
-                        f"({self._count} bytes received)",
-                        hint="raise the stage's timeout for a large image, or verify the registry copy "
-                        "with --source docker://REF",
-                    ) from None
-                continue
-            if isinstance(item, _Failed):
-                self._ended = True
-                raise self._describe(item.error, self._count, time.monotonic() - self._t0) from item.error
-            if isinstance(item, _End):
-                self._ended = True
-                return b""
-            if not self._first:
-                self._first = True
-                self.first_byte_s = time.monotonic() - self._t0
-                if self._waiting is not None:
-                    self._waiting(self.first_byte_s, True)
-            self._count += len(item)
-            return item
+    def describe(self, error: BaseException) -> BaseException:
+        return self._describe_error(error, self.count, time.monotonic() - self._t0)
 
-    def read(self, n: int = -1) -> bytes:
-        if self._pos >= len(self._buf):
-            if self._ended:
-                return b""
-            self._buf, self._pos = self._next(), 0
-        if n < 0:
-            parts = [self._buf[self._pos :]]
-            while chunk := (b"" if self._ended else self._next()):
-                parts.append(chunk)
-            self._buf, self._pos = b"", 0
-            return b"".join(parts)
-        out = self._buf[self._pos : self._pos + n]
-        self._pos += len(out)
-        return out
-
-    def close(self) -> None:
-        self._stop.set()
-        close = getattr(self._chunks, "close", None)
-        if close is not None and not self._thread.is_alive():
-            close()
+    def close(self, *, wait: bool = False) -> None:
+        # The thread may be blocked in the engine for minutes: never wait for it.
+        super().close(wait=wait)
 
 
 def _sizeof(n: int) -> str:
