@@ -17,6 +17,7 @@ from imagegate import runner
 from imagegate.cli import _sign
 from imagegate.cli._app import app, fail
 from imagegate.drivers.interface import Driver
+from imagegate.drivers.select import DriverName, DriverOptions, driver_name, make_driver, needs_engine
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.model import exit_code
@@ -37,6 +38,7 @@ class Format(str, enum.Enum):
     "  imagegate run app:latest -p ./my-pipeline.yaml --require-complete\n\n"
     "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
     "  imagegate run myorg/vllm:0.11 -p gpu --gpus all  # the GPU node check alone\n\n"
+    "  imagegate run docker://mirror.example/vllm:0.11 -p vllm --driver rootfs --expect-config sha256:...\n\n"
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
     "--require-complete), 2 could not decide (ERROR), 3 usage or input error, 130 interrupted "
     "(SIGINT), 143 terminated (SIGTERM); the container is removed either way."
@@ -79,8 +81,13 @@ def run(
     pull: str = typer.Option(
         "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
     ),
-    here: bool = typer.Option(
-        False, "--here", help="Run in this environment instead of a container (local driver)."
+    here: bool = typer.Option(False, "--here", help="Run in this environment: the same as --driver here."),
+    driver_choice: str = typer.Option(
+        None,
+        "--driver",
+        metavar="NAME",
+        help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no "
+        "engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here.",
     ),
     gpus: str = typer.Option(
         None,
@@ -122,18 +129,16 @@ def run(
     )
     driver: Driver | None = None
     try:
+        name = driver_name(driver_choice, here)
+        here = name is DriverName.here
         if image is None and not here:
             raise UsageError(
                 "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
             )
-        if not here:
+        if needs_engine(name):
             _check_engine_input(image)
         if timeout is not None:
             _check_timeout(timeout)
-        if python and not here:
-            raise UsageError(
-                "--python goes with --here", hint="in a container the image's own python is used"
-            )
         if attach and no_sign:
             raise UsageError("--attach needs a signed attestation", hint="drop --no-sign")
         reports = formats.parse_specs(report)
@@ -149,16 +154,10 @@ def run(
         gpu_request = gpus_parse(gpus)
         if gpu_request is not None:
             extra["gpus"] = gpu_request.spec  # the plan starts with the node check
-        if here:
-            from imagegate.drivers.local import LocalDriver
-
-            driver = LocalDriver(python, gpus=gpu_request)
-        else:
-            from imagegate.drivers.docker import DockerDriver
-
-            driver = DockerDriver(memory=memory, pull=pull, notify=notify, gpus=gpu_request)
-            for name in driver.leftovers():
-                notify(f"container {name} was left by an imagegate run that was killed: docker rm -f {name}")
+        driver = make_driver(
+            name,
+            DriverOptions(memory, pull, notify, gpu_request, python, expect_config, insecure=insecure),
+        )
         if jobs is not None and jobs < 1:
             raise UsageError(f"--jobs {jobs}: must be 1 or more")
         opts = runner.RunOptions(

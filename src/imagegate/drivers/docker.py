@@ -97,15 +97,19 @@ class DockerDriver:
         pull: str = "missing",
         notify: Callable[[str], None] = lambda _m: None,
         gpus: GpuRequest | None = None,
+        host: str | None = None,
     ) -> None:
         self.gpus = gpus
+        # `host`: an engine address other than DOCKER_HOST's (--driver podman's default socket).
+        self.host = host or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
-            self.client = docker.from_env(timeout=120)
+            self.client = (
+                docker.DockerClient(base_url=host, timeout=120) if host else docker.from_env(timeout=120)
+            )
             self.client.ping()
         except docker.errors.DockerException as e:
-            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
             raise EngineError(
-                f"container engine at {host}: not reachable ({e})",
+                f"container engine at {self.host}: not reachable ({e})",
                 hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
             ) from e
         if pull not in PULL_POLICIES:
@@ -130,7 +134,7 @@ class DockerDriver:
                 "api_version": v.get("ApiVersion"),
                 "os": v.get("Os"),
                 "arch": v.get("Arch"),
-                "docker_host": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+                "docker_host": self.host,
                 "gpus_requested": self.gpus.spec if self.gpus else None,
             }
         return self._env

