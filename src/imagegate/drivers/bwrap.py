@@ -304,7 +304,9 @@ def check_host(bwrap: str | None = None) -> str:
         if exe in _checked:
             return _checked[exe]
         true = shutil.which("true") or "/bin/true"
-        argv = [exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc"]
+        # The very namespaces a run makes (--unshare-user too: as root bwrap would skip it).
+        argv = [exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+        argv += ["--ro-bind", "/", "/", "--proc", "/proc"]
         try:
             done = subprocess.run([*argv, true], capture_output=True, timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
