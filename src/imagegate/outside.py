@@ -30,6 +30,9 @@ class OutsideContext:
     docker_client: Any | None = None
     inside_results: dict[str, StageResult] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # e.g. advisory_db
+    # A verification the driver already made of the very bytes the probes ran on (the rootfs
+    # driver verifies every layer while unpacking it): an oci.verify.VerifyReport, or None.
+    verified: Any | None = None
     # Seconds the stage may take (its `timeout`), where the runner enforces one; None: no limit.
     timeout_s: float | None = None
 

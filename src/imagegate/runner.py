@@ -475,6 +475,7 @@ def outside_results(
                 source=opts.source,
                 expect_config_digest=opts.expect_config,
                 docker_client=docker_client,
+                verified=getattr(driver, "verified_report", lambda _i: None)(image),
                 inside_results=dict(done),
                 options=dict(opts.extra),
                 timeout_s=float(

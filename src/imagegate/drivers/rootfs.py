@@ -13,6 +13,7 @@ import errno
 import platform as host_platform
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 from imagegate.drivers import bwrap
 from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT
 from imagegate.drivers.interface import BundleRun, OnOutput
-from imagegate.errors import EngineError, UsageError
+from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import ImageFacts
 
 
@@ -109,6 +110,12 @@ class RootfsDriver:
             platform=root.platform,
             repository=root.repository,
         )
+
+    def verified_report(self, image: ImageFacts) -> Any | None:
+        """The layer verification made while unpacking the image the probes run on (the layers
+        stage reports it instead of reading the image a second time)."""
+        root = self.roots.get(image.config_digest or "")
+        return root.report if root is not None else None
 
     def run_bundle(
         self,
@@ -222,14 +229,64 @@ def _bwrap_version(exe: str) -> str | None:
     return out.stdout.strip().removeprefix("bubblewrap ").strip() or None
 
 
-def materializer(*, expect_config: str | None, platform: str | None, insecure: bool) -> RootMaker:
-    """The RootMaker of the command line: imagegate.rootfs.materialize (verified unpacking into
-    the root cache) for any transport string."""
+def materializer(
+    *, expect_config: str | None, platform: str | None, insecure: bool, cache_dir: str | None = None
+) -> RootMaker:
+    """The RootMaker of the command line: any transport string (a bare reference is docker://),
+    verified and unpacked by imagegate.rootfs.materialize into the root cache. A layer that fails
+    verification raises (rootfs.LayerRefused, exit 1) before anything runs."""
+    from imagegate import rootfs
+    from imagegate.oci.transports import open_source
 
     def make(reference: str) -> PreparedRoot:
-        raise EngineError(
-            f"image {reference}: the rootfs driver's verified unpacking is not part of this build",
-            hint="use --driver docker (or podman)",
-        )
+        source = open_source(reference, platform=platform, insecure=insecure)
+        # Held until this process ends: no other run evicts the root while the probes use it.
+        cache = rootfs.RootCache(cache_dir)
+        t0 = time.monotonic()
+        try:
+            root = rootfs.materialize(source, cache=cache, expect_config=expect_config)
+        except BaseException:
+            cache.close()
+            raise
+        finally:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
+        return prepared(root, reference, time.monotonic() - t0)
 
     return make
+
+
+def prepared(root: Any, reference: str, seconds: float) -> PreparedRoot:
+    """A rootfs.Root as the driver uses it."""
+    return PreparedRoot(
+        path=Path(root.path),
+        config={"Env": list(root.env), "WorkingDir": root.working_dir, "User": root.user},
+        config_digest=root.config_digest,
+        manifest_digest=root.manifest_digest,
+        source=reference,
+        platform=root.report.platform,
+        repository=_repository(reference),
+        chain_id=root.chain_id,
+        facts={
+            "cached": root.cached,
+            "unpacked_from": root.unpacked_from,
+            "not_applied": list(root.not_applied),
+            "size": root.size,
+            "prepare_s": round(seconds, 3),
+        },
+        report=root.report,
+    )
+
+
+def _repository(reference: str) -> str | None:
+    """The registry repository a docker:// (or bare) reference names; None for other transports."""
+    from imagegate.oci.reference import parse_reference
+
+    if reference.startswith(("docker-daemon:", "docker-archive:", "oci:")):
+        return None
+    try:
+        ref = parse_reference(reference.removeprefix("docker://"))
+    except ImagegateError:
+        return None
+    return f"{ref.registry}/{ref.repository}"
