@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from imagegate.drivers.rootfs import PreparedRoot
+from tests.oci.infra import Registry, sh, start_registry
 
 
 def export_root(ref: str, dest: Path) -> PreparedRoot:
@@ -48,3 +49,28 @@ def exported(
 
     yield get
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def root_cache(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a CLI run whose root cache is this session's (never the user's)."""
+    return {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reg = start_registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="session")
+def pushed_vllm(images: dict[str, str], registry: Registry) -> str:
+    """The vllm-like test image pushed by the engine into a registry on 127.0.0.1."""
+    ref = f"{registry.host}/team/vllm:0.11"
+    sh("docker", "tag", images["vllm-like"], ref)
+    try:
+        sh("docker", "push", "-q", ref)
+    finally:
+        subprocess.run(["docker", "rmi", ref], capture_output=True)  # the tag only: the image stays
+    return ref

@@ -12,8 +12,8 @@ What every run gets (bwrap 0.8, Debian's `bubblewrap`):
 - resource limits through `prlimit`: open files, processes, data segment per process (a memory
   limit as a cgroup needs a delegated cgroup, which a plain user or a machine without systemd
   does not have), no core dumps;
-- every process killed on every path: bwrap dies with its parent (`--die-with-parent`), the pid
-  namespace's init takes every process of the sandbox with it, and the runner kills bwrap's whole
+- every process killed on every path: bwrap dies with its parent (`--die-with-parent`), the
+  command is the pid namespace's init (`--as-pid-1`) and takes every process of the sandbox with it, and the runner kills bwrap's whole
   process group at the deadline, on cancel and on the way out.
 """
 
@@ -337,6 +337,10 @@ class Sandbox:
         env = sandbox_env(self.config, ident, self.extra_env)
         argv = ["prlimit", *self.limits.prlimit_args(), "--", bwrap]
         argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
+        # The command is the namespace's pid 1, as in a container: no bwrap process inside that a
+        # stage could reach through /proc/1 (it holds the event pipe); when it exits, the
+        # kernel kills everything left in the namespace.
+        argv += ["--as-pid-1"]
         argv += ["--cap-drop", "ALL", "--hostname", SANDBOX_HOSTNAME]
         argv += ["--uid", str(ident.uid), "--gid", str(ident.gid)]
         argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]

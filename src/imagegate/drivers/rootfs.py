@@ -113,9 +113,13 @@ class RootfsDriver:
 
     def verified_report(self, image: ImageFacts) -> Any | None:
         """The layer verification made while unpacking the image the probes run on (the layers
-        stage reports it instead of reading the image a second time)."""
+        stage reports it instead of reading the image a second time). None for a root from the
+        cache: its layers were verified when an earlier source was unpacked, and this source's
+        blobs must be read to be vouched for (the layers stage does, beside the probes)."""
         root = self.roots.get(image.config_digest or "")
-        return root.report if root is not None else None
+        if root is None or root.facts.get("cached"):
+            return None
+        return root.report
 
     def run_bundle(
         self,
