@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from imagegate.drivers.interface import Driver
@@ -83,7 +83,7 @@ def make_driver(name: DriverName | None, opts: DriverOptions) -> Driver:
     return _engine(name, opts)
 
 
-def podman_host(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+def podman_host(env: Mapping[str, str] = os.environ) -> str:
     """Where Podman's API listens: DOCKER_HOST, CONTAINER_HOST, then Podman's own defaults."""
     if env.get("DOCKER_HOST"):
         return env["DOCKER_HOST"]
