@@ -8,6 +8,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import imagegate
 from tests.oci.infra import sh, skopeo, start_registry
 
@@ -103,3 +105,23 @@ def test_tampered_mirror_is_refused(
     assert statement["predicate"]["environment"]["image_source"]["cached"] is True
     (layers,) = [s for s in statement["predicate"]["stages"] if s["id"] == "layers"]
     assert layers["status"] == "FAIL" and "layer 2 DIGEST_MISMATCH" in layers["detail"], layers
+
+
+def test_the_driver_reopens_its_source_for_outside_stages(
+    pushed_vllm: str, root_cache: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cached root was unpacked from an earlier source: outside stages read the one given now.
+    from imagegate.drivers.rootfs import RootfsDriver, materializer
+    from imagegate.oci.verify import verify_source
+
+    monkeypatch.setenv("XDG_CACHE_HOME", root_cache["XDG_CACHE_HOME"])
+    driver = RootfsDriver(materializer(expect_config=None, platform=None, insecure=False))
+    image = driver.resolve(f"docker://{pushed_vllm}")
+    source = driver.image_source(image, None)
+    assert source is not None
+    try:
+        report = verify_source(source)
+    finally:
+        source.close()
+    assert report.ok and report.config.actual_digest == image.config_digest
+    assert report.manifest_digest == image.manifest_digest

@@ -60,6 +60,8 @@ class RootfsDriver:
         pids: int = 4096,
         tmpfs_size: str = "1g",
         notify: Callable[[str], None] = lambda _m: None,
+        platform: str | None = None,
+        insecure: bool = False,
     ) -> None:
         self.bwrap = bwrap.check_host()  # before any byte is read: a host that cannot sandbox says so now
         self.make_root = make_root
@@ -69,6 +71,7 @@ class RootfsDriver:
             tmpfs_bytes=bwrap.parse_size(tmpfs_size),
         )
         self.notify = notify
+        self.platform, self.insecure = platform, insecure
         self.roots: dict[str, PreparedRoot] = {}
         self._env: dict[str, Any] | None = None
 
@@ -120,6 +123,14 @@ class RootfsDriver:
         if root is None or root.facts.get("cached"):
             return None
         return root.report
+
+    def image_source(self, image: ImageFacts, timeout: float | None) -> Any | None:
+        """The source this driver read the image from, opened again (an oci.sources Source): how
+        an outside stage reads the bytes of an image whose root came from the cache."""
+        from imagegate.oci.transports import open_source
+
+        root = self.roots.get(image.config_digest or "")
+        return open_source(root.source, platform=self.platform, insecure=self.insecure) if root else None
 
     def run_bundle(
         self,

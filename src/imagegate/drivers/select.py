@@ -139,4 +139,6 @@ def _rootfs(opts: DriverOptions) -> Driver:
         materializer(expect_config=opts.expect_config, platform=opts.platform, insecure=opts.insecure),
         memory=opts.memory,
         notify=opts.notify,
+        platform=opts.platform,
+        insecure=opts.insecure,
     )

@@ -77,7 +77,8 @@ def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Cho
         src = open_source(ctx.source, platform=params.platform, insecure=params.insecure)
         return src, Choice("source", src.description, "--source names it")
     if ctx.driver == "rootfs":
-        # Its root came from the cache (unpacked from an earlier source): read this source itself.
+        # Its root came from the cache (unpacked from an earlier source): read this source itself
+        # (RootfsDriver.image_source opens the same).
         src = open_source(ctx.image.reference, platform=params.platform, insecure=params.insecure)
         return src, Choice(
             "source", src.description, "the source the rootfs driver was given; its root was cached"
