@@ -125,3 +125,27 @@ def test_the_driver_reopens_its_source_for_outside_stages(
         source.close()
     assert report.ok and report.config.actual_digest == image.config_digest
     assert report.manifest_digest == image.manifest_digest
+
+
+def test_an_oci_layout_and_a_docker_archive_run_without_an_engine(
+    pushed_vllm: str, root_cache: dict[str, str], tmp_path: Path
+) -> None:
+    layout = tmp_path / "layout"
+    skopeo("copy", "-q", "--src-tls-verify=false", f"docker://{pushed_vllm}", f"oci:{layout}:0.11")
+    archive = tmp_path / "vllm.tar"
+    skopeo(
+        "copy",
+        "-q",
+        "--src-tls-verify=false",
+        f"docker://{pushed_vllm}",
+        f"docker-archive:{archive}:team/vllm:0.11",
+    )
+    for n, source in enumerate((f"oci:{layout}:0.11", f"docker-archive:{archive}")):
+        r = imagegate(
+            "run", source, "--driver", "rootfs", "-p", "python", "-m", "av", "--no-sign", "--format", "json",
+            "-o", str(tmp_path / f"out{n}"), env={**NO_ENGINE, **root_cache},
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        env = r.json()["predicate"]["environment"]
+        assert r.json()["predicate"]["verdict"] == "PASS"
+        assert env["engine"] is None and env["image_source"]["source"] == source
