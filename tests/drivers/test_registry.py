@@ -26,13 +26,14 @@ def outcome(statement: dict) -> tuple[str, dict[str, str]]:  # type: ignore[type
 
 
 def test_registry_image_accepted_without_an_engine(
-    pushed_vllm: str, images: dict[str, str], root_cache: dict[str, str], tmp_path: Path
+    pushed_vllm: str, images: dict[str, str], tmp_path: Path
 ) -> None:
+    own_cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # cold: the session's may hold these layers
     official = sh("docker", "image", "inspect", "-f", "{{.Id}}", images["vllm-like"]).strip()
     args = ["-p", "vllm", "--expect-config", official, "--no-sign", "--format", "json"]
     cold = imagegate(
         "run", f"docker://{pushed_vllm}", "--driver", "rootfs", *args, "-o", str(tmp_path / "rootfs"),
-        env={**NO_ENGINE, **root_cache},
+        env={**NO_ENGINE, **own_cache},
     )  # fmt: skip
     assert cold.returncode == 0, cold.stderr
     docker = imagegate("run", pushed_vllm, *args, "-o", str(tmp_path / "docker"))
@@ -58,7 +59,7 @@ def test_registry_image_accepted_without_an_engine(
     # Warm: the root comes from the cache (its chainID), the verdict is the same.
     warm = imagegate(
         "run", f"docker://{pushed_vllm}", "--driver", "rootfs", *args, "-o", str(tmp_path / "warm"),
-        env={**NO_ENGINE, **root_cache},
+        env={**NO_ENGINE, **own_cache},
     )  # fmt: skip
     assert warm.returncode == 0, warm.stderr
     assert outcome(warm.json()) == outcome(statement)
