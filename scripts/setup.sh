@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# All set-up on a fresh Debian 12 machine (as root): Debian packages, a Docker engine and
-# Podman's Docker API (scripts/engines.sh), the Python environment (.venv), the test images.
+# All set-up on a fresh Debian 12 machine (as root): Debian packages (bubblewrap for the rootfs
+# driver among them), a Docker engine and Podman's Docker API (scripts/engines.sh), the Python
+# environment (.venv), the test images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/engines.sh

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from imagegate.attest.keys import SigningKey
 from imagegate.attest.sign import Signed, sign_attempt
 from imagegate.drivers.interface import Driver
+from imagegate.drivers.select import DriverName, DriverOptions, make_driver
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.gpus import GpuRequest
@@ -89,25 +90,21 @@ def accept(
 def driver_for(
     *,
     here: bool,
+    name: DriverName | None = None,
     python: str | None = None,
     memory: str = "8g",
     pull: str = "missing",
     gpus: GpuRequest | None = None,
     notify: Notify = lambda _m: None,
+    expect_config: str | None = None,
+    insecure: bool = False,
 ) -> Driver:
-    """The local driver (--here: this environment) or the docker driver (an engine's image)."""
-    if python and not here:
-        raise UsageError("--python goes with --here", hint="in a container the image's own python is used")
-    if here:
-        from imagegate.drivers.local import LocalDriver
-
-        return LocalDriver(python, gpus=gpus)
-    from imagegate.drivers.docker import DockerDriver
-
-    driver = DockerDriver(memory=memory, pull=pull, notify=notify, gpus=gpus)
-    for name in driver.leftovers():
-        notify(f"container {name} was left by an imagegate run that was killed: docker rm -f {name}")
-    return driver
+    """The driver the options name (drivers/select.py): --here is the local driver; the default
+    an engine (docker)."""
+    chosen = DriverName.here if here else name
+    return make_driver(
+        chosen, DriverOptions(memory, pull, notify, gpus, python, expect_config, insecure=insecure)
+    )
 
 
 def _attach(signed: Signed, reference: str, insecure: bool, notify: Notify) -> None:

@@ -11,6 +11,7 @@ from imagegate import accept, runner
 from imagegate.cli import _accept as o
 from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
+from imagegate.drivers.select import DriverName, driver_name, needs_engine
 from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.report.progress import setup_logging
@@ -32,7 +33,14 @@ _SKIP = o.opt(
 _PULL = o.opt(
     "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
 )
-_HERE = o.opt(False, "--here", help="Run in this environment instead of a container (local driver).")
+_HERE = o.opt(False, "--here", help="Run in this environment: the same as --driver here.")
+_DRIVER = o.opt(
+    None,
+    "--driver",
+    metavar="NAME",
+    help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no "
+    "engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here.",
+)
 _GPUS = o.opt(
     None,
     "--gpus",
@@ -69,6 +77,7 @@ def run(
     skip: list[str] = _SKIP,
     pull: str = _PULL,
     here: bool = _HERE,
+    driver_choice: str = _DRIVER,
     gpus: str = _GPUS,
     python: str = _PYTHON,
     source: str = _SOURCE,
@@ -88,7 +97,8 @@ def run(
     notify = o.notifier(silent)
     driver: Driver | None = None
     try:
-        _check_input(image, here, python, jobs, timeout)
+        name = driver_name(driver_choice, here)
+        _check_input(image, name, jobs, timeout)
         outputs = o.outputs(
             reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
             attach=attach, insecure=insecure, reference=image,
@@ -101,8 +111,9 @@ def run(
         )  # fmt: skip
         prep = runner.prepare(opts)
         driver = accept.driver_for(
-            here=here, python=python, memory=memory, pull=pull, gpus=gpu_request, notify=notify
-        )
+            here=False, name=name, python=python, memory=memory, pull=pull, gpus=gpu_request,
+            notify=notify, expect_config=expect_config, insecure=insecure,
+        )  # fmt: skip
         with o.progress(opts, silent):
             observer = runner.DriverObserver(driver, image, opts, notify)
             done = accept.accept(prep, observer, out, outputs, notify)
@@ -111,22 +122,19 @@ def run(
     raise o.finish(done, fmt, require_complete, quiet)
 
 
-def _check_input(
-    image: str | None, here: bool, python: str | None, jobs: int | None, timeout: float | None
-) -> None:
+def _check_input(image: str | None, name: DriverName | None, jobs: int | None, timeout: float | None) -> None:
     """IMAGE and DOCKER_HOST are checked before the engine is asked anything."""
-    if not here:
-        if image is None:
-            raise UsageError(
-                "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
-            )
+    if name is not DriverName.here and image is None:
+        raise UsageError(
+            "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
+        )
+    if needs_engine(name):
         from imagegate.enginehost import check_docker_host
         from imagegate.oci.reference import check_image
 
+        assert image is not None
         check_image(image)
         check_docker_host(os.environ)
     o.check_timeout(timeout)
-    if python and not here:
-        raise UsageError("--python goes with --here", hint="in a container the image's own python is used")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs}: must be 1 or more")

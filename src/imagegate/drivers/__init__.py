@@ -1,4 +1,5 @@
-"""Drivers: where a bundle runs (docker/podman container, this environment)."""
+"""Drivers: where a bundle runs (docker/podman container, an unpacked root under bubblewrap,
+this environment); `select` picks one from the command line's --driver."""
 
 from imagegate.drivers.interface import BundleRun, Driver
 

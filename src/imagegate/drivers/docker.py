@@ -29,6 +29,7 @@ from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.interface import Source
+from imagegate.oci.verify import VerifyReport
 
 LABEL = "io.imagegate.run"
 PID_LABEL = "io.imagegate.pid"  # the runner's process: a container whose runner is gone is a leftover
@@ -99,15 +100,19 @@ class DockerDriver:
         pull: str = "missing",
         notify: Callable[[str], None] = lambda _m: None,
         gpus: GpuRequest | None = None,
+        host: str | None = None,
     ) -> None:
         self.gpus = gpus
+        # `host`: an engine address other than DOCKER_HOST's (--driver podman's default socket).
+        self.host = host or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
-            self.client = docker.from_env(timeout=120)
+            self.client = (
+                docker.DockerClient(base_url=host, timeout=120) if host else docker.from_env(timeout=120)
+            )
             self.client.ping()
         except docker.errors.DockerException as e:
-            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
             raise EngineError(
-                f"container engine at {host}: not reachable ({e})",
+                f"container engine at {self.host}: not reachable ({e})",
                 hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
             ) from e
         if pull not in PULL_POLICIES:
@@ -132,10 +137,13 @@ class DockerDriver:
                 "api_version": v.get("ApiVersion"),
                 "os": v.get("Os"),
                 "arch": v.get("Arch"),
-                "docker_host": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+                "docker_host": self.host,
                 "gpus_requested": self.gpus.spec if self.gpus else None,
             }
         return self._env
+
+    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
+        return None  # the layers stage reads the image itself
 
     def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
         from imagegate.oci.sources.daemon import DaemonArchive

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from imagegate.model import ImageFacts
 from imagegate.oci.sources.interface import Source
+from imagegate.oci.verify import VerifyReport
 
 # The controller's stdout is streamed to the runner's event reader (protocol.EventStream) as it
 # arrives; a driver keeps only its head, for diagnostics. Memory stays bounded whatever an image
@@ -50,6 +51,11 @@ class Driver(Protocol):
         """How the outside stages read the bytes of the image this driver ran (the docker driver:
         its engine's export, by image ID, read within `timeout` seconds; None: no limit), or None
         where the driver has no image of its own (local) and a registry copy or --source must do."""
+        ...
+
+    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
+        """The layer verification the driver made of the very bytes it runs (rootfs: while
+        unpacking them); the layers stage reports it instead of reading them again. None: none."""
         ...
 
     def run_bundle(

@@ -24,6 +24,7 @@ from imagegate.errors import UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
 from imagegate.oci.sources.interface import Source
+from imagegate.oci.verify import VerifyReport
 
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
 
@@ -83,6 +84,9 @@ class LocalDriver:
         # No image: the environment itself is under test. The reference (e.g. the Pod's image)
         # is recorded as given; its digest comes from elsewhere (pod collect, --expect-config).
         return ImageFacts(reference=reference, config_digest=None)
+
+    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
+        return None  # the layers stage reads the image itself
 
     def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
         return None  # no image here: this environment is under test

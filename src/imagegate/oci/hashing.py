@@ -292,15 +292,19 @@ def digest_blob(
     max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
     on_bytes: Callable[[int], None] = lambda n: None,
     pipeline: bool | None = None,
+    tap: Callable[[bytes], None] | None = None,
 ) -> BlobDigests:
     """Hash `src` once: the blob digest, and for a layer the diffID, in the same pass.
     `pipeline`: read and hash in threads (see the module); by default for blobs of unknown size
-    or of PIPELINE_MIN bytes and more."""
+    or of PIPELINE_MIN bytes and more. `tap`: called with each piece of a layer's decompressed
+    stream, in order (unpacking in the same pass); an exception it raises stops the pass."""
     if pipeline is None:
         pipeline = declared_size is None or declared_size >= PIPELINE_MIN
     limit = None if declared_size is None else declared_size + 1
     if not pipeline:
-        return _digest(src, new_hasher(algorithm), hashlib.sha256, limit, layer, max_uncompressed, on_bytes)
+        return _digest(
+            src, new_hasher(algorithm), hashlib.sha256, limit, layer, max_uncompressed, on_bytes, tap
+        )
     _keep_chunks_in_heap()
     threaded: list[_ThreadedHash] = []
 
@@ -319,6 +323,7 @@ def digest_blob(
             layer,
             max_uncompressed,
             on_bytes,
+            tap,
         )
     finally:
         ahead.close()
@@ -334,6 +339,7 @@ def _digest(
     layer: bool,
     max_uncompressed: int,
     on_bytes: Callable[[int], None],
+    tap: Callable[[bytes], None] | None = None,
 ) -> BlobDigests:
     tee = _Tee(src, outer, limit, on_bytes)
     head = tee.read(READ_CHUNK)
@@ -345,10 +351,13 @@ def _digest(
         if inner is not outer:
             inner.update(head)
             tee.hasher = _Both(outer, inner)  # type: ignore[assignment]
+        if tap is not None:
+            tap(head)
+            tee.observer = tap
         tee.drain()
         diff_id, uncompressed = "sha256:" + inner.hexdigest(), tee.count
     elif layer:
-        inner = new_inner()
+        inner = new_inner() if tap is None else _Tapped(new_inner(), tap)
         total = 0
         tee_with_head = _Prefixed(head, tee)
         frames = ZstdFrameWalker() if kind == "zstd" else None
@@ -403,6 +412,20 @@ class _Both:
     def update(self, data: bytes) -> None:
         self.a.update(data)
         self.b.update(data)
+
+
+class _Tapped:
+    """A diffID hasher that also hands every decompressed piece to `tap`."""
+
+    def __init__(self, inner: Any, tap: Callable[[bytes], None]):
+        self.inner, self.tap = inner, tap
+
+    def update(self, data: bytes) -> None:
+        self.tap(data)
+        self.inner.update(data)
+
+    def hexdigest(self) -> str:
+        return str(self.inner.hexdigest())
 
 
 class _Prefixed:

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from imagegate.model import ImageFacts, StageResult, Status
 from imagegate.oci.sources.interface import Source
-from imagegate.oci.verify import Progress
+from imagegate.oci.verify import Progress, VerifyReport
 from imagegate.pipeline.probes import PROBES
 
 # How to read the image the probes ran, from where they ran it (the docker driver: its engine,
@@ -36,6 +36,9 @@ class OutsideContext:
     inside_results: dict[str, StageResult] = field(default_factory=dict)
     advisory_db: Path | None = None  # --advisory-db: overrides the stage's own
     progress: Progress | None = None  # layer progress on a terminal, or wait lines in a CI log
+    # A verification the driver already made of the very bytes the probes ran on (the rootfs
+    # driver verifies every layer while unpacking it), or None.
+    verified: VerifyReport | None = None
     # Seconds the stage may take (its `timeout`), where the runner enforces one; None: no limit.
     timeout_s: float | None = None
 

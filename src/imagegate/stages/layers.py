@@ -27,6 +27,9 @@ from imagegate.pipeline.params import LayersParams
 from imagegate.stages import Outcome, OutsideContext
 
 EVIDENCE_FILE = "layers.json"
+DRIVER_VERIFIED = (
+    "verified while the rootfs driver unpacked it, in the same pass: the probes ran on these bytes"
+)
 # Tries while choosing the registry: an unreachable registry falls back to the engine quickly.
 PROBE_RETRIES = 1
 
@@ -35,7 +38,7 @@ PROBE_RETRIES = 1
 class Choice:
     """Which source the stage read, and why (evidence)."""
 
-    kind: str  # "source" (--source), "registry", "engine", or "none"
+    kind: str  # "source" (--source), "registry", "engine", "driver" (its own unpacking), or "none"
     source: str | None
     why: str
     notes: list[str] = field(default_factory=list)
@@ -72,6 +75,13 @@ def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Cho
     if ctx.source:
         src = open_source(ctx.source, platform=params.platform, insecure=params.insecure)
         return src, Choice("source", src.description, "--source names it")
+    if ctx.driver == "rootfs":
+        # Its root came from the cache (unpacked from an earlier source): read this source itself
+        # (RootfsDriver.image_source opens the same).
+        src = open_source(ctx.image.reference, platform=params.platform, insecure=params.insecure)
+        return src, Choice(
+            "source", src.description, "the source the rootfs driver was given; its root was cached"
+        )
     notes: list[str] = []
     for ref in _registry_candidates(ctx):
         try:
@@ -121,24 +131,29 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
     try:
         if expect:
             check_digest(expect, what="expected config digest")
-        source, choice = _open(ctx, params)
-        if source is None:
-            (ctx.stage_dir / EVIDENCE_FILE).write_text(
-                json.dumps({"source_choice": asdict(choice)}, indent=2)
-            )
-            if ctx.driver == "local":
-                # run --here checks an environment, not an image: there are no layers to verify.
-                return Outcome(
-                    Status.SKIPPED,
-                    "no image here: run --here checks this environment; give --source docker://REF "
-                    "(or docker-archive:PATH, oci:DIR) to verify an image's layers",
+        pre = ctx.verified
+        if pre is not None and not ctx.source and pre.config.official_digest == expect:
+            # The driver verified these very bytes while unpacking them: not read a second time.
+            report, choice = pre, Choice("driver", pre.source, DRIVER_VERIFIED)
+        else:
+            source, choice = _open(ctx, params)
+            if source is None:
+                (ctx.stage_dir / EVIDENCE_FILE).write_text(
+                    json.dumps({"source_choice": asdict(choice)}, indent=2)
                 )
-            return Outcome(
-                Status.ERROR,
-                f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from "
-                "and it has no readable registry digest; pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
-            )
-        report = verify_source(source, expect_config=expect, jobs=params.jobs, progress=ctx.progress)
+                if ctx.driver == "local":
+                    # run --here checks an environment, not an image: there are no layers to verify.
+                    return Outcome(
+                        Status.SKIPPED,
+                        "no image here: run --here checks this environment; give --source docker://REF "
+                        "(or docker-archive:PATH, oci:DIR) to verify an image's layers",
+                    )
+                return Outcome(
+                    Status.ERROR,
+                    f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from "
+                    "and it has no readable registry digest; pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
+                )
+            report = verify_source(source, expect_config=expect, jobs=params.jobs, progress=ctx.progress)
     except ImagegateError as e:
         data = {"error": str(e), "hint": e.hint, "source_choice": asdict(choice) if choice else None}
         (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(data, indent=2) + "\n")

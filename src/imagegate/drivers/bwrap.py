@@ -1,0 +1,465 @@
+"""A sandbox without an engine: a command inside an unpacked image root, through bubblewrap.
+
+What every run gets (bwrap 0.8, Debian's `bubblewrap`):
+- the root bound read-only at /, a fresh tmpfs /tmp (size-limited), a fresh /proc, a minimal /dev
+  (null, zero, full, random, urandom, tty, pts, shm: no GPU or other host device);
+- new user, pid, network, ipc, uts and cgroup namespaces (`--unshare-all`): loopback only, no
+  route out; no user namespace can be made inside (`--disable-userns`);
+- every capability dropped (`--cap-drop ALL`), no new privileges (bwrap always sets it), a new
+  session (no terminal to inject input into);
+- the image config's Env (the host's environment is cleared), WorkingDir and User: a name is looked
+  up in the root's own /etc/passwd and /etc/group, never the host's;
+- resource limits through `prlimit`: open files, processes, data segment per process (a memory
+  limit as a cgroup needs a delegated cgroup, which a plain user or a machine without systemd
+  does not have), no core dumps;
+- every process killed on every path: bwrap dies with its parent (`--die-with-parent`), the
+  command is the pid namespace's init (`--as-pid-1`) and takes every process of the sandbox with it, and the runner kills bwrap's whole
+  process group at the deadline, on cancel and on the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, CappedBuffer, OnOutput
+from imagegate.errors import EngineError, UsageError
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # as the engines set it
+SANDBOX_HOSTNAME = "imagegate"
+
+
+class SandboxUnavailable(EngineError):
+    """bubblewrap is missing, or this host does not let it make the namespaces it needs."""
+
+
+# -- the image config's User, looked up in the root ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What of the image config the sandbox applies (the OCI config's `config` object)."""
+
+    env: tuple[str, ...] = ()
+    working_dir: str = ""
+    user: str = ""
+
+    @classmethod
+    def from_config(cls, config: dict[str, object] | None) -> ImageConfig:
+        c = config or {}
+        env = c.get("Env") or []
+        return cls(
+            env=tuple(str(e) for e in env) if isinstance(env, list) else (),
+            working_dir=str(c.get("WorkingDir") or ""),
+            user=str(c.get("User") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Identity:
+    uid: int
+    gid: int
+    home: str | None  # from the root's /etc/passwd, where the user is listed there
+
+
+MAX_LINKS = 40  # as the kernel's own limit on symlinks followed in one lookup
+
+
+def read_in_root(root: Path, path: str, limit: int = 1 << 20) -> bytes | None:
+    """A file of the root read as the sandbox would see it: every symlink is resolved inside the
+    root (an `etc -> /etc` planted by the image points at the root's etc, never the host's), no
+    component is followed out of it. None when absent or not a regular file."""
+    parts = [p for p in path.split("/") if p and p != "."]
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    stack: list[int] = []  # the folders walked down, to go up on ".."
+    links = 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                if stack:
+                    os.close(fd)
+                    fd = stack.pop()
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > MAX_LINKS:
+                    return None
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    while stack:
+                        os.close(fd)
+                        fd = stack.pop()
+                parts = [p for p in target.split("/") if p and p != "."] + parts
+                continue
+            if parts:
+                if not stat.S_ISDIR(st.st_mode):
+                    return None
+                stack.append(fd)
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            sub = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+            with os.fdopen(sub, "rb") as f:
+                return f.read(limit)
+        return None
+    finally:
+        os.close(fd)
+        for d in stack:
+            os.close(d)
+
+
+def _table(root: Path, path: str) -> list[list[str]]:
+    data = read_in_root(root, path) or b""
+    rows = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        if line.strip() and not line.startswith("#"):
+            rows.append(line.split(":"))
+    return rows
+
+
+def resolve_user(root: Path, user: str) -> Identity:
+    """`User` as the engines read it: NAME, UID, NAME:GROUP, UID:GID (empty: root). Names come
+    from the root's /etc/passwd and /etc/group; a name that is not there is the image's error."""
+    name, _, group = user.partition(":")
+    name = name or "0"
+    passwd = _table(root, "/etc/passwd")
+    entry = None
+    if name.isdigit():
+        uid = int(name)
+        entry = next((r for r in passwd if len(r) >= 4 and r[2] == name), None)
+    else:
+        entry = next((r for r in passwd if len(r) >= 4 and r[0] == name), None)
+        if entry is None or not entry[2].isdigit():
+            raise UsageError(
+                f"the image's User {user!r}: no user {name!r} in the image's /etc/passwd",
+                hint="fix the image's USER, or give it a numeric uid",
+            )
+        uid = int(entry[2])
+    gid = int(entry[3]) if entry is not None and entry[3].isdigit() else 0
+    if group:
+        if group.isdigit():
+            gid = int(group)
+        else:
+            found = next((r for r in _table(root, "/etc/group") if len(r) >= 3 and r[0] == group), None)
+            if found is None or not found[2].isdigit():
+                raise UsageError(
+                    f"the image's User {user!r}: no group {group!r} in the image's /etc/group",
+                    hint="fix the image's USER, or give it a numeric gid",
+                )
+            gid = int(found[2])
+    home = entry[5] if entry is not None and len(entry) >= 6 and entry[5] else None
+    return Identity(uid, gid, home)
+
+
+def sandbox_env(config: ImageConfig, ident: Identity, extra: dict[str, str]) -> dict[str, str]:
+    """The image's Env as an engine would give it: PATH and HOME filled in when the image does
+    not set them, HOSTNAME the sandbox's; then `extra` (GPUs hidden, TMPDIR)."""
+    env: dict[str, str] = {"PATH": DEFAULT_PATH, "HOSTNAME": SANDBOX_HOSTNAME}
+    env["HOME"] = ident.home or "/"
+    for item in config.env:
+        k, sep, v = item.partition("=")
+        if sep and k:
+            env[k] = v
+    env.update(extra)
+    return env
+
+
+# -- limits -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    nofile: int = 4096  # as the engines' default ulimit
+    nproc: int = 4096  # the docker driver's pids limit; counted per user (not enforced for host root)
+    data_bytes: int | None = 8 << 30  # per process: heap and private writable mappings
+    tmpfs_bytes: int = 1 << 30
+
+    def prlimit_args(self) -> list[str]:
+        """`prlimit` options that never raise a limit above what this process has (raising needs
+        a privilege an unprivileged user lacks)."""
+
+        def lowered(res: int, want: int) -> str:
+            _soft, hard = resource.getrlimit(res)
+            v = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            return f"{v}:{v}"
+
+        args = [
+            f"--nofile={lowered(resource.RLIMIT_NOFILE, self.nofile)}",
+            f"--nproc={lowered(resource.RLIMIT_NPROC, self.nproc)}",
+            "--core=0:0",
+        ]
+        if self.data_bytes is not None:
+            args.append(f"--data={lowered(resource.RLIMIT_DATA, self.data_bytes)}")
+        return args
+
+    def facts(self) -> dict[str, object]:
+        return {
+            "nofile": self.nofile,
+            "nproc": self.nproc,
+            "data_bytes_per_process": self.data_bytes,
+            "tmp_bytes": self.tmpfs_bytes,
+            "memory_cgroup": None,  # not applied: see the module's docstring
+        }
+
+
+def parse_size(text: str) -> int:
+    """`8g`, `512m`, `1024k`, `1073741824` (as --memory takes them) to bytes."""
+    t = text.strip().lower().removesuffix("b")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError as e:
+        raise UsageError(f"size {text!r}: not a size", hint="e.g. 8g, 512m or bytes") from e
+
+
+# -- can this host sandbox at all? ---------------------------------------------------------------
+
+SYSCTLS = {
+    "kernel.unprivileged_userns_clone": "/proc/sys/kernel/unprivileged_userns_clone",
+    "user.max_user_namespaces": "/proc/sys/user/max_user_namespaces",
+    "kernel.apparmor_restrict_unprivileged_userns": "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+}
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        return Path(SYSCTLS[name]).read_text().strip()
+    except OSError:
+        return None
+
+
+def userns_refusal(bwrap_stderr: str) -> str:
+    """Why this host refused the sandbox's namespaces, and what to do, from the sysctls that
+    control it (read, never changed)."""
+    said = bwrap_stderr.strip().splitlines()[-1:] or ["no message"]
+    if _sysctl("user.max_user_namespaces") == "0":
+        return (
+            f"user namespaces are switched off (user.max_user_namespaces = 0; bwrap: {said[0]}); "
+            "allow them: sysctl -w user.max_user_namespaces=15000"
+        )
+    if os.geteuid() != 0 and _sysctl("kernel.unprivileged_userns_clone") == "0":
+        return (
+            "this kernel allows user namespaces to root only "
+            f"(kernel.unprivileged_userns_clone = 0; bwrap: {said[0]}); allow them: "
+            "sysctl -w kernel.unprivileged_userns_clone=1, or run imagegate as root"
+        )
+    if os.geteuid() != 0 and _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        return (
+            "AppArmor restricts unprivileged user namespaces "
+            f"(kernel.apparmor_restrict_unprivileged_userns = 1; bwrap: {said[0]}); allow bwrap: "
+            "install the distribution's bwrap AppArmor profile (Ubuntu: the apparmor package's "
+            "bwrap-userns-restrict, then `apparmor_parser -r /etc/apparmor.d/bwrap-userns-restrict`), "
+            "or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"
+        )
+    return (
+        f"bwrap could not make the sandbox's namespaces ({said[0]}); inside a container this "
+        "needs a seccomp profile that allows unshare/clone of user namespaces (docker run "
+        "--security-opt seccomp=unconfined) or a privileged container"
+    )
+
+
+_checked: dict[str, str] = {}
+_check_lock = threading.Lock()
+
+
+def find_bwrap() -> str:
+    exe = shutil.which("bwrap")
+    if exe is None:
+        raise SandboxUnavailable(
+            "the rootfs driver needs bubblewrap (bwrap): not found on PATH",
+            hint="install it: apt-get install bubblewrap (dnf install bubblewrap, apk add bubblewrap)",
+        )
+    if shutil.which("prlimit") is None:
+        raise SandboxUnavailable(
+            "the rootfs driver needs prlimit (util-linux) for its resource limits: not found on PATH",
+            hint="install it: apt-get install util-linux",
+        )
+    return exe
+
+
+def check_host(bwrap: str | None = None) -> str:
+    """A cheap probe: an empty sandbox with every namespace. Raises SandboxUnavailable naming
+    the cause (a sysctl, AppArmor, a container's seccomp profile); returns bwrap's path."""
+    exe = bwrap or find_bwrap()
+    with _check_lock:
+        if exe in _checked:
+            return _checked[exe]
+        true = shutil.which("true") or "/bin/true"
+        # The very namespaces a run makes (--unshare-user too: as root bwrap would skip it).
+        argv = [exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+        argv += ["--ro-bind", "/", "/", "--proc", "/proc"]
+        try:
+            done = subprocess.run([*argv, true], capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SandboxUnavailable(f"bwrap could not be started: {e}") from e
+        if done.returncode != 0:
+            raise SandboxUnavailable(
+                "the rootfs driver cannot sandbox on this host: "
+                + userns_refusal(done.stderr.decode("utf-8", "replace")),
+                hint="or use a container engine: --driver docker (or podman)",
+            )
+        _checked[exe] = exe
+        return exe
+
+
+# -- one sandboxed run ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    root: Path
+    config: ImageConfig
+    limits: Limits = field(default_factory=Limits)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, bwrap: str, command: Sequence[str]) -> tuple[list[str], Identity]:
+        """The whole command line: prlimit, bwrap and its options, then `command`."""
+        ident = resolve_user(self.root, self.config.user)
+        env = sandbox_env(self.config, ident, self.extra_env)
+        argv = ["prlimit", *self.limits.prlimit_args(), "--", bwrap]
+        argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
+        # The command is the namespace's pid 1, as in a container: no bwrap process inside that a
+        # stage could reach through /proc/1 (it holds the event pipe); when it exits, the
+        # kernel kills everything left in the namespace.
+        argv += ["--as-pid-1"]
+        argv += ["--cap-drop", "ALL", "--hostname", SANDBOX_HOSTNAME]
+        argv += ["--uid", str(ident.uid), "--gid", str(ident.gid)]
+        argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]
+        argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+        argv += ["--chdir", self.config.working_dir or "/", "--clearenv"]
+        for k, v in env.items():
+            argv += ["--setenv", k, v]
+        return [*argv, "--", *command], ident
+
+
+@dataclass
+class Completed:
+    stdout: bytes
+    stderr: bytes
+    exit_code: int | None  # None: killed (deadline, cancel)
+    timed_out: bool
+    stdout_total: int
+    stderr_total: int
+    wall_s: float
+
+
+def _pump(fd: int, sink: CappedBuffer) -> None:
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 1 << 16):
+            sink.feed(chunk)
+
+
+def _feed(fd: int, data: bytes) -> None:
+    # A sandbox that exits without reading its stdin is not an error of the writer.
+    with contextlib.suppress(OSError):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def run(
+    argv: list[str],
+    *,
+    stdin: bytes,
+    deadline_s: float,
+    on_stdout: OnOutput | None = None,
+    cancel: threading.Event | None = None,
+) -> Completed:
+    """Run `argv` (from Sandbox.argv) in a process group of its own; `stdin` is written to it,
+    stdout streamed to `on_stdout`. At the deadline, on cancel and on any way out of here (an
+    interrupt too) the whole group is killed and waited for."""
+    out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={"PATH": os.environ.get("PATH", DEFAULT_PATH), "LC_ALL": "C"},
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    threads = [
+        threading.Thread(target=_feed, args=(os.dup(proc.stdin.fileno()), stdin), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stdout.fileno(), out), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr.fileno(), err), daemon=True),
+    ]
+    proc.stdin.close()
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
+        end = start + deadline_s
+        while proc.poll() is None:
+            if time.monotonic() >= end or (cancel is not None and cancel.is_set()):
+                timed_out = True
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(0.2, max(0.01, end - time.monotonic())))
+    finally:
+        kill_group(proc)
+        for t in threads[1:]:
+            t.join(timeout=5)
+        for s in (proc.stdout, proc.stderr):
+            with contextlib.suppress(OSError):
+                s.close()
+    return Completed(
+        out.value(),
+        err.value(),
+        None if timed_out else proc.returncode,
+        timed_out,
+        out.total,
+        err.total,
+        round(time.monotonic() - start, 3),
+    )
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the sandbox's process group (prlimit execs bwrap: it leads the group), then
+    wait. bwrap's pid-namespace init dies with it, and the kernel kills the namespace's rest."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired as e:  # a process in uninterruptible sleep; say which
+        raise EngineError(
+            f"the sandbox process {proc.pid} did not exit after SIGKILL",
+            hint=f"check it: ps -o pid,stat,cmd -g {proc.pid}",
+        ) from e
+
+
+def exec_failure(stderr: bytes) -> int | None:
+    """The errno bwrap reports when the command itself could not be executed, else None."""
+    text = stderr.decode("utf-8", "replace")
+    for line in text.splitlines():
+        if line.startswith("bwrap: execvp "):
+            low = line.lower()
+            if "no such file" in low:
+                return errno.ENOENT
+            if "exec format error" in low:
+                return errno.ENOEXEC
+            if "permission denied" in low:
+                return errno.EACCES
+            return errno.EIO
+    return None

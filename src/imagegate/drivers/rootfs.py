@@ -1,0 +1,308 @@
+"""The rootfs driver (`run --driver rootfs`): no engine. The image is read from any transport,
+each layer verified while it is unpacked into a root folder (a layer that fails verification
+discards the root: probes never run on unverified bytes), and the bundle runs with the image's own
+python inside that root under bubblewrap (drivers/bwrap.py says what the sandbox applies).
+
+The bundle and the event key go in as with the docker driver: the same loader reads them from
+stdin, writes the bundle to the sandbox's tmpfs and hands the key to the controller through an
+inherited pipe (IMAGEGATE_EVENT_KEY_FD); no file in the root, no argv, no environment holds it."""
+
+from __future__ import annotations
+
+import errno
+import platform as host_platform
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imagegate.drivers import bwrap
+from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT
+from imagegate.drivers.interface import BundleRun, OnOutput
+from imagegate.errors import ImagegateError, UsageError
+from imagegate.model import ImageFacts
+from imagegate.oci.verify import VerifyReport
+
+
+@dataclass(frozen=True)
+class PreparedRoot:
+    """A verified, unpacked image: the folder the sandbox binds read-only at /, and where its
+    bytes came from."""
+
+    path: Path
+    config: dict[str, Any]  # the image config's `config` object (Env, WorkingDir, User, ...)
+    config_digest: str
+    manifest_digest: str | None
+    source: str  # the transport string the bytes were read from
+    platform: str | None = None
+    repository: str | None = None  # a registry's repository, where the source is one
+    chain_id: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # unpacking: cache hit, layers, seconds
+    # The layer verification done while unpacking (oci.verify.VerifyReport), for the layers stage.
+    report: Any | None = None
+
+
+# reference (any transport) -> its verified root; raises ImagegateError when it cannot be made.
+RootMaker = Callable[[str], PreparedRoot]
+
+
+class RootfsDriver:
+    name = "rootfs"
+    isolated_runs = True  # each run_bundle is a sandbox of its own (own pid, ipc, net namespaces)
+
+    def __init__(
+        self,
+        make_root: RootMaker,
+        *,
+        memory: str = "8g",
+        pids: int = 4096,
+        tmpfs_size: str = "1g",
+        notify: Callable[[str], None] = lambda _m: None,
+        platform: str | None = None,
+        insecure: bool = False,
+    ) -> None:
+        self.bwrap = bwrap.check_host()  # before any byte is read: a host that cannot sandbox says so now
+        self.make_root = make_root
+        self.limits = bwrap.Limits(
+            nproc=pids,
+            data_bytes=bwrap.parse_size(memory),
+            tmpfs_bytes=bwrap.parse_size(tmpfs_size),
+        )
+        self.notify = notify
+        self.platform, self.insecure = platform, insecure
+        self.roots: dict[str, PreparedRoot] = {}
+        self._env: dict[str, Any] | None = None
+
+    def environment(self) -> dict[str, Any]:
+        if self._env is None:
+            self._env = {
+                "driver": self.name,
+                "engine": None,  # no engine was involved: the bytes were verified and run here
+                "sandbox": "bubblewrap",
+                "sandbox_version": _bwrap_version(self.bwrap),
+                "os": host_platform.system().lower(),
+                "arch": host_platform.machine(),
+                "limits": self.limits.facts(),
+                "gpus_requested": None,
+            }
+        env = dict(self._env)
+        if self.roots:
+            root = next(iter(self.roots.values()))
+            env["image_source"] = {
+                "source": root.source,
+                "manifest_digest": root.manifest_digest,
+                "config_digest": root.config_digest,
+                "chain_id": root.chain_id,
+                **root.facts,
+            }
+        return env
+
+    def resolve(self, reference: str) -> ImageFacts:
+        root = self.make_root(reference)
+        self.roots[root.config_digest] = root
+        repo_digests: tuple[str, ...] = ()
+        if root.repository and root.manifest_digest:
+            repo_digests = (f"{root.repository}@{root.manifest_digest}",)
+        return ImageFacts(
+            reference=reference,
+            config_digest=root.config_digest,
+            manifest_digest=root.manifest_digest,
+            repo_digests=repo_digests,
+            platform=root.platform,
+            repository=root.repository,
+        )
+
+    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
+        """The layer verification made while unpacking the image the probes run on (the layers
+        stage reports it instead of reading the image a second time). None for a root from the
+        cache: its layers were verified when an earlier source was unpacked, and this source's
+        blobs must be read to be vouched for (the layers stage does, beside the probes)."""
+        root = self.roots.get(image.config_digest or "")
+        if root is None or root.facts.get("cached"):
+            return None
+        return root.report
+
+    def image_source(self, image: ImageFacts, timeout: float | None) -> Any | None:
+        """The source this driver read the image from, opened again (an oci.sources Source): how
+        an outside stage reads the bytes of an image whose root came from the cache."""
+        from imagegate.oci.transports import open_source
+
+        root = self.roots.get(image.config_digest or "")
+        return open_source(root.source, platform=self.platform, insecure=self.insecure) if root else None
+
+    def run_bundle(
+        self,
+        image: ImageFacts,
+        bundle: bytes,
+        bundle_sha256: str,
+        interpreters: list[str],
+        deadline_s: float,
+        event_key: bytes,
+        on_stdout: OnOutput | None = None,
+        stages: Sequence[str] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> BundleRun:
+        root = self.roots.get(image.config_digest or "")
+        if root is None:
+            raise UsageError(f"image {image.reference}: not resolved by the rootfs driver")
+        sandbox = bwrap.Sandbox(
+            root.path,
+            bwrap.ImageConfig.from_config(root.config),
+            self.limits,
+            HIDDEN_GPU_ENV,
+        )
+        payload = loader_payload(bundle, event_key, stages)
+        tried: list[str] = []
+        unusable: list[str] = []
+        for interpreter in interpreters:
+            if cancel is not None and cancel.is_set():
+                break
+            tried.append(interpreter)
+            result = self._run_once(
+                sandbox, image, interpreter, bundle_sha256, payload, deadline_s, on_stdout, cancel
+            )
+            if isinstance(result, BundleRun):
+                result.tried = tried
+                return result
+            unusable.append(f"{interpreter}: {result}")
+        found_any = any("not found" not in u for u in unusable)
+        what = "no usable python interpreter" if found_any else "no python interpreter"
+        return BundleRun(
+            b"",
+            b"",
+            None,
+            tried=tried,
+            error=f"{what} in the image (tried {', '.join(tried)}): {'; '.join(unusable)}",
+        )
+
+    def _run_once(
+        self,
+        sandbox: bwrap.Sandbox,
+        image: ImageFacts,
+        interpreter: str,
+        sha: str,
+        payload: bytes,
+        deadline_s: float,
+        on_stdout: OnOutput | None,
+        cancel: threading.Event | None,
+    ) -> BundleRun | str:
+        """A string says why this interpreter cannot run the bundle (absent, too old)."""
+        argv, ident = sandbox.argv(self.bwrap, [interpreter, *LOADER_FLAGS, "-c", LOADER, sha])
+        done = bwrap.run(argv, stdin=payload, deadline_s=deadline_s, on_stdout=on_stdout, cancel=cancel)
+        return interpret(done, image, interpreter, ident, self.limits)
+
+
+def loader_payload(bundle: bytes, event_key: bytes, stages: Sequence[str] | None) -> bytes:
+    """What the loader reads from stdin (drivers/docker.py LOADER): length, bundle, key, stages."""
+    payload = b"%d\n" % len(bundle) + bundle + event_key.hex().encode() + b"\n"
+    return payload + ",".join(stages or ()).encode() + b"\n"
+
+
+def interpret(
+    done: bwrap.Completed, image: ImageFacts, interpreter: str, ident: bwrap.Identity, limits: bwrap.Limits
+) -> BundleRun | str:
+    """One sandboxed run as the runner takes it; a string when the interpreter was unusable."""
+    if not done.stdout_total and not done.timed_out:
+        failed = bwrap.exec_failure(done.stderr)
+        if failed == errno.ENOENT:
+            return "not found in the image"
+        if failed == errno.ENOEXEC:
+            return (
+                f"this {host_platform.machine()} host cannot execute the image's {interpreter} "
+                f"(exec format error, the image says {image.platform or 'no platform'}): run it on a "
+                "matching host or with binfmt emulation"
+            )
+        if done.exit_code == TOO_OLD_EXIT and b"imagegate: too old:" in done.stderr:
+            found = done.stderr.decode(errors="replace").split("too old:", 1)[1].strip()
+            return f"{found}; the probes need Python 3.8 or newer"
+    return BundleRun(
+        done.stdout,
+        done.stderr,
+        done.exit_code,
+        timed_out=done.timed_out,
+        interpreter=interpreter,
+        stdout_total=done.stdout_total,
+        stderr_total=done.stderr_total,
+        error="overall deadline reached; sandbox killed" if done.timed_out else None,
+        facts={
+            "sandbox": "bubblewrap",
+            "uid": ident.uid,
+            "gid": ident.gid,
+            "limits": limits.facts(),
+            "wall_s": done.wall_s,
+        },
+    )
+
+
+def _bwrap_version(exe: str) -> str | None:
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().removeprefix("bubblewrap ").strip() or None
+
+
+def materializer(
+    *, expect_config: str | None, platform: str | None, insecure: bool, cache_dir: str | None = None
+) -> RootMaker:
+    """The RootMaker of the command line: any transport string (a bare reference is docker://),
+    verified and unpacked by imagegate.rootfs.materialize into the root cache. A layer that fails
+    verification raises (rootfs.LayerRefused, exit 1) before anything runs."""
+    from imagegate import rootfs
+    from imagegate.oci.transports import open_source
+
+    def make(reference: str) -> PreparedRoot:
+        source = open_source(reference, platform=platform, insecure=insecure)
+        # Held until this process ends: no other run evicts the root while the probes use it.
+        cache = rootfs.RootCache(cache_dir)
+        t0 = time.monotonic()
+        try:
+            root = rootfs.materialize(source, cache=cache, expect_config=expect_config)
+        except BaseException:
+            cache.close()
+            raise
+        finally:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
+        return prepared(root, reference, time.monotonic() - t0)
+
+    return make
+
+
+def prepared(root: Any, reference: str, seconds: float) -> PreparedRoot:
+    """A rootfs.Root as the driver uses it."""
+    return PreparedRoot(
+        path=Path(root.path),
+        config={"Env": list(root.env), "WorkingDir": root.working_dir, "User": root.user},
+        config_digest=root.config_digest,
+        manifest_digest=root.manifest_digest,
+        source=reference,
+        platform=root.report.platform,
+        repository=_repository(reference),
+        chain_id=root.chain_id,
+        facts={
+            "cached": root.cached,
+            "unpacked_from": root.unpacked_from,
+            "not_applied": list(root.not_applied),
+            "size": root.size,
+            "prepare_s": round(seconds, 3),
+        },
+        report=root.report,
+    )
+
+
+def _repository(reference: str) -> str | None:
+    """The registry repository a docker:// (or bare) reference names; None for other transports."""
+    from imagegate.oci.reference import parse_reference
+
+    if reference.startswith(("docker-daemon:", "docker-archive:", "oci:")):
+        return None
+    try:
+        ref = parse_reference(reference.removeprefix("docker://"))
+    except ImagegateError:
+        return None
+    return f"{ref.registry}/{ref.repository}"

@@ -1,0 +1,283 @@
+"""Apply one layer's tar stream to a root folder, as the OCI image spec's layer rules say
+(and as Docker and umoci do): whiteouts `.wh.NAME` remove NAME from the layers below, an
+opaque marker `.wh..wh..opq` empties its folder of what the layers below put there, an entry
+replaces whatever was at its path unless both are folders, hard links may point at files of
+lower layers. Every write goes through `tree.RootDir`: nothing lands outside the root."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from imagegate.rootfs.tree import PathRefused, RootDir, lstat_at, remove_at, split_member_name
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+COPY_CHUNK = 1 << 20
+_XATTR = "SCHILY.xattr."
+
+
+class EntryRefused(Exception):
+    """A layer entry that cannot be applied safely: `entry` names it, the message says why."""
+
+    def __init__(self, entry: str, why: str):
+        super().__init__(why)
+        self.entry, self.why = entry, why
+
+
+class EntryTooLarge(EntryRefused):
+    """An entry past the bound on uncompressed bytes (a decompression bomb)."""
+
+
+@dataclass
+class Skipped:
+    """What the runner's privileges did not allow: counted, said in the Root."""
+
+    ownership: int = 0  # entries not owned by uid/gid 0 left owned by the runner
+    devices: int = 0  # character/block devices not created
+    xattrs: int = 0  # extended attributes not set
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def notes(self) -> tuple[str, ...]:
+        out = []
+        if self.ownership:
+            out.append(f"ownership: {self.ownership} entries keep the runner's uid/gid (not root)")
+        if self.devices:
+            out.append(f"device nodes: {self.devices} not created (not root), e.g. {self.examples['device']}")
+        if self.xattrs:
+            out.append(f"extended attributes: {self.xattrs} not set, e.g. {self.examples['xattr']}")
+        return tuple(out)
+
+
+class LayerApplier:
+    """Applies layers in order to one root. `budget(n)` is asked before an entry's n bytes are
+    written and raises when the bound would be passed."""
+
+    def __init__(self, root: RootDir, *, privileged: bool | None = None):
+        self.root = root
+        self.privileged = os.geteuid() == 0 if privileged is None else privileged
+        self.skipped = Skipped()
+        # Unprivileged, folders stay u+rwx while later layers write into them; their own modes
+        # are set at the end (finish()).
+        self._dir_modes: dict[str, int] = {}
+        self.bytes_written = 0
+
+    def apply(self, stream: object, budget: Callable[[str, int], None]) -> int:
+        """Read one layer's tar from `stream` (has .read(n)) to its end; the entry count."""
+        upper: set[str] = set()  # paths this layer wrote: an opaque marker keeps them
+        dirs: list[tuple[list[str], int]] = []  # (path, mtime): set once the layer is written
+        count = 0
+        name = "(tar header)"
+        try:
+            with tarfile.open(fileobj=stream, mode="r|", bufsize=COPY_CHUNK) as tf:  # type: ignore[call-overload]
+                while True:
+                    ti = tf.next()
+                    if ti is None:
+                        break
+                    tf.members.clear()  # stream mode would keep every header: bounded memory
+                    name = ti.name
+                    count += 1
+                    self._entry(tf, ti, upper, dirs, budget)
+        except EntryRefused:
+            raise
+        except PathRefused as e:
+            raise EntryRefused(name, str(e)) from e
+        except (tarfile.TarError, EOFError) as e:  # EOFError: tarfile's stream mode, cut short
+            raise EntryRefused(name, f"not a valid tar stream after this entry: {e}") from e
+        except OSError as e:
+            raise EntryRefused(name, f"cannot write it: {e.strerror or e}") from e
+        for parts, mtime in reversed(dirs):
+            self._dir_times(parts, mtime)
+        self.root.forget()
+        return count
+
+    def finish(self) -> None:
+        """Set the modes of folders kept writable while unpacking (unprivileged runs), deepest first."""
+        for path in sorted(self._dir_modes, key=lambda p: -p.count("/")):
+            parts = path.split("/")
+            try:
+                pfd = self.root.parent(parts, create=False)
+                st = lstat_at(pfd, parts[-1])
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    os.chmod(parts[-1], self._dir_modes[path], dir_fd=pfd)
+            except (PathRefused, OSError):
+                continue  # replaced or removed by a later layer
+        self.root.forget()
+
+    def _entry(
+        self,
+        tf: tarfile.TarFile,
+        ti: tarfile.TarInfo,
+        upper: set[str],
+        dirs: list[tuple[list[str], int]],
+        budget: Callable[[str, int], None],
+    ) -> None:
+        parts = split_member_name(ti.name)
+        if not parts:
+            return  # the root itself ("./"): its mode stays the cache's
+        base = parts[-1]
+        if base.startswith(WHITEOUT):
+            self._whiteout(parts, upper)
+            return
+        path = "/".join(parts)
+        pfd = self.root.parent(parts, create=True)
+        existing = lstat_at(pfd, base)
+        if existing is not None and not (stat.S_ISDIR(existing.st_mode) and ti.isdir()):
+            remove_at(pfd, base)
+            self._dir_modes.pop(path, None)
+        mode = stat.S_IMODE(ti.mode)
+        if ti.isdir():
+            if existing is None or not stat.S_ISDIR(existing.st_mode):
+                os.mkdir(base, 0o700, dir_fd=pfd)
+            self._owner(pfd, base, ti)
+            if self.privileged or mode & 0o700 == 0o700:
+                self._dir_modes.pop(path, None)
+                os.chmod(base, mode, dir_fd=pfd)
+            else:
+                self._dir_modes[path] = mode
+                os.chmod(base, mode | 0o700, dir_fd=pfd)
+            dirs.append((parts, int(ti.mtime)))
+        elif ti.isreg():
+            if ti.issparse():
+                raise PathRefused("a sparse file (GNU sparse entries are not supported in layers)")
+            budget(ti.name, ti.size)
+            self._file(tf, ti, pfd, base, mode)
+        elif ti.issym():
+            os.symlink(ti.linkname, base, dir_fd=pfd)
+            self._owner(pfd, base, ti)
+            self._time(pfd, base, ti)
+        elif ti.islnk():
+            self._hardlink(ti, pfd, base)
+        elif ti.ischr() or ti.isblk():
+            if not self.privileged:
+                self.skipped.devices += 1
+                self.skipped.examples.setdefault("device", "/" + path)
+                return
+            kind = stat.S_IFCHR if ti.ischr() else stat.S_IFBLK
+            os.mknod(base, mode | kind, os.makedev(ti.devmajor, ti.devminor), dir_fd=pfd)
+            self._owner(pfd, base, ti)
+            os.chmod(base, mode, dir_fd=pfd)
+            self._time(pfd, base, ti)
+        elif ti.isfifo():
+            os.mkfifo(base, 0o600, dir_fd=pfd)
+            self._owner(pfd, base, ti)
+            os.chmod(base, mode, dir_fd=pfd)
+            self._time(pfd, base, ti)
+        else:
+            raise PathRefused(f"unsupported tar entry type {ti.type!r}")
+        upper.add(path)
+
+    def _whiteout(self, parts: list[str], upper: set[str]) -> None:
+        base = parts[-1]
+        try:
+            pfd = self.root.parent(parts, create=False)
+        except PathRefused as e:
+            if "does not exist" in str(e):
+                return  # nothing below to hide
+            raise
+        if base == OPAQUE:
+            prefix = "/".join(parts[:-1])
+            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pfd)
+            try:
+                self._opaque(fd, prefix, upper)
+            finally:
+                os.close(fd)
+        elif base.startswith(WHITEOUT + WHITEOUT):
+            return  # other AUFS metadata (.wh..wh..plnk): not content
+        else:
+            remove_at(pfd, base[len(WHITEOUT) :])
+
+    def _opaque(self, fd: int, prefix: str, upper: set[str]) -> None:
+        """Remove what lower layers put under a folder; keep what this layer wrote."""
+        with os.scandir(fd) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        for name, is_dir in entries:
+            path = f"{prefix}/{name}" if prefix else name
+            if path not in upper:
+                remove_at(fd, name)
+            elif is_dir:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    self._opaque(sub, path, upper)
+                finally:
+                    os.close(sub)
+
+    def _file(self, tf: tarfile.TarFile, ti: tarfile.TarInfo, pfd: int, base: str, mode: int) -> None:
+        src = tf.extractfile(ti)
+        assert src is not None  # a regular file
+        fd = os.open(
+            base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd
+        )
+        try:
+            left = ti.size
+            while left > 0:
+                chunk = src.read(min(COPY_CHUNK, left))
+                if not chunk:
+                    raise tarfile.ReadError("the stream ends inside this file (truncated)")
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+                left -= len(chunk)
+            self.bytes_written += ti.size
+            if self.privileged:
+                os.fchown(fd, ti.uid, ti.gid)
+                self._xattrs(fd, ti)
+            else:
+                self._note_owner(ti)
+            os.fchmod(fd, mode)  # after chown, which clears set-id bits
+            os.utime(fd, ns=(int(ti.mtime * 1e9),) * 2)
+        finally:
+            os.close(fd)
+
+    def _hardlink(self, ti: tarfile.TarInfo, pfd: int, base: str) -> None:
+        try:
+            target = split_member_name(ti.linkname)
+        except PathRefused as e:
+            raise PathRefused(f"hard link to {ti.linkname!r}: {e} (outside the root)") from e
+        if not target:
+            raise PathRefused("hard link to the root folder")
+        tfd = self.root._walk(target[:-1], create=False)
+        try:
+            st = lstat_at(tfd, target[-1])
+            if st is None:
+                raise PathRefused(f"hard link to {ti.linkname!r}, which does not exist")
+            if stat.S_ISDIR(st.st_mode):
+                raise PathRefused(f"hard link to {ti.linkname!r}, a folder")
+            os.link(target[-1], base, src_dir_fd=tfd, dst_dir_fd=pfd, follow_symlinks=False)
+        finally:
+            os.close(tfd)
+
+    def _owner(self, pfd: int, base: str, ti: tarfile.TarInfo) -> None:
+        if self.privileged:
+            os.chown(base, ti.uid, ti.gid, dir_fd=pfd, follow_symlinks=False)
+        else:
+            self._note_owner(ti)
+
+    def _note_owner(self, ti: tarfile.TarInfo) -> None:
+        if ti.uid != os.geteuid() or ti.gid != os.getegid():
+            self.skipped.ownership += 1
+
+    def _xattrs(self, fd: int, ti: tarfile.TarInfo) -> None:
+        for key, value in ti.pax_headers.items():
+            if key.startswith(_XATTR):
+                name = key[len(_XATTR) :]
+                try:
+                    os.setxattr(fd, name, value.encode("utf-8", "surrogateescape"))
+                except OSError:
+                    self.skipped.xattrs += 1
+                    self.skipped.examples.setdefault("xattr", f"{name} on /{ti.name.lstrip('./')}")
+
+    def _time(self, pfd: int, base: str, ti: tarfile.TarInfo) -> None:
+        os.utime(base, ns=(int(ti.mtime * 1e9),) * 2, dir_fd=pfd, follow_symlinks=False)
+
+    def _dir_times(self, parts: list[str], mtime: int) -> None:
+        try:
+            pfd = self.root.parent(parts, create=False)
+            st = lstat_at(pfd, parts[-1])
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                os.utime(parts[-1], ns=(mtime * 1_000_000_000,) * 2, dir_fd=pfd, follow_symlinks=False)
+        except PathRefused:
+            return  # removed by a later entry of the same layer

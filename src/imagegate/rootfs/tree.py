@@ -1,0 +1,165 @@
+"""File operations confined to one root folder, whatever the folder holds.
+
+Every path is walked one component at a time with `openat`-style calls (`dir_fd`,
+`O_NOFOLLOW`): a symlink met on the way is resolved inside the root (an absolute target
+starts again at the root, `..` stops at the root), as a chroot would resolve it, so no
+symlink planted by a layer can make a later write land outside the root. The last component
+of a path is never followed."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+
+# As the kernel's limit on symlinks in one lookup (MAXSYMLINKS).
+MAX_SYMLINK_HOPS = 40
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class PathRefused(Exception):
+    """A path that cannot be written inside the root (the message says why)."""
+
+
+def split_member_name(name: str) -> list[str]:
+    """The components of a layer entry's name; refuses absolute names and `..` (a layer written
+    by a builder never has either)."""
+    if "\0" in name:
+        raise PathRefused("the name holds a NUL byte")
+    if name.startswith("/"):
+        raise PathRefused("absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise PathRefused("'..' in the path (path traversal)")
+    return parts
+
+
+class RootDir:
+    """An open root folder and scoped lookups inside it. The last parent looked up is kept
+    open (consecutive entries of a layer mostly share a folder); anything removed or replaced
+    forgets it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, _DIR_FLAGS)
+        self._last: tuple[tuple[str, ...], int] | None = None
+
+    def close(self) -> None:
+        self.forget()
+        os.close(self.fd)
+
+    def forget(self) -> None:
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
+
+    def parent(self, parts: list[str], *, create: bool) -> int:
+        """An fd (O_PATH) of the folder holding `parts[-1]`, creating missing folders (0755) when
+        `create`. The fd belongs to this object: do not close it."""
+        key = tuple(parts[:-1])
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        fd = self._walk(list(key), create=create)
+        self.forget()
+        self._last = (key, fd)
+        return fd
+
+    def _walk(self, parts: list[str], *, create: bool) -> int:
+        stack = list(reversed(parts))
+        resolved: list[str] = []
+        fd = os.dup(self.fd)
+        hops = 0
+        try:
+            while stack:
+                name = stack.pop()
+                if name in ("", "."):
+                    continue
+                if name == "..":  # only from a symlink's target: stops at the root
+                    if resolved:
+                        resolved.pop()
+                    os.close(fd)
+                    fd = os.dup(self.fd)
+                    for p in resolved:
+                        nfd = os.open(p, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                        os.close(fd)
+                        fd = nfd
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    if not create:
+                        raise PathRefused(f"{'/'.join([*resolved, name])} does not exist") from None
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    os.chmod(name, 0o755, dir_fd=fd)  # as Docker makes missing parents, whatever the umask
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    hops += 1
+                    if hops > MAX_SYMLINK_HOPS:
+                        raise PathRefused(
+                            "too many levels of symbolic links (a symlink loop, or one that points outside the root)"
+                        )
+                    target = os.readlink(name, dir_fd=fd)
+                    if target.startswith("/"):
+                        resolved = []
+                        os.close(fd)
+                        fd = os.dup(self.fd)
+                    stack.extend(reversed([p for p in target.split("/") if p]))
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    raise PathRefused(f"{'/'.join([*resolved, name])} is not a directory")
+                nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+                resolved.append(name)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def remove_at(dir_fd: int, name: str) -> None:
+    """Remove `name` (a file, link or whole folder) without following any symlink."""
+    st = lstat_at(dir_fd, name)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    if st.st_mode & 0o700 != 0o700:
+        # An unprivileged runner cannot list or empty a folder it may not write (mode 0555).
+        os.chmod(name, 0o700 | stat.S_IMODE(st.st_mode), dir_fd=dir_fd)  # a folder: lstat said so
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        empty_dir(fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def empty_dir(fd: int, keep: frozenset[str] = frozenset()) -> None:
+    with os.scandir(fd) as it:
+        names = [e.name for e in it if e.name not in keep]
+    for n in names:
+        remove_at(fd, n)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a folder tree (a root, a partial root) that may hold read-only folders."""
+    parent, name = os.path.split(os.path.abspath(path))
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            remove_at(fd, name)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            raise
+    finally:
+        os.close(fd)
