@@ -60,6 +60,7 @@ _VERBOSE = o.opt(0, "--verbose", "-v", count=True, help="More detail on stderr (
     "  imagegate run app:latest -p ./my-pipeline.yaml --require-complete\n\n"
     "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
     "  imagegate run myorg/vllm:0.11 -p gpu --gpus all  # the GPU node check alone\n\n"
+    "  imagegate run docker://mirror.example/vllm:0.11 -p vllm --driver rootfs --expect-config sha256:...\n\n"
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
     "--require-complete), 2 could not decide (ERROR), 3 usage or input error, 130 interrupted "
     "(SIGINT), 143 terminated (SIGTERM); the container is removed either way."
