@@ -7,7 +7,6 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,16 +250,18 @@ def observe(
     # Outside stages that need nothing from inside run while the image's stages do; one that
     # `requires` a capability waits for the controller to say what this run has.
     early = [s for s in prep.plan.outside_stages if not (s.needs or s.requires or prep.plan.stop_on_fail)]
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outside") as pool:
-        with workers.signals_held():  # an interrupt inside submit() would orphan the thread
-            done = pool.submit(outside_results, prep, early, obs, attempt, [], notify) if early else None
+
+    def outside() -> list[StageResult]:
+        return outside_results(prep, early, obs, attempt, [], notify) if early else []
+
+    with workers.background(outside, "outside") as done:
         if prep.inside.stages:
             notify(
                 f"running {len(prep.inside.stages)} stages in {image.reference} "
                 f"({env.get('engine') or env['driver']})"
             )
             obs.runs = run_inside(prep, driver, image, opts, notify)
-        obs.outside_done = done.result() if done else []
+        obs.outside_done = done.result()
     return obs
 
 

@@ -4,53 +4,100 @@ Python raises KeyboardInterrupt (and, through the CLI's handler, SIGTERM) in the
 any bytecode, including inside `Thread.start()` while it waits for the new thread to run. A
 ThreadPoolExecutor records a worker only after `start()` returns, so an interrupt landing there
 leaves a running thread that nobody waits for: a run that goes on making and running containers
-after the CLI has said it was interrupted. Here signals are held while the threads start, and
-delivered once every thread is known."""
+after the CLI has said it was interrupted. Holding the signals in the main thread is not enough
+either: the kernel then hands them to any other thread, and Python still raises them in the main
+thread. So the threads here carry a name unique to the call, and on the way out every thread of
+that name that exists (started, or inside an interrupted start) is waited for."""
 
 from __future__ import annotations
 
 import contextlib
-import signal
+import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-_HELD = {signal.SIGINT, signal.SIGTERM}
 
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM in this thread (threads started meanwhile inherit the mask, so the
-    signals wait for the main thread); a held signal is delivered on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread receives Python's signal handlers
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+def _wait_for(tag: str) -> None:
+    """Every thread named `tag-*` has ended (an interrupt again stops the waiting)."""
+    me = threading.current_thread()
+    while left := [t for t in threading.enumerate() if t.name.startswith(tag + "-") and t is not me]:
+        for t in left:
+            try:
+                t.join(0.1)
+            except RuntimeError:  # inside an interrupted start(): not joinable yet, but it will run
+                time.sleep(0.01)
 
 
 def run_all(fn: Callable[[T], R], items: Sequence[T], cancel: threading.Event, name: str) -> list[R]:
-    """`fn` over `items`, one thread each, all at once; the results in order. On an exception in
-    the calling thread (an interrupt), `cancel` is set and every call is waited for before the
-    exception goes on: each call must watch `cancel` and clean up after itself."""
-    pool = ThreadPoolExecutor(max_workers=max(1, len(items)), thread_name_prefix=name)
-    futures: list[Future[R]] = []
+    """`fn` over `items`, one thread each, all at once; the results in order (the first error,
+    in order, is raised once all calls ended). On an exception in the calling thread (an
+    interrupt), `cancel` is set and every call is waited for before the exception goes on: each
+    call must watch `cancel` and clean up after itself."""
+    tag = f"{name}-{secrets.token_hex(4)}"
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException | None] = [None] * len(items)
+
+    def call(i: int, item: T) -> None:
+        try:
+            results[i] = fn(item)
+        except BaseException as e:  # handed to the caller's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=call, args=(i, x), name=f"{tag}-{i}") for i, x in enumerate(items)]
     try:
-        with signals_held():
-            futures = [pool.submit(fn, item) for item in items]
-        while not all(f.done() for f in futures):
-            wait(futures, timeout=0.5)
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
     except BaseException:
         cancel.set()
-        wait(futures)
+        _wait_for(tag)
         raise
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+class Background(Generic[R]):
+    """`fn()` in a thread of its own; `result()` waits for it and returns (or raises) its outcome."""
+
+    def __init__(self, fn: Callable[[], R]) -> None:
+        self.fn = fn
+        self.value: R | None = None
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as e:  # handed to the caller's thread
+            self.error = e
+
+    def result(self) -> R:
+        assert self.thread is not None
+        while self.thread.is_alive():
+            self.thread.join(0.5)
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]  # set when fn returned
+
+
+@contextlib.contextmanager
+def background(fn: Callable[[], R], name: str) -> Iterator[Background[R]]:
+    """`fn()` runs in its own thread while the block runs; the thread is waited for on the way
+    out, also when an interrupt ends the block (it finishes its work first)."""
+    tag = f"{name}-{secrets.token_hex(4)}"
+    task = Background(fn)
+    task.thread = threading.Thread(target=task._run, name=f"{tag}-0")
+    try:
+        task.thread.start()
+        yield task
     finally:
-        pool.shutdown(wait=True)
-    return [f.result() for f in futures]
+        _wait_for(tag)
