@@ -72,7 +72,10 @@ class LayerApplier:
         count = 0
         name = "(tar header)"
         try:
-            with tarfile.open(fileobj=stream, mode="r|", bufsize=COPY_CHUNK) as tf:  # type: ignore[call-overload]
+            src = ForwardReader(stream)
+            # "r:" over a forward-only reader: tarfile's own stream mode ("r|") copies its whole
+            # buffer on every header read (measured: a fifth of the time on small files).
+            with tarfile.open(fileobj=src, mode="r:") as tf:  # type: ignore[call-overload]
                 while True:
                     ti = tf.next()
                     if ti is None:
@@ -80,7 +83,7 @@ class LayerApplier:
                     tf.members.clear()  # stream mode would keep every header: bounded memory
                     name = ti.name
                     count += 1
-                    self._entry(tf, ti, upper, dirs, budget)
+                    self._entry(src, ti, upper, dirs, budget)
         except EntryRefused:
             raise
         except PathRefused as e:
@@ -109,7 +112,7 @@ class LayerApplier:
 
     def _entry(
         self,
-        tf: tarfile.TarFile,
+        src: ForwardReader,
         ti: tarfile.TarInfo,
         upper: set[str],
         dirs: list[tuple[list[str], int]],
@@ -144,7 +147,7 @@ class LayerApplier:
             if ti.issparse():
                 raise PathRefused("a sparse file (GNU sparse entries are not supported in layers)")
             budget(ti.name, ti.size)
-            self._file(tf, ti, pfd, base, mode)
+            self._file(src, ti, pfd, base, mode)
         elif ti.issym():
             os.symlink(ti.linkname, base, dir_fd=pfd)
             self._owner(pfd, base, ti)
@@ -205,16 +208,15 @@ class LayerApplier:
                 finally:
                     os.close(sub)
 
-    def _file(self, tf: tarfile.TarFile, ti: tarfile.TarInfo, pfd: int, base: str, mode: int) -> None:
-        src = tf.extractfile(ti)
-        assert src is not None  # a regular file
+    def _file(self, src: ForwardReader, ti: tarfile.TarInfo, pfd: int, base: str, mode: int) -> None:
+        src.seek(ti.offset_data)
         fd = os.open(
             base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd
         )
         try:
             left = ti.size
             while left > 0:
-                chunk = src.read(min(COPY_CHUNK, left))
+                chunk = src.read_some(min(COPY_CHUNK, left))
                 if not chunk:
                     raise tarfile.ReadError("the stream ends inside this file (truncated)")
                 view = memoryview(chunk)
@@ -281,3 +283,53 @@ class LayerApplier:
                 os.utime(parts[-1], ns=(mtime * 1_000_000_000,) * 2, dir_fd=pfd, follow_symlinks=False)
         except PathRefused:
             return  # removed by a later entry of the same layer
+
+
+class ForwardReader:
+    """A tar stream read front to back, with the `tell()` and forward `seek()` tarfile's
+    random-access mode asks for. `read_some` hands out the pieces as they come (no copy)."""
+
+    def __init__(self, src: object):
+        self._read = src.read  # type: ignore[attr-defined]
+        self._buf, self._pos, self._offset = b"", 0, 0  # offset: stream position of _buf[0]
+
+    def tell(self) -> int:
+        return self._offset + self._pos
+
+    def _fill(self) -> bool:
+        self._offset += len(self._buf)
+        self._buf, self._pos = self._read(COPY_CHUNK), 0
+        return bool(self._buf)
+
+    def read_some(self, n: int) -> bytes:
+        if self._pos >= len(self._buf) and not self._fill():
+            return b""
+        whole = self._pos == 0 and n >= len(self._buf)  # the piece as it came: no copy
+        out = self._buf if whole else self._buf[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            raise tarfile.ReadError("the layer stream cannot be read whole")
+        first = self.read_some(n)
+        if len(first) == n or not first:
+            return first
+        parts = [first]
+        got = len(first)
+        while got < n:
+            more = self.read_some(n - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence != 0 or pos < self.tell():
+            raise tarfile.ReadError("the layer stream can only be read forward")
+        while pos > self.tell():
+            if self._pos >= len(self._buf) and not self._fill():
+                break
+            self._pos = min(len(self._buf), self._pos + pos - self.tell())
+        return self.tell()
