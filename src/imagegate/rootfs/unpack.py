@@ -209,7 +209,8 @@ def _unpack(
                 result = None
             progress.finished(i, "REFUSED" if result is None else result.status.value)
             partial = replace_layers(report, (*results, *([result] if result else [])))
-            if result is not None and result.status is not LayerStatus.OK:
+            bomb = isinstance(applied, EntryTooLarge)
+            if result is not None and result.status is not LayerStatus.OK and not bomb:
                 # Verification first: bytes that are not the declared ones say nothing about content.
                 what = "not in the source" if result.status is LayerStatus.FOREIGN else result.detail
                 raise LayerRefused(
@@ -255,8 +256,10 @@ def replace_layers(report: VerifyReport, layers: tuple[LayerResult, ...]) -> Ver
 
 class _TarFeed:
     """Push (the verifier's decompressed pieces) to pull (tarfile's reads), through a small
-    bounded queue to the applier's thread. An applier error is raised in the pusher at its next
-    put, which stops the verifier's pass; finish() returns it."""
+    bounded queue to the applier's thread. After an applier error the rest of the layer is
+    still verified (a tampered blob is then named as tampered, not as hostile) and its pieces
+    dropped; only a bomb stops the verifier's pass at once (raised in the pusher). finish()
+    returns the applier's error."""
 
     def __init__(self) -> None:
         self._q: queue.Queue[object] = queue.Queue(FEED_DEPTH)
@@ -281,7 +284,7 @@ class _TarFeed:
                     self._eof = True
 
     def put(self, data: bytes) -> None:
-        if self.error is not None:
+        if isinstance(self.error, EntryTooLarge):
             raise self.error
         self._q.put(data)
 
