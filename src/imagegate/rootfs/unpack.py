@@ -73,7 +73,13 @@ def materialize(
         # Read once, front to back, metadata last: keep the blobs, then unpack from them.
         work = cache.work_folder("spool")
         try:
-            with spool_archive(source, work) as spooled:
+            notice = getattr(progress, "waiting", None)  # an engine preparing its export
+
+            def waiting(elapsed: float, done: bool) -> None:
+                if notice is not None:
+                    notice(source.description, elapsed, done)
+
+            with spool_archive(source, work, max_bytes=limits.max_total_bytes, waiting=waiting) as spooled:
                 return materialize(
                     spooled, cache=cache, expect_config=expect_config, limits=limits, progress=progress
                 )
