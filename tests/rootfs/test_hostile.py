@@ -4,6 +4,7 @@ discarded, and nothing written outside the root (a canary next to the cache stay
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,8 @@ def _hostile_cases(canary: Path) -> dict[str, tuple[list[Entry], str]]:
             [Entry("etc", "symlink", link="/etc"), Entry("etc/passwd", data=b"owned\n")],
             "too many levels of symbolic links",
         ),
+        # `.wh...` whites out `..`: the folder above the root.
+        "whiteout-dotdot": ([Entry(".wh...")], r"a whiteout of '\.\.'"),
         "hardlink-through-symlink": (
             [Entry("up", "symlink", link=str(canary)), Entry("x", "hardlink", link="up/passwd")],
             "does not exist",
@@ -69,6 +72,7 @@ def _hostile_cases(canary: Path) -> dict[str, tuple[list[Entry], str]]:
         "hardlink-absolute",
         "hardlink-dotdot",
         "symlink-then-write",
+        "whiteout-dotdot",
         "hardlink-through-symlink",
     ],
 )
@@ -78,7 +82,9 @@ def test_hostile_entry_refused(
     entries, why = _hostile_cases(canary)[case]
     src = push_layers(registry, tmp_path, f"hostile-{case}", [layer_tar(BASE), layer_tar(entries)])
     bad = entries[-1].name
-    with pytest.raises(HostileLayer, match=rf"^layer 2/2 sha256:.*: entry '{bad}' refused: .*{why}") as e:
+    with pytest.raises(
+        HostileLayer, match=rf"^layer 2/2 sha256:.*: entry '{re.escape(bad)}' refused: .*{why}"
+    ) as e:
         materialize(open_source(src), cache=cache)
     assert e.value.layer == 1 and e.value.entry == bad
     _untouched(canary)

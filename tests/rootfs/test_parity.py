@@ -72,3 +72,36 @@ def test_hardlink_to_a_lower_layer_file(registry: Registry, cache: RootCache, tm
         "1000:1000",
         ("sh",),
     )
+
+
+def test_opaque_marker_keeps_what_its_own_layer_wrote(
+    registry: Registry, cache: RootCache, tmp_path: Path
+) -> None:
+    """The marker may come after the layer's own entries of that folder (the spec allows any
+    order): those stay, everything from below goes; a whiteout of nothing is no error."""
+    lower = layer_tar(
+        [Entry("d", "dir"), Entry("d/old", data=b"1"), Entry("d/sub", "dir"), Entry("d/sub/x", data=b"2")]
+    )
+    upper = layer_tar(
+        [
+            Entry("d", "dir"),
+            Entry("d/new", data=b"3"),
+            Entry("d/.wh..wh..opq"),
+            Entry("gone/.wh.nothing"),
+            Entry("d/.wh.never-there"),
+        ]
+    )
+    src = push_layers(registry, tmp_path, "opaque-order", [lower, upper])
+    root = materialize(open_source(src), cache=cache)
+    assert sorted(p.name for p in Path(root.path, "d").iterdir()) == ["new"]
+    assert not Path(root.path, "gone").exists()
+
+
+def test_whiteout_hides_only_lower_layers(registry: Registry, cache: RootCache, tmp_path: Path) -> None:
+    """Image spec: a whiteout never hides what its own layer wrote, even after it."""
+    lower = layer_tar([Entry("d", "dir"), Entry("d/lower", data=b"1"), Entry("f", data=b"old")])
+    upper = layer_tar([Entry("f", data=b"new"), Entry(".wh.f"), Entry("d/mine", data=b"2"), Entry(".wh.d")])
+    src = push_layers(registry, tmp_path, "whiteout-same-layer", [lower, upper])
+    root = materialize(open_source(src), cache=cache)
+    assert Path(root.path, "f").read_bytes() == b"new"
+    assert sorted(p.name for p in Path(root.path, "d").iterdir()) == ["mine"]

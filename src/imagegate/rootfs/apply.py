@@ -186,7 +186,14 @@ class LayerApplier:
             self._time(pfd, base, ti)
         else:
             raise PathRefused(f"unsupported tar entry type {ti.type!r}")
-        upper.add(path)
+        self._mark(path, upper)
+
+    @staticmethod
+    def _mark(path: str, upper: set[str]) -> None:
+        """`path` and its folders are this layer's: opaque markers and whiteouts keep them."""
+        while path and path not in upper:
+            upper.add(path)
+            path = path.rpartition("/")[0]
 
     def _whiteout(self, parts: list[str], upper: set[str]) -> None:
         base = parts[-1]
@@ -206,8 +213,21 @@ class LayerApplier:
         elif base.startswith(WHITEOUT + WHITEOUT):
             return  # other AUFS metadata (.wh..wh..plnk): not content
         else:
-            remove_at(pfd, base[len(WHITEOUT) :])
-            self.root.invalidate()
+            name = base[len(WHITEOUT) :]
+            if name in ("", ".", ".."):
+                raise PathRefused(f"a whiteout of {name!r} (hides no file; would reach outside its folder)")
+            path = "/".join([*parts[:-1], name])
+            st = lstat_at(pfd, name)
+            if path not in upper:
+                remove_at(pfd, name)
+                self.root.invalidate()
+            elif st is not None and stat.S_ISDIR(st.st_mode):
+                # Whiteouts hide only lower layers (image spec): keep what this layer wrote under it.
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+                try:
+                    self._opaque(fd, path, upper)
+                finally:
+                    os.close(fd)
 
     def _opaque(self, fd: int, prefix: str, upper: set[str]) -> None:
         """Remove what lower layers put under a folder; keep what this layer wrote."""
