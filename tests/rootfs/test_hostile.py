@@ -177,3 +177,23 @@ def _sha(data: bytes) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_huge_pax_header_refused_in_bounded_memory(
+    registry: Registry, cache: RootCache, tmp_path: Path
+) -> None:
+    """A PAX record that tarfile would read whole (64 MiB here) is refused, not held in memory."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        ti = tarfile.TarInfo("big-header")
+        ti.pax_headers = {"comment": "x" * (64 << 20)}
+        tf.addfile(ti, io.BytesIO(b""))
+    src = push_layers(registry, tmp_path, "pax-bomb", [layer_tar(BASE), buf.getvalue()])
+    with pytest.raises(
+        HostileLayer, match=r"^layer 2/2 .*refused: .*tar header record of \d+ bytes \(more than 8388608\)"
+    ):
+        materialize(open_source(src), cache=cache)
+    _nothing_kept(cache)

@@ -18,6 +18,7 @@ from imagegate.rootfs.tree import PathRefused, RootDir, lstat_at, remove_at, spl
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 COPY_CHUNK = 1 << 20
+MAX_HEADER = 8 << 20  # a PAX header or GNU long name record; real ones are a few KiB
 _XATTR = "SCHILY.xattr."
 
 
@@ -369,8 +370,9 @@ class ForwardReader:
         return out
 
     def read(self, n: int = -1) -> bytes:
-        if n < 0:
-            raise tarfile.ReadError("the layer stream cannot be read whole")
+        # tarfile reads a header, a PAX record or a GNU long name whole: bound it (memory).
+        if n < 0 or n > MAX_HEADER:
+            raise tarfile.ReadError(f"a tar header record of {n} bytes (more than {MAX_HEADER}); refused")
         first = self.read_some(n)
         if len(first) == n or not first:
             return first
