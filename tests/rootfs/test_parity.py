@@ -106,3 +106,10 @@ def test_whiteout_hides_only_lower_layers(registry: Registry, cache: RootCache, 
     root = materialize(open_source(src), cache=cache)
     assert Path(root.path, "f").read_bytes() == b"new"
     assert sorted(p.name for p in Path(root.path, "d").iterdir()) == ["mine"]
+
+
+def test_image_without_layers_is_an_empty_root(cache: RootCache, tmp_path: Path) -> None:
+    from tests.rootfs.infra import write_layout
+
+    root = materialize(open_source(f"oci:{write_layout(tmp_path / 'empty', [])}"), cache=cache)
+    assert list(Path(root.path).iterdir()) == [] and root.report.ok and root.report.layers == ()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from imagegate.oci.hashing import digest_blob
 from imagegate.oci.sources.interface import (
@@ -102,8 +103,11 @@ def materialize(
             report=report,
         )
     chain = chain_id(diff_ids)
+    hit = cache.get(chain)
+    if hit is not None:
+        return _reused(hit, report)
     with cache.building(chain) as build:
-        hit = cache.get(chain)
+        hit = cache.get(chain)  # made by a run that held the build lock before us
         if hit is not None:
             return _reused(hit, report)
         return _unpack(source, image, report, build, cache, limits, progress, doc)
@@ -112,15 +116,14 @@ def materialize(
 def _report(
     source: ImageSource,
     image: ResolvedImage,
-    config: object,
+    config: ConfigResult,
     layers: tuple[LayerResult, ...],
     diff_ids: tuple[str, ...],
     problems: list[str],
-    doc: object,
+    doc: Mapping[str, Any],
 ) -> VerifyReport:
-    assert isinstance(config, ConfigResult)
     platform = image.platform
-    if platform is None and isinstance(doc, dict):
+    if platform is None:
         platform = "/".join(str(doc[k]) for k in ("os", "architecture", "variant") if doc.get(k)) or None
     return VerifyReport(
         source=source.description,
@@ -132,7 +135,7 @@ def _report(
         layers=layers,
         diff_ids=diff_ids,
         problems=tuple(problems),
-        config_doc=doc if isinstance(doc, dict) else {},
+        config_doc=doc,
     )
 
 
@@ -155,7 +158,7 @@ def _unpack(
     cache: RootCache,
     limits: Limits,
     progress: Progress,
-    doc: object,
+    doc: Mapping[str, Any],
 ) -> Root:
     os.mkdir(build.rootfs, 0o755)
     root_dir = RootDir(build.rootfs)
@@ -239,7 +242,7 @@ def _unpack(
         applier.finish()
     finally:
         root_dir.close()
-    settings = image_settings(doc if isinstance(doc, dict) else {})
+    settings = image_settings(doc)
     assert report.config.actual_digest is not None
     root = Root(
         path=os.path.join(build.path, "rootfs"),
