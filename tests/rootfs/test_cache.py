@@ -176,3 +176,12 @@ def test_cli_unpack_refused_image_exits_1(tmp_path: Path) -> None:
     assert p.returncode == 1, p.stderr
     assert "entry '../escape' refused: '..' in the path" in p.stderr and "Traceback" not in p.stderr
     assert "hint: this layer was not written by an image builder" in p.stderr
+
+
+def test_prune_keeps_the_work_folder_of_a_live_run(tmp_path: Path) -> None:
+    folder = str(tmp_path / "cache")
+    with RootCache(folder) as running, running.working("a" * 64) as work, RootCache(folder) as pruner:
+        Path(work, "rootfs").mkdir()
+        pruner.prune(0)
+        assert Path(work, "rootfs").is_dir()
+    assert os.listdir(Path(folder) / "work") == []

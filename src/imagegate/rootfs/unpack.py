@@ -45,7 +45,7 @@ from imagegate.rootfs.model import (
     image_settings,
 )
 from imagegate.rootfs.spool import spool_archive
-from imagegate.rootfs.tree import RootDir, remove_tree
+from imagegate.rootfs.tree import RootDir
 
 # Decompressed bytes the verifier may run ahead of the applier (bounded memory).
 FEED_DEPTH = 4
@@ -72,8 +72,7 @@ def materialize(
     progress = progress or NoProgress()
     if isinstance(source, ArchiveStream):
         # Read once, front to back, metadata last: keep the blobs, then unpack from them.
-        work = cache.work_folder("spool")
-        try:
+        with cache.working("spool") as work:
             notice = getattr(progress, "waiting", None)  # an engine preparing its export
 
             def waiting(elapsed: float, done: bool) -> None:
@@ -84,8 +83,6 @@ def materialize(
                 return materialize(
                     spooled, cache=cache, expect_config=expect_config, limits=limits, progress=progress
                 )
-        finally:
-            remove_tree(work)
     image = source.resolve()
     config, doc, diff_ids, problems = check_config(
         image.config, read_config(source, image.config), expect_config
