@@ -20,6 +20,7 @@ COMMAND_MODULES = {
     "pipelines": "pipelines",
     "layers": "oci",
     "compare": "oci",
+    "cache": "cache",
     "keygen": "attest",
     "verify": "attest",
     "attach": "attest",

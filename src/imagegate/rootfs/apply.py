@@ -6,6 +6,7 @@ lower layers. Every write goes through `tree.RootDir`: nothing lands outside the
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tarfile
@@ -17,6 +18,7 @@ from imagegate.rootfs.tree import PathRefused, RootDir, lstat_at, remove_at, spl
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 COPY_CHUNK = 1 << 20
+MAX_HEADER = 8 << 20  # a PAX header or GNU long name record; real ones are a few KiB
 _XATTR = "SCHILY.xattr."
 
 
@@ -44,9 +46,13 @@ class Skipped:
     def notes(self) -> tuple[str, ...]:
         out = []
         if self.ownership:
-            out.append(f"ownership: {self.ownership} entries keep the runner's uid/gid (not root)")
+            out.append(
+                f"ownership: {self.ownership} entries keep the runner's uid/gid (not root, or ids not mapped)"
+            )
         if self.devices:
-            out.append(f"device nodes: {self.devices} not created (not root), e.g. {self.examples['device']}")
+            out.append(
+                f"device nodes: {self.devices} not created (not root, or no CAP_MKNOD), e.g. {self.examples['device']}"
+            )
         if self.xattrs:
             out.append(f"extended attributes: {self.xattrs} not set, e.g. {self.examples['xattr']}")
         return tuple(out)
@@ -72,7 +78,10 @@ class LayerApplier:
         count = 0
         name = "(tar header)"
         try:
-            with tarfile.open(fileobj=stream, mode="r|", bufsize=COPY_CHUNK) as tf:  # type: ignore[call-overload]
+            src = ForwardReader(stream)
+            # "r:" over a forward-only reader: tarfile's own stream mode ("r|") copies its whole
+            # buffer on every header read (measured: a fifth of the time on small files).
+            with tarfile.open(fileobj=src, mode="r:") as tf:  # type: ignore[call-overload]
                 while True:
                     ti = tf.next()
                     if ti is None:
@@ -80,7 +89,7 @@ class LayerApplier:
                     tf.members.clear()  # stream mode would keep every header: bounded memory
                     name = ti.name
                     count += 1
-                    self._entry(tf, ti, upper, dirs, budget)
+                    self._entry(src, ti, upper, dirs, budget)
         except EntryRefused:
             raise
         except PathRefused as e:
@@ -109,7 +118,7 @@ class LayerApplier:
 
     def _entry(
         self,
-        tf: tarfile.TarFile,
+        src: ForwardReader,
         ti: tarfile.TarInfo,
         upper: set[str],
         dirs: list[tuple[list[str], int]],
@@ -124,14 +133,19 @@ class LayerApplier:
             return
         path = "/".join(parts)
         pfd = self.root.parent(parts, create=True)
-        existing = lstat_at(pfd, base)
-        if existing is not None and not (stat.S_ISDIR(existing.st_mode) and ti.isdir()):
-            remove_at(pfd, base)
-            self._dir_modes.pop(path, None)
         mode = stat.S_IMODE(ti.mode)
+        if not (ti.isdir() or ti.isreg()) and lstat_at(pfd, base) is not None:
+            self._replace(pfd, base, path)
+        # Folders and files are created first and looked at only when something is in the way
+        # (one syscall less per entry: most entries are new).
         if ti.isdir():
-            if existing is None or not stat.S_ISDIR(existing.st_mode):
+            try:
                 os.mkdir(base, 0o700, dir_fd=pfd)
+            except FileExistsError:
+                st = lstat_at(pfd, base)
+                if st is None or not stat.S_ISDIR(st.st_mode):  # a folder stays; anything else goes
+                    self._replace(pfd, base, path)
+                    os.mkdir(base, 0o700, dir_fd=pfd)
             self._owner(pfd, base, ti)
             if self.privileged or mode & 0o700 == 0o700:
                 self._dir_modes.pop(path, None)
@@ -144,7 +158,7 @@ class LayerApplier:
             if ti.issparse():
                 raise PathRefused("a sparse file (GNU sparse entries are not supported in layers)")
             budget(ti.name, ti.size)
-            self._file(tf, ti, pfd, base, mode)
+            self._file(src, ti, pfd, base, mode, path)
         elif ti.issym():
             os.symlink(ti.linkname, base, dir_fd=pfd)
             self._owner(pfd, base, ti)
@@ -157,7 +171,12 @@ class LayerApplier:
                 self.skipped.examples.setdefault("device", "/" + path)
                 return
             kind = stat.S_IFCHR if ti.ischr() else stat.S_IFBLK
-            os.mknod(base, mode | kind, os.makedev(ti.devmajor, ti.devminor), dir_fd=pfd)
+            try:
+                os.mknod(base, mode | kind, os.makedev(ti.devmajor, ti.devminor), dir_fd=pfd)
+            except PermissionError:  # root without CAP_MKNOD (a user namespace, a container)
+                self.skipped.devices += 1
+                self.skipped.examples.setdefault("device", "/" + path)
+                return
             self._owner(pfd, base, ti)
             os.chmod(base, mode, dir_fd=pfd)
             self._time(pfd, base, ti)
@@ -168,7 +187,14 @@ class LayerApplier:
             self._time(pfd, base, ti)
         else:
             raise PathRefused(f"unsupported tar entry type {ti.type!r}")
-        upper.add(path)
+        self._mark(path, upper)
+
+    @staticmethod
+    def _mark(path: str, upper: set[str]) -> None:
+        """`path` and its folders are this layer's: opaque markers and whiteouts keep them."""
+        while path and path not in upper:
+            upper.add(path)
+            path = path.rpartition("/")[0]
 
     def _whiteout(self, parts: list[str], upper: set[str]) -> None:
         base = parts[-1]
@@ -188,7 +214,21 @@ class LayerApplier:
         elif base.startswith(WHITEOUT + WHITEOUT):
             return  # other AUFS metadata (.wh..wh..plnk): not content
         else:
-            remove_at(pfd, base[len(WHITEOUT) :])
+            name = base[len(WHITEOUT) :]
+            if name in ("", ".", ".."):
+                raise PathRefused(f"a whiteout of {name!r} (hides no file; would reach outside its folder)")
+            path = "/".join([*parts[:-1], name])
+            st = lstat_at(pfd, name)
+            if path not in upper:
+                remove_at(pfd, name)
+                self.root.invalidate()
+            elif st is not None and stat.S_ISDIR(st.st_mode):
+                # Whiteouts hide only lower layers (image spec): keep what this layer wrote under it.
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+                try:
+                    self._opaque(fd, path, upper)
+                finally:
+                    os.close(fd)
 
     def _opaque(self, fd: int, prefix: str, upper: set[str]) -> None:
         """Remove what lower layers put under a folder; keep what this layer wrote."""
@@ -198,6 +238,7 @@ class LayerApplier:
             path = f"{prefix}/{name}" if prefix else name
             if path not in upper:
                 remove_at(fd, name)
+                self.root.invalidate()
             elif is_dir:
                 sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 try:
@@ -205,16 +246,25 @@ class LayerApplier:
                 finally:
                     os.close(sub)
 
-    def _file(self, tf: tarfile.TarFile, ti: tarfile.TarInfo, pfd: int, base: str, mode: int) -> None:
-        src = tf.extractfile(ti)
-        assert src is not None  # a regular file
-        fd = os.open(
-            base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd
-        )
+    def _replace(self, pfd: int, base: str, path: str) -> None:
+        remove_at(pfd, base)
+        self.root.invalidate()  # it may have been a kept folder, or a symlink on a kept path
+        self._dir_modes.pop(path, None)
+
+    def _file(
+        self, src: ForwardReader, ti: tarfile.TarInfo, pfd: int, base: str, mode: int, path: str
+    ) -> None:
+        src.seek(ti.offset_data)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(base, flags, 0o600, dir_fd=pfd)
+        except FileExistsError:
+            self._replace(pfd, base, path)
+            fd = os.open(base, flags, 0o600, dir_fd=pfd)
         try:
             left = ti.size
             while left > 0:
-                chunk = src.read(min(COPY_CHUNK, left))
+                chunk = src.read_some(min(COPY_CHUNK, left))
                 if not chunk:
                     raise tarfile.ReadError("the stream ends inside this file (truncated)")
                 view = memoryview(chunk)
@@ -223,7 +273,10 @@ class LayerApplier:
                 left -= len(chunk)
             self.bytes_written += ti.size
             if self.privileged:
-                os.fchown(fd, ti.uid, ti.gid)
+                try:
+                    os.fchown(fd, ti.uid, ti.gid)
+                except OSError as e:
+                    self._unowned(e, ti)
                 self._xattrs(fd, ti)
             else:
                 self._note_owner(ti)
@@ -239,7 +292,7 @@ class LayerApplier:
             raise PathRefused(f"hard link to {ti.linkname!r}: {e} (outside the root)") from e
         if not target:
             raise PathRefused("hard link to the root folder")
-        tfd = self.root._walk(target[:-1], create=False)
+        tfd = self.root.open_folder(target[:-1])
         try:
             st = lstat_at(tfd, target[-1])
             if st is None:
@@ -252,9 +305,18 @@ class LayerApplier:
 
     def _owner(self, pfd: int, base: str, ti: tarfile.TarInfo) -> None:
         if self.privileged:
-            os.chown(base, ti.uid, ti.gid, dir_fd=pfd, follow_symlinks=False)
+            try:
+                os.chown(base, ti.uid, ti.gid, dir_fd=pfd, follow_symlinks=False)
+            except OSError as e:
+                self._unowned(e, ti)
         else:
             self._note_owner(ti)
+
+    def _unowned(self, e: OSError, ti: tarfile.TarInfo) -> None:
+        # EPERM/EINVAL: root in a user namespace where this uid/gid is not mapped.
+        if e.errno not in (errno.EPERM, errno.EINVAL):
+            raise e
+        self.skipped.ownership += 1
 
     def _note_owner(self, ti: tarfile.TarInfo) -> None:
         if ti.uid != os.geteuid() or ti.gid != os.getegid():
@@ -281,3 +343,54 @@ class LayerApplier:
                 os.utime(parts[-1], ns=(mtime * 1_000_000_000,) * 2, dir_fd=pfd, follow_symlinks=False)
         except PathRefused:
             return  # removed by a later entry of the same layer
+
+
+class ForwardReader:
+    """A tar stream read front to back, with the `tell()` and forward `seek()` tarfile's
+    random-access mode asks for. `read_some` hands out the pieces as they come (no copy)."""
+
+    def __init__(self, src: object):
+        self._read = src.read  # type: ignore[attr-defined]
+        self._buf, self._pos, self._offset = b"", 0, 0  # offset: stream position of _buf[0]
+
+    def tell(self) -> int:
+        return self._offset + self._pos
+
+    def _fill(self) -> bool:
+        self._offset += len(self._buf)
+        self._buf, self._pos = self._read(COPY_CHUNK), 0
+        return bool(self._buf)
+
+    def read_some(self, n: int) -> bytes:
+        if self._pos >= len(self._buf) and not self._fill():
+            return b""
+        whole = self._pos == 0 and n >= len(self._buf)  # the piece as it came: no copy
+        out = self._buf if whole else self._buf[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out
+
+    def read(self, n: int = -1) -> bytes:
+        # tarfile reads a header, a PAX record or a GNU long name whole: bound it (memory).
+        if n < 0 or n > MAX_HEADER:
+            raise tarfile.ReadError(f"a tar header record of {n} bytes (more than {MAX_HEADER}); refused")
+        first = self.read_some(n)
+        if len(first) == n or not first:
+            return first
+        parts = [first]
+        got = len(first)
+        while got < n:
+            more = self.read_some(n - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence != 0 or pos < self.tell():
+            raise tarfile.ReadError("the layer stream can only be read forward")
+        while pos > self.tell():
+            if self._pos >= len(self._buf) and not self._fill():
+                break
+            self._pos = min(len(self._buf), self._pos + pos - self.tell())
+        return self.tell()

@@ -33,6 +33,7 @@ from imagegate.rootfs.tree import remove_tree
 # Bump when the layout of a root or of root.json changes: older entries are then unpacked again.
 FORMAT = 1
 DEFAULT_MAX_BYTES = 100 << 30
+BUSY = ".busy"
 
 
 def default_folder() -> str:
@@ -66,9 +67,10 @@ def _hex(chain_id: str) -> str:
     return chain_id.partition(":")[2]
 
 
-def _lock(path: str, flags: int) -> int | None:
-    """An fd holding a flock on `path` (created), or None when LOCK_NB and it is taken."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _lock(path: str, flags: int, *, create: bool = True) -> int | None:
+    """An fd holding a flock on `path` (created unless not `create`), or None when LOCK_NB and
+    it is taken."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
     try:
         fcntl.flock(fd, flags)
     except BlockingIOError:
@@ -180,18 +182,26 @@ class RootCache:
         folder that is removed unless commit() moved it into place."""
         lock = _lock(os.path.join(self.folder, "locks", _hex(chain_id) + ".lock"), fcntl.LOCK_EX)
         assert lock is not None
-        work = self.work_folder(_hex(chain_id))
         try:
-            yield Build(chain_id, work, os.path.join(work, "rootfs"))
+            with self.working(_hex(chain_id)) as work:
+                yield Build(chain_id, work, os.path.join(work, "rootfs"))
         finally:
-            with contextlib.suppress(OSError):
-                remove_tree(work)  # gone already once committed
             os.close(lock)
 
-    def work_folder(self, label: str) -> str:
+    @contextlib.contextmanager
+    def working(self, label: str) -> Iterator[str]:
+        """A fresh folder in work/, marked busy (a flock on its `.busy` file, which prune()
+        respects, whatever the pid namespace) and removed at the end unless moved away."""
         path = os.path.join(self.folder, "work", f"{label}.{os.getpid()}.{secrets.token_hex(4)}")
         os.mkdir(path, 0o700)
-        return path
+        busy = _lock(os.path.join(path, BUSY), fcntl.LOCK_EX)
+        assert busy is not None
+        try:
+            yield path
+        finally:
+            with contextlib.suppress(OSError):
+                remove_tree(path)  # gone already once committed
+            os.close(busy)
 
     def commit(self, build: Build, root: Root) -> Root:
         """Move a complete root into place, hold it, and evict others past the bound."""
@@ -199,8 +209,12 @@ class RootCache:
         with open(os.path.join(build.path, "root.json"), "w", encoding="utf-8") as f:
             json.dump({"format": FORMAT, "root": root_to_json(root)}, f, indent=1)
         open(os.path.join(build.path, "lock"), "w").close()
-        if os.path.isdir(entry):
-            self._discard(entry)  # an older format (get() did not accept it)
+        os.unlink(os.path.join(build.path, BUSY))  # the build lock still keeps other builders out
+        if os.path.isdir(entry) and not self._discard(entry):  # an older format, get() refused it
+            raise UsageError(
+                f"root cache {self.folder}: an older entry for {build.chain_id} is in use; not replaced",
+                hint="run again when the other check has finished, or use another --cache-dir",
+            )
         os.rename(build.path, entry)
         held = self.get(build.chain_id)
         assert held is not None
@@ -252,11 +266,21 @@ class RootCache:
         """Remove work folders whose run is gone (no process holds their build lock)."""
         work = os.path.join(self.folder, "work")
         for name in os.listdir(work):
-            parts = name.split(".")
-            if len(parts) == 3 and parts[1].isdigit() and _alive(int(parts[1])):
+            path = os.path.join(work, name)
+            try:
+                busy = _lock(os.path.join(path, BUSY), fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+            except FileNotFoundError:  # an evicted root being deleted, or a folder just made
+                parts = name.split(".")
+                if len(parts) == 3 and parts[1].isdigit() and _alive(int(parts[1])):
+                    continue
+            except OSError:
                 continue
+            else:
+                if busy is None:
+                    continue  # a run is using it
+                os.close(busy)
             with contextlib.suppress(OSError):
-                remove_tree(os.path.join(work, name))
+                remove_tree(path)
 
 
 def _alive(pid: int) -> bool:

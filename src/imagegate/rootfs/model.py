@@ -45,9 +45,10 @@ class Root:
 
 
 def chain_id(diff_ids: Sequence[str]) -> str:
-    """The OCI chainID: ChainID(L0) = DiffID(L0); ChainID(Ln) = sha256(ChainID(Ln-1) + " " + DiffID(Ln))."""
+    """The OCI chainID: ChainID(L0) = DiffID(L0); ChainID(Ln) = sha256(ChainID(Ln-1) + " " + DiffID(Ln)).
+    An image without layers (an empty root) is keyed by the sha256 of nothing."""
     if not diff_ids:
-        raise ValueError("an image without layers has no chainID")
+        return "sha256:" + hashlib.sha256(b"").hexdigest()
     chain = diff_ids[0]
     for d in diff_ids[1:]:
         chain = "sha256:" + hashlib.sha256(f"{chain} {d}".encode()).hexdigest()

@@ -18,6 +18,7 @@ from imagegate.oci.sources.interface import (
     ImageSource,
     ResolvedImage,
     SourceError,
+    Waiting,
 )
 from imagegate.oci.sources.layout import blob_path
 
@@ -72,9 +73,13 @@ class SpooledArchive(ImageSource):
 
 
 @contextmanager
-def spool_archive(stream: ArchiveStream, folder: str) -> Iterator[SpooledArchive]:
+def spool_archive(
+    stream: ArchiveStream, folder: str, *, max_bytes: int, waiting: Waiting | None = None
+) -> Iterator[SpooledArchive]:
+    """Keep every member of `stream` under `folder`; refuses an archive past `max_bytes`."""
     links: dict[str, str] = {}
-    with stream.members() as members:
+    total = 0
+    with stream.members(waiting) as members:
         for m in members:
             if m.link_target is not None:
                 links[m.name] = m.link_target
@@ -83,5 +88,12 @@ def spool_archive(stream: ArchiveStream, folder: str) -> Iterator[SpooledArchive
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
                 while chunk := m.reader.read(_CHUNK):
+                    total += len(chunk)
+                    if total > max_bytes:
+                        raise SourceError(
+                            f"{stream.description}: the archive holds more than {max_bytes} bytes, the bound "
+                            "on the image; stopped reading it",
+                            hint="raise --max-image-size if this image really is that large",
+                        )
                     out.write(chunk)
     yield SpooledArchive(stream, folder, links)

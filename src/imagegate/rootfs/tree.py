@@ -36,39 +36,62 @@ def split_member_name(name: str) -> list[str]:
 
 
 class RootDir:
-    """An open root folder and scoped lookups inside it. The last parent looked up is kept
-    open (consecutive entries of a layer mostly share a folder); anything removed or replaced
-    forgets it."""
+    """An open root folder and scoped lookups inside it. Folders looked up are kept open by
+    name (a layer's entries come folder by folder), up to CACHE_FDS of them; the caller calls
+    invalidate() after removing anything, since a removed folder or symlink may be on a kept
+    path. Kept fds are closed only at the next lookup: one handed out stays valid until then."""
+
+    CACHE_FDS = 256
 
     def __init__(self, path: str):
         self.path = path
         self.fd = os.open(path, _DIR_FLAGS)
-        self._last: tuple[tuple[str, ...], int] | None = None
+        self._dirs: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}  # name path -> (fd, resolved)
+        self._stale: list[int] = []
 
     def close(self) -> None:
-        self.forget()
+        self.invalidate()
+        self._close_stale()
         os.close(self.fd)
 
+    def invalidate(self) -> None:
+        self._stale.extend(fd for fd, _ in self._dirs.values())
+        self._dirs.clear()
+
     def forget(self) -> None:
-        if self._last is not None:
-            os.close(self._last[1])
-            self._last = None
+        self.invalidate()
+
+    def _close_stale(self) -> None:
+        for fd in self._stale:
+            os.close(fd)
+        self._stale.clear()
 
     def parent(self, parts: list[str], *, create: bool) -> int:
         """An fd (O_PATH) of the folder holding `parts[-1]`, creating missing folders (0755) when
         `create`. The fd belongs to this object: do not close it."""
-        key = tuple(parts[:-1])
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
-        fd = self._walk(list(key), create=create)
-        self.forget()
-        self._last = (key, fd)
-        return fd
+        return self.folder(parts[:-1], create=create)
 
-    def _walk(self, parts: list[str], *, create: bool) -> int:
-        stack = list(reversed(parts))
-        resolved: list[str] = []
-        fd = os.dup(self.fd)
+    def folder(self, parts: list[str] | tuple[str, ...], *, create: bool) -> int:
+        key = tuple(parts)
+        hit = self._dirs.get(key)
+        if hit is not None:
+            return hit[0]
+        self._close_stale()
+        if len(self._dirs) >= self.CACHE_FDS:
+            self.invalidate()
+            self._close_stale()
+        k = len(key) - 1
+        while k > 0 and key[:k] not in self._dirs:
+            k -= 1
+        start = self._dirs.get(key[:k]) if k > 0 else None
+        fd, resolved = (start[0], list(start[1])) if start else (self.fd, [])
+        return self._walk(key, k, os.dup(fd), resolved, create=create)
+
+    def _walk(self, key: tuple[str, ...], k: int, fd: int, resolved: list[str], *, create: bool) -> int:
+        """Resolve key[k:] from `fd` (the folder `resolved`), caching each folder reached by
+        plain names (no symlink on the way: then a name path is a resolved path)."""
+        stack = list(reversed(key[k:]))
+        consumed = k  # components of `key` consumed without a symlink hop
         hops = 0
         try:
             while stack:
@@ -86,19 +109,24 @@ class RootDir:
                         fd = nfd
                     continue
                 try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise PathRefused(f"{'/'.join([*resolved, name])} does not exist") from None
                     os.mkdir(name, 0o755, dir_fd=fd)
                     os.chmod(name, 0o755, dir_fd=fd)  # as Docker makes missing parents, whatever the umask
+                    nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except (NotADirectoryError, OSError) as e:
+                    if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
+                    if not stat.S_ISLNK(st.st_mode):
+                        raise PathRefused(f"{'/'.join([*resolved, name])} is not a directory") from None
                     hops += 1
                     if hops > MAX_SYMLINK_HOPS:
                         raise PathRefused(
                             "too many levels of symbolic links (a symlink loop, or one that points outside the root)"
-                        )
+                        ) from None
                     target = os.readlink(name, dir_fd=fd)
                     if target.startswith("/"):
                         resolved = []
@@ -106,16 +134,24 @@ class RootDir:
                         fd = os.dup(self.fd)
                     stack.extend(reversed([p for p in target.split("/") if p]))
                     continue
-                if not stat.S_ISDIR(st.st_mode):
-                    raise PathRefused(f"{'/'.join([*resolved, name])} is not a directory")
-                nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
                 resolved.append(name)
+                if hops == 0:
+                    consumed += 1
+                    self._dirs[key[:consumed]] = (os.dup(fd), tuple(resolved))
+            if hops == 0:
+                os.close(fd)
+                return self._dirs[key][0] if key else self.fd
+            self._dirs[key] = (fd, tuple(resolved))
             return fd
         except BaseException:
             os.close(fd)
             raise
+
+    def open_folder(self, parts: list[str]) -> int:
+        """A new fd (the caller closes it) of an existing folder."""
+        return os.dup(self.folder(parts, create=False))
 
 
 def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:

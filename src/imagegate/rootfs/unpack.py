@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from imagegate.oci.hashing import digest_blob
 from imagegate.oci.sources.interface import (
@@ -44,7 +45,7 @@ from imagegate.rootfs.model import (
     image_settings,
 )
 from imagegate.rootfs.spool import spool_archive
-from imagegate.rootfs.tree import RootDir, remove_tree
+from imagegate.rootfs.tree import RootDir
 
 # Decompressed bytes the verifier may run ahead of the applier (bounded memory).
 FEED_DEPTH = 4
@@ -71,14 +72,17 @@ def materialize(
     progress = progress or NoProgress()
     if isinstance(source, ArchiveStream):
         # Read once, front to back, metadata last: keep the blobs, then unpack from them.
-        work = cache.work_folder("spool")
-        try:
-            with spool_archive(source, work) as spooled:
+        with cache.working("spool") as work:
+            notice = getattr(progress, "waiting", None)  # an engine preparing its export
+
+            def waiting(elapsed: float, done: bool) -> None:
+                if notice is not None:
+                    notice(source.description, elapsed, done)
+
+            with spool_archive(source, work, max_bytes=limits.max_total_bytes, waiting=waiting) as spooled:
                 return materialize(
                     spooled, cache=cache, expect_config=expect_config, limits=limits, progress=progress
                 )
-        finally:
-            remove_tree(work)
     image = source.resolve()
     config, doc, diff_ids, problems = check_config(
         image.config, read_config(source, image.config), expect_config
@@ -96,8 +100,11 @@ def materialize(
             report=report,
         )
     chain = chain_id(diff_ids)
+    hit = cache.get(chain)
+    if hit is not None:
+        return _reused(hit, report)
     with cache.building(chain) as build:
-        hit = cache.get(chain)
+        hit = cache.get(chain)  # made by a run that held the build lock before us
         if hit is not None:
             return _reused(hit, report)
         return _unpack(source, image, report, build, cache, limits, progress, doc)
@@ -106,15 +113,14 @@ def materialize(
 def _report(
     source: ImageSource,
     image: ResolvedImage,
-    config: object,
+    config: ConfigResult,
     layers: tuple[LayerResult, ...],
     diff_ids: tuple[str, ...],
     problems: list[str],
-    doc: object,
+    doc: Mapping[str, Any],
 ) -> VerifyReport:
-    assert isinstance(config, ConfigResult)
     platform = image.platform
-    if platform is None and isinstance(doc, dict):
+    if platform is None:
         platform = "/".join(str(doc[k]) for k in ("os", "architecture", "variant") if doc.get(k)) or None
     return VerifyReport(
         source=source.description,
@@ -126,7 +132,7 @@ def _report(
         layers=layers,
         diff_ids=diff_ids,
         problems=tuple(problems),
-        config_doc=doc if isinstance(doc, dict) else {},
+        config_doc=doc,
     )
 
 
@@ -149,7 +155,7 @@ def _unpack(
     cache: RootCache,
     limits: Limits,
     progress: Progress,
-    doc: object,
+    doc: Mapping[str, Any],
 ) -> Root:
     os.mkdir(build.rootfs, 0o755)
     root_dir = RootDir(build.rootfs)
@@ -209,7 +215,8 @@ def _unpack(
                 result = None
             progress.finished(i, "REFUSED" if result is None else result.status.value)
             partial = replace_layers(report, (*results, *([result] if result else [])))
-            if result is not None and result.status is not LayerStatus.OK:
+            bomb = isinstance(applied, EntryTooLarge)
+            if result is not None and result.status is not LayerStatus.OK and not bomb:
                 # Verification first: bytes that are not the declared ones say nothing about content.
                 what = "not in the source" if result.status is LayerStatus.FOREIGN else result.detail
                 raise LayerRefused(
@@ -232,7 +239,7 @@ def _unpack(
         applier.finish()
     finally:
         root_dir.close()
-    settings = image_settings(doc if isinstance(doc, dict) else {})
+    settings = image_settings(doc)
     assert report.config.actual_digest is not None
     root = Root(
         path=os.path.join(build.path, "rootfs"),
@@ -255,8 +262,10 @@ def replace_layers(report: VerifyReport, layers: tuple[LayerResult, ...]) -> Ver
 
 class _TarFeed:
     """Push (the verifier's decompressed pieces) to pull (tarfile's reads), through a small
-    bounded queue to the applier's thread. An applier error is raised in the pusher at its next
-    put, which stops the verifier's pass; finish() returns it."""
+    bounded queue to the applier's thread. After an applier error the rest of the layer is
+    still verified (a tampered blob is then named as tampered, not as hostile) and its pieces
+    dropped; only a bomb stops the verifier's pass at once (raised in the pusher). finish()
+    returns the applier's error."""
 
     def __init__(self) -> None:
         self._q: queue.Queue[object] = queue.Queue(FEED_DEPTH)
@@ -281,7 +290,7 @@ class _TarFeed:
                     self._eof = True
 
     def put(self, data: bytes) -> None:
-        if self.error is not None:
+        if isinstance(self.error, EntryTooLarge):
             raise self.error
         self._q.put(data)
 

@@ -1,0 +1,187 @@
+"""The root cache: reuse by chainID, eviction of the least recently used, removal, roots in use
+kept, two runs unpacking the same image at once; and its CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imagegate.errors import UsageError
+from imagegate.oci.transports import open_source
+from imagegate.rootfs import RootCache, materialize
+from tests.oci.infra import Registry
+from tests.rootfs.infra import Entry, layer_tar, write_layout
+
+BASE = layer_tar([Entry("etc", "dir", mode=0o755), Entry("etc/os-release", data=b"ID=crafted\n")])
+
+
+def _image(tmp_path: Path, name: str, size: int) -> str:
+    """An oci: layout whose second layer holds `size` bytes of a file named after the image."""
+    top = layer_tar([Entry(f"{name}.bin", data=os.urandom(size))])
+    return f"oci:{write_layout(tmp_path / name, [BASE, top])}"
+
+
+def test_second_run_reuses_the_root_without_reading_layers(cache: RootCache, tmp_path: Path) -> None:
+    src = _image(tmp_path, "a", 4096)
+    first = materialize(open_source(src), cache=cache)
+    assert not first.cached
+    # The layer blobs are gone: only the cache can answer (manifest and config are still read).
+    layout = Path(src[4:])
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads((layout / "blobs/sha256" / index["manifests"][0]["digest"][7:]).read_text())
+    for layer in manifest["layers"]:
+        (layout / "blobs/sha256" / layer["digest"][7:]).unlink()
+    cache.release(first)
+    with RootCache(cache.folder, cache.max_bytes) as later:
+        again = materialize(open_source(src), cache=later)
+    assert again.cached and again.path == first.path and again.chain_id == first.chain_id
+    assert [x.status.value for x in again.report.layers] == ["OK", "OK"]
+    assert Path(again.path, "a.bin").stat().st_size == 4096
+
+
+def test_eviction_least_recently_used_first_and_never_a_held_root(tmp_path: Path) -> None:
+    folder = str(tmp_path / "cache")
+    srcs = {n: _image(tmp_path, n, 300_000) for n in "abc"}
+    with RootCache(folder, 700_000) as cache:
+        a = materialize(open_source(srcs["a"]), cache=cache)
+        b = materialize(open_source(srcs["b"]), cache=cache)
+        cache.release(a)
+        cache.release(b)
+        time.sleep(0.05)
+        materialize(open_source(srcs["a"]), cache=cache)  # a used again: b is now the oldest
+        cache.release(a)
+        c = materialize(open_source(srcs["c"]), cache=cache)
+        kept = {e.chain_id for e in cache.entries()}
+        assert kept == {a.chain_id, c.chain_id}
+        assert not Path(b.path).exists()
+    # A root a run holds is not evicted, even past the bound.
+    with RootCache(folder, 700_000) as holder, RootCache(folder, 1) as other:
+        held = materialize(open_source(srcs["a"]), cache=holder)
+        assert held.cached
+        removed = other.prune()
+        assert held.chain_id not in {e.chain_id for e in removed}
+        assert Path(held.path, "a.bin").exists()
+        assert {e.chain_id for e in other.entries()} == {held.chain_id}
+
+
+def test_remove_on_request_and_not_while_in_use(tmp_path: Path) -> None:
+    folder = str(tmp_path / "cache")
+    src = _image(tmp_path, "a", 1000)
+    with RootCache(folder) as holder, RootCache(folder) as other:
+        root = materialize(open_source(src), cache=holder)
+        with pytest.raises(UsageError, match=r"root sha256:\w+ is in use by a running check; not removed"):
+            other.remove(root.chain_id)
+        holder.release(root)
+        assert other.remove(root.chain_id) is True
+        assert not Path(root.path).exists() and other.entries() == []
+        assert other.remove(root.chain_id) is False
+
+
+_RACE = """
+import sys, json
+from imagegate.oci.transports import open_source
+from imagegate.rootfs import RootCache, materialize
+with RootCache(sys.argv[1]) as cache:
+    r = materialize(open_source(sys.argv[2]), cache=cache)
+    print(json.dumps({"path": r.path, "cached": r.cached}))
+"""
+
+
+def test_two_runs_unpacking_the_same_image_at_once(registry: Registry, tmp_path: Path) -> None:
+    """Two processes, one image, one cache: one unpacks, the other waits and reuses it."""
+    from tests.rootfs.infra import push_layers
+
+    big = layer_tar([Entry(f"d/f{i}", data=os.urandom(20_000)) for i in range(400)])
+    src = push_layers(registry, tmp_path, "race", [BASE, big])
+    folder = str(tmp_path / "cache")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACE, folder, src], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()[-2000:]
+        outs.append(json.loads(out))
+    assert outs[0]["path"] == outs[1]["path"]
+    assert sorted(o["cached"] for o in outs) == [False, True]
+    with RootCache(folder) as cache:
+        assert len(cache.entries()) == 1
+    assert os.listdir(Path(folder) / "work") == []
+    assert len(list(Path(outs[0]["path"], "d").iterdir())) == 400
+
+
+def test_prune_clears_what_a_dead_run_left(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    with RootCache(str(folder)):
+        pass
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    left = folder / "work" / f"{'a' * 64}.{dead.stdout.strip()}.0000"
+    (left / "rootfs" / "usr").mkdir(parents=True)
+    (left / "rootfs" / "usr").chmod(0o555)
+    with RootCache(str(folder)) as cache:
+        cache.prune()
+    assert not left.exists()
+
+
+def _cli(*args: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("imagegate", path=os.path.dirname(sys.executable))
+    assert exe is not None
+    return subprocess.run(
+        [exe, "cache", *args, "--cache-dir", str(folder)], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_unpack_list_prune_remove(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    src = _image(tmp_path, "a", 1000)
+    p = _cli("unpack", src, "-q", "--format", "json", folder=folder)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert Path(doc["path"], "a.bin").exists() and doc["verification"]["ok"] is True
+    p = _cli("list", folder=folder)
+    assert p.returncode == 0 and doc["chain_id"] in p.stdout and "1 roots" in p.stdout
+    p = _cli("remove", "sha256:" + "0" * 64, folder=folder)
+    assert (
+        p.returncode == 3 and "no root sha256:000" in p.stderr and "hint: `imagegate cache list`" in p.stderr
+    )
+    p = _cli("remove", "nonsense", folder=folder)
+    assert (
+        p.returncode == 3 and "chainID 'nonsense' is not a digest" in p.stderr and "Traceback" not in p.stderr
+    )
+    p = _cli("remove", doc["chain_id"], folder=folder)
+    assert p.returncode == 0 and f"removed {doc['chain_id']}" in p.stdout
+    assert not Path(doc["path"]).exists()
+    assert _cli("unpack", src, "-q", folder=folder).returncode == 0
+    p = _cli("prune", "--all", folder=folder)
+    assert p.returncode == 0 and "1 roots removed" in p.stdout
+
+
+def test_cli_unpack_refused_image_exits_1(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    bad = layer_tar([Entry("../escape", data=b"x")])
+    layout = write_layout(tmp_path / "bad", [BASE, bad])
+    p = _cli("unpack", f"oci:{layout}", "-q", folder=folder)
+    assert p.returncode == 1, p.stderr
+    assert "entry '../escape' refused: '..' in the path" in p.stderr and "Traceback" not in p.stderr
+    assert "hint: this layer was not written by an image builder" in p.stderr
+
+
+def test_prune_keeps_the_work_folder_of_a_live_run(tmp_path: Path) -> None:
+    folder = str(tmp_path / "cache")
+    with RootCache(folder) as running, running.working("a" * 64) as work, RootCache(folder) as pruner:
+        Path(work, "rootfs").mkdir()
+        pruner.prune(0)
+        assert Path(work, "rootfs").is_dir()
+    assert os.listdir(Path(folder) / "work") == []
