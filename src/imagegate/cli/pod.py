@@ -12,7 +12,7 @@ import typer
 from imagegate import runner
 from imagegate.accept import accept
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app
+from imagegate.cli._app import Format, app
 from imagegate.errors import UsageError
 from imagegate.kube import kubectl
 from imagegate.kube.podrun import PodRunObserver
@@ -179,7 +179,7 @@ def collect_cmd(
     out: Path = o.OUT,
     source: str = _SOURCE,
     expect_config: str = _EXPECT_CONFIG,
-    fmt: o.Format = o.FMT,
+    fmt: Format = o.FMT,
     require_complete: bool = o.REQUIRE_COMPLETE,
     timeout: float = o.opt(
         None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
@@ -196,7 +196,7 @@ def collect_cmd(
     quiet: bool = o.QUIET,
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
-    notify = o.notifier(quiet or fmt is o.Format.json)
+    notify = o.notifier(quiet or fmt is Format.json)
     from imagegate.kube.collect import PodObserver
 
     files = logs is not None or pod is not None
@@ -273,7 +273,7 @@ def run_cmd(
     source: str = _SOURCE,
     expect_config: str = _EXPECT_CONFIG,
     keep: bool = _KEEP,
-    fmt: o.Format = o.FMT,
+    fmt: Format = o.FMT,
     require_complete: bool = o.REQUIRE_COMPLETE,
     timeout: float = _RUN_TIMEOUT,
     report: list[str] = o.REPORT,
@@ -285,7 +285,7 @@ def run_cmd(
     quiet: bool = o.QUIET,
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
-    notify = o.notifier(quiet or fmt is o.Format.json)
+    notify = o.notifier(quiet or fmt is Format.json)
     try:
         o.check_timeout(timeout)
         outputs = o.outputs(
