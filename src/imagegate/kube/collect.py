@@ -6,8 +6,10 @@ statement, all written outside the cluster."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from imagegate import protocol
@@ -64,6 +66,18 @@ def pod_from_json(data: Any) -> dict[str, Any]:
             hint="kubectl get pod NAME -o json > pod.json",
         )
     raise UsageError("the Pod JSON is not a Pod", hint="kubectl get pod NAME -o json > pod.json")
+
+
+def read_pod_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
+    """A finished Pod saved as files: its JSON (`kubectl get pod -o json`) and its log."""
+    try:
+        data = json.loads(pod.read_text())
+        log = logs.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{e.filename}: {e.strerror}") from e
+    except ValueError as e:
+        raise UsageError(f"{pod}: not JSON ({e})", hint="kubectl get pod NAME -o json > pod.json") from e
+    return pod_from_json(data), log
 
 
 def container_status(pod: dict[str, Any], container: str = CONTAINER) -> dict[str, Any] | None:

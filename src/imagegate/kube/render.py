@@ -129,6 +129,25 @@ def parse_deadline(text: str) -> float:
         raise UsageError(f"--deadline {text!r}: {e}") from e
 
 
+def options_from_args(
+    *,
+    node_selector: Sequence[str] = (),
+    toleration: Sequence[str] = (),
+    deadline: str | None = None,
+    image_pull_secret: Sequence[str] = (),
+    **kw: Any,
+) -> PodOptions:
+    """PodOptions from the command line's words (`--node-selector k=v`, `--toleration
+    key[=value]:effect`, `--deadline 30m`); the other fields are taken as they are."""
+    return PodOptions(
+        node_selector=parse_node_selector(node_selector),
+        tolerations=[parse_toleration(t) for t in toleration],
+        deadline_s=parse_deadline(deadline) if deadline else None,
+        image_pull_secrets=image_pull_secret,
+        **kw,
+    )
+
+
 def default_name(pipeline: str, image: str) -> str:
     """Stable per pipeline and image, so a re-run finds (and waits out) its predecessor."""
     slug = re.sub(r"[^a-z0-9-]+", "-", pipeline.lower()).strip("-")[:24] or "run"
