@@ -5,7 +5,6 @@ is `imagegate.accept`."""
 from __future__ import annotations
 
 import contextlib
-import enum
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,16 +15,12 @@ from rich.console import Console
 
 from imagegate.accept import Accepted, Outputs, check_outputs
 from imagegate.attest import keys as attest_keys
+from imagegate.cli._app import Format
 from imagegate.errors import UsageError
 from imagegate.model import exit_code
 from imagegate.runner import RunOptions
 
 Notify = Callable[[str], None]
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
 
 
 def opt(default: Any, *names: str, **kw: Any) -> Any:

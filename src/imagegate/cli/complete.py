@@ -9,7 +9,7 @@ import typer
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app
+from imagegate.cli._app import Format, app
 from imagegate.drivers.interface import Driver
 from imagegate.gpus import parse as gpus_parse
 
@@ -53,7 +53,7 @@ def complete(
     driver: Driver | None = None
     try:
         o.check_timeout(timeout)
-        outputs = o.outputs(reports=[], fmt=o.Format.table, key=key, no_sign=no_sign, notify=notify)
+        outputs = o.outputs(reports=[], fmt=Format.table, key=key, no_sign=no_sign, notify=notify)
         gpu_request = gpus_parse(gpus)
         earlier, prep = completing.prepare(attempt, gpu_request.spec if gpu_request else None)
         driver = accept.driver_for(
@@ -65,4 +65,4 @@ def complete(
         done = accept.accept(prep, observer, root, outputs, notify)
     except KeyboardInterrupt:
         raise o.interrupted(driver) from None
-    raise o.finish(done, o.Format.table, require_complete, quiet)
+    raise o.finish(done, Format.table, require_complete, quiet)

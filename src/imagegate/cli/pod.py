@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import typer
 from imagegate import runner
 from imagegate.accept import accept
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app
+from imagegate.cli._app import Format, app
 from imagegate.errors import UsageError
 from imagegate.kube import kubectl
 from imagegate.kube.podrun import PodRunObserver
@@ -94,20 +93,8 @@ def _prepare(
 def _render(prep: runner.Prepared, image: str, kube_version: str, notify: o.Notify, **kw: Any) -> Any:
     from imagegate.kube import render, validate
 
-    opts = render.PodOptions(
-        node_selector=render.parse_node_selector(kw.pop("node_selector")),
-        tolerations=[render.parse_toleration(t) for t in kw.pop("toleration")],
-        deadline_s=render.parse_deadline(d) if (d := kw.pop("deadline")) else None,
-        image_pull_secrets=kw.pop("image_pull_secret"),
-        **kw,
-    )
-    rendered = render.render(prep, image, opts)
-    problems = validate.validate(rendered.objects, kube_version)
-    if problems:
-        raise UsageError(
-            f"the rendered objects do not validate against Kubernetes {kube_version}: " + "; ".join(problems),
-            hint="check the values given to --name, --node-selector, --toleration",
-        )
+    rendered = render.render(prep, image, render.options_from_args(**kw))
+    validate.check(rendered.objects, kube_version)
     for note in rendered.notes:
         notify(f"note: {note}")
     return rendered
@@ -179,7 +166,7 @@ def collect_cmd(
     out: Path = o.OUT,
     source: str = _SOURCE,
     expect_config: str = _EXPECT_CONFIG,
-    fmt: o.Format = o.FMT,
+    fmt: Format = o.FMT,
     require_complete: bool = o.REQUIRE_COMPLETE,
     timeout: float = o.opt(
         None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
@@ -196,8 +183,8 @@ def collect_cmd(
     quiet: bool = o.QUIET,
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
-    notify = o.notifier(quiet or fmt is o.Format.json)
-    from imagegate.kube.collect import PodObserver
+    notify = o.notifier(quiet or fmt is Format.json)
+    from imagegate.kube.collect import PodObserver, read_pod_files
 
     files = logs is not None or pod is not None
     if files == (job is not None) or (files and (logs is None or pod is None)):
@@ -206,7 +193,11 @@ def collect_cmd(
         raise UsageError("--timeout goes with --job", hint="a Pod given as files has finished already")
     o.check_timeout(timeout)
     prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
-    pod_obj, log = _from_cluster(job, namespace, context, timeout, notify) if job else _from_files(pod, logs)
+    if job:
+        pod_obj, log = _from_cluster(job, namespace, context, timeout, notify)
+    else:
+        assert pod is not None and logs is not None
+        pod_obj, log = read_pod_files(pod, logs)
     observer = PodObserver(pod_obj, log, expect_digests=expect_digest, notify=notify)
     outputs = o.outputs(
         reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
@@ -214,20 +205,6 @@ def collect_cmd(
     )  # fmt: skip
     done = accept(prep, observer, out, outputs, notify)
     raise o.finish(done, fmt, require_complete, quiet)
-
-
-def _from_files(pod: Path | None, logs: Path | None) -> tuple[dict[str, Any], bytes]:
-    from imagegate.kube.collect import pod_from_json
-
-    assert pod is not None and logs is not None
-    try:
-        data = json.loads(pod.read_text())
-        log = logs.read_bytes()
-    except OSError as e:
-        raise UsageError(f"{e.filename}: {e.strerror}") from e
-    except ValueError as e:
-        raise UsageError(f"{pod}: not JSON ({e})", hint="kubectl get pod NAME -o json > pod.json") from e
-    return pod_from_json(data), log
 
 
 def _from_cluster(
@@ -273,7 +250,7 @@ def run_cmd(
     source: str = _SOURCE,
     expect_config: str = _EXPECT_CONFIG,
     keep: bool = _KEEP,
-    fmt: o.Format = o.FMT,
+    fmt: Format = o.FMT,
     require_complete: bool = o.REQUIRE_COMPLETE,
     timeout: float = _RUN_TIMEOUT,
     report: list[str] = o.REPORT,
@@ -285,7 +262,7 @@ def run_cmd(
     quiet: bool = o.QUIET,
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
-    notify = o.notifier(quiet or fmt is o.Format.json)
+    notify = o.notifier(quiet or fmt is Format.json)
     try:
         o.check_timeout(timeout)
         outputs = o.outputs(

@@ -9,7 +9,7 @@ import typer
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app
+from imagegate.cli._app import Format, app
 from imagegate.drivers.interface import Driver
 from imagegate.drivers.select import DriverName, driver_name, needs_engine
 from imagegate.errors import UsageError
@@ -70,7 +70,7 @@ def run(
     pipeline: str = o.PIPELINE,
     module: list[str] = o.MODULES,
     out: Path = o.OUT,
-    fmt: o.Format = o.FMT,
+    fmt: Format = o.FMT,
     require_complete: bool = o.REQUIRE_COMPLETE,
     timeout: float = o.TIMEOUT,
     memory: str = _MEMORY,
@@ -94,7 +94,7 @@ def run(
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     setup_logging(verbose, quiet)
-    silent = quiet or fmt is o.Format.json
+    silent = quiet or fmt is Format.json
     notify = o.notifier(silent)
     driver: Driver | None = None
     try:

@@ -6,9 +6,10 @@ statement, all written outside the cluster."""
 from __future__ import annotations
 
 import datetime as dt
-import re
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from imagegate import protocol
@@ -18,10 +19,11 @@ from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
+from imagegate.oci.digest import is_digest
+from imagegate.oci.reference import parse_image_name
 from imagegate.runner import ControllerRun, Notify, Observation, Prepared, RunOptions
 
 IMAGE_ID_STAGE = "image_id"
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # Runtimes prefix imageID differently: docker (dockershim, cri-dockerd) with docker-pullable://
 # or docker://; containerd and CRI-O give the repo digest bare, or only the local image ID.
 _SCHEMES = ("docker-pullable://", "docker://")
@@ -44,9 +46,9 @@ def parse_image_id(raw: str) -> ImageID:
             text = text[len(scheme) :]
             break
     name, at, digest = text.rpartition("@")
-    if at and _DIGEST.fullmatch(digest):
+    if at and is_digest(digest):
         return ImageID(raw, repository=name or None, digest=digest)
-    if _DIGEST.fullmatch(text):
+    if is_digest(text):
         return ImageID(raw, local_id=text)
     return ImageID(raw)
 
@@ -64,6 +66,18 @@ def pod_from_json(data: Any) -> dict[str, Any]:
             hint="kubectl get pod NAME -o json > pod.json",
         )
     raise UsageError("the Pod JSON is not a Pod", hint="kubectl get pod NAME -o json > pod.json")
+
+
+def read_pod_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
+    """A finished Pod saved as files: its JSON (`kubectl get pod -o json`) and its log."""
+    try:
+        data = json.loads(pod.read_text())
+        log = logs.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{e.filename}: {e.strerror}") from e
+    except ValueError as e:
+        raise UsageError(f"{pod}: not JSON ({e})", hint="kubectl get pod NAME -o json > pod.json") from e
+    return pod_from_json(data), log
 
 
 def container_status(pod: dict[str, Any], container: str = CONTAINER) -> dict[str, Any] | None:
@@ -94,11 +108,13 @@ def image_facts(pod: dict[str, Any], container: str = CONTAINER) -> tuple[ImageF
     return facts, iid
 
 
-def _repository(reference: str) -> str:
-    name = reference.partition("@")[0]
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    return name[:colon] if colon > slash else name
+def _repository(reference: str) -> str | None:
+    """The repository the Pod's image names, as written; None for an image ID or a name that is
+    not a reference (the statement then names the image by its reference)."""
+    try:
+        return parse_image_name(reference, "the Pod's image").repository
+    except UsageError:
+        return None
 
 
 def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> BundleRun:
@@ -234,13 +250,13 @@ def image_id_stage(
 def expected_digests(pod: dict[str, Any], given: Sequence[str], container: str = CONTAINER) -> list[str]:
     """--expect-digest, else the digest the Pod's image is pinned to."""
     for d in given:
-        if not _DIGEST.fullmatch(d):
+        if not is_digest(d):
             raise UsageError(f"--expect-digest {d!r}: expected sha256:<64 hex digits>")
     if given:
         return list(dict.fromkeys(given))
     ref = image_facts(pod, container)[0].reference
     _, at, pinned = ref.rpartition("@")
-    return [pinned] if at and _DIGEST.fullmatch(pinned) else []
+    return [pinned] if at and is_digest(pinned) else []
 
 
 class PodObserver:

@@ -25,6 +25,7 @@ import yaml
 
 from imagegate import protocol
 from imagegate.errors import UsageError
+from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import check_image
 from imagegate.pipeline.model import parse_duration
 from imagegate.runner import Prepared
@@ -45,7 +46,6 @@ DEFAULT_TTL_S = 3600
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,25 @@ def parse_deadline(text: str) -> float:
         raise UsageError(f"--deadline {text!r}: {e}") from e
 
 
+def options_from_args(
+    *,
+    node_selector: Sequence[str] = (),
+    toleration: Sequence[str] = (),
+    deadline: str | None = None,
+    image_pull_secret: Sequence[str] = (),
+    **kw: Any,
+) -> PodOptions:
+    """PodOptions from the command line's words (`--node-selector k=v`, `--toleration
+    key[=value]:effect`, `--deadline 30m`); the other fields are taken as they are."""
+    return PodOptions(
+        node_selector=parse_node_selector(node_selector),
+        tolerations=[parse_toleration(t) for t in toleration],
+        deadline_s=parse_deadline(deadline) if deadline else None,
+        image_pull_secrets=image_pull_secret,
+        **kw,
+    )
+
+
 def default_name(pipeline: str, image: str) -> str:
     """Stable per pipeline and image, so a re-run finds (and waits out) its predecessor."""
     slug = re.sub(r"[^a-z0-9-]+", "-", pipeline.lower()).strip("-")[:24] or "run"
@@ -137,11 +156,11 @@ def default_name(pipeline: str, image: str) -> str:
 
 def pinned(image: str, digest: str | None) -> tuple[str, str | None]:
     """IMAGE pinned by digest when known: an `@sha256:` already in it, or --digest."""
-    if digest is not None and not _DIGEST.match(digest):
+    if digest is not None and not is_digest(digest):
         raise UsageError(f"--digest {digest!r}: expected sha256:<64 hex digits>")
     name, at, present = image.partition("@")
     if at:
-        if not _DIGEST.match(present):
+        if not is_digest(present):
             raise UsageError(f"image {image!r}: the digest after @ is not sha256:<64 hex digits>")
         if digest and digest != present:
             raise UsageError(f"image {image!r} is pinned to {present}, but --digest says {digest}")

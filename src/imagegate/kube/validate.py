@@ -35,3 +35,13 @@ def validate(objects: Iterable[dict[str, Any]], version: str = DEFAULT_VERSION) 
         except kv_utils.SchemaNotFoundError as e:
             problems.append(f"{where}: {e.message}")
     return problems
+
+
+def check(objects: Iterable[dict[str, Any]], version: str = DEFAULT_VERSION) -> None:
+    """`validate`, as an input error: the options given are what made the objects invalid."""
+    problems = validate(objects, version)
+    if problems:
+        raise UsageError(
+            f"the rendered objects do not validate against Kubernetes {version}: " + "; ".join(problems),
+            hint="check the values given to --name, --node-selector, --toleration",
+        )
