@@ -346,51 +346,11 @@ def _digest(
     kind = sniff_compression(head) if layer else "none"
     diff_id = uncompressed = error = None
     if layer and kind == "none":
-        # Uncompressed: the diffID is the sha256 of the very bytes; hash once when it is sha256.
-        inner = outer if outer.name == "sha256" else new_inner()
-        if inner is not outer:
-            inner.update(head)
-            tee.hasher = _Both(outer, inner)  # type: ignore[assignment]
-        if tap is not None:
-            tap(head)
-            tee.observer = tap
-        tee.drain()
-        diff_id, uncompressed = "sha256:" + inner.hexdigest(), tee.count
+        diff_id, uncompressed = _hash_plain_layer(tee, head, outer, new_inner, tap)
     elif layer:
-        inner = new_inner() if tap is None else _Tapped(new_inner(), tap)
-        total = 0
-        tee_with_head = _Prefixed(head, tee)
-        frames = ZstdFrameWalker() if kind == "zstd" else None
-        if frames is not None:
-            frames.feed(head)
-            tee.observer = frames.feed
-        try:
-            dec = _open_decompressor(kind, tee_with_head)
-            while True:
-                chunk = dec.read(OUT_CHUNK)
-                if not chunk:
-                    break
-                total += len(chunk)
-                if total > max_uncompressed:
-                    raise DecompressError(
-                        f"the layer decompresses to more than {max_uncompressed} bytes, the limit "
-                        "(a decompression bomb?); stopped there"
-                    )
-                inner.update(chunk)
-            if frames is not None:
-                tee.drain()
-                if frames.error:
-                    raise DecompressError(f"invalid zstd data: {frames.error}")
-                if not frames.at_frame_boundary:
-                    raise DecompressError("the zstd stream ends inside a frame (truncated)")
-            elif tee_with_head.read(1):
-                raise DecompressError(f"trailing data after the end of the {kind} stream")
-            diff_id, uncompressed = "sha256:" + inner.hexdigest(), total
-        except DecompressError as e:
-            error = str(e)
-        except zstandard.ZstdError as e:
-            error = f"invalid zstd data: {e}"
-        tee.drain()  # the blob digest covers every byte, whatever the decompressor made of them
+        diff_id, uncompressed, error = _hash_compressed_layer(
+            tee, head, kind, new_inner, max_uncompressed, tap
+        )
     else:
         tee.drain()
     too_long = tee.hit_limit or (limit is not None and tee.count >= limit)
@@ -403,6 +363,79 @@ def _digest(
         uncompressed_size=uncompressed,
         decompress_error=error,
     )
+
+
+def _hash_plain_layer(
+    tee: _Tee, head: bytes, outer: Any, new_inner: Callable[[], Any], tap: Callable[[bytes], None] | None
+) -> tuple[str, int]:
+    """An uncompressed layer, read to its end: its diffID and size."""
+    # The diffID is the sha256 of the very bytes; hash once when the blob's digest is sha256.
+    inner = outer if outer.name == "sha256" else new_inner()
+    if inner is not outer:
+        inner.update(head)
+        tee.hasher = _Both(outer, inner)  # type: ignore[assignment]
+    if tap is not None:
+        tap(head)
+        tee.observer = tap
+    tee.drain()
+    return "sha256:" + inner.hexdigest(), tee.count
+
+
+def _hash_compressed_layer(
+    tee: _Tee,
+    head: bytes,
+    kind: str,
+    new_inner: Callable[[], Any],
+    max_uncompressed: int,
+    tap: Callable[[bytes], None] | None,
+) -> tuple[str | None, int | None, str | None]:
+    """A compressed layer, read to its end: its diffID and uncompressed size, or (None, None,
+    why) when its stream cannot be decompressed whole."""
+    inner = new_inner() if tap is None else _Tapped(new_inner(), tap)
+    tee_with_head = _Prefixed(head, tee)
+    frames = ZstdFrameWalker() if kind == "zstd" else None
+    if frames is not None:
+        frames.feed(head)
+        tee.observer = frames.feed
+    result: tuple[str | None, int | None, str | None]
+    try:
+        total = _inflate(_open_decompressor(kind, tee_with_head), inner, max_uncompressed)
+        _check_stream_end(tee, tee_with_head, kind, frames)
+        result = "sha256:" + inner.hexdigest(), total, None
+    except DecompressError as e:
+        result = None, None, str(e)
+    except zstandard.ZstdError as e:
+        result = None, None, f"invalid zstd data: {e}"
+    tee.drain()  # the blob digest covers every byte, whatever the decompressor made of them
+    return result
+
+
+def _inflate(dec: Reader, inner: Any, max_uncompressed: int) -> int:
+    """Hash `dec`'s decompressed stream into `inner`, to its end; its size."""
+    total = 0
+    while True:
+        chunk = dec.read(OUT_CHUNK)
+        if not chunk:
+            return total
+        total += len(chunk)
+        if total > max_uncompressed:
+            raise DecompressError(
+                f"the layer decompresses to more than {max_uncompressed} bytes, the limit "
+                "(a decompression bomb?); stopped there"
+            )
+        inner.update(chunk)
+
+
+def _check_stream_end(tee: _Tee, tee_with_head: _Prefixed, kind: str, frames: ZstdFrameWalker | None) -> None:
+    """Where the decompressor stopped, the compressed stream must end too: whole, nothing after."""
+    if frames is not None:
+        tee.drain()
+        if frames.error:
+            raise DecompressError(f"invalid zstd data: {frames.error}")
+        if not frames.at_frame_boundary:
+            raise DecompressError("the zstd stream ends inside a frame (truncated)")
+    elif tee_with_head.read(1):
+        raise DecompressError(f"trailing data after the end of the {kind} stream")
 
 
 class _Both:

@@ -139,20 +139,7 @@ class LayerApplier:
         # Folders and files are created first and looked at only when something is in the way
         # (one syscall less per entry: most entries are new).
         if ti.isdir():
-            try:
-                os.mkdir(base, 0o700, dir_fd=pfd)
-            except FileExistsError:
-                st = lstat_at(pfd, base)
-                if st is None or not stat.S_ISDIR(st.st_mode):  # a folder stays; anything else goes
-                    self._replace(pfd, base, path)
-                    os.mkdir(base, 0o700, dir_fd=pfd)
-            self._owner(pfd, base, ti)
-            if self.privileged or mode & 0o700 == 0o700:
-                self._dir_modes.pop(path, None)
-                os.chmod(base, mode, dir_fd=pfd)
-            else:
-                self._dir_modes[path] = mode
-                os.chmod(base, mode | 0o700, dir_fd=pfd)
+            self._dir(ti, pfd, base, mode, path)
             dirs.append((parts, int(ti.mtime)))
         elif ti.isreg():
             if ti.issparse():
@@ -166,20 +153,8 @@ class LayerApplier:
         elif ti.islnk():
             self._hardlink(ti, pfd, base)
         elif ti.ischr() or ti.isblk():
-            if not self.privileged:
-                self.skipped.devices += 1
-                self.skipped.examples.setdefault("device", "/" + path)
-                return
-            kind = stat.S_IFCHR if ti.ischr() else stat.S_IFBLK
-            try:
-                os.mknod(base, mode | kind, os.makedev(ti.devmajor, ti.devminor), dir_fd=pfd)
-            except PermissionError:  # root without CAP_MKNOD (a user namespace, a container)
-                self.skipped.devices += 1
-                self.skipped.examples.setdefault("device", "/" + path)
-                return
-            self._owner(pfd, base, ti)
-            os.chmod(base, mode, dir_fd=pfd)
-            self._time(pfd, base, ti)
+            if not self._device(ti, pfd, base, mode, path):
+                return  # not created: not this layer's
         elif ti.isfifo():
             os.mkfifo(base, 0o600, dir_fd=pfd)
             self._owner(pfd, base, ti)
@@ -188,6 +163,42 @@ class LayerApplier:
         else:
             raise PathRefused(f"unsupported tar entry type {ti.type!r}")
         self._mark(path, upper)
+
+    def _dir(self, ti: tarfile.TarInfo, pfd: int, base: str, mode: int, path: str) -> None:
+        """A folder entry: made, or the folder already there kept (anything else there goes)."""
+        try:
+            os.mkdir(base, 0o700, dir_fd=pfd)
+        except FileExistsError:
+            st = lstat_at(pfd, base)
+            if st is None or not stat.S_ISDIR(st.st_mode):  # a folder stays; anything else goes
+                self._replace(pfd, base, path)
+                os.mkdir(base, 0o700, dir_fd=pfd)
+        self._owner(pfd, base, ti)
+        if self.privileged or mode & 0o700 == 0o700:
+            self._dir_modes.pop(path, None)
+            os.chmod(base, mode, dir_fd=pfd)
+        else:
+            self._dir_modes[path] = mode
+            os.chmod(base, mode | 0o700, dir_fd=pfd)
+
+    def _device(self, ti: tarfile.TarInfo, pfd: int, base: str, mode: int, path: str) -> bool:
+        """A character or block device entry; False (counted in `skipped`) when the runner may
+        not create one."""
+        if not self.privileged:
+            self.skipped.devices += 1
+            self.skipped.examples.setdefault("device", "/" + path)
+            return False
+        kind = stat.S_IFCHR if ti.ischr() else stat.S_IFBLK
+        try:
+            os.mknod(base, mode | kind, os.makedev(ti.devmajor, ti.devminor), dir_fd=pfd)
+        except PermissionError:  # root without CAP_MKNOD (a user namespace, a container)
+            self.skipped.devices += 1
+            self.skipped.examples.setdefault("device", "/" + path)
+            return False
+        self._owner(pfd, base, ti)
+        os.chmod(base, mode, dir_fd=pfd)
+        self._time(pfd, base, ti)
+        return True
 
     @staticmethod
     def _mark(path: str, upper: set[str]) -> None:

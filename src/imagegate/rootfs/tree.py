@@ -108,20 +108,8 @@ class RootDir:
                         os.close(fd)
                         fd = nfd
                     continue
-                try:
-                    nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise PathRefused(f"{'/'.join([*resolved, name])} does not exist") from None
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                    os.chmod(name, 0o755, dir_fd=fd)  # as Docker makes missing parents, whatever the umask
-                    nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
-                except (NotADirectoryError, OSError) as e:
-                    if e.errno not in (errno.ENOTDIR, errno.ELOOP):
-                        raise
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if not stat.S_ISLNK(st.st_mode):
-                        raise PathRefused(f"{'/'.join([*resolved, name])} is not a directory") from None
+                child = self._open_child(fd, name, resolved, create=create)
+                if child is None:  # a symlink: its target's components come next
                     hops += 1
                     if hops > MAX_SYMLINK_HOPS:
                         raise PathRefused(
@@ -135,7 +123,7 @@ class RootDir:
                     stack.extend(reversed([p for p in target.split("/") if p]))
                     continue
                 os.close(fd)
-                fd = nfd
+                fd = child
                 resolved.append(name)
                 if hops == 0:
                     consumed += 1
@@ -148,6 +136,26 @@ class RootDir:
         except BaseException:
             os.close(fd)
             raise
+
+    @staticmethod
+    def _open_child(fd: int, name: str, resolved: list[str], *, create: bool) -> int | None:
+        """A new fd of the folder `name` in `fd` (the folder `resolved`), made (0755) when missing
+        and `create`; None when `name` is a symlink (the caller resolves it inside the root)."""
+        try:
+            return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise PathRefused(f"{'/'.join([*resolved, name])} does not exist") from None
+            os.mkdir(name, 0o755, dir_fd=fd)
+            os.chmod(name, 0o755, dir_fd=fd)  # as Docker makes missing parents, whatever the umask
+            return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+        except (NotADirectoryError, OSError) as e:
+            if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode):
+                raise PathRefused(f"{'/'.join([*resolved, name])} is not a directory") from None
+            return None
 
     def open_folder(self, parts: list[str]) -> int:
         """A new fd (the caller closes it) of an existing folder."""

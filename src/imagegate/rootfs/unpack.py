@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from imagegate.oci.hashing import digest_blob
+from imagegate.oci.hashing import BlobDigests, digest_blob
+from imagegate.oci.manifest import Descriptor
 from imagegate.oci.sources.interface import (
     ArchiveStream,
     BlobNotFound,
@@ -168,77 +169,135 @@ def _unpack(
             label = _label(i, n, desc.digest)
             expected = report.diff_ids[i]
             feed = _TarFeed()
-
-            def budget(entry: str, size: int, feed: _TarFeed = feed, before: int = before) -> None:
-                if feed.count + size > limits.max_layer_bytes:
-                    raise EntryTooLarge(
-                        entry,
-                        f"{size} bytes would take the layer past {limits.max_layer_bytes} uncompressed "
-                        "bytes, the bound (a decompression bomb?)",
-                    )
-                if before + feed.count + size > limits.max_total_bytes:
-                    raise EntryTooLarge(
-                        entry,
-                        f"{size} bytes would take the image past {limits.max_total_bytes} uncompressed "
-                        "bytes, the bound (a decompression bomb?)",
-                    )
-
+            budget = _budget(feed, before, limits)
             feed.start(lambda stream, budget=budget: applier.apply(stream, budget))  # type: ignore[misc]
             progress.started(i, label, desc.size)
-            got, known = None, None
-            applied: BaseException | None = None
-            try:
-                with source.open_blob(desc) as r:
-                    got = digest_blob(
-                        r,
-                        algorithm=(desc.digest or "sha256").partition(":")[0],
-                        declared_size=desc.size,
-                        max_uncompressed=limits.max_layer_bytes + _VERIFIER_SLACK,
-                        on_bytes=lambda k, i=i: progress.advanced(i, k),  # type: ignore[misc]
-                        tap=feed.put,
-                    )
-                    known = getattr(r, "size", None)
-            except BlobNotFound:
-                got = None
-            except EntryRefused:
-                pass  # the applier's error, taken from the feed below
-            finally:
-                applied = feed.finish()
+            got, known, applied = _read_layer(
+                source,
+                desc,
+                feed,
+                limits,
+                lambda k, i=i: progress.advanced(i, k),  # type: ignore[misc]
+            )
             before += feed.count
-            if got is None and applied is None:
-                result = judge_layer(i, desc, expected, None, foreign=expected in image.foreign_diff_ids)
-            elif got is not None:
-                result = judge_layer(
-                    i, desc, expected, got, foreign=expected in image.foreign_diff_ids, known_size=known
-                )
-            else:
-                result = None
+            result = _judge(i, desc, expected, image.foreign_diff_ids, got, known, applied)
             progress.finished(i, "REFUSED" if result is None else result.status.value)
             partial = replace_layers(report, (*results, *([result] if result else [])))
-            bomb = isinstance(applied, EntryTooLarge)
-            if result is not None and result.status is not LayerStatus.OK and not bomb:
-                # Verification first: bytes that are not the declared ones say nothing about content.
-                what = "not in the source" if result.status is LayerStatus.FOREIGN else result.detail
-                raise LayerRefused(
-                    f"{label}: {result.status}: {what}; the root was discarded",
-                    hint="the registry or file does not hold the image's declared bytes (tampered or corrupt)",
-                    layer=i,
-                    report=partial,
-                )
-            if applied is not None:
-                entry = getattr(applied, "entry", "?")
-                raise HostileLayer(
-                    f"{label}: entry {entry!r} refused: {applied}; the root was discarded",
-                    hint="this layer was not written by an image builder; do not run this image",
-                    layer=i,
-                    entry=entry,
-                    report=partial,
-                ) from applied
+            _refuse(label, i, result, applied, partial)
             assert result is not None
             results.append(result)
         applier.finish()
     finally:
         root_dir.close()
+    return _commit(source, report, build, cache, applier, tuple(results), doc)
+
+
+def _budget(feed: _TarFeed, before: int, limits: Limits) -> Callable[[str, int], None]:
+    """The applier's check before it writes an entry's bytes: the layer's and the image's bounds
+    on uncompressed bytes (`before`: the layers already applied)."""
+
+    def budget(entry: str, size: int) -> None:
+        if feed.count + size > limits.max_layer_bytes:
+            raise EntryTooLarge(
+                entry,
+                f"{size} bytes would take the layer past {limits.max_layer_bytes} uncompressed "
+                "bytes, the bound (a decompression bomb?)",
+            )
+        if before + feed.count + size > limits.max_total_bytes:
+            raise EntryTooLarge(
+                entry,
+                f"{size} bytes would take the image past {limits.max_total_bytes} uncompressed "
+                "bytes, the bound (a decompression bomb?)",
+            )
+
+    return budget
+
+
+def _read_layer(
+    source: ImageSource,
+    desc: Descriptor,
+    feed: _TarFeed,
+    limits: Limits,
+    on_bytes: Callable[[int], None],
+) -> tuple[BlobDigests | None, int | None, BaseException | None]:
+    """One pass over the layer's blob, verifying it and feeding the applier: its digests (None
+    when the source lacks the blob or the applier stopped the pass), the size the source knew,
+    and the applier's error."""
+    got, known = None, None
+    try:
+        with source.open_blob(desc) as r:
+            got = digest_blob(
+                r,
+                algorithm=(desc.digest or "sha256").partition(":")[0],
+                declared_size=desc.size,
+                max_uncompressed=limits.max_layer_bytes + _VERIFIER_SLACK,
+                on_bytes=on_bytes,
+                tap=feed.put,
+            )
+            known = getattr(r, "size", None)
+    except BlobNotFound:
+        got = None
+    except EntryRefused:
+        pass  # the applier's error, taken from the feed below
+    finally:
+        applied = feed.finish()
+    return got, known, applied
+
+
+def _judge(
+    i: int,
+    desc: Descriptor,
+    expected: str,
+    foreign_diff_ids: frozenset[str],
+    got: BlobDigests | None,
+    known: int | None,
+    applied: BaseException | None,
+) -> LayerResult | None:
+    """The layer's verification result; None when the applier stopped the pass before the
+    blob was read to its end (nothing to judge)."""
+    if got is None and applied is None:
+        return judge_layer(i, desc, expected, None, foreign=expected in foreign_diff_ids)
+    if got is not None:
+        return judge_layer(i, desc, expected, got, foreign=expected in foreign_diff_ids, known_size=known)
+    return None
+
+
+def _refuse(
+    label: str, i: int, result: LayerResult | None, applied: BaseException | None, partial: VerifyReport
+) -> None:
+    """Raises when the layer cannot be kept: LayerRefused when its bytes are not the declared
+    ones, HostileLayer when the applier refused one of its entries."""
+    bomb = isinstance(applied, EntryTooLarge)
+    if result is not None and result.status is not LayerStatus.OK and not bomb:
+        # Verification first: bytes that are not the declared ones say nothing about content.
+        what = "not in the source" if result.status is LayerStatus.FOREIGN else result.detail
+        raise LayerRefused(
+            f"{label}: {result.status}: {what}; the root was discarded",
+            hint="the registry or file does not hold the image's declared bytes (tampered or corrupt)",
+            layer=i,
+            report=partial,
+        )
+    if applied is not None:
+        entry = getattr(applied, "entry", "?")
+        raise HostileLayer(
+            f"{label}: entry {entry!r} refused: {applied}; the root was discarded",
+            hint="this layer was not written by an image builder; do not run this image",
+            layer=i,
+            entry=entry,
+            report=partial,
+        ) from applied
+
+
+def _commit(
+    source: ImageSource,
+    report: VerifyReport,
+    build: Build,
+    cache: RootCache,
+    applier: LayerApplier,
+    results: tuple[LayerResult, ...],
+    doc: Mapping[str, Any],
+) -> Root:
+    """The unpacked root, with every layer verified, into the cache."""
     settings = image_settings(doc)
     assert report.config.actual_digest is not None
     root = Root(
@@ -246,7 +305,7 @@ def _unpack(
         chain_id=build.chain_id,
         config_digest=report.config.actual_digest,
         manifest_digest=report.manifest_digest,
-        report=replace_layers(report, tuple(results)),
+        report=replace_layers(report, results),
         not_applied=applier.skipped.notes(),
         size=applier.bytes_written,
         unpacked_from=source.description,

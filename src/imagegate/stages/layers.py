@@ -126,6 +126,18 @@ def _detail(report: VerifyReport, probed_mismatch: str | None, choice: Choice | 
 
 def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
     expect = ctx.expect_config_digest or params.expect_config_digest
+    verified = _verify(ctx, params, expect)
+    if isinstance(verified, Outcome):
+        return verified
+    report, choice = verified
+    return _outcome(ctx, expect, report, choice)
+
+
+def _verify(
+    ctx: OutsideContext, params: LayersParams, expect: str | None
+) -> tuple[VerifyReport, Choice] | Outcome:
+    """The image's layers verified, and which source was read; an Outcome (its evidence written)
+    when no image could be read."""
     source: Source | None = None
     choice: Choice | None = None
     try:
@@ -134,26 +146,11 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
         pre = ctx.verified
         if pre is not None and not ctx.source and pre.config.official_digest == expect:
             # The driver verified these very bytes while unpacking them: not read a second time.
-            report, choice = pre, Choice("driver", pre.source, DRIVER_VERIFIED)
-        else:
-            source, choice = _open(ctx, params)
-            if source is None:
-                (ctx.stage_dir / EVIDENCE_FILE).write_text(
-                    json.dumps({"source_choice": asdict(choice)}, indent=2)
-                )
-                if ctx.driver == "local":
-                    # run --here checks an environment, not an image: there are no layers to verify.
-                    return Outcome(
-                        Status.SKIPPED,
-                        "no image here: run --here checks this environment; give --source docker://REF "
-                        "(or docker-archive:PATH, oci:DIR) to verify an image's layers",
-                    )
-                return Outcome(
-                    Status.ERROR,
-                    f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from "
-                    "and it has no readable registry digest; pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
-                )
-            report = verify_source(source, expect_config=expect, jobs=params.jobs, progress=ctx.progress)
+            return pre, Choice("driver", pre.source, DRIVER_VERIFIED)
+        source, choice = _open(ctx, params)
+        if source is None:
+            return _no_image(ctx, choice)
+        return verify_source(source, expect_config=expect, jobs=params.jobs, progress=ctx.progress), choice
     except ImagegateError as e:
         data = {"error": str(e), "hint": e.hint, "source_choice": asdict(choice) if choice else None}
         (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(data, indent=2) + "\n")
@@ -161,6 +158,27 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
     finally:
         if isinstance(source, ImageSource):
             source.close()
+
+
+def _no_image(ctx: OutsideContext, choice: Choice) -> Outcome:
+    (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps({"source_choice": asdict(choice)}, indent=2))
+    if ctx.driver == "local":
+        # run --here checks an environment, not an image: there are no layers to verify.
+        return Outcome(
+            Status.SKIPPED,
+            "no image here: run --here checks this environment; give --source docker://REF "
+            "(or docker-archive:PATH, oci:DIR) to verify an image's layers",
+        )
+    return Outcome(
+        Status.ERROR,
+        f"no image to read: the {ctx.driver} driver has no engine to stream {ctx.image.reference} from "
+        "and it has no readable registry digest; pass --source docker://REF (or docker-archive:PATH, oci:DIR)",
+    )
+
+
+def _outcome(ctx: OutsideContext, expect: str | None, report: VerifyReport, choice: Choice) -> Outcome:
+    """PASS when every layer is the declared one and the source holds the probed image; the
+    evidence written."""
     probed = ctx.image.config_digest
     probed_mismatch = None
     if ctx.source and probed and report.config.actual_digest != probed:
@@ -173,7 +191,7 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
         "probed_config_digest": probed,
         "expected_config_digest": expect,
         "probed_image_mismatch": probed_mismatch,
-        "source_choice": asdict(choice) if choice else None,
+        "source_choice": asdict(choice),
         **report.to_dict(),
     }
     (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(evidence, indent=2) + "\n")
@@ -184,7 +202,6 @@ def run_layers_stage(ctx: OutsideContext, params: LayersParams) -> Outcome:
         "layers": len(report.layers),
         "verified": report.verified,
         "failed": [f"{x.index + 1}:{x.status}" for x in report.failed_layers],
+        "source": choice.kind,
     }
-    if choice is not None:
-        summary["source"] = choice.kind
     return Outcome(status, _detail(report, probed_mismatch, choice), summary)
