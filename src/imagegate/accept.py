@@ -4,20 +4,27 @@ commands (`run`, `pod run`, `pod collect`, `complete`) only parse options and re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from imagegate.attest.keys import SigningKey
+from imagegate.attest import keys
 from imagegate.attest.sign import Signed, sign_attempt
 from imagegate.drivers.interface import Driver
-from imagegate.drivers.select import DriverName, DriverOptions, make_driver
+from imagegate.drivers.select import DriverName, DriverOptions, make_driver, needs_engine
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.gpus import GpuRequest
-from imagegate.model import ImageFacts, RunRecord
+from imagegate.model import ImageFacts, RunRecord, exit_code
 from imagegate.runner import Notify, Observation, Prepared, conclude, new_attempt
+
+NOTHING_LEFT = "nothing was left running"
+
+
+def _silent(_m: str) -> None:
+    pass
 
 
 class Observer(Protocol):
@@ -33,15 +40,30 @@ class Observer(Protocol):
 
     def observe(self, prep: Prepared, attempt: Attempt) -> Observation: ...
 
+    def left_behind(self) -> str | None:
+        """After an interrupt: what may still be there and how to remove it; None: nothing."""
+        ...
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (or SIGTERM, through the entry point's handlers) during the work, with what the
+    observer says it may have left behind."""
+
+    def __init__(self, left: str | None) -> None:
+        self.left = left or NOTHING_LEFT
+        super().__init__(self.left)
+
 
 @dataclass(frozen=True)
 class Outputs:
-    """What happens after the verdict: signing, attaching, reports (FORMAT, PATH; `-` is stdout)."""
+    """What happens after the verdict: signing, attaching, reports (FORMAT, PATH; `-` is stdout),
+    and whether a deferred verdict is rejected (--require-complete)."""
 
-    key: SigningKey | None = None
+    key: keys.SigningKey | None = None
     attach: bool = False
     insecure: bool = False  # --attach over plain HTTP
     reports: Sequence[tuple[str, Path]] = ()
+    require_complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +72,8 @@ class Accepted:
     statement: dict[str, Any]  # the one written beside the evidence, signed and reported
     signed: Signed | None
     used_stdout: bool  # a report went to stdout: nothing else may
+    exit_code: int  # 0 accepted, 1 rejected, 2 could not decide
+    rejected_by: str | None  # what rejected a verdict that is accepted by itself (--require-complete)
 
 
 def check_outputs(outputs: Outputs, reference: str | None, *, no_sign: bool = False) -> None:
@@ -63,10 +87,86 @@ def check_outputs(outputs: Outputs, reference: str | None, *, no_sign: bool = Fa
         )
 
 
+def outputs(
+    reports: Sequence[str] = (),
+    *,
+    key: str | None = None,
+    no_sign: bool = False,
+    attach: bool = False,
+    insecure: bool = False,
+    require_complete: bool = False,
+    reference: str | None = None,
+    statement_on_stdout: bool = False,
+    notify: Notify = _silent,
+    warn: Notify = _silent,
+) -> Outputs:
+    """The outputs the options ask for, checked before the work: a bad report path, key or
+    passphrase fails first, not after the run. `statement_on_stdout` (--format json): no report
+    may go there too."""
+    from imagegate.report import formats
+
+    check_outputs(Outputs(attach=attach), reference, no_sign=no_sign)
+    specs = formats.parse_specs(list(reports))
+    if statement_on_stdout and any(p == formats.STDOUT for _, p in specs):
+        raise UsageError(
+            "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
+        )
+    key_ = None if no_sign else _signing_key(key, notify, warn)
+    return Outputs(key_, attach, insecure, specs, require_complete)
+
+
+def _signing_key(key: str | None, notify: Notify, warn: Notify) -> keys.SigningKey | None:
+    """With no key named and no default key possible (a read-only home), the run goes on
+    unsigned and says so (`warn`): the verdict and its evidence are still written."""
+    try:
+        return keys.resolve_signing_key(key, notify=notify)
+    except keys.DefaultKeyUnavailable as e:
+        warn(f"the attempt will not be signed: {e}\n  hint: {e.hint}")
+        return None
+
+
+def check_timeout(seconds: float | None) -> None:
+    from imagegate.pipeline.model import check_duration
+
+    try:
+        if seconds is not None:
+            check_duration(seconds)
+    except ValueError as e:
+        raise UsageError(f"--timeout: {e}", hint="give seconds, e.g. --timeout 1800") from e
+
+
+def check_run_input(
+    image: str | None, name: DriverName | None, jobs: int | None, timeout: float | None
+) -> None:
+    """`run`'s IMAGE and DOCKER_HOST are checked before the engine is asked anything."""
+    if name is not DriverName.here and image is None:
+        raise UsageError(
+            "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
+        )
+    if needs_engine(name):
+        from imagegate.enginehost import check_docker_host
+        from imagegate.oci.reference import check_image
+
+        assert image is not None
+        check_image(image)
+        check_docker_host(os.environ)
+    check_timeout(timeout)
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs}: must be 1 or more")
+
+
 def accept(
-    prep: Prepared, observer: Observer, out: Path, outputs: Outputs, notify: Notify = lambda _m: None
+    prep: Prepared, observer: Observer, out: Path, outputs: Outputs, notify: Notify = _silent
 ) -> Accepted:
+    """Raises Interrupted (a KeyboardInterrupt) on an interrupt, saying what may be left."""
     check_outputs(outputs, observer.reference)
+    try:
+        return _accept(prep, observer, out, outputs, notify)
+    except KeyboardInterrupt:
+        raise Interrupted(observer.left_behind()) from None
+
+
+def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, notify: Notify) -> Accepted:
     image = observer.subject(prep)
     attempt = new_attempt(prep, image, out)
     notify(f"attempt {attempt.dir}")
@@ -84,7 +184,9 @@ def accept(
         used_stdout = formats.write_reports(record, list(outputs.reports), statement=statement)
     except OSError as e:
         raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
-    return Accepted(record, statement, signed, used_stdout)
+    code = exit_code(record.verdict, require_complete=outputs.require_complete)
+    rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
+    return Accepted(record, statement, signed, used_stdout, code, rejected_by)
 
 
 def driver_for(
@@ -95,7 +197,7 @@ def driver_for(
     memory: str = "8g",
     pull: str = "missing",
     gpus: GpuRequest | None = None,
-    notify: Notify = lambda _m: None,
+    notify: Notify = _silent,
     expect_config: str | None = None,
     insecure: bool = False,
 ) -> Driver:

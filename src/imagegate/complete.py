@@ -193,6 +193,9 @@ class CompletionObserver:
         check_same_subject(self.earlier, image, dict(self.inner.driver.environment()))
         return image
 
+    def left_behind(self) -> str | None:
+        return self.inner.left_behind()
+
     def observe(self, prep: runner.Prepared, attempt: Attempt) -> runner.Observation:
         earlier = self.earlier
         attempt.write(LINK_COPY, earlier.envelope)

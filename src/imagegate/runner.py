@@ -282,6 +282,9 @@ class DriverObserver:
         assert self.image is not None, "subject() first"
         return observe(prep, self.driver, self.image, attempt, self.opts, self.notify)
 
+    def left_behind(self) -> str | None:
+        return self.driver.left_behind()
+
 
 def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
     """prepare → observe → conclude, unsigned (`accept` adds signing, attaching and reports)."""

@@ -1,58 +1,134 @@
-"""What the accepting commands (run, pod run, pod collect, complete) share: their options, the
-key resolved before the work, the progress display, and rendering the outcome. The work itself
+"""What the accepting commands (run, pod run, pod collect, complete) share: each option declared
+once, the common ones as one group; the progress display; rendering the outcome. The work itself
 is `imagegate.accept`."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import inspect
 import sys
+import typing
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 
-from imagegate.accept import Accepted, Outputs, check_outputs
-from imagegate.attest import keys as attest_keys
+from imagegate import accept
 from imagegate.cli._app import Format
-from imagegate.errors import UsageError
-from imagegate.model import exit_code
 from imagegate.runner import RunOptions
 
 Notify = Callable[[str], None]
-
-
-def opt(default: Any, *names: str, **kw: Any) -> Any:
-    return typer.Option(default, *names, **kw)
-
-
-PIPELINE_HELP = "Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
-OUT_HELP = "Evidence folder; each run adds a new attempt."
-FORMAT_HELP = "table, or json: the in-toto statement on stdout, nothing else."
-TIMEOUT_HELP = "Overall deadline in seconds (default: the stages' timeouts added up)."
-REPORT_HELP = "Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout."
-ATTACH_HELP = "Push the signed attestation to IMAGE's repository (as cosign attaches .att)."
-KEY_HELP = "Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use."
 EXIT_CODES = (
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
     "--require-complete), 2 could not decide (ERROR), 3 usage or input error."
 )
 
 
-PIPELINE = opt("python", "--pipeline", "-p", help=PIPELINE_HELP)
+def opt(default: Any, *names: str, **kw: Any) -> Any:
+    return typer.Option(default, *names, **kw)
+
+
+PIPELINE = opt(
+    "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
+)
 MODULES = opt([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
-OUT = opt(Path("imagegate-runs"), "--out", "-o", help=OUT_HELP)
-FMT = opt(Format.table, "--format", help=FORMAT_HELP)
-REQUIRE_COMPLETE = opt(False, "--require-complete", help="A deferred verdict exits 1.")
-TIMEOUT = opt(None, "--timeout", help=TIMEOUT_HELP)
-REPORT = opt([], "--report", help=REPORT_HELP)
-ADVISORY_DB = opt(None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit.")
-KEY = opt(None, "--key", help=KEY_HELP)
+TIMEOUT = opt(None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up).")
+KEY = opt(
+    None,
+    "--key",
+    help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
+)
 NO_SIGN = opt(False, "--no-sign", help="Do not sign the attempt.")
-ATTACH = opt(False, "--attach", help=ATTACH_HELP)
-INSECURE = opt(False, "--insecure", help="With --attach: plain HTTP to the registry.")
+REQUIRE_COMPLETE = opt(False, "--require-complete", help="A deferred verdict exits 1.")
 QUIET = opt(False, "--quiet", "-q", help="No progress messages on stderr.")
+PYTHON = opt(None, "--python", help="With --here: the interpreter to run the probes with.")
+MEMORY = opt("8g", "--memory", help="Container memory limit.")
+EXPECT_CONFIG = opt(None, "--expect-config", help="For the layers stage: the official config digest.")
+GPUS = opt(
+    None,
+    "--gpus",
+    help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node check. Default: none (GPUs hidden).",
+)
+
+
+@dataclass(frozen=True)
+class Accepting:
+    """The options every command that gives a verdict on an image takes (`complete`: some)."""
+
+    pipeline: str = PIPELINE
+    module: list[str] = MODULES
+    out: Path = opt(
+        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
+    )
+    fmt: Format = opt(
+        Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
+    )
+    require_complete: bool = REQUIRE_COMPLETE
+    report: list[str] = opt(
+        [],
+        "--report",
+        help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
+    )
+    advisory_db: Path | None = opt(
+        None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
+    )
+    key: str | None = KEY
+    no_sign: bool = NO_SIGN
+    attach: bool = opt(
+        False,
+        "--attach",
+        help="Push the signed attestation to the image's repository (as cosign attaches .att).",
+    )
+    insecure: bool = opt(False, "--insecure", help="With --attach: plain HTTP to the registry.")
+    quiet: bool = QUIET
+
+    @property
+    def silent(self) -> bool:
+        return self.quiet or self.fmt is Format.json  # stdout then is the statement's alone
+
+    def run_options(self, **kw: Any) -> RunOptions:
+        return RunOptions(self.pipeline, self.module, self.out, advisory_db=self.advisory_db, **kw)
+
+    def outputs(self, reference: str | None, notify: Notify) -> accept.Outputs:
+        return accept.outputs(
+            self.report, key=self.key, no_sign=self.no_sign, attach=self.attach, insecure=self.insecure,
+            require_complete=self.require_complete, reference=reference,
+            statement_on_stdout=self.fmt is Format.json, notify=notify, warn=warn,
+        )  # fmt: skip
+
+
+def grouped(command: Callable[..., None]) -> Callable[..., None]:
+    """Typer has no parameter groups: a parameter typed with an options dataclass becomes that
+    class's fields (typer options), in place, and the command gets the class built from them."""
+    groups: dict[str, Any] = {}
+    params: list[inspect.Parameter] = []
+    for p in inspect.signature(command, eval_str=True).parameters.values():
+        if not dataclasses.is_dataclass(p.annotation):
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        groups[p.name] = p.annotation
+        hints = typing.get_type_hints(p.annotation)
+        for f in dataclasses.fields(p.annotation):
+            params.append(
+                inspect.Parameter(
+                    f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+                )
+            )
+
+    @functools.wraps(command)
+    def with_groups(**kw: Any) -> None:
+        for name, cls in groups.items():
+            kw[name] = cls(**{f.name: kw.pop(f.name) for f in dataclasses.fields(cls)})
+        command(**kw)
+
+    with_groups.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    with_groups.__annotations__ = {p.name: p.annotation for p in params}
+    return with_groups
 
 
 def notifier(quiet: bool) -> Notify:
@@ -64,49 +140,8 @@ def notifier(quiet: bool) -> Notify:
     )
 
 
-def check_timeout(seconds: float | None) -> None:
-    from imagegate.pipeline.model import check_duration
-
-    try:
-        if seconds is not None:
-            check_duration(seconds)
-    except ValueError as e:
-        raise UsageError(f"--timeout: {e}", hint="give seconds, e.g. --timeout 1800") from e
-
-
-def outputs(
-    *,
-    reports: list[str],
-    fmt: Format,
-    key: str | None,
-    no_sign: bool,
-    notify: Notify,
-    attach: bool = False,
-    insecure: bool = False,
-    reference: str | None = None,
-) -> Outputs:
-    """Checked before the work: a bad report path, key or passphrase fails first, not after the run."""
-    from imagegate.report import formats
-
-    check_outputs(Outputs(attach=attach), reference, no_sign=no_sign)
-    specs = formats.parse_specs(reports)
-    if fmt is Format.json and any(p == formats.STDOUT for _, p in specs):
-        raise UsageError(
-            "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
-        )
-    return Outputs(_signing_key(key, no_sign, notify), attach, insecure, specs)
-
-
-def _signing_key(key: str | None, no_sign: bool, notify: Notify) -> attest_keys.SigningKey | None:
-    """With no key named and no default key possible (a read-only home), the run goes on
-    unsigned and says so: the verdict and its evidence are still written."""
-    if no_sign:
-        return None
-    try:
-        return attest_keys.resolve_signing_key(key, notify=notify)
-    except attest_keys.DefaultKeyUnavailable as e:
-        typer.echo(f"imagegate: warning: the attempt will not be signed: {e}\n  hint: {e.hint}", err=True)
-        return None
+def warn(message: str) -> None:
+    print(f"imagegate: warning: {message}", file=sys.stderr)  # even when quiet
 
 
 @contextlib.contextmanager
@@ -130,33 +165,29 @@ def progress(opts: RunOptions, silent: bool) -> Iterator[None]:
             bars.close()
 
 
-def finish(done: Accepted, fmt: Format, require_complete: bool, quiet: bool) -> typer.Exit:
-    """The outcome: the statement (--format json) or the table, and the exit code."""
+@contextlib.contextmanager
+def interrupts() -> Iterator[None]:
+    """SIGINT, or SIGTERM through the entry point's handlers (which set the code, 130 or 143):
+    say what the work may have left (the observer knows), exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        left = e.left if isinstance(e, accept.Interrupted) else accept.NOTHING_LEFT
+        print(f"imagegate: interrupted; {left}", file=sys.stderr)
+        raise typer.Exit(130) from None
+
+
+def finish(done: accept.Accepted, fmt: Format, quiet: bool) -> NoReturn:
+    """The outcome: the statement (--format json) or the table; exit with the verdict's code."""
     from imagegate.report import console as console_report
     from imagegate.report import formats
 
-    record = done.record
-    code = exit_code(record.verdict, require_complete=require_complete)
     if fmt is Format.json:
         sys.stdout.write(formats.statement_text(done.statement))  # as signed, byte for byte
         if not quiet:  # stdout is the statement's alone; where the evidence went still matters
-            print(f"imagegate: evidence: {record.attempt_dir}", file=sys.stderr)
+            print(f"imagegate: evidence: {done.record.attempt_dir}", file=sys.stderr)
     else:
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
-        rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
         console = console_report.make_console(stderr=done.used_stdout)
-        console_report.render(record, console, rejected_by=rejected_by)
-    return typer.Exit(code)
-
-
-def interrupted(driver: Any) -> typer.Exit:
-    """SIGINT, or SIGTERM through the entry point's handlers (which set the code, 130 or 143).
-    "Removed" is said only when the engine confirmed it (the driver forgets a container then)."""
-    left = sorted(getattr(driver, "live", ()))
-    print(
-        f"imagegate: interrupted; container {', '.join(left)} may be left: docker rm -f {' '.join(left)}"
-        if left
-        else "imagegate: interrupted; nothing was left running",
-        file=sys.stderr,
-    )
-    return typer.Exit(130)
+        console_report.render(done.record, console, rejected_by=done.rejected_by)
+    raise typer.Exit(done.exit_code)

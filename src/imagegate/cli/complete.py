@@ -9,8 +9,8 @@ import typer
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
+from imagegate.cli._accept import opt
 from imagegate.cli._app import Format, app
-from imagegate.drivers.interface import Driver
 from imagegate.gpus import parse as gpus_parse
 
 
@@ -26,19 +26,15 @@ from imagegate.gpus import parse as gpus_parse
 )
 def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
-    gpus: str = o.opt(
-        None, "--gpus", help="Give the probes GPUs: all, a count, or ids (0,1). Default: none (GPUs hidden)."
-    ),
-    here: bool = o.opt(
-        False, "--here", help="Run in this environment instead of a container (local driver)."
-    ),
-    python: str = o.opt(None, "--python", help="With --here: the interpreter to run the probes with."),
-    out: Path = o.opt(
+    gpus: str = o.GPUS,
+    here: bool = opt(False, "--here", help="Run in this environment instead of a container (local driver)."),
+    python: str = o.PYTHON,
+    out: Path = opt(
         None, "--out", "-o", help="Evidence folder (default: the one holding the earlier attempt)."
     ),
     timeout: float = o.TIMEOUT,
-    memory: str = o.opt("8g", "--memory", help="Container memory limit."),
-    pull: str = o.opt(
+    memory: str = o.MEMORY,
+    pull: str = opt(
         "never", "--pull", help="Pull the image through the engine: never (default), missing, always."
     ),
     require_complete: bool = o.REQUIRE_COMPLETE,
@@ -50,19 +46,18 @@ def complete(
     from imagegate import complete as completing
 
     notify = o.notifier(quiet)
-    driver: Driver | None = None
-    try:
-        o.check_timeout(timeout)
-        outputs = o.outputs(reports=[], fmt=Format.table, key=key, no_sign=no_sign, notify=notify)
-        gpu_request = gpus_parse(gpus)
-        earlier, prep = completing.prepare(attempt, gpu_request.spec if gpu_request else None)
+    with o.interrupts():
+        accept.check_timeout(timeout)
+        outputs = accept.outputs(
+            key=key, no_sign=no_sign, require_complete=require_complete, notify=notify, warn=o.warn
+        )
+        gpu = gpus_parse(gpus)
+        earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None)
         driver = accept.driver_for(
-            here=here, python=python, memory=memory, pull=pull, gpus=gpu_request, notify=notify
+            here=here, python=python, memory=memory, pull=pull, gpus=gpu, notify=notify
         )
         opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
         observer = completing.CompletionObserver(earlier, driver, opts, notify)
         root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
         done = accept.accept(prep, observer, root, outputs, notify)
-    except KeyboardInterrupt:
-        raise o.interrupted(driver) from None
-    raise o.finish(done, Format.table, require_complete, quiet)
+    o.finish(done, Format.table, quiet)

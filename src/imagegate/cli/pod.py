@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import typer
 
-from imagegate import runner
-from imagegate.accept import accept
+from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import Format, app
-from imagegate.errors import UsageError
-from imagegate.kube import kubectl
-from imagegate.kube.podrun import PodRunObserver
+from imagegate.cli._accept import opt
+from imagegate.cli._app import app
+from imagegate.kube import kubectl, podrun, render
+from imagegate.kube.collect import PodObserver
 
 pod_app = typer.Typer(
     help="Zero-GPU Pod mode: run the probes in the target cluster, against the image exactly as "
@@ -26,78 +26,74 @@ pod_app = typer.Typer(
 )
 app.add_typer(pod_app, name="pod")
 
-# Options render and run share, as typer parameters (typer has no parameter groups).
 _RENDER_EPILOG = (
     "Pitfalls avoided: no GPU resources and NVIDIA_VISIBLE_DEVICES=void unless --gpus N; never preemptionPolicy "
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
-_NAMESPACE = o.opt("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
-_NAME = o.opt(None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image).")
-_NODE_SELECTOR = o.opt([], "--node-selector", help="key=value (repeatable).")
-_TOLERATION = o.opt([], "--toleration", help="key[=value]:effect (repeatable).")
-_PRIORITY = o.opt(None, "--priority-class", help="priorityClassName; preemptionPolicy is never set.")
-_ACCOUNT = o.opt(None, "--service-account", help="serviceAccountName.")
-_PULL_SECRET = o.opt([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
-_DEADLINE = o.opt(
-    None,
-    "--deadline",
-    help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
-)
-_DIGEST = o.opt(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
-_PYTHON = o.opt(
-    None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
-)
-_RUN_AS = o.opt(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
-_KUBE_VERSION = o.opt("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
-_GPUS = o.opt(
-    0,
-    "--gpus",
-    min=0,
-    help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
-)
-_RUNTIME_CLASS = o.opt(None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes).")
-_EXPECT_DIGEST = o.opt(
+_NAMESPACE = opt("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
+_CONTEXT = opt(None, "--context", help="kubectl context.")
+_EXPECT_DIGEST = opt(
     [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
 )
-_SOURCE = o.opt(
+_SOURCE = opt(
     None,
     "--source",
     help="For outside stages: read the image from this transport (default: the imageID's digest).",
 )
-_EXPECT_CONFIG = o.opt(None, "--expect-config", help="For the layers stage: the official config digest.")
-_CONTEXT = o.opt(None, "--context", help="kubectl context.")
-_KEEP = o.opt(False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies).")
-_RUN_TIMEOUT = o.opt(
-    None, "--timeout", help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes)."
-)
 
 
-def _prepare(
-    pipeline: str,
-    module: list[str],
-    gpus: int,
-    advisory_db: Path | None = None,
-    source: str | None = None,
-    expect_config: str | None = None,
-    out: Path = Path("imagegate-runs"),
-) -> runner.Prepared:
-    """With GPUs the plan starts with the node check (render, run and collect build one plan)."""
-    opts = runner.RunOptions(
-        pipeline=pipeline, modules=module, out=out, gpus=str(gpus) if gpus else None,
-        advisory_db=advisory_db, source=source, expect_config=expect_config,
-    )  # fmt: skip
-    return runner.prepare(opts)
+@dataclass(frozen=True)
+class PodSpec:
+    """What render and run put in the Job (kube.render.PodOptions), and the schemas it must pass."""
+
+    namespace: str = _NAMESPACE
+    name: str | None = opt(
+        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
+    )
+    node_selector: list[str] = opt([], "--node-selector", help="key=value (repeatable).")
+    toleration: list[str] = opt([], "--toleration", help="key[=value]:effect (repeatable).")
+    priority_class: str | None = opt(
+        None, "--priority-class", help="priorityClassName; preemptionPolicy is never set."
+    )
+    service_account: str | None = opt(None, "--service-account", help="serviceAccountName.")
+    image_pull_secret: list[str] = opt([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
+    deadline: str | None = opt(
+        None,
+        "--deadline",
+        help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
+    )
+    digest: str | None = opt(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
+    python: str | None = opt(
+        None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
+    )
+    run_as_user: int | None = opt(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
+    kube_version: str = opt(
+        "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas."
+    )
+    gpus: int = opt(
+        0,
+        "--gpus",
+        min=0,
+        help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
+    )
+    runtime_class: str | None = opt(
+        None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes)."
+    )
+
+    def render(self, prep: runner.Prepared, image: str, notify: o.Notify) -> render.Rendered:
+        from imagegate.kube import validate
+
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kube_version"}
+        rendered = render.render(prep, image, render.options_from_args(**fields))
+        validate.check(rendered.objects, self.kube_version)
+        for note in rendered.notes:
+            notify(f"note: {note}")
+        return rendered
 
 
-def _render(prep: runner.Prepared, image: str, kube_version: str, notify: o.Notify, **kw: Any) -> Any:
-    from imagegate.kube import render, validate
-
-    rendered = render.render(prep, image, render.options_from_args(**kw))
-    validate.check(rendered.objects, kube_version)
-    for note in rendered.notes:
-        notify(f"note: {note}")
-    return rendered
+def _gpus(n: int) -> str | None:
+    return str(n) if n else None  # with GPUs the plan starts with the node check
 
 
 @pod_app.command(
@@ -107,41 +103,24 @@ def _render(prep: runner.Prepared, image: str, kube_version: str, notify: o.Noti
     "  imagegate pod render myorg/vllm@sha256:<digest> -p vllm -n accept --node-selector pool=h20 "
     "--toleration nvidia.com/gpu:NoSchedule --deadline 40m | kubectl apply -f -\n\n" + _RENDER_EPILOG,
 )
+@o.grouped
 def render_cmd(
     image: str = typer.Argument(
         ..., help="The image the cluster should run, e.g. repo/name:tag or repo@sha256:..."
     ),
     pipeline: str = o.PIPELINE,
     module: list[str] = o.MODULES,
-    namespace: str = _NAMESPACE,
-    name: str = _NAME,
-    node_selector: list[str] = _NODE_SELECTOR,
-    toleration: list[str] = _TOLERATION,
-    priority_class: str = _PRIORITY,
-    service_account: str = _ACCOUNT,
-    image_pull_secret: list[str] = _PULL_SECRET,
-    deadline: str = _DEADLINE,
-    digest: str = _DIGEST,
-    python: str = _PYTHON,
-    run_as_user: int = _RUN_AS,
-    kube_version: str = _KUBE_VERSION,
-    gpus: int = _GPUS,
-    runtime_class: str = _RUNTIME_CLASS,
+    spec: PodSpec = PodSpec(),
     key: str = o.KEY,
     no_sign: bool = o.NO_SIGN,
     quiet: bool = o.QUIET,
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = o.notifier(quiet)
-    prep = _prepare(pipeline, module, gpus)
-    rendered = _render(
-        prep, image, kube_version, notify, namespace=namespace, name=name, node_selector=node_selector,
-        toleration=toleration, priority_class=priority_class, service_account=service_account,
-        image_pull_secret=image_pull_secret, deadline=deadline, digest=digest, python=python,
-        run_as_user=run_as_user, gpus=gpus, runtime_class=runtime_class,
-    )  # fmt: skip
+    prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus)))
+    rendered = spec.render(prep, image, notify)
     notify(
-        f"configmap/{rendered.name}: {rendered.configmap_bytes()} bytes; validated against Kubernetes {kube_version}"
+        f"configmap/{rendered.name}: {rendered.configmap_bytes()} bytes; validated against Kubernetes {spec.kube_version}"
     )
     sys.stdout.write(rendered.yaml())
 
@@ -154,66 +133,30 @@ def render_cmd(
     "  imagegate pod collect --logs pod.log --pod pod.json -p vllm --expect-digest sha256:<digest>\n\n"
     "  imagegate pod collect --job imagegate-vllm-1a2b3c4d -n accept -p vllm\n\n" + o.EXIT_CODES,
 )
+@o.grouped
 def collect_cmd(
-    logs: Path = o.opt(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
-    pod: Path = o.opt(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
-    job: str = o.opt(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
+    logs: Path = opt(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
+    pod: Path = opt(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
+    job: str = opt(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
     namespace: str = _NAMESPACE,
-    context: str = o.opt(None, "--context", help="kubectl context, with --job."),
-    pipeline: str = o.PIPELINE,
-    module: list[str] = o.MODULES,
+    context: str = opt(None, "--context", help="kubectl context, with --job."),
+    a: o.Accepting = o.Accepting(),
     expect_digest: list[str] = _EXPECT_DIGEST,
-    out: Path = o.OUT,
     source: str = _SOURCE,
-    expect_config: str = _EXPECT_CONFIG,
-    fmt: Format = o.FMT,
-    require_complete: bool = o.REQUIRE_COMPLETE,
-    timeout: float = o.opt(
+    expect_config: str = o.EXPECT_CONFIG,
+    timeout: float = opt(
         None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
     ),
-    report: list[str] = o.REPORT,
-    advisory_db: Path = o.ADVISORY_DB,
-    key: str = o.KEY,
-    no_sign: bool = o.NO_SIGN,
-    attach: bool = o.opt(
-        False, "--attach", help="Push the signed attestation to the repository of the image the Pod ran."
-    ),
-    insecure: bool = o.INSECURE,
-    gpus: int = o.opt(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
-    quiet: bool = o.QUIET,
+    gpus: int = opt(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
-    notify = o.notifier(quiet or fmt is Format.json)
-    from imagegate.kube.collect import PodObserver, read_pod_files
-
-    files = logs is not None or pod is not None
-    if files == (job is not None) or (files and (logs is None or pod is None)):
-        raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
-    if timeout is not None and job is None:
-        raise UsageError("--timeout goes with --job", hint="a Pod given as files has finished already")
-    o.check_timeout(timeout)
-    prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
-    if job:
-        pod_obj, log = _from_cluster(job, namespace, context, timeout, notify)
-    else:
-        assert pod is not None and logs is not None
-        pod_obj, log = read_pod_files(pod, logs)
+    notify = o.notifier(a.silent)
+    accept.check_timeout(timeout)
+    prep = runner.prepare(a.run_options(gpus=_gpus(gpus), source=source, expect_config=expect_config))
+    pod_obj, log = podrun.finished_pod(logs, pod, job, namespace, context, timeout, notify)
     observer = PodObserver(pod_obj, log, expect_digests=expect_digest, notify=notify)
-    outputs = o.outputs(
-        reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
-        attach=attach, insecure=insecure, reference=observer.reference,
-    )  # fmt: skip
-    done = accept(prep, observer, out, outputs, notify)
-    raise o.finish(done, fmt, require_complete, quiet)
-
-
-def _from_cluster(
-    job: str, namespace: str, context: str | None, wait_s: float | None, notify: o.Notify
-) -> tuple[dict[str, Any], bytes]:
-    from imagegate.kube.kubectl import KubectlCluster
-    from imagegate.kube.podrun import pod_and_log
-
-    return pod_and_log(KubectlCluster(context=context), job, namespace, wait_s, notify=notify)
+    done = accept.accept(prep, observer, a.out, a.outputs(observer.reference, notify), notify)
+    o.finish(done, a.fmt, a.quiet)
 
 
 @pod_app.command(
@@ -226,62 +169,39 @@ def _from_cluster(
     + "\n\n"
     + o.EXIT_CODES,
 )
+@o.grouped
 def run_cmd(
     image: str = typer.Argument(..., help="The image the cluster should run."),
-    pipeline: str = o.PIPELINE,
-    module: list[str] = o.MODULES,
-    namespace: str = _NAMESPACE,
-    name: str = _NAME,
-    node_selector: list[str] = _NODE_SELECTOR,
-    toleration: list[str] = _TOLERATION,
-    priority_class: str = _PRIORITY,
-    service_account: str = _ACCOUNT,
-    image_pull_secret: list[str] = _PULL_SECRET,
-    deadline: str = _DEADLINE,
-    digest: str = _DIGEST,
-    python: str = _PYTHON,
-    run_as_user: int = _RUN_AS,
-    kube_version: str = _KUBE_VERSION,
-    gpus: int = _GPUS,
-    runtime_class: str = _RUNTIME_CLASS,
+    a: o.Accepting = o.Accepting(),
+    spec: PodSpec = PodSpec(),
     context: str = _CONTEXT,
     expect_digest: list[str] = _EXPECT_DIGEST,
-    out: Path = o.OUT,
     source: str = _SOURCE,
-    expect_config: str = _EXPECT_CONFIG,
-    keep: bool = _KEEP,
-    fmt: Format = o.FMT,
-    require_complete: bool = o.REQUIRE_COMPLETE,
-    timeout: float = _RUN_TIMEOUT,
-    report: list[str] = o.REPORT,
-    advisory_db: Path = o.ADVISORY_DB,
-    key: str = o.KEY,
-    no_sign: bool = o.NO_SIGN,
-    attach: bool = o.ATTACH,
-    insecure: bool = o.INSECURE,
-    quiet: bool = o.QUIET,
+    expect_config: str = o.EXPECT_CONFIG,
+    keep: bool = opt(
+        False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
+    ),
+    timeout: float = opt(
+        None,
+        "--timeout",
+        help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes).",
+    ),
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
-    notify = o.notifier(quiet or fmt is Format.json)
-    try:
-        o.check_timeout(timeout)
-        outputs = o.outputs(
-            reports=report, fmt=fmt, key=key, no_sign=no_sign, notify=notify,
-            attach=attach, insecure=insecure, reference=image,
-        )  # fmt: skip
-        prep = _prepare(pipeline, module, gpus, advisory_db, source, expect_config, out)
-        rendered = _render(
-            prep, image, kube_version, notify, namespace=namespace, name=name, node_selector=node_selector,
-            toleration=toleration, priority_class=priority_class, service_account=service_account,
-            image_pull_secret=image_pull_secret, deadline=deadline, digest=digest, python=python,
-            run_as_user=run_as_user, gpus=gpus, runtime_class=runtime_class,
-        )  # fmt: skip
-        observer = PodRunObserver(
-            rendered, kubectl.KubectlCluster(context=context), expect_digests=expect_digest, keep=keep,
-            limit_s=timeout, notify=notify,
-        )  # fmt: skip
-        done = accept(prep, observer, out, outputs, notify)
-    except KeyboardInterrupt:
-        print("imagegate: interrupted; the Job may still be there (ttlSecondsAfterFinished)", file=sys.stderr)
-        raise typer.Exit(130) from None
-    raise o.finish(done, fmt, require_complete, quiet)
+    notify = o.notifier(a.silent)
+    with o.interrupts():
+        accept.check_timeout(timeout)
+        outputs = a.outputs(image, notify)
+        prep = runner.prepare(
+            a.run_options(gpus=_gpus(spec.gpus), source=source, expect_config=expect_config)
+        )
+        observer = podrun.PodRunObserver(
+            spec.render(prep, image, notify),
+            kubectl.KubectlCluster(context=context),
+            expect_digests=expect_digest,
+            keep=keep,
+            limit_s=timeout,
+            notify=notify,
+        )
+        done = accept.accept(prep, observer, a.out, outputs, notify)
+    o.finish(done, a.fmt, a.quiet)

@@ -145,6 +145,11 @@ class DockerDriver:
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         return None  # the layers stage reads the image itself
 
+    def left_behind(self) -> str | None:
+        # Only containers the engine has not confirmed removed (`_remove` forgets the others).
+        left = sorted(self.live)
+        return f"container {', '.join(left)} may be left: docker rm -f {' '.join(left)}" if left else None
+
     def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
         from imagegate.oci.sources.daemon import DaemonArchive
 

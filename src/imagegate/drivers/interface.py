@@ -53,6 +53,10 @@ class Driver(Protocol):
         where the driver has no image of its own (local) and a registry copy or --source must do."""
         ...
 
+    def left_behind(self) -> str | None:
+        """After an interrupt: what may still be running and how to remove it; None: nothing."""
+        ...
+
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         """The layer verification the driver made of the very bytes it runs (rootfs: while
         unpacking them); the layers stage reports it instead of reading them again. None: none."""

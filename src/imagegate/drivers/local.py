@@ -88,6 +88,9 @@ class LocalDriver:
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         return None  # the layers stage reads the image itself
 
+    def left_behind(self) -> str | None:
+        return None  # the probes' processes end with their run
+
     def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
         return None  # no image here: this environment is under test
 

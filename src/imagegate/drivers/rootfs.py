@@ -115,6 +115,9 @@ class RootfsDriver:
             repository=root.repository,
         )
 
+    def left_behind(self) -> str | None:
+        return None  # the sandbox dies with its runner; the roots stay in the cache by design
+
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         """The layer verification made while unpacking the image the probes run on (the layers
         stage reports it instead of reading the image a second time). None for a root from the

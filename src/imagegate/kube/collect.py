@@ -289,6 +289,9 @@ class PodObserver:
             self.notify("the Pod carries no bundle digest annotation: assuming it ran this pipeline's bundle")
         return self.image
 
+    def left_behind(self) -> str | None:
+        return None  # reads files and the cluster; starts nothing
+
     def observe(self, prep: Prepared, attempt: Attempt) -> Observation:
         pod, iid = self.pod, self.iid
         pod_file = attempt.write_json("pod.json", pod)

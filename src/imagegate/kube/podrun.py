@@ -9,13 +9,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from imagegate.accept import Outputs, accept
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.kube.cluster import Cluster, ClusterError
-from imagegate.kube.collect import PodObserver
+from imagegate.kube.collect import PodObserver, read_pod_files
 from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
 from imagegate.model import ImageFacts, RunRecord
 from imagegate.runner import Notify, Observation, Prepared, RunOptions
@@ -72,6 +73,10 @@ class PodRunObserver:
     def observe(self, prep: Prepared, attempt: Attempt) -> Observation:
         assert self.collected is not None, "subject() first"
         return self.collected.observe(prep, attempt)
+
+    def left_behind(self) -> str | None:
+        # An interrupt while deleting (or with --keep) leaves the Job to its TTL.
+        return "the Job may still be there (ttlSecondsAfterFinished)"
 
 
 def run_job(
@@ -148,6 +153,29 @@ def pod_and_log(
             f"job/{job} in {ns}: no Pod found", hint="is it still there? (ttlSecondsAfterFinished)"
         )
     return pod, cluster.logs(pod["metadata"]["name"], ns, CONTAINER)
+
+
+def finished_pod(
+    logs: Path | None,
+    pod: Path | None,
+    job: str | None,
+    ns: str,
+    context: str | None = None,
+    wait_s: float | None = None,
+    notify: Notify = lambda _m: None,
+) -> tuple[dict[str, Any], bytes]:
+    """The Pod `pod collect` is given: saved as files (its log and JSON), or read from the
+    cluster by Job name (`wait_s`: first wait up to that long for it to finish)."""
+    if (logs is None and pod is None) == (job is None) or (logs is None) != (pod is None):
+        raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
+    if wait_s is not None and job is None:
+        raise UsageError("--timeout goes with --job", hint="a Pod given as files has finished already")
+    if job is None:
+        assert pod is not None and logs is not None
+        return read_pod_files(pod, logs)
+    from imagegate.kube.kubectl import KubectlCluster
+
+    return pod_and_log(KubectlCluster(context=context), job, ns, wait_s, notify=notify)
 
 
 def _selector(name: str) -> str:
