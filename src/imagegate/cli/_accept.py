@@ -1,5 +1,5 @@
 """What the accepting commands (run, pod run, pod collect, complete) share: each option declared
-once, the common ones as one group; the progress display; rendering the outcome. The work itself
+once, the common ones as one group; rendering the outcome. The work itself
 is `imagegate.accept`."""
 
 from __future__ import annotations
@@ -33,27 +33,19 @@ def opt(default: Any, *names: str, **kw: Any) -> Any:
     return typer.Option(default, *names, **kw)
 
 
-PIPELINE = opt(
-    "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
-)
+# One declaration per option, one line each (a table: the formatter would fold it).
+# fmt: off
+PIPELINE = opt("python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.")
 MODULES = opt([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 TIMEOUT = opt(None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up).")
-KEY = opt(
-    None,
-    "--key",
-    help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
-)
+KEY = opt(None, "--key", help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.")
 NO_SIGN = opt(False, "--no-sign", help="Do not sign the attempt.")
 REQUIRE_COMPLETE = opt(False, "--require-complete", help="A deferred verdict exits 1.")
 QUIET = opt(False, "--quiet", "-q", help="No progress messages on stderr.")
 PYTHON = opt(None, "--python", help="With --here: the interpreter to run the probes with.")
 MEMORY = opt("8g", "--memory", help="Container memory limit.")
 EXPECT_CONFIG = opt(None, "--expect-config", help="For the layers stage: the official config digest.")
-GPUS = opt(
-    None,
-    "--gpus",
-    help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node check. Default: none (GPUs hidden).",
-)
+GPUS = opt(None, "--gpus", help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node check. Default: none (GPUs hidden).")
 
 
 @dataclass(frozen=True)
@@ -62,30 +54,17 @@ class Accepting:
 
     pipeline: str = PIPELINE
     module: list[str] = MODULES
-    out: Path = opt(
-        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
-    )
-    fmt: Format = opt(
-        Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
-    )
+    out: Path = opt(Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt.")
+    fmt: Format = opt(Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else.")
     require_complete: bool = REQUIRE_COMPLETE
-    report: list[str] = opt(
-        [],
-        "--report",
-        help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
-    )
-    advisory_db: Path | None = opt(
-        None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
-    )
+    report: list[str] = opt([], "--report", help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.")
+    advisory_db: Path | None = opt(None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit.")
     key: str | None = KEY
     no_sign: bool = NO_SIGN
-    attach: bool = opt(
-        False,
-        "--attach",
-        help="Push the signed attestation to the image's repository (as cosign attaches .att).",
-    )
+    attach: bool = opt(False, "--attach", help="Push the signed attestation to the image's repository (as cosign attaches .att).")
     insecure: bool = opt(False, "--insecure", help="With --attach: plain HTTP to the registry.")
     quiet: bool = QUIET
+    # fmt: on
 
     @property
     def silent(self) -> bool:
@@ -105,20 +84,17 @@ class Accepting:
 def grouped(command: Callable[..., None]) -> Callable[..., None]:
     """Typer has no parameter groups: a parameter typed with an options dataclass becomes that
     class's fields (typer options), in place, and the command gets the class built from them."""
+    kw_only = inspect.Parameter.KEYWORD_ONLY
     groups: dict[str, Any] = {}
     params: list[inspect.Parameter] = []
     for p in inspect.signature(command, eval_str=True).parameters.values():
         if not dataclasses.is_dataclass(p.annotation):
-            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            params.append(p.replace(kind=kw_only))
             continue
         groups[p.name] = p.annotation
         hints = typing.get_type_hints(p.annotation)
         for f in dataclasses.fields(p.annotation):
-            params.append(
-                inspect.Parameter(
-                    f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
-                )
-            )
+            params.append(inspect.Parameter(f.name, kw_only, default=f.default, annotation=hints[f.name]))
 
     @functools.wraps(command)
     def with_groups(**kw: Any) -> None:
@@ -142,27 +118,6 @@ def notifier(quiet: bool) -> Notify:
 
 def warn(message: str) -> None:
     print(f"imagegate: warning: {message}", file=sys.stderr)  # even when quiet
-
-
-@contextlib.contextmanager
-def progress(opts: RunOptions, silent: bool) -> Iterator[None]:
-    """Stage progress and layer bars on a terminal; a line every 15 s in a CI log while the
-    engine prepares a big image's export; nothing when silent."""
-    if silent:
-        yield
-        return
-    from imagegate.report.progress import LayerBars, StageView, WaitLines
-
-    err = Console(stderr=True, highlight=False)
-    bars = LayerBars(err) if err.is_terminal else None
-    opts.progress = bars or WaitLines(err)
-    try:
-        with StageView(console=err) as view:
-            opts.on_event = view.event
-            yield
-    finally:
-        if bars is not None:
-            bars.close()
 
 
 @contextlib.contextmanager

@@ -31,16 +31,10 @@ _RENDER_EPILOG = (
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
+# fmt: off
 _NAMESPACE = opt("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
-_CONTEXT = opt(None, "--context", help="kubectl context.")
-_EXPECT_DIGEST = opt(
-    [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
-)
-_SOURCE = opt(
-    None,
-    "--source",
-    help="For outside stages: read the image from this transport (default: the imageID's digest).",
-)
+_EXPECT_DIGEST = opt([], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest).")
+_SOURCE = opt(None, "--source", help="For outside stages: read the image from this transport (default: the imageID's digest).")
 
 
 @dataclass(frozen=True)
@@ -48,45 +42,23 @@ class PodSpec:
     """What render and run put in the Job (kube.render.PodOptions), and the schemas it must pass."""
 
     namespace: str = _NAMESPACE
-    name: str | None = opt(
-        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
-    )
+    name: str | None = opt(None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image).")
     node_selector: list[str] = opt([], "--node-selector", help="key=value (repeatable).")
     toleration: list[str] = opt([], "--toleration", help="key[=value]:effect (repeatable).")
-    priority_class: str | None = opt(
-        None, "--priority-class", help="priorityClassName; preemptionPolicy is never set."
-    )
+    priority_class: str | None = opt(None, "--priority-class", help="priorityClassName; preemptionPolicy is never set.")
     service_account: str | None = opt(None, "--service-account", help="serviceAccountName.")
     image_pull_secret: list[str] = opt([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
-    deadline: str | None = opt(
-        None,
-        "--deadline",
-        help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
-    )
+    deadline: str | None = opt(None, "--deadline", help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).")
     digest: str | None = opt(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
-    python: str | None = opt(
-        None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
-    )
+    python: str | None = opt(None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3).")
     run_as_user: int | None = opt(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
-    kube_version: str = opt(
-        "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas."
-    )
-    gpus: int = opt(
-        0,
-        "--gpus",
-        min=0,
-        help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
-    )
-    runtime_class: str | None = opt(
-        None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes)."
-    )
+    kube_version: str = opt("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
+    gpus: int = opt(0, "--gpus", min=0, help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.")
+    runtime_class: str | None = opt(None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes).")
+    # fmt: on
 
     def render(self, prep: runner.Prepared, image: str, notify: o.Notify) -> render.Rendered:
-        from imagegate.kube import validate
-
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kube_version"}
-        rendered = render.render(prep, image, render.options_from_args(**fields))
-        validate.check(rendered.objects, self.kube_version)
+        rendered = render.render_checked(prep, image, **dataclasses.asdict(self))
         for note in rendered.notes:
             notify(f"note: {note}")
         return rendered
@@ -105,16 +77,14 @@ def _gpus(n: int) -> str | None:
 )
 @o.grouped
 def render_cmd(
-    image: str = typer.Argument(
-        ..., help="The image the cluster should run, e.g. repo/name:tag or repo@sha256:..."
-    ),
+    image: str = typer.Argument(..., help="The image the cluster should run, e.g. repo/name:tag or repo@sha256:..."),
     pipeline: str = o.PIPELINE,
     module: list[str] = o.MODULES,
     spec: PodSpec = PodSpec(),
-    key: str = o.KEY,
+    key: str | None = o.KEY,
     no_sign: bool = o.NO_SIGN,
     quiet: bool = o.QUIET,
-) -> None:
+) -> None:  # fmt: skip
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = o.notifier(quiet)
     prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus)))
@@ -135,20 +105,18 @@ def render_cmd(
 )
 @o.grouped
 def collect_cmd(
-    logs: Path = opt(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
-    pod: Path = opt(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
-    job: str = opt(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
+    logs: Path | None = opt(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
+    pod: Path | None = opt(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
+    job: str | None = opt(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
     namespace: str = _NAMESPACE,
-    context: str = opt(None, "--context", help="kubectl context, with --job."),
+    context: str | None = opt(None, "--context", help="kubectl context, with --job."),
     a: o.Accepting = o.Accepting(),
     expect_digest: list[str] = _EXPECT_DIGEST,
-    source: str = _SOURCE,
-    expect_config: str = o.EXPECT_CONFIG,
-    timeout: float = opt(
-        None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
-    ),
+    source: str | None = _SOURCE,
+    expect_config: str | None = o.EXPECT_CONFIG,
+    timeout: float | None = opt(None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."),
     gpus: int = opt(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
-) -> None:
+) -> None:  # fmt: skip
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = o.notifier(a.silent)
     accept.check_timeout(timeout)
@@ -174,19 +142,13 @@ def run_cmd(
     image: str = typer.Argument(..., help="The image the cluster should run."),
     a: o.Accepting = o.Accepting(),
     spec: PodSpec = PodSpec(),
-    context: str = _CONTEXT,
+    context: str | None = opt(None, "--context", help="kubectl context."),
     expect_digest: list[str] = _EXPECT_DIGEST,
-    source: str = _SOURCE,
-    expect_config: str = o.EXPECT_CONFIG,
-    keep: bool = opt(
-        False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
-    ),
-    timeout: float = opt(
-        None,
-        "--timeout",
-        help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes).",
-    ),
-) -> None:
+    source: str | None = _SOURCE,
+    expect_config: str | None = o.EXPECT_CONFIG,
+    keep: bool = opt(False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."),
+    timeout: float | None = opt(None, "--timeout", help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes)."),
+) -> None:  # fmt: skip
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
     notify = o.notifier(a.silent)
     with o.interrupts():
@@ -196,12 +158,8 @@ def run_cmd(
             a.run_options(gpus=_gpus(spec.gpus), source=source, expect_config=expect_config)
         )
         observer = podrun.PodRunObserver(
-            spec.render(prep, image, notify),
-            kubectl.KubectlCluster(context=context),
-            expect_digests=expect_digest,
-            keep=keep,
-            limit_s=timeout,
-            notify=notify,
-        )
+            spec.render(prep, image, notify), kubectl.KubectlCluster(context=context),
+            expect_digests=expect_digest, keep=keep, limit_s=timeout, notify=notify,
+        )  # fmt: skip
         done = accept.accept(prep, observer, a.out, outputs, notify)
     o.finish(done, a.fmt, a.quiet)

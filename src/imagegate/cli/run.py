@@ -12,12 +12,7 @@ from imagegate.cli._accept import opt
 from imagegate.cli._app import app
 from imagegate.drivers.select import driver_name
 from imagegate.gpus import parse as gpus_parse
-from imagegate.report.progress import setup_logging
-
-_DRIVER_HELP = (
-    "Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no engine: IMAGE "
-    "from any transport, layers verified while unpacked, run under bubblewrap), here."
-)
+from imagegate.report.progress import run_shown, setup_logging
 
 
 @app.command(
@@ -28,40 +23,26 @@ _DRIVER_HELP = (
     "  imagegate run --here -p python -m requests      # this environment, e.g. inside a Pod\n\n"
     "  imagegate run myorg/vllm:0.11 -p gpu --gpus all  # the GPU node check alone\n\n"
     "  imagegate run docker://mirror.example/vllm:0.11 -p vllm --driver rootfs --expect-config sha256:...\n\n"
-    "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
-    "--require-complete), 2 could not decide (ERROR), 3 usage or input error, 130 interrupted "
-    "(SIGINT), 143 terminated (SIGTERM); the container is removed either way."
+    + o.EXIT_CODES[:-1]
+    + ", 130 interrupted (SIGINT), 143 terminated (SIGTERM); the container is removed either way."
 )
 @o.grouped
 def run(
-    image: str = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
+    image: str | None = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
     a: o.Accepting = o.Accepting(),
-    timeout: float = o.TIMEOUT,
+    timeout: float | None = o.TIMEOUT,
     memory: str = o.MEMORY,
-    jobs: int = opt(
-        None,
-        "--jobs",
-        "-j",
-        metavar="N",
-        help="Groups of in-image stages run at once, a container each (default: the CPU count).",
-    ),
-    skip: list[str] = opt(
-        [],
-        "--skip",
-        metavar="ID",
-        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
-    ),
-    pull: str = opt(
-        "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
-    ),
+    jobs: int | None = opt(None, "--jobs", "-j", metavar="N", help="Groups of in-image stages run at once, a container each (default: the CPU count)."),
+    skip: list[str] = opt([], "--skip", metavar="ID", help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it."),
+    pull: str = opt("missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."),
     here: bool = opt(False, "--here", help="Run in this environment: the same as --driver here."),
-    driver: str = opt(None, "--driver", metavar="NAME", help=_DRIVER_HELP),
-    gpus: str = o.GPUS,
-    python: str = o.PYTHON,
-    source: str = opt(None, "--source", help="For the layers stage: read the image from this transport."),
-    expect_config: str = o.EXPECT_CONFIG,
+    driver: str | None = opt(None, "--driver", metavar="NAME", help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here."),
+    gpus: str | None = o.GPUS,
+    python: str | None = o.PYTHON,
+    source: str | None = opt(None, "--source", help="For the layers stage: read the image from this transport."),
+    expect_config: str | None = o.EXPECT_CONFIG,
     verbose: int = opt(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
-) -> None:
+) -> None:  # fmt: skip
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     setup_logging(verbose, a.quiet)
     notify = o.notifier(a.silent)
@@ -79,7 +60,7 @@ def run(
             here=False, name=name, python=python, memory=memory, pull=pull, gpus=gpu, notify=notify,
             expect_config=expect_config, insecure=a.insecure,
         )  # fmt: skip
-        with o.progress(opts, a.silent):
+        with run_shown(opts, a.silent):
             observer = runner.DriverObserver(the_driver, image, opts, notify)
             done = accept.accept(prep, observer, a.out, outputs, notify)
     o.finish(done, a.fmt, a.quiet)

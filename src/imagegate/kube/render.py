@@ -148,6 +148,16 @@ def options_from_args(
     )
 
 
+def render_checked(prep: Prepared, image: str, kube_version: str, **words: Any) -> Rendered:
+    """`render` with PodOptions from the command line's words (options_from_args), the objects
+    checked against that Kubernetes version's schemas."""
+    from imagegate.kube import validate
+
+    rendered = render(prep, image, options_from_args(**words))
+    validate.check(rendered.objects, kube_version)
+    return rendered
+
+
 def default_name(pipeline: str, image: str) -> str:
     """Stable per pipeline and image, so a re-run finds (and waits out) its predecessor."""
     slug = re.sub(r"[^a-z0-9-]+", "-", pipeline.lower()).strip("-")[:24] or "run"

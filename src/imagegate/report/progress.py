@@ -3,11 +3,13 @@ Bars are drawn only on a terminal; in CI logs (not a TTY) a finished item is one
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
+from collections.abc import Iterator
 from types import TracebackType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -22,6 +24,9 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+
+if TYPE_CHECKING:
+    from imagegate.runner import RunOptions
 
 
 def setup_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
@@ -219,3 +224,22 @@ class WaitLines:
         elif elapsed >= self._next:
             self._next += self.every
             self.console.print(f"{what}: the engine is preparing the export ({elapsed:.0f} s)", markup=False)
+
+
+@contextlib.contextmanager
+def run_shown(opts: RunOptions, silent: bool) -> Iterator[None]:
+    """A run's stage progress and layer bars on a terminal; a line every 15 s in a CI log while
+    the engine prepares a big image's export; nothing when silent."""
+    if silent:
+        yield
+        return
+    err = Console(stderr=True, highlight=False)
+    bars = LayerBars(err) if err.is_terminal else None
+    opts.progress = bars or WaitLines(err)
+    try:
+        with StageView(console=err) as view:
+            opts.on_event = view.event
+            yield
+    finally:
+        if bars is not None:
+            bars.close()
