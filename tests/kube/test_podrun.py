@@ -279,3 +279,37 @@ def test_cli_pod_run_writes_reports_of_the_signed_statement(
     assert 'name="image_id"' in junit and 'name="find_spec"' in junit, junit
     assert payload["predicate"]["verdict"] in (summary := (reports / "summary.md").read_text()), summary
     assert not cluster.objects  # the Job and the ConfigMap were deleted after the run
+
+
+def test_cli_pod_run_interrupted_says_what_may_be_left(
+    tmp_path: Path, real_log: Callable[[bytes], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while `pod run` reads the Pod's log: exit 130, the Job still deleted (as on any
+    end), and the message names what may be left: the Job, until its TTL. In-process, with
+    FakeCluster for the API server behind kubectl (none can start here)."""
+    from typer.testing import CliRunner
+
+    from imagegate.cli import app
+
+    class Interrupting(FakeCluster):
+        def logs(self, pod: str, namespace: str, container: str) -> bytes:
+            raise KeyboardInterrupt
+
+    cluster = Interrupting(real_log, pending_polls=0)
+    monkeypatch.setattr("imagegate.kube.kubectl.KubectlCluster", lambda context=None: cluster)
+    args = [
+        "pod",
+        "run",
+        f"myorg/app@{DIGEST}",
+        "-p",
+        "python",
+        "-m",
+        "json",
+        "--no-sign",
+        "-o",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 130, result.output
+    assert "interrupted; the Job may still be there (ttlSecondsAfterFinished)" in result.output
+    assert not cluster.objects and "delete job/" in " ".join(cluster.calls)
