@@ -104,6 +104,7 @@ class PullFailed(UsageError):
 class DockerDriver:
     name = "docker"
     isolated_runs = True  # each run_bundle is a container of its own
+    has_image = True
 
     def __init__(
         self,

@@ -38,6 +38,9 @@ class Driver(Protocol):
     # True when each run_bundle call is isolated from the others as stages within one run are
     # (a container each): then groups of stages may run at once.
     isolated_runs: bool
+    # True when the bundle runs in an image the driver holds (an engine's, a verified root);
+    # False where it runs in whatever environment this is (local): no layers of its own to verify.
+    has_image: bool
 
     def environment(self) -> dict[str, Any]:
         """Engine name, version, API version, OS/arch; what the attestation records."""

@@ -32,6 +32,7 @@ class LocalDriver:
     # Controllers here share a user and a process table: one at a time, so that no stage's code
     # runs beside another controller's stages.
     isolated_runs = False
+    has_image = False  # this environment is under test, whatever image it may be in
 
     def __init__(self, python: str | None = None, gpus: GpuRequest | None = None) -> None:
         self.python = python

@@ -53,6 +53,7 @@ RootMaker = Callable[[str], PreparedRoot]
 class RootfsDriver:
     name = "rootfs"
     isolated_runs = True  # each run_bundle is a sandbox of its own (own pid, ipc, net namespaces)
+    has_image = True
 
     def __init__(
         self,
