@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -22,6 +24,9 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+
+if TYPE_CHECKING:
+    from imagegate.oci.verify import Progress as LayerProgress
 
 
 def setup_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
@@ -219,3 +224,20 @@ class WaitLines:
         elif elapsed >= self._next:
             self._next += self.every
             self.console.print(f"{what}: the engine is preparing the export ({elapsed:.0f} s)", markup=False)
+
+
+@contextmanager
+def layer_progress(quiet: bool) -> Iterator[LayerProgress]:
+    """The progress of reading an image's blobs (layers, compare, cache unpack), on stderr: bars
+    on a terminal, a line every 15 s of an engine's silent export elsewhere, nothing when quiet."""
+    from imagegate.oci.verify import NoProgress
+
+    err = Console(stderr=True, highlight=False, markup=False)
+    bars = None if quiet or not err.is_terminal else LayerBars(err)
+    try:
+        if bars is not None:
+            bars.progress.start()
+        yield bars or (NoProgress() if quiet else WaitLines(err))
+    finally:
+        if bars is not None:
+            bars.progress.stop()
