@@ -17,24 +17,7 @@ import shutil
 import sys
 
 from . import capture, versions
-
-# Run on real vLLM 0.10.2, 0.11.0, 0.33.0 (the dated records in
-# benchmarks/records, scripts/real-frameworks.py): vllm.platforms resolves _current_platform
-# lazily on first access to current_platform; it must be set before vllm.engine.arg_utils is
-# imported.
-OVERRIDES = {
-    "vllm-cpu": (
-        "import sys as _s\n"
-        "import vllm.platforms as _p\n"
-        "from vllm.platforms.cpu import CpuPlatform as _C\n"
-        "_p._current_platform = _C()\n"
-        # A release that binds current_platform at import time (none of those run) gets it too.
-        "if 'current_platform' in vars(_p): _p.current_platform = _p._current_platform\n"
-        "_s.stderr.write('imagegate: platform override vllm-cpu applied: current_platform=%s\\n'"
-        " % type(_p._current_platform).__name__)\n"
-        "_s.stderr.flush()\n"
-    ),
-}
+from .platforms import OVERRIDES
 
 BOOTSTRAP = r"""
 import importlib, json, runpy, sys
@@ -180,15 +163,7 @@ def run(params: dict) -> dict:
         data["platform_checked_against"] = params["platform_checked_against"]
     artifacts = {}
     if params.get("record_raw") and override:
-        raw_argv, _ = build(params, args, None)
-        raw = execute(raw_argv, params)
-        artifacts["raw.stdout.txt"] = raw.out.text()
-        artifacts["raw.stderr.txt"] = raw.err.text()
-        data["raw"] = {
-            "returncode": raw.returncode,
-            "timed_out": raw.timed_out,
-            "reason": last_exception(raw.err.text(), raw.out.text()),
-        }
+        _record_raw(params, args, data, artifacts)
     done = execute(argv, params)
     out, err = done.out.text(), done.err.text()
     # The command's own output is the stage's output: the controller keeps it as evidence.
@@ -203,13 +178,31 @@ def run(params: dict) -> dict:
     # Quoted as a shell would need it: a reason is split into problems at "; ", never inside a
     # quoted argument (`python3 -c 'import x; x.run()'`).
     cmd = " ".join(shlex.quote(str(a)) for a in shown)
+    status, detail = _judge(done, out, err, cmd, params, data)
+    return {"status": status, "detail": detail, "data": data, "artifacts": artifacts}
+
+
+def _record_raw(params: dict, args: list, data: dict, artifacts: dict) -> None:
+    """The same command without the platform override, kept as evidence of what it says alone
+    (e.g. vLLM's "Failed to infer device type")."""
+    raw_argv, _ = build(params, args, None)
+    raw = execute(raw_argv, params)
+    artifacts["raw.stdout.txt"] = raw.out.text()
+    artifacts["raw.stderr.txt"] = raw.err.text()
+    data["raw"] = {
+        "returncode": raw.returncode,
+        "timed_out": raw.timed_out,
+        "reason": last_exception(raw.err.text(), raw.out.text()),
+    }
+
+
+def _judge(done, out: str, err: str, cmd: str, params: dict, data: dict) -> tuple:
+    """The stage's status and detail from the command's exit, output and the expectations."""
     if done.timed_out:  # a hang is "could not decide", like a stage timeout
-        return {
-            "status": "ERROR",
-            "detail": "%s: timed out after %gs (killed); its output is kept" % (cmd, capture.child_timeout()),
-            "data": data,
-            "artifacts": artifacts,
-        }
+        return "ERROR", "%s: timed out after %gs (killed); its output is kept" % (
+            cmd,
+            capture.child_timeout(),
+        )
     problems = []
     if done.returncode != params.get("expect_exit", 0):
         reason = last_exception(err, out)
@@ -229,15 +222,5 @@ def run(params: dict) -> dict:
     if vc:
         suffix += " [{} {}]".format(vc["distribution"], vc["version"])
     if problems:
-        return {
-            "status": "FAIL",
-            "detail": "{}: {}{}".format(cmd, "; ".join(problems), suffix),
-            "data": data,
-            "artifacts": artifacts,
-        }
-    return {
-        "status": "PASS",
-        "detail": f"{cmd}: exit {done.returncode}{suffix}",
-        "data": data,
-        "artifacts": artifacts,
-    }
+        return "FAIL", "{}: {}{}".format(cmd, "; ".join(problems), suffix)
+    return "PASS", f"{cmd}: exit {done.returncode}{suffix}"

@@ -209,15 +209,9 @@ def run_plan(plan, data: bytes, channel: Channel, protection: dict) -> int:
 def run_stage(stage, statuses, capabilities, stopped_by, data, work, env, node_checks=()) -> dict:
     sid = stage["id"]
     base = {"event": "stage", "id": sid, "probe": stage["probe"], "duration_s": 0.0}
-    if stopped_by is not None:
-        return dict(base, status="SKIPPED", detail="stop_on_fail: %s failed" % stopped_by)
-    unmet_needs = [n for n in stage.get("needs", []) if statuses.get(n) != "PASS"]
-    # The GPU node check DEFERRED means no GPU here, not a broken node: a GPU stage that needs it
-    # runs for the record and is DEFERRED by its own `requires`, as without the node check.
-    unmet_needs = [n for n in unmet_needs if not (n in node_checks and statuses.get(n) == "DEFERRED")]
-    if unmet_needs:
-        why = ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
-        return dict(base, status="SKIPPED", detail="needs " + why)
+    why = skip_reason(stage, statuses, stopped_by, node_checks)
+    if why:
+        return dict(base, status="SKIPPED", detail=why)
     # A fresh, unpredictable folder per stage: nothing an earlier stage planted is used.
     folder = tempfile.mkdtemp(prefix="stage-", dir=work)
     cwd = os.path.join(folder, "cwd")  # empty: no stray folder can satisfy find_spec from here
@@ -251,13 +245,34 @@ def run_stage(stage, statuses, capabilities, stopped_by, data, work, env, node_c
     event = dict(base, duration_s=round(time.monotonic() - started, 3))
     if sum(survivors):
         event["survivors_killed"] = sum(survivors)
+    judge(event, done, result_path, stage["timeout"])
+    shutil.rmtree(folder, ignore_errors=True)
+    defer_unmet(event, stage, capabilities)
+    return event
+
+
+def skip_reason(stage, statuses, stopped_by, node_checks) -> str:
+    """Why the stage is not run ("" when it runs): an earlier stop_on_fail, or a need not met."""
+    if stopped_by is not None:
+        return "stop_on_fail: %s failed" % stopped_by
+    unmet_needs = [n for n in stage.get("needs", []) if statuses.get(n) != "PASS"]
+    # The GPU node check DEFERRED means no GPU here, not a broken node: a GPU stage that needs it
+    # runs for the record and is DEFERRED by its own `requires`, as without the node check.
+    unmet_needs = [n for n in unmet_needs if not (n in node_checks and statuses.get(n) == "DEFERRED")]
+    if unmet_needs:
+        return "needs " + ", ".join("{} is {}".format(n, statuses.get(n, "not run")) for n in unmet_needs)
+    return ""
+
+
+def judge(event: dict, done, result_path: str, timeout: float) -> None:
+    """The stage's outcome from how its process ended and the result file it left."""
     event["stdout"] = done.out.text()
     event["stderr"] = done.err.text()
     event["stdout_bytes"] = done.out.total
     event["stderr_bytes"] = done.err.total
     result, problem = read_result(result_path)
     if done.timed_out:
-        event.update(status="ERROR", detail="timed out after {:g}s (killed)".format(stage["timeout"]))
+        event.update(status="ERROR", detail=f"timed out after {timeout:g}s (killed)")
     elif result is None:
         last = [ln for ln in event["stderr"].splitlines() if ln.strip()][-1:] or ["no output"]
         event.update(
@@ -274,17 +289,19 @@ def run_stage(stage, statuses, capabilities, stopped_by, data, work, env, node_c
         arts = result.get("artifacts", {})
         event["data"] = data_ if isinstance(data_, dict) else {"data": data_}
         event["artifacts"] = arts if isinstance(arts, dict) else {}
-    shutil.rmtree(folder, ignore_errors=True)
+
+
+def defer_unmet(event: dict, stage: dict, capabilities: dict) -> None:
+    """A stage that requires what this host lacks ran for the record: its outcome is evidence,
+    not a verdict, here."""
     unmet = [r for r in stage.get("requires", []) if not capabilities.get(r)]
     if unmet:
-        # Ran for the record: its outcome is evidence, not a verdict, on a host without them.
         event["ran_for_record"] = {"status": event["status"], "detail": event["detail"]}
         event["status"] = "DEFERRED"
         event["detail"] = "requires {}, not present here; ran for the record: {}".format(
             ", ".join(unmet),
             event["ran_for_record"]["detail"] or event["ran_for_record"]["status"],
         )
-    return event
 
 
 def read_result(path: str):

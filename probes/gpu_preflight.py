@@ -146,82 +146,17 @@ def judge(facts: dict, matmul, allreduce, params: dict) -> dict:
     results, or {"error": ...}, or None when not run. Image problems FAIL; node problems are
     ERROR 'node not fit: ...'."""
     devices = facts.get("devices") or []
-    image_problems, node_problems, said = [], [], []
-    if facts.get("torch") and not facts.get("cuda_runtime"):
-        image_problems.append("torch %s is a CPU-only build (torch.version.cuda is None)" % facts["torch"])
-    drv = driver_check(facts.get("driver"), facts.get("cuda_runtime"))
-    if drv["ok"] is False:
-        image_problems.append(drv["why"])
-    for d in devices:
-        cov = arch_coverage(facts.get("arch_list"), d.get("capability", ""))
-        d["arch_coverage"] = cov
-        if not cov["covered"]:
-            image_problems.append(
-                "GPU %s (%s, capability %s): %s" % (d["index"], d["name"], d["capability"], cov["why"])
-            )
+    image_problems = image_fit(facts, devices)
     if image_problems:
         return {"status": "FAIL", "detail": "the image cannot run on this GPU: " + "; ".join(image_problems)}
     if not devices:
         why = facts.get("error") or "no GPU visible to torch"
         return {"status": "ERROR", "detail": why}
+    node_problems, said = [], []
     if matmul is not None:
-        if matmul.get("error"):
-            node_problems.append(matmul["error"])
-        else:
-            gpus = matmul.get("gpus") or []
-            for g in gpus:
-                if not g.get("finite"):
-                    node_problems.append("GPU %s: the bf16 matmul result is not finite" % g["index"])
-                elif not (g.get("relative_error", 1) <= g.get("tolerance", 0)):
-                    node_problems.append(
-                        "GPU %s: bf16 matmul differs from the float32 reference by %.3g (relative; tolerance %g)"
-                        % (g["index"], g.get("relative_error"), g.get("tolerance"))
-                    )
-            timed = [g for g in gpus if g.get("tflops")]
-            if timed:
-                slow = min(timed, key=lambda g: g["tflops"])
-                said.append(
-                    "bf16 %d^3 matmul %s TFLOP/s (slowest: GPU %d, %.1f)"
-                    % (
-                        slow["size"],
-                        "/".join("%.1f" % g["tflops"] for g in timed),
-                        slow["index"],
-                        slow["tflops"],
-                    )
-                )
-                floor = params.get("min_tflops")
-                if floor is not None and slow["tflops"] < floor:
-                    node_problems.append(
-                        "GPU %d: %.1f TFLOP/s < min_tflops %g" % (slow["index"], slow["tflops"], floor)
-                    )
+        judge_matmul(matmul, params, node_problems, said)
     if allreduce is not None:
-        if allreduce.get("error"):
-            node_problems.append(allreduce["error"])
-        elif allreduce.get("skipped"):
-            said.append(allreduce["skipped"])
-        else:
-            ranks = allreduce.get("ranks") or []
-            bad = [r["rank"] for r in ranks if not r.get("sum_ok")]
-            if bad:
-                node_problems.append("all-reduce sum wrong on rank(s) %s" % ", ".join(map(str, bad)))
-            if ranks:
-                slow = min(ranks, key=lambda r: r.get("busbw_gbps") or 0.0)
-                said.append(
-                    "all-reduce of %d bytes on %d GPUs: sum %s on every rank, busbw %.1f GB/s (slowest: rank %d)"
-                    % (
-                        slow["bytes"],
-                        len(ranks),
-                        "exact" if not bad else "WRONG",
-                        slow["busbw_gbps"] or 0.0,
-                        slow["rank"],
-                    )
-                )
-                floor = params.get("min_busbw_gbps")
-                if floor is not None and (slow.get("busbw_gbps") or 0.0) < floor:
-                    node_problems.append(
-                        "rank %d: busbw %.1f GB/s < min_busbw_gbps %g"
-                        % (slow["rank"], slow["busbw_gbps"] or 0.0, floor)
-                    )
+        judge_allreduce(allreduce, params, node_problems, said)
     names = sorted({d["name"] for d in devices})
     head = "%d x %s, torch %s (CUDA %s), driver %s" % (
         len(devices),
@@ -233,6 +168,82 @@ def judge(facts: dict, matmul, allreduce, params: dict) -> dict:
     if node_problems:
         return {"status": "ERROR", "detail": NODE_UNFIT + "; ".join(node_problems) + " [" + head + "]"}
     return {"status": "PASS", "detail": head + ": " + "; ".join(said)}
+
+
+def image_fit(facts: dict, devices: list) -> list:
+    """What in the image cannot run on these GPUs (a CPU-only torch, a CUDA runtime newer than
+    the driver, no kernels for a device's architecture); each device gets its arch_coverage."""
+    problems = []
+    if facts.get("torch") and not facts.get("cuda_runtime"):
+        problems.append("torch %s is a CPU-only build (torch.version.cuda is None)" % facts["torch"])
+    drv = driver_check(facts.get("driver"), facts.get("cuda_runtime"))
+    if drv["ok"] is False:
+        problems.append(drv["why"])
+    for d in devices:
+        cov = arch_coverage(facts.get("arch_list"), d.get("capability", ""))
+        d["arch_coverage"] = cov
+        if not cov["covered"]:
+            problems.append(
+                "GPU %s (%s, capability %s): %s" % (d["index"], d["name"], d["capability"], cov["why"])
+            )
+    return problems
+
+
+def judge_matmul(matmul: dict, params: dict, node_problems: list, said: list) -> None:
+    if matmul.get("error"):
+        node_problems.append(matmul["error"])
+        return
+    gpus = matmul.get("gpus") or []
+    for g in gpus:
+        if not g.get("finite"):
+            node_problems.append("GPU %s: the bf16 matmul result is not finite" % g["index"])
+        elif not (g.get("relative_error", 1) <= g.get("tolerance", 0)):
+            node_problems.append(
+                "GPU %s: bf16 matmul differs from the float32 reference by %.3g (relative; tolerance %g)"
+                % (g["index"], g.get("relative_error"), g.get("tolerance"))
+            )
+    timed = [g for g in gpus if g.get("tflops")]
+    if not timed:
+        return
+    slow = min(timed, key=lambda g: g["tflops"])
+    said.append(
+        "bf16 %d^3 matmul %s TFLOP/s (slowest: GPU %d, %.1f)"
+        % (slow["size"], "/".join("%.1f" % g["tflops"] for g in timed), slow["index"], slow["tflops"])
+    )
+    floor = params.get("min_tflops")
+    if floor is not None and slow["tflops"] < floor:
+        node_problems.append("GPU %d: %.1f TFLOP/s < min_tflops %g" % (slow["index"], slow["tflops"], floor))
+
+
+def judge_allreduce(allreduce: dict, params: dict, node_problems: list, said: list) -> None:
+    if allreduce.get("error"):
+        node_problems.append(allreduce["error"])
+        return
+    if allreduce.get("skipped"):
+        said.append(allreduce["skipped"])
+        return
+    ranks = allreduce.get("ranks") or []
+    bad = [r["rank"] for r in ranks if not r.get("sum_ok")]
+    if bad:
+        node_problems.append("all-reduce sum wrong on rank(s) %s" % ", ".join(map(str, bad)))
+    if not ranks:
+        return
+    slow = min(ranks, key=lambda r: r.get("busbw_gbps") or 0.0)
+    said.append(
+        "all-reduce of %d bytes on %d GPUs: sum %s on every rank, busbw %.1f GB/s (slowest: rank %d)"
+        % (
+            slow["bytes"],
+            len(ranks),
+            "exact" if not bad else "WRONG",
+            slow["busbw_gbps"] or 0.0,
+            slow["rank"],
+        )
+    )
+    floor = params.get("min_busbw_gbps")
+    if floor is not None and (slow.get("busbw_gbps") or 0.0) < floor:
+        node_problems.append(
+            "rank %d: busbw %.1f GB/s < min_busbw_gbps %g" % (slow["rank"], slow["busbw_gbps"] or 0.0, floor)
+        )
 
 
 # ---------------------------------------------------------------- the probe
@@ -310,11 +321,20 @@ def _allreduce(world: int, params: dict, tmp: str) -> dict:
                 err,
             )
         )
+    timed_out = _wait_ranks(procs, timeout)
+    ranks, errors = _rank_results(procs, tmp, timed_out, timeout)
+    if errors:
+        return {"error": "; ".join(errors)}
+    return {"ranks": ranks, "world": world}
+
+
+def _wait_ranks(procs: list, timeout: float) -> bool:
+    """Until all are done (True: the time ran out); every one still alive is killed at the end."""
     deadline = time.monotonic() + timeout
     timed_out = False
     try:
-        # Until all are done; a rank that failed leaves the others waiting in NCCL for it, so
-        # they are killed at once rather than at the deadline.
+        # A rank that failed leaves the others waiting in NCCL for it, so they are killed at
+        # once rather than at the deadline.
         while any(p.poll() is None for p, _, _ in procs):
             if any(p.poll() not in (None, 0) for p, _, _ in procs):
                 break
@@ -329,6 +349,11 @@ def _allreduce(world: int, params: dict, tmp: str) -> dict:
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             err.close()
+    return timed_out
+
+
+def _rank_results(procs: list, tmp: str, timed_out: bool, timeout: float) -> tuple:
+    """Each rank's result, or why it has none."""
     ranks, errors = [], []
     for rank, (p, out, _) in enumerate(procs):
         with open(os.path.join(tmp, "allreduce-%d.stderr" % rank), errors="replace") as f:
@@ -348,9 +373,7 @@ def _allreduce(world: int, params: dict, tmp: str) -> dict:
                 how = "exited %s" % p.returncode
             said = " (killed)" if killed else (": " + lines[-1][:200]) if lines else ""
             errors.append("all-reduce rank %d %s in step %r%s" % (rank, how, _last_step(text), said))
-    if errors:
-        return {"error": "; ".join(errors)}
-    return {"ranks": ranks, "world": world}
+    return ranks, errors
 
 
 def host_facts() -> dict:

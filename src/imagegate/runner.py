@@ -132,6 +132,7 @@ class Observation:
     image_source: ImageSourceOpener | None = None  # the driver's own way to the image's bytes
     source: str | None = None  # a transport to read the image from, when the driver knows one
     verified: VerifyReport | None = None  # the driver's own verification of these bytes (rootfs)
+    has_image: bool = True  # False: the run checked an environment (Driver.has_image)
     # Results the observer made itself (the Pod's image_id check) or carried over (a
     # completion's earlier stages), and outside stages it already ran alongside the image's.
     given: list[StageResult] = field(default_factory=list)
@@ -246,7 +247,7 @@ def observe(
         return driver.image_source(image, timeout)
 
     obs = Observation(image, env, [], _now(), str(env.get("driver", driver.name)), opener)
-    obs.verified = driver.verified_report(image)
+    obs.verified, obs.has_image = driver.verified_report(image), driver.has_image
     # Outside stages that need nothing from inside run while the image's stages do; one that
     # `requires` a capability waits for the controller to say what this run has.
     early = [s for s in prep.plan.outside_stages if not (s.needs or s.requires or prep.plan.stop_on_fail)]
@@ -526,6 +527,7 @@ def _run_outside(
         expect_config_digest=prep.inputs.expect_config,
         image_source=obs.image_source,
         verified=obs.verified,
+        has_image=obs.has_image,
         inside_results=done,
         advisory_db=prep.inputs.advisory_db,
         progress=prep.inputs.progress,

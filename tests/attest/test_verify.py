@@ -336,3 +336,19 @@ def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "evidence",
         "statement.json",
     ]
+
+
+def test_verify_takes_a_file_or_an_image(tmp_path: Path, key: keys.SigningKey) -> None:
+    from imagegate.attest import verify
+
+    with pytest.raises(UsageError, match=r"^nothing to verify$") as e:
+        verify.verify(None, key.public)
+    assert e.value.hint == "pass an ATTESTATION file, or --image REF to fetch it"
+    m = "sha256:" + "1" * 64
+    rec = _record(tmp_path, reference="r/app:1", repository="r/app", config_digest=None, manifest_digest=m)
+    (tmp_path / "a").mkdir()
+    signed = sign.sign_attempt(tmp_path / "a", st.build_statement(rec), key)
+    ok = verify.verify(signed.dsse_path, key.public, image=m, evidence=False)
+    assert ok.ok and [c.outcome for c in ok.checks if c.name in ("subject", "evidence")] == ["ok", "skipped"]
+    bad = verify.verify(signed.dsse_path, key.public, image="sha256:" + "9" * 64, evidence=False)
+    assert [c.name for c in bad.failures] == ["subject"]

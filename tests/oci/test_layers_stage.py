@@ -201,3 +201,39 @@ def test_engine_export_stops_at_the_stage_timeout(oci_image: str, tmp_path: Path
     assert time.monotonic() - t0 < 15
     assert out.status is Status.ERROR
     assert "gave up after 2 s: the engine prepared no byte of the export" in out.detail
+
+
+def test_the_drivers_own_source_is_read_first_whatever_the_driver(pushed: Pushed, tmp_path: Path) -> None:
+    """A driver that read the image from a source of its own (the rootfs driver: an OCI layout
+    here) hands it over through image_source(); the stage reads it before any registry copy,
+    and knows the driver by no name."""
+    from imagegate.oci.transports import open_source
+    from tests.oci.infra import skopeo
+
+    layout = tmp_path / "layout"
+    skopeo("copy", "-q", "--src-tls-verify=false", f"docker://{pushed.ref}", f"oci:{layout}:1")
+    unreachable = f"127.0.0.1:{free_port()}/team/app@sha256:{'0' * 64}"
+    facts = ImageFacts(f"oci:{layout}:1", pushed.config_digest, None, (unreachable,))
+    stage_dir = tmp_path / "stage"
+    stage_dir.mkdir()
+    ctx = OutsideContext(
+        image=facts,
+        driver="a-new-driver",
+        stage_dir=stage_dir,
+        image_source=lambda _timeout: open_source(f"oci:{layout}:1"),
+    )
+    out = run_layers_stage(ctx, LayersParams())
+    assert out.status is Status.PASS, out.detail
+    choice = json.loads((stage_dir / "layers.json").read_text())["source_choice"]
+    assert choice["kind"] == "source" and choice["source"] == f"oci:{layout}:1"
+    assert choice["notes"] == []  # the unreachable registry copy was never tried
+
+
+def test_no_image_at_all_is_skipped_whatever_the_driver(tmp_path: Path) -> None:
+    """A run that checked an environment, not an image (its driver has none: Driver.has_image),
+    has no layers to verify: SKIPPED, with the way to give it an image, for any driver."""
+    ctx = OutsideContext(
+        image=ImageFacts("python:3.12", None), driver="a-new-driver", stage_dir=tmp_path, has_image=False
+    )
+    out = run_layers_stage(ctx, LayersParams())
+    assert out.status is Status.SKIPPED and "--source docker://REF" in out.detail, out.detail

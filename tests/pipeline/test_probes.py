@@ -4,17 +4,20 @@ pipeline schema's stage models, and the in-image controller's skip rule."""
 
 from __future__ import annotations
 
+import io
 import re
 import typing
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from imagegate import bundle
 from imagegate.model import Status
 from imagegate.pipeline import model
-from imagegate.pipeline.params import FindSpecParams
-from imagegate.pipeline.probes import INSIDE_PROBES, OUTSIDE_PROBES, PROBES
+from imagegate.pipeline.params import PLATFORM_OVERRIDES, CliParams, FindSpecParams, InventoryParams
+from imagegate.pipeline.probes import INSIDE_PROBES, OUTSIDE_PROBES, PROBES, Probe
 from imagegate.plan import PlannedStage, skip_reason
 from imagegate.stages import load_outside_probe
 from tests.probes.test_parsers import load
@@ -35,6 +38,47 @@ def test_every_pipeline_stage_model_matches_the_registry() -> None:
         (probe,) = typing.get_args(cls.model_fields["probe"].annotation)
         by_probe[probe] = cls.model_fields["with_"].annotation
     assert by_probe == {name: p.params for name, p in PROBES.items()}
+
+
+def test_the_bundle_ships_the_registrys_probes() -> None:
+    """What the image gets is what the registry names: each inside probe's module and helpers,
+    beside the controller's own modules, and nothing else."""
+    with zipfile.ZipFile(io.BytesIO(bundle.build({}).data)) as zf:
+        shipped = {Path(n).stem for n in zf.namelist() if n.endswith(".py")}
+    wanted = set(bundle.CONTROLLER)
+    for name in INSIDE_PROBES:
+        wanted |= {name, *PROBES[name].helpers}
+    assert shipped == wanted
+    # Every in-image module a shipped module imports is shipped too (a helper left unregistered
+    # would surface only inside an image, as an ImportError of the stage).
+    for name in shipped - {"__main__"}:
+        imported = re.findall(r"^from \.(\w*) import (\w+)", (PROBES_DIR / f"{name}.py").read_text(), re.M)
+        for module, what in imported:
+            assert (module or what) in shipped, f"{name}.py imports {module or what}, which is not shipped"
+
+
+def test_a_probe_in_one_place_only_stops_the_build() -> None:
+    without = {n: p for n, p in PROBES.items() if n != "inventory"}
+    with pytest.raises(bundle.RegistryMismatch, match=r"but no probe's module or helper: inventory\.py"):
+        bundle.build({}, without)
+    extra = {**PROBES, "new_probe": Probe("new_probe", "inside", InventoryParams)}
+    with pytest.raises(bundle.RegistryMismatch, match=r"missing from .*: new_probe\.py"):
+        bundle.build({}, extra)
+    lost_helper = {**PROBES, "cli": Probe("cli", "inside", CliParams, helpers=("versions",))}
+    with pytest.raises(bundle.RegistryMismatch, match=r"no probe's module or helper: platforms\.py"):
+        bundle.build({}, lost_helper)
+
+
+def test_the_runner_knows_the_platform_overrides_the_cli_probe_applies() -> None:
+    """One table (probes/platforms.py): the names a pipeline may give are its keys, and the cli
+    probe applies that very table."""
+    table = load("platforms").OVERRIDES
+    assert set(PLATFORM_OVERRIDES) == set(table) and PLATFORM_OVERRIDES
+    assert load("cli").OVERRIDES is table
+    for name in table:
+        assert CliParams(command=["vllm", "serve", "--help"], platform=name).platform == name
+    with pytest.raises(ValueError, match=r"unknown platform 'tpu-cpu'; built-in: " + ", ".join(table)):
+        CliParams(command=["vllm", "serve", "--help"], platform="tpu-cpu")
 
 
 @pytest.mark.parametrize("name", OUTSIDE_PROBES)

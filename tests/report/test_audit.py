@@ -124,3 +124,20 @@ def test_parallelism_is_bounded(images: dict[str, str], tmp_path: Path) -> None:
     # at each start, count the runs in flight (started, not yet finished)
     in_flight = [sum(1 for s, e in spans if s <= start < e) for start, _ in spans]
     assert max(in_flight) == 2, (in_flight, spans)
+
+
+def test_json_report_to_a_file_or_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from imagegate.errors import UsageError
+    from imagegate.report.batch import write_json
+
+    item = batch.ItemResult("mirror", "copy", "a -> b", "SAME_CONTENT", 0, "same content", 1.0)
+    result = batch.BatchResult("inv.yaml", "t0", "t1", [item])
+    assert write_json(result, None) is False and capsys.readouterr().out == ""
+    assert write_json(result, tmp_path / "deep" / "audit.json") is False
+    assert json.loads((tmp_path / "deep" / "audit.json").read_text())["items"][0]["name"] == "copy"
+    assert write_json(result, Path("-")) is True
+    assert json.loads(capsys.readouterr().out)["exitCode"] == 0
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match=r"^writing .*file/audit.json: ") as e:
+        write_json(result, tmp_path / "file" / "audit.json")
+    assert e.value.hint == "check the --json path"

@@ -84,6 +84,37 @@ def test_remove_on_request_and_not_while_in_use(tmp_path: Path) -> None:
         assert other.remove(root.chain_id) is False
 
 
+def test_remove_each_removes_what_it_can_and_names_each_problem(tmp_path: Path) -> None:
+    folder = str(tmp_path / "cache")
+    with RootCache(folder) as cache:
+        a = materialize(open_source(_image(tmp_path, "a", 1000)), cache=cache)
+        b = materialize(open_source(_image(tmp_path, "b", 1000)), cache=cache)
+        cache.release(b)
+        absent = "sha256:" + "0" * 64
+        removed, problems = cache.remove_each(["nonsense", a.chain_id, absent, b.chain_id])
+        assert removed == [b.chain_id] and [e.chain_id for e in cache.entries()] == [a.chain_id]
+        assert [str(e) for e in problems] == [
+            "chainID 'nonsense' is not a digest",
+            f"root {a.chain_id} is in use by a running check; not removed",
+            f"no root {absent} in the cache {folder}",
+        ]
+
+
+def test_entries_least_recently_used_first(tmp_path: Path) -> None:
+    srcs = [_image(tmp_path, n, 1000) for n in "abc"]
+    with RootCache(str(tmp_path / "cache")) as cache:
+        by_id = {}
+        for s in srcs:
+            root = materialize(open_source(s), cache=cache)
+            cache.release(root)
+            by_id[root.chain_id] = s
+        newest_last = sorted(by_id, reverse=True)  # the folders' own order, backwards
+        for chain_id in newest_last:
+            time.sleep(0.05)
+            cache.release(materialize(open_source(by_id[chain_id]), cache=cache))
+        assert [e.chain_id for e in cache.entries()] == newest_last
+
+
 _RACE = """
 import sys, json
 from imagegate.oci.transports import open_source

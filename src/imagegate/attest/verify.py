@@ -369,6 +369,38 @@ def verify_file(
     return chosen
 
 
+def verify(
+    attestation: Path | None,
+    key: PublicKey,
+    *,
+    image: str | None = None,
+    evidence_dir: Path | None = None,
+    evidence: bool = True,
+    expect_verdict: str | None = None,
+    predicate_type: str = PREDICATE_TYPE,
+    insecure: bool = False,
+) -> Report:
+    """`imagegate verify`: the attestation file (its subject against `image` when given), or
+    without a file the attestations attached to `image` in its registry."""
+    if attestation is None:
+        if image is None:
+            raise UsageError("nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it")
+        return verify_image(
+            image, key, expect_verdict=expect_verdict, predicate_type=predicate_type, insecure=insecure
+        )
+    name, digests = image_digests(image, insecure=insecure) if image else (None, [])
+    return verify_file(
+        attestation,
+        key,
+        image_digests=digests,
+        image_name=name,
+        evidence_dir=evidence_dir,
+        evidence=evidence,
+        expect_verdict=expect_verdict,
+        predicate_type=predicate_type,
+    )
+
+
 def image_digests(image: str, *, insecure: bool = False) -> tuple[str, list[str]]:
     """(name, digests) of `--image` that the subject may name: a digest as written
     (`sha256:...`); a bare name the local engine holds: its ID and the manifest digests it carries;

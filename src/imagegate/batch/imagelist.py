@@ -77,6 +77,10 @@ class LoadedImageList:
     image_list: ImageList
     path: Path
 
+    def __len__(self) -> int:
+        """The items to check: images and mirror pairs."""
+        return len(self.image_list.images) + len(self.image_list.mirrors)
+
 
 def _rebase(spec: str, folder: Path) -> str:
     """`docker-archive:x.tar` and `oci:dir:tag` written relative to the inventory file."""

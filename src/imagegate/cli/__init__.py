@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import sys
-from types import FrameType
 from typing import Any
+
+from imagegate import interrupts
+from imagegate.interrupts import EXIT_SIGINT, EXIT_SIGTERM
 
 # command name -> module registering it, in the order `--help` lists them
 COMMAND_MODULES = {
@@ -28,6 +29,7 @@ COMMAND_MODULES = {
     "report": "report",
     "audit": "report",
 }
+EXIT_USAGE = 3
 
 __all__ = ["COMMAND_MODULES", "EXIT_SIGINT", "EXIT_SIGTERM", "app", "load_all", "main", "run_main"]
 
@@ -56,33 +58,6 @@ def _command(argv: list[str]) -> str | None:
     return None if completing or "--help" in argv[:1] else first
 
 
-# Exit codes of an interrupt, as a shell reports a process killed by the signal (128 + number).
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
-EXIT_USAGE = 3
-
-_terminated = False
-
-
-def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
-    # SIGTERM (CI cancelling the job) takes Ctrl-C's path, so containers get removed; the flag
-    # keeps the exit code telling the two apart.
-    global _terminated
-    _terminated = True
-    raise KeyboardInterrupt
-
-
-def install_signal_handlers() -> None:
-    """Unconditionally: a CI runner may start us with SIGINT ignored (inherited across exec),
-    and an interrupt must still stop the run and remove its container."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _interrupted() -> int:
-    return EXIT_SIGTERM if _terminated else EXIT_SIGINT
-
-
 def main(argv: list[str] | None = None) -> None:
     """The console script: every exit code is decided here, once, for every command."""
     sys.exit(run_main(argv))
@@ -95,7 +70,7 @@ def run_main(argv: list[str] | None = None) -> int:
     from imagegate.errors import ImagegateError
 
     args = sys.argv[1:] if argv is None else list(argv)
-    install_signal_handlers()
+    interrupts.install_handlers()
     command = _command(args)
     if command in COMMAND_MODULES:
         _load([COMMAND_MODULES[command]])
@@ -116,7 +91,7 @@ def run_main(argv: list[str] | None = None) -> int:
         return report_error(e)
     except (typer.Abort, KeyboardInterrupt):
         print("imagegate: interrupted", file=sys.stderr)
-        return _interrupted()
+        return interrupts.exit_code()
     except Exception as e:  # a bug, not an outcome: say so briefly, exit "could not decide"
         import traceback
 
@@ -128,4 +103,4 @@ def run_main(argv: list[str] | None = None) -> int:
         return 2
     code = rv if isinstance(rv, int) else 0
     # The parser turns an interrupt into 130 itself; a SIGTERM is 143.
-    return _interrupted() if code == EXIT_SIGINT else code
+    return interrupts.exit_code() if code == EXIT_SIGINT else code

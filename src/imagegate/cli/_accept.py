@@ -20,6 +20,7 @@ from rich.console import Console
 
 from imagegate import accept
 from imagegate.cli._app import Format
+from imagegate.interrupts import EXIT_SIGINT
 from imagegate.runner import RunOptions
 
 Notify = Callable[[str], None]
@@ -122,14 +123,14 @@ def warn(message: str) -> None:
 
 @contextlib.contextmanager
 def interrupts() -> Iterator[None]:
-    """SIGINT, or SIGTERM through the entry point's handlers (which set the code, 130 or 143):
-    say what the work may have left (the observer knows), exit 130."""
+    """SIGINT, or SIGTERM through the entry point's handlers: say what the work may have left
+    (the observer knows)."""
     try:
         yield
     except KeyboardInterrupt as e:
         left = e.left if isinstance(e, accept.Interrupted) else accept.NOTHING_LEFT
         print(f"imagegate: interrupted; {left}", file=sys.stderr)
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_SIGINT) from None  # 143 for SIGTERM: run_main tells them apart
 
 
 def finish(done: accept.Accepted, fmt: Format, quiet: bool) -> NoReturn:

@@ -1,16 +1,23 @@
-"""The typer app, and how an ImagegateError becomes a message and an exit code: commands let
-errors rise; `run_main` (imagegate.cli) catches them once, around the whole app, and calls
-`report_error`."""
+"""The typer app, the options several commands share, and how an ImagegateError becomes a
+message and an exit code: commands let errors rise; `run_main` (imagegate.cli) catches them
+once, around the whole app, and calls `report_error`."""
 
 from __future__ import annotations
 
 import enum
+import json
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import typer
+from typer import Argument, Option
 
 from imagegate import __version__
 from imagegate.errors import ImagegateError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(
     name="imagegate",
@@ -34,6 +41,34 @@ class Format(str, enum.Enum):
     json = "json"
 
 
+SOURCES_HELP = (
+    "docker://REF or a bare REF (a registry), docker-daemon:REF (the local engine, DOCKER_HOST "
+    "honoured), docker-archive:PATH[:NAME:TAG] (docker save), oci:DIR[:TAG] (OCI layout)."
+)
+# The options of the commands that read an image's blobs (layers, compare, cache unpack): one
+# declaration each, so that their help reads the same everywhere.
+SOURCE = Argument(..., help=SOURCES_HELP)
+EXPECT_CONFIG = Option(None, "--expect-config", help="The official config digest (sha256:...).")
+PLATFORM = Option(None, "--platform", help="os/arch[/variant] to pick from an index [linux/amd64].")
+INSECURE = Option(False, "--insecure", help="Registry: skip TLS verification, fall back to HTTP.")
+JOBS = Option(None, "--jobs", "-j", min=1, max=64, help="Layers verified in parallel.")
+MAX_LAYER = Option(
+    "64GiB", "--max-layer-size", help="Stop a layer that decompresses past this (decompression bomb)."
+)
+QUIET = Option(False, "--quiet", "-q", help="No progress bars.")
+FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
+
+
+def show(fmt: Format, doc: Callable[[], Any], table: Callable[[Console], None]) -> None:
+    """On stdout: `doc()` as JSON, or the table, as --format asks."""
+    if fmt is Format.json:
+        print(json.dumps(doc(), indent=2, default=str))
+        return
+    from imagegate.report.console import make_console
+
+    table(make_console(soft_wrap=True, highlight=False, markup=False))
+
+
 def report_error(err: ImagegateError) -> int:
     """Print `err` (and its hint) to stderr; return its exit code."""
     msg = f"imagegate: error: {err}"
@@ -51,7 +86,7 @@ def version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
+    version: bool = Option(
         False, "--version", callback=version_callback, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:

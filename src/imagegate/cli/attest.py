@@ -1,24 +1,27 @@
-"""Commands: keygen, verify, attach (signed attestations)."""
+"""Commands: keygen, verify, attach (signed attestations). Parse, call imagegate.attest, render."""
 
 from __future__ import annotations
 
 import enum
 import os
 from pathlib import Path
-from typing import Any
 
 import typer
+from typer import Argument, Option
 
 from imagegate.attest import keys
 from imagegate.attest.statement import PREDICATE_TYPE
 from imagegate.cli._app import app
-from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+from imagegate.report import console_attest
 
 
 class KeyAlgorithm(str, enum.Enum):
     ecdsa_p256 = "ecdsa-p256"
     ed25519 = "ed25519"
+
+
+_INSECURE = Option(False, "--insecure", help="Registry over HTTPS without certificate checks, or plain HTTP.")
 
 
 @app.command(
@@ -31,34 +34,18 @@ class KeyAlgorithm(str, enum.Enum):
     "(imagegate verify, cosign verify-attestation --key) need."
 )
 def keygen(
-    out: Path = typer.Option(
+    out: Path = Option(
         Path("imagegate"), "--out", "-o", help="Prefix: writes PREFIX.key (mode 0600) and PREFIX.pub."
     ),
-    algorithm: KeyAlgorithm = typer.Option(
+    algorithm: KeyAlgorithm = Option(
         KeyAlgorithm.ecdsa_p256, "--algorithm", help="ecdsa-p256 (cosign's default) or ed25519."
     ),
 ) -> None:
     """Make a signing key pair: a PKCS#8 PEM private key and its PEM public key."""
     key = keys.generate(algorithm.value)
     password = keys.password_from_env(os.environ)
-    priv, pub = keys.write_keypair(out, key, password)
-    protected = "passphrase-protected" if password else f"no passphrase (set {keys.PASSWORD_ENV} for one)"
-    print(f"private key: {priv} (mode 0600, {protected})")
-    print(f"public key:  {pub}")
-    print(f"fingerprint: {key.public.fingerprint} ({key.algorithm})")
-
-
-_MARK = {"ok": "ok     ", "failed": "FAILED ", "skipped": "skipped"}
-
-
-def _render(report: Any) -> None:  # verify.Report
-    print(f"attestation: {report.source}")
-    for c in report.checks:
-        print(f"  {_MARK[c.outcome]} {c.name}: {c.detail}")
-    if report.ok:
-        print(f"verified: verdict {report.verdict}")
-    else:
-        print("NOT verified: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failures))
+    private, public = keys.write_keypair(out, key, password)
+    console_attest.render_keypair(private, public, key, passphrase=bool(password))
 
 
 @app.command(
@@ -72,56 +59,45 @@ def _render(report: Any) -> None:  # verify.Report
     "Exit 0 when all pass, 1 naming what differs, 3 for unreadable input."
 )
 def verify(
-    attestation: Path = typer.Argument(
+    attestation: Path | None = Argument(
         None,
         help="attestation.dsse.json, .intoto.jsonl or .sigstore.json; omit with --image to fetch from the registry.",
     ),
-    key: Path = typer.Option(..., "--key", "-k", help="The signer's public key (PEM)."),
-    image: str = typer.Option(
+    key: Path = Option(..., "--key", "-k", help="The signer's public key (PEM)."),
+    image: str | None = Option(
         None, "--image", help="The image the subject must be: a registry reference or a sha256: digest."
     ),
-    expect_verdict: str = typer.Option(
+    expect_verdict: str | None = Option(
         None, "--expect-verdict", help="Fail unless the verdict is this (e.g. PASS)."
     ),
-    evidence: Path = typer.Option(
+    evidence: Path | None = Option(
         None,
         "--evidence",
         help="The attempt folder to check the evidence in (default: beside the attestation).",
     ),
-    signature_only: bool = typer.Option(
+    signature_only: bool = Option(
         False,
         "--signature-only",
         help="Check the signed statement only (signature, subject, verdict), not the evidence files it lists.",
     ),
-    no_evidence: bool = typer.Option(False, "--no-evidence", hidden=True),  # the earlier name
-    predicate_type: str = typer.Option(PREDICATE_TYPE, "--type", help="The predicate type to expect."),
-    insecure: bool = typer.Option(
-        False, "--insecure", help="Registry over HTTPS without certificate checks, or plain HTTP."
-    ),
+    no_evidence: bool = Option(False, "--no-evidence", hidden=True),  # the earlier name
+    predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect."),
+    insecure: bool = _INSECURE,
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
-    from imagegate.attest import verify as verifying  # lazy: keeps CLI start-up fast
+    from imagegate.attest.verify import verify as verify_attestation  # lazy: keeps CLI start-up fast
 
-    pub = keys.load_public_key(key)
-    if attestation is None:
-        if image is None:
-            raise UsageError("nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it")
-        report = verifying.verify_image(
-            image, pub, expect_verdict=expect_verdict, predicate_type=predicate_type, insecure=insecure
-        )
-    else:
-        name, digests = verifying.image_digests(image, insecure=insecure) if image else (None, [])
-        report = verifying.verify_file(
-            attestation,
-            pub,
-            image_digests=digests,
-            image_name=name,
-            evidence_dir=evidence,
-            evidence=not (signature_only or no_evidence),
-            expect_verdict=expect_verdict,
-            predicate_type=predicate_type,
-        )
-    _render(report)
+    report = verify_attestation(
+        attestation,
+        keys.load_public_key(key),
+        image=image,
+        evidence_dir=evidence,
+        evidence=not (signature_only or no_evidence),
+        expect_verdict=expect_verdict,
+        predicate_type=predicate_type,
+        insecure=insecure,
+    )
+    console_attest.render_verify(report)
     raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
 
 
@@ -134,23 +110,16 @@ def verify(
     "credentials come from the usual docker/podman auth files."
 )
 def attach(
-    attestation: Path = typer.Argument(
+    attestation: Path = Argument(
         ..., help="attestation.dsse.json, .intoto.jsonl (one line) or .sigstore.json."
     ),
-    image: str = typer.Argument(
+    image: str = Argument(
         ..., help="The image in its registry; its digest must be the attestation's subject."
     ),
-    insecure: bool = typer.Option(
-        False, "--insecure", help="Registry over HTTPS without certificate checks, or plain HTTP."
-    ),
+    insecure: bool = _INSECURE,
 ) -> None:
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""
-    from imagegate.attest import attach as attaching  # lazy: keeps CLI start-up fast
+    from imagegate.attest.attach import attach_file  # lazy: keeps CLI start-up fast
 
-    done = attaching.attach_file(attestation, image, insecure=insecure)
-    if done.already:
-        print(f"already attached: {done.reference} ({done.tag}, layer {done.layer_digest})")
-    else:
-        print(f"attached to {done.reference}: {done.tag} now holds {done.layers} attestation(s)")
-        print(f"  layer {done.layer_digest}, manifest {done.manifest_digest}")
+    console_attest.render_attached(attach_file(attestation, image, insecure=insecure))

@@ -19,21 +19,19 @@ What every run gets (bwrap 0.8, Debian's `bubblewrap`):
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import resource
 import shutil
-import signal
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, CappedBuffer, OnOutput
+from imagegate.drivers.interface import OnOutput
+from imagegate.drivers.process import Completed, run_group
 from imagegate.errors import EngineError, UsageError
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # as the engines set it
@@ -351,33 +349,6 @@ class Sandbox:
         return [*argv, "--", *command], ident
 
 
-@dataclass
-class Completed:
-    stdout: bytes
-    stderr: bytes
-    exit_code: int | None  # None: killed (deadline, cancel)
-    timed_out: bool
-    stdout_total: int
-    stderr_total: int
-    wall_s: float
-
-
-def _pump(fd: int, sink: CappedBuffer) -> None:
-    with contextlib.suppress(OSError):
-        while chunk := os.read(fd, 1 << 16):
-            sink.feed(chunk)
-
-
-def _feed(fd: int, data: bytes) -> None:
-    # A sandbox that exits without reading its stdin is not an error of the writer.
-    with contextlib.suppress(OSError):
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
 def run(
     argv: list[str],
     *,
@@ -386,67 +357,11 @@ def run(
     on_stdout: OnOutput | None = None,
     cancel: threading.Event | None = None,
 ) -> Completed:
-    """Run `argv` (from Sandbox.argv) in a process group of its own; `stdin` is written to it,
-    stdout streamed to `on_stdout`. At the deadline, on cancel and on any way out of here (an
-    interrupt too) the whole group is killed and waited for."""
-    out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env={"PATH": os.environ.get("PATH", DEFAULT_PATH), "LC_ALL": "C"},
-    )
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    threads = [
-        threading.Thread(target=_feed, args=(os.dup(proc.stdin.fileno()), stdin), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stdout.fileno(), out), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr.fileno(), err), daemon=True),
-    ]
-    proc.stdin.close()
-    for t in threads:
-        t.start()
-    timed_out = False
-    try:
-        end = start + deadline_s
-        while proc.poll() is None:
-            if time.monotonic() >= end or (cancel is not None and cancel.is_set()):
-                timed_out = True
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=min(0.2, max(0.01, end - time.monotonic())))
-    finally:
-        kill_group(proc)
-        for t in threads[1:]:
-            t.join(timeout=5)
-        for s in (proc.stdout, proc.stderr):
-            with contextlib.suppress(OSError):
-                s.close()
-    return Completed(
-        out.value(),
-        err.value(),
-        None if timed_out else proc.returncode,
-        timed_out,
-        out.total,
-        err.total,
-        round(time.monotonic() - start, 3),
-    )
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL to the sandbox's process group (prlimit execs bwrap: it leads the group), then
-    wait. bwrap's pid-namespace init dies with it, and the kernel kills the namespace's rest."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired as e:  # a process in uninterruptible sleep; say which
-        raise EngineError(
-            f"the sandbox process {proc.pid} did not exit after SIGKILL",
-            hint=f"check it: ps -o pid,stat,cmd -g {proc.pid}",
-        ) from e
+    """Run `argv` (from Sandbox.argv) in a process group of its own (prlimit execs bwrap: it
+    leads the group; bwrap's pid-namespace init dies with it and the kernel kills the rest of
+    the namespace); `stdin` is written to it, stdout streamed to `on_stdout`."""
+    env = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "LC_ALL": "C"}
+    return run_group(argv, deadline_s=deadline_s, env=env, stdin=stdin, on_stdout=on_stdout, cancel=cancel)
 
 
 def exec_failure(stderr: bytes) -> int | None:

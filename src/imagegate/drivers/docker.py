@@ -23,7 +23,14 @@ import docker
 import docker.errors
 import docker.types
 
-from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer, OnOutput
+from imagegate.drivers.interface import (
+    STDERR_CAP,
+    STDOUT_CAP,
+    BundleRun,
+    CappedBuffer,
+    OnOutput,
+    first_usable,
+)
 from imagegate.errors import EngineError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
@@ -63,6 +70,13 @@ LOADER = (  # the first lines parse on Python 2 too, so an old interpreter gets 
     "os.execv(sys.executable,[sys.executable,'-I','-S',p]+sys.argv[2:])\n"
 )
 
+
+def loader_payload(bundle: bytes, event_key: bytes, stages: Sequence[str] | None) -> bytes:
+    """What LOADER reads from stdin: length, bundle, key, stage ids."""
+    payload = b"%d\n" % len(bundle) + bundle + event_key.hex().encode() + b"\n"
+    return payload + ",".join(stages or ()).encode() + b"\n"
+
+
 PULL_POLICIES = ("missing", "never", "always")
 
 HIDDEN_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void", "TMPDIR": "/tmp"}
@@ -90,6 +104,7 @@ class PullFailed(UsageError):
 class DockerDriver:
     name = "docker"
     isolated_runs = True  # each run_bundle is a container of its own
+    has_image = True
 
     def __init__(
         self,
@@ -235,28 +250,12 @@ class DockerDriver:
         cancel: threading.Event | None = None,
     ) -> BundleRun:
         deadline = time.monotonic() + deadline_s
-        tried: list[str] = []
-        unusable: list[str] = []
-        payload = b"%d\n" % len(bundle) + bundle + event_key.hex().encode() + b"\n"
-        payload += ",".join(stages or ()).encode() + b"\n"
-        for interpreter in interpreters:
-            if cancel is not None and cancel.is_set():
-                break
-            tried.append(interpreter)
-            result = self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout, cancel)
-            if isinstance(result, BundleRun):
-                result.tried = tried
-                return result
-            unusable.append(f"{interpreter}: {result}")
-        found_any = any("not found" not in u for u in unusable)
-        what = "no usable python interpreter" if found_any else "no python interpreter"
-        return BundleRun(
-            b"",
-            b"",
-            None,
-            tried=tried,
-            error=f"{what} in the image (tried {', '.join(tried)}): {'; '.join(unusable)}",
-        )
+        payload = loader_payload(bundle, event_key, stages)
+
+        def attempt(interpreter: str) -> BundleRun | str:
+            return self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout, cancel)
+
+        return first_usable(interpreters, attempt, cancel)
 
     def _run_once(
         self,

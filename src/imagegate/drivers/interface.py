@@ -38,6 +38,9 @@ class Driver(Protocol):
     # True when each run_bundle call is isolated from the others as stages within one run are
     # (a container each): then groups of stages may run at once.
     isolated_runs: bool
+    # True when the bundle runs in an image the driver holds (an engine's, a verified root);
+    # False where it runs in whatever environment this is (local): no layers of its own to verify.
+    has_image: bool
 
     def environment(self) -> dict[str, Any]:
         """Engine name, version, API version, OS/arch; what the attestation records."""
@@ -81,6 +84,35 @@ class Driver(Protocol):
 
 
 OnOutput = Callable[[bytes], None]
+
+# One try of the bundle with one interpreter: the run, or why this interpreter cannot run it
+# ("not found in the image", too old) so that the next one is tried.
+Attempt = Callable[[str], BundleRun | str]
+
+
+def first_usable(interpreters: Sequence[str], attempt: Attempt, cancel: threading.Event | None) -> BundleRun:
+    """The run of the first interpreter `attempt` can start, with every one tried recorded; when
+    none can, a run that says why, for each, in words (stops trying once `cancel` is set)."""
+    tried: list[str] = []
+    unusable: list[str] = []
+    for interpreter in interpreters:
+        if cancel is not None and cancel.is_set():
+            break
+        tried.append(interpreter)
+        result = attempt(interpreter)
+        if isinstance(result, BundleRun):
+            result.tried = tried
+            return result
+        unusable.append(f"{interpreter}: {result}")
+    found_any = any("not found" not in u for u in unusable)
+    what = "no usable python interpreter" if found_any else "no python interpreter"
+    return BundleRun(
+        b"",
+        b"",
+        None,
+        tried=tried,
+        error=f"{what} in the image (tried {', '.join(tried)}): {'; '.join(unusable)}",
+    )
 
 
 class CappedBuffer:

@@ -3,23 +3,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from imagegate.drivers.interface import STDERR_CAP, STDOUT_CAP, BundleRun, CappedBuffer, OnOutput
+from imagegate.drivers.interface import BundleRun, OnOutput
+from imagegate.drivers.process import run_group
 from imagegate.errors import UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
@@ -34,6 +32,7 @@ class LocalDriver:
     # Controllers here share a user and a process table: one at a time, so that no stage's code
     # runs beside another controller's stages.
     isolated_runs = False
+    has_image = False  # this environment is under test, whatever image it may be in
 
     def __init__(self, python: str | None = None, gpus: GpuRequest | None = None) -> None:
         self.python = python
@@ -174,11 +173,6 @@ def environment_fingerprint(exe: str, env: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _pump(stream: IO[bytes], sink: CappedBuffer) -> None:
-    while chunk := os.read(stream.fileno(), 1 << 16):
-        sink.feed(chunk)
-
-
 def _run(
     argv: list[str],
     deadline_s: float,
@@ -190,48 +184,18 @@ def _run(
     pass_fds: tuple[int, ...] = (),
     cancel: threading.Event | None = None,
 ) -> BundleRun:
-    out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-        pass_fds=pass_fds,
+    done = run_group(
+        argv, deadline_s=deadline_s, env=env, pass_fds=pass_fds, on_stdout=on_stdout, cancel=cancel
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    pumps = [
-        threading.Thread(target=_pump, args=(s, b), daemon=True)
-        for s, b in ((proc.stdout, out), (proc.stderr, err))
-    ]
-    for t in pumps:
-        t.start()
-    timed_out = False
-    start = time.monotonic()
-    try:
-        end = start + deadline_s
-        while proc.poll() is None:
-            if time.monotonic() >= end or (cancel is not None and cancel.is_set()):
-                timed_out = True
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=min(0.5, max(0.01, end - time.monotonic())))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    for t in pumps:
-        t.join(timeout=5)
     return BundleRun(
-        out.value(),
-        err.value(),
-        None if timed_out else proc.returncode,
-        timed_out=timed_out,
+        done.stdout,
+        done.stderr,
+        done.exit_code,
+        timed_out=done.timed_out,
         interpreter=interpreter,
         tried=tried,
-        stdout_total=out.total,
-        stderr_total=err.total,
-        error="overall deadline reached; process group killed" if timed_out else None,
-        facts={"wall_s": round(time.monotonic() - start, 3)},
+        stdout_total=done.stdout_total,
+        stderr_total=done.stderr_total,
+        error="overall deadline reached; process group killed" if done.timed_out else None,
+        facts={"wall_s": done.wall_s},
     )

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from imagegate.drivers import bwrap
-from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT
-from imagegate.drivers.interface import BundleRun, OnOutput
+from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
+from imagegate.drivers.interface import BundleRun, OnOutput, first_usable
+from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import ImageFacts
 from imagegate.oci.verify import VerifyReport
@@ -52,6 +53,7 @@ RootMaker = Callable[[str], PreparedRoot]
 class RootfsDriver:
     name = "rootfs"
     isolated_runs = True  # each run_bundle is a sandbox of its own (own pid, ipc, net namespaces)
+    has_image = True
 
     def __init__(
         self,
@@ -158,54 +160,17 @@ class RootfsDriver:
             HIDDEN_GPU_ENV,
         )
         payload = loader_payload(bundle, event_key, stages)
-        tried: list[str] = []
-        unusable: list[str] = []
-        for interpreter in interpreters:
-            if cancel is not None and cancel.is_set():
-                break
-            tried.append(interpreter)
-            result = self._run_once(
-                sandbox, image, interpreter, bundle_sha256, payload, deadline_s, on_stdout, cancel
-            )
-            if isinstance(result, BundleRun):
-                result.tried = tried
-                return result
-            unusable.append(f"{interpreter}: {result}")
-        found_any = any("not found" not in u for u in unusable)
-        what = "no usable python interpreter" if found_any else "no python interpreter"
-        return BundleRun(
-            b"",
-            b"",
-            None,
-            tried=tried,
-            error=f"{what} in the image (tried {', '.join(tried)}): {'; '.join(unusable)}",
-        )
 
-    def _run_once(
-        self,
-        sandbox: bwrap.Sandbox,
-        image: ImageFacts,
-        interpreter: str,
-        sha: str,
-        payload: bytes,
-        deadline_s: float,
-        on_stdout: OnOutput | None,
-        cancel: threading.Event | None,
-    ) -> BundleRun | str:
-        """A string says why this interpreter cannot run the bundle (absent, too old)."""
-        argv, ident = sandbox.argv(self.bwrap, [interpreter, *LOADER_FLAGS, "-c", LOADER, sha])
-        done = bwrap.run(argv, stdin=payload, deadline_s=deadline_s, on_stdout=on_stdout, cancel=cancel)
-        return interpret(done, image, interpreter, ident, self.limits)
+        def attempt(interpreter: str) -> BundleRun | str:
+            argv, ident = sandbox.argv(self.bwrap, [interpreter, *LOADER_FLAGS, "-c", LOADER, bundle_sha256])
+            done = bwrap.run(argv, stdin=payload, deadline_s=deadline_s, on_stdout=on_stdout, cancel=cancel)
+            return interpret(done, image, interpreter, ident, self.limits)
 
-
-def loader_payload(bundle: bytes, event_key: bytes, stages: Sequence[str] | None) -> bytes:
-    """What the loader reads from stdin (drivers/docker.py LOADER): length, bundle, key, stages."""
-    payload = b"%d\n" % len(bundle) + bundle + event_key.hex().encode() + b"\n"
-    return payload + ",".join(stages or ()).encode() + b"\n"
+        return first_usable(interpreters, attempt, cancel)
 
 
 def interpret(
-    done: bwrap.Completed, image: ImageFacts, interpreter: str, ident: bwrap.Identity, limits: bwrap.Limits
+    done: Completed, image: ImageFacts, interpreter: str, ident: bwrap.Identity, limits: bwrap.Limits
 ) -> BundleRun | str:
     """One sandboxed run as the runner takes it; a string when the interpreter was unusable."""
     if not done.stdout_total and not done.timed_out:

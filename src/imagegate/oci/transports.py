@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from imagegate.enginehost import check_docker_host
@@ -15,7 +17,7 @@ from imagegate.oci.manifest import DEFAULT_PLATFORM, parse_platform
 from imagegate.oci.reference import parse_image_name, parse_reference
 from imagegate.oci.sources.archive import DockerArchiveSource, TarStream, is_compressed_file
 from imagegate.oci.sources.daemon import DaemonArchive
-from imagegate.oci.sources.interface import Source
+from imagegate.oci.sources.interface import ImageSource, Source
 from imagegate.oci.sources.layout import OciLayoutSource
 from imagegate.oci.sources.registry import RegistrySource
 
@@ -68,6 +70,20 @@ def open_source(
     if scheme and (scheme.group(2) == "://" or scheme.group(1) in _OTHER_TRANSPORTS):
         raise _usage(spec, f"transport {scheme.group(1)!r} is not supported")
     return RegistrySource(parse_reference(spec), plat, insecure=insecure)
+
+
+@contextmanager
+def open_sources(
+    specs: Sequence[str], *, platform: str | None = None, insecure: bool = False
+) -> Iterator[list[Source]]:
+    """`open_source` of each spec (all of them checked before any is read); closed on the way out."""
+    sources = [open_source(s, platform=platform, insecure=insecure) for s in specs]
+    try:
+        yield sources
+    finally:
+        for src in sources:
+            if isinstance(src, ImageSource):
+                src.close()
 
 
 class _Closing:

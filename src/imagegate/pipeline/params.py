@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from imagegate import resources
 
 
 class Params(BaseModel):
@@ -66,6 +69,20 @@ class ArgsByVersion(Params):
     cases: list[VersionCase] = Field(min_length=1)
 
 
+def platform_overrides() -> tuple[str, ...]:
+    """The names of the cli probe's built-in platform overrides, read from their one table,
+    OVERRIDES in probes/platforms.py (a literal: parsed, never imported, as the runner imports
+    nothing of the in-image side)."""
+    path = resources.probes_dir() / "platforms.py"
+    for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["OVERRIDES"]:
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError(f"{path}: no OVERRIDES table")
+
+
+PLATFORM_OVERRIDES = platform_overrides()
+
+
 class CliParams(Params):
     command: list[str] | None = Field(
         default=None,
@@ -79,7 +96,10 @@ class CliParams(Params):
         default=None, description="Pick `args` by the installed version of a distribution."
     )
     platform: str | None = Field(
-        default=None, description="Built-in platform override run before the CLI builds its parser: vllm-cpu."
+        default=None,
+        description="Built-in platform override run before the CLI builds its parser: "
+        + ", ".join(PLATFORM_OVERRIDES)
+        + ".",
     )
     platform_code: str | None = Field(
         default=None, description="Python code run in the CLI's process before it starts."
@@ -115,9 +135,6 @@ class CliParams(Params):
             except re.error as e:  # not a ValueError: pydantic would let it escape as a traceback
                 raise ValueError(f"{v!r} is not a valid regular expression: {e}") from None
         return v
-
-
-PLATFORM_OVERRIDES = ("vllm-cpu",)
 
 
 class AvRoundtripParams(Params):

@@ -31,6 +31,9 @@ class Probe:
     # Outside probes: "module:function" taking (OutsideContext, params) -> Outcome; imported
     # when the stage runs, so that loading a pipeline never imports the image libraries.
     run: str | None = None
+    # Inside probes: the in-image modules (probes/NAME.py) the probe's own module needs besides
+    # the controller's; the bundle ships the probe's module, these, and the controller's.
+    helpers: tuple[str, ...] = ()
 
 
 PROBES: dict[str, Probe] = {
@@ -38,10 +41,10 @@ PROBES: dict[str, Probe] = {
     for p in (
         Probe("pip_check", "inside", PipCheckParams),
         Probe("find_spec", "inside", FindSpecParams),
-        Probe("cli", "inside", CliParams),
+        Probe("cli", "inside", CliParams, helpers=("versions", "platforms")),
         Probe("av_roundtrip", "inside", AvRoundtripParams),
         Probe("inventory", "inside", InventoryParams),
-        Probe("gpu_preflight", "inside", GpuPreflightParams),
+        Probe("gpu_preflight", "inside", GpuPreflightParams, helpers=("gpu_worker",)),
         Probe("layers", "outside", LayersParams, "imagegate.stages.layers:run_layers_stage"),
         Probe("vulns", "outside", VulnsParams, "imagegate.stages.vulns:run_vulns_stage"),
     )

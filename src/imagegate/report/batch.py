@@ -1,14 +1,19 @@
 """The console view of a batch audit (`imagegate audit`): one table, one row per image or mirror pair, then the count
-and the exit code."""
+and the exit code; and where its JSON report is written."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from imagegate.batch.run import BatchResult
+from imagegate.batch.run import BatchResult, to_json
+from imagegate.errors import UsageError
 from imagegate.report.console import one_line
 
 _MEANING = {0: "accepted", 1: "rejected", 2: "undecided", 3: "input error"}
@@ -73,3 +78,20 @@ def render(result: BatchResult, console: Console) -> None:
             (f"{code} ({_MEANING.get(code, '?')})", _STYLE.get(code, "bold")),
         )
     )
+
+
+def write_json(result: BatchResult, path: Path | None) -> bool:
+    """The JSON report to `path` (`-`: stdout); whether it went to stdout, which it then keeps
+    to itself."""
+    if path is None:
+        return False
+    text = json.dumps(to_json(result), indent=2, sort_keys=True) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return True
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"writing {path}: {e.strerror}", hint="check the --json path") from e
+    return False

@@ -3,6 +3,7 @@ line, the evidence path."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from rich.console import Console
@@ -104,3 +105,10 @@ def render(record: RunRecord, console: Console, *, rejected_by: str | None = Non
         f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True, highlight=False
     )
     console.print(f"evidence: {record.attempt_dir}", soft_wrap=True, highlight=False)
+
+
+def render_text(record: RunRecord, width: int = 160) -> str:
+    """The console view as plain text (a report file)."""
+    console = Console(record=True, width=width, file=io.StringIO())
+    render(record, console)
+    return console.export_text()

@@ -103,6 +103,30 @@ def write_outside_evidence(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def rerender(attempt: Path, fmt: str, output: Path | None = None) -> None:
+    """`imagegate report`: an attempt folder's report (or an image folder's latest attempt's) in
+    `fmt` (a format, or "table": the console view), to `output` or stdout."""
+    from imagegate.report import console, load
+
+    try:
+        folder = load.resolve_attempt(attempt)
+        text: str | None
+        if fmt == "json":  # the statement as the run wrote it, not a rebuild
+            text = load.statement_text(folder)
+        elif fmt == "table":
+            text = console.render_text(load.load_attempt(folder)) if output else None
+        else:
+            text = render(load.load_attempt(folder), fmt, output.parent if output else None)
+        if text is None:  # the table on stdout: a terminal's own width and colours
+            console.render(load.load_attempt(folder), console.make_console())
+        elif output is None:
+            sys.stdout.write(text)
+        else:
+            write_outside_evidence(output, text)
+    except OSError as e:
+        raise UsageError(f"writing {output}: {e.strerror}", hint="check the --output path") from e
+
+
 def write_reports(
     record: RunRecord,
     specs: list[tuple[str, Path]],

@@ -26,6 +26,7 @@ from rich.progress import (
 )
 
 if TYPE_CHECKING:
+    from imagegate.oci.verify import Progress as LayerProgress
     from imagegate.runner import RunOptions
 
 
@@ -243,3 +244,20 @@ def run_shown(opts: RunOptions, silent: bool) -> Iterator[None]:
     finally:
         if bars is not None:
             bars.close()
+
+
+@contextlib.contextmanager
+def layer_progress(quiet: bool) -> Iterator[LayerProgress]:
+    """The progress of reading an image's blobs (layers, compare, cache unpack), on stderr: bars
+    on a terminal, a line every 15 s of an engine's silent export elsewhere, nothing when quiet."""
+    from imagegate.oci.verify import NoProgress
+
+    err = Console(stderr=True, highlight=False, markup=False)
+    bars = None if quiet or not err.is_terminal else LayerBars(err)
+    try:
+        if bars is not None:
+            bars.progress.start()
+        yield bars or (NoProgress() if quiet else WaitLines(err))
+    finally:
+        if bars is not None:
+            bars.progress.stop()

@@ -20,12 +20,12 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
-from imagegate.errors import UsageError
-from imagegate.oci.digest import is_digest
+from imagegate.errors import ImagegateError, UsageError
+from imagegate.oci.digest import check_digest, is_digest
 from imagegate.oci.verify import ConfigResult, LayerResult, LayerStatus, VerifyReport
 from imagegate.rootfs.model import Root
 from imagegate.rootfs.tree import remove_tree
@@ -151,6 +151,7 @@ class RootCache:
         return root_from_json(doc["root"], path=os.path.join(entry, "rootfs"))
 
     def entries(self) -> list[CacheEntry]:
+        """The cached roots, least recently used first."""
         out = []
         roots = os.path.join(self.folder, "roots")
         for name in sorted(os.listdir(roots)):
@@ -169,7 +170,7 @@ class RootCache:
                     root.chain_id, root.path, root.size, used, held, root.config_digest, root.unpacked_from
                 )
             )
-        return out
+        return sorted(out, key=lambda e: e.last_used)
 
     def total_bytes(self) -> int:
         return sum(e.size for e in self.entries())
@@ -239,7 +240,7 @@ class RootCache:
         that no run holds); also clears work folders left by runs that died. The roots removed."""
         limit = self.max_bytes if max_bytes is None else max_bytes
         self._clear_work()
-        entries = sorted(self.entries(), key=lambda e: e.last_used)
+        entries = self.entries()
         total = sum(e.size for e in entries)
         removed = []
         for e in entries:
@@ -261,6 +262,26 @@ class RootCache:
                 hint="try again when the run has finished",
             )
         return True
+
+    def remove_each(self, chain_ids: Iterable[str]) -> tuple[list[str], list[ImagegateError]]:
+        """Remove roots by chainID: (removed, problems). A malformed, absent or held chainID is
+        a problem of its own; the others are still removed."""
+        removed: list[str] = []
+        problems: list[ImagegateError] = []
+        for c in chain_ids:
+            try:
+                if self.remove(check_digest(c, what="chainID")):
+                    removed.append(c)
+                else:
+                    problems.append(
+                        UsageError(
+                            f"no root {c} in the cache {self.folder}",
+                            hint="`imagegate cache list` shows the chainIDs",
+                        )
+                    )
+            except ImagegateError as e:
+                problems.append(e)
+        return removed, problems
 
     def _clear_work(self) -> None:
         """Remove work folders whose run is gone (no process holds their build lock)."""

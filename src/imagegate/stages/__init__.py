@@ -39,6 +39,8 @@ class OutsideContext:
     # A verification the driver already made of the very bytes the probes ran on (the rootfs
     # driver verifies every layer while unpacking it), or None.
     verified: VerifyReport | None = None
+    # False where the run checked an environment, not an image (Driver.has_image): no layers.
+    has_image: bool = True
     # Seconds the stage may take (its `timeout`), where the runner enforces one; None: no limit.
     timeout_s: float | None = None
 

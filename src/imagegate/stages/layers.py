@@ -19,6 +19,7 @@ from imagegate.oci.digest import check_digest
 from imagegate.oci.manifest import parse_platform
 from imagegate.oci.reference import parse_reference
 from imagegate.oci.registry import RegistryClient
+from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.oci.sources.interface import ImageSource, Source
 from imagegate.oci.sources.registry import RegistrySource
 from imagegate.oci.transports import open_source
@@ -27,9 +28,7 @@ from imagegate.pipeline.params import LayersParams
 from imagegate.stages import Outcome, OutsideContext
 
 EVIDENCE_FILE = "layers.json"
-DRIVER_VERIFIED = (
-    "verified while the rootfs driver unpacked it, in the same pass: the probes ran on these bytes"
-)
+DRIVER_VERIFIED = "verified while the driver unpacked it, in the same pass: the probes ran on these bytes"
 # Tries while choosing the registry: an unreachable registry falls back to the engine quickly.
 PROBE_RETRIES = 1
 
@@ -75,13 +74,12 @@ def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Cho
     if ctx.source:
         src = open_source(ctx.source, platform=params.platform, insecure=params.insecure)
         return src, Choice("source", src.description, "--source names it")
-    if ctx.driver == "rootfs":
-        # Its root came from the cache (unpacked from an earlier source): read this source itself
-        # (RootfsDriver.image_source opens the same).
-        src = open_source(ctx.image.reference, platform=params.platform, insecure=params.insecure)
-        return src, Choice(
-            "source", src.description, "the source the rootfs driver was given; its root was cached"
-        )
+    # The driver's own way to the bytes it ran (Driver.image_source): read first, unless it is an
+    # engine's export, which the engine prepares whole before its first byte; then a registry
+    # copy of the very same image is read instead, where there is one.
+    own = ctx.image_source(ctx.timeout_s) if ctx.image_source and ctx.image.config_digest else None
+    if own is not None and not isinstance(own, DaemonArchive):
+        return own, Choice("source", own.description, "the source the driver read the image from")
     notes: list[str] = []
     for ref in _registry_candidates(ctx):
         try:
@@ -95,16 +93,13 @@ def _open(ctx: OutsideContext, params: LayersParams) -> tuple[Source | None, Cho
             else "the engine's RepoDigests name this registry manifest (the image was pulled from or pushed to it)"
         )
         return src, Choice("registry", src.description, why + "; its blobs are read directly", notes)
-    # No read timeout on the engine's export (it prepares for minutes): the stage's own.
-    engine = ctx.image_source(ctx.timeout_s) if ctx.image_source and ctx.image.config_digest else None
-    if engine is not None:
-        src = engine
+    if own is not None:
         why = (
             "no registry copy could be read (see notes)"
             if notes
             else "the image has no registry digest (built or loaded locally)"
         )
-        return src, Choice("engine", src.description, why + "; streamed from the engine that ran it", notes)
+        return own, Choice("engine", own.description, why + "; streamed from the engine that ran it", notes)
     return None, Choice("none", None, "no engine and no registry copy", notes)
 
 
@@ -162,12 +157,12 @@ def _verify(
 
 def _no_image(ctx: OutsideContext, choice: Choice) -> Outcome:
     (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps({"source_choice": asdict(choice)}, indent=2))
-    if ctx.driver == "local":
-        # run --here checks an environment, not an image: there are no layers to verify.
+    if not ctx.has_image:
+        # No image ran (run --here checks an environment): there are no layers to verify.
         return Outcome(
             Status.SKIPPED,
-            "no image here: run --here checks this environment; give --source docker://REF "
-            "(or docker-archive:PATH, oci:DIR) to verify an image's layers",
+            f"no image here: the {ctx.driver} driver checked an environment, not an image; give "
+            "--source docker://REF (or docker-archive:PATH, oci:DIR) to verify an image's layers",
         )
     return Outcome(
         Status.ERROR,
