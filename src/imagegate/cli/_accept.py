@@ -35,18 +35,27 @@ def opt(default: Any, *names: str, **kw: Any) -> Any:
 
 
 # One declaration per option, one line each (a table: the formatter would fold it).
-# fmt: off
-PIPELINE = opt("python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.")
+PIPELINE = opt(
+    "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
+)
 MODULES = opt([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 TIMEOUT = opt(None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up).")
-KEY = opt(None, "--key", help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.")
+KEY = opt(
+    None,
+    "--key",
+    help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
+)
 NO_SIGN = opt(False, "--no-sign", help="Do not sign the attempt.")
 REQUIRE_COMPLETE = opt(False, "--require-complete", help="A deferred verdict exits 1.")
 QUIET = opt(False, "--quiet", "-q", help="No progress messages on stderr.")
 PYTHON = opt(None, "--python", help="With --here: the interpreter to run the probes with.")
 MEMORY = opt("8g", "--memory", help="Container memory limit.")
 EXPECT_CONFIG = opt(None, "--expect-config", help="For the layers stage: the official config digest.")
-GPUS = opt(None, "--gpus", help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node check. Default: none (GPUs hidden).")
+GPUS = opt(
+    None,
+    "--gpus",
+    help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node check. Default: none (GPUs hidden).",
+)
 
 
 @dataclass(frozen=True)
@@ -55,17 +64,30 @@ class Accepting:
 
     pipeline: str = PIPELINE
     module: list[str] = MODULES
-    out: Path = opt(Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt.")
-    fmt: Format = opt(Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else.")
+    out: Path = opt(
+        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
+    )
+    fmt: Format = opt(
+        Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
+    )
     require_complete: bool = REQUIRE_COMPLETE
-    report: list[str] = opt([], "--report", help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.")
-    advisory_db: Path | None = opt(None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit.")
+    report: list[str] = opt(
+        [],
+        "--report",
+        help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
+    )
+    advisory_db: Path | None = opt(
+        None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
+    )
     key: str | None = KEY
     no_sign: bool = NO_SIGN
-    attach: bool = opt(False, "--attach", help="Push the signed attestation to the image's repository (as cosign attaches .att).")
+    attach: bool = opt(
+        False,
+        "--attach",
+        help="Push the signed attestation to the image's repository (as cosign attaches .att).",
+    )
     insecure: bool = opt(False, "--insecure", help="With --attach: plain HTTP to the registry.")
     quiet: bool = QUIET
-    # fmt: on
 
     @property
     def silent(self) -> bool:
@@ -76,10 +98,17 @@ class Accepting:
 
     def outputs(self, reference: str | None, notify: Notify) -> accept.Outputs:
         return accept.outputs(
-            self.report, key=self.key, no_sign=self.no_sign, attach=self.attach, insecure=self.insecure,
-            require_complete=self.require_complete, reference=reference,
-            statement_on_stdout=self.fmt is Format.json, notify=notify, warn=warn,
-        )  # fmt: skip
+            self.report,
+            key=self.key,
+            no_sign=self.no_sign,
+            attach=self.attach,
+            insecure=self.insecure,
+            require_complete=self.require_complete,
+            reference=reference,
+            statement_on_stdout=self.fmt is Format.json,
+            notify=notify,
+            warn=warn,
+        )
 
 
 def grouped(command: Callable[..., None]) -> Callable[..., None]:

@@ -29,15 +29,19 @@ def complete(
     gpus: str | None = o.GPUS,
     here: bool = opt(False, "--here", help="Run in this environment instead of a container (local driver)."),
     python: str | None = o.PYTHON,
-    out: Path | None = opt(None, "--out", "-o", help="Evidence folder (default: the one holding the earlier attempt)."),
+    out: Path | None = opt(
+        None, "--out", "-o", help="Evidence folder (default: the one holding the earlier attempt)."
+    ),
     timeout: float | None = o.TIMEOUT,
     memory: str = o.MEMORY,
-    pull: str = opt("never", "--pull", help="Pull the image through the engine: never (default), missing, always."),
+    pull: str = opt(
+        "never", "--pull", help="Pull the image through the engine: never (default), missing, always."
+    ),
     require_complete: bool = o.REQUIRE_COMPLETE,
     key: str | None = o.KEY,
     no_sign: bool = o.NO_SIGN,
     quiet: bool = o.QUIET,
-) -> None:  # fmt: skip
+) -> None:
     """Complete an attempt's deferred stages (e.g. on a GPU host) in a new, linked attempt."""
     from imagegate import complete as completing
 

@@ -31,10 +31,15 @@ _RENDER_EPILOG = (
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
-# fmt: off
 _NAMESPACE = opt("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
-_EXPECT_DIGEST = opt([], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest).")
-_SOURCE = opt(None, "--source", help="For outside stages: read the image from this transport (default: the imageID's digest).")
+_EXPECT_DIGEST = opt(
+    [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
+)
+_SOURCE = opt(
+    None,
+    "--source",
+    help="For outside stages: read the image from this transport (default: the imageID's digest).",
+)
 
 
 @dataclass(frozen=True)
@@ -42,20 +47,38 @@ class PodSpec:
     """What render and run put in the Job (kube.render.PodOptions), and the schemas it must pass."""
 
     namespace: str = _NAMESPACE
-    name: str | None = opt(None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image).")
+    name: str | None = opt(
+        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
+    )
     node_selector: list[str] = opt([], "--node-selector", help="key=value (repeatable).")
     toleration: list[str] = opt([], "--toleration", help="key[=value]:effect (repeatable).")
-    priority_class: str | None = opt(None, "--priority-class", help="priorityClassName; preemptionPolicy is never set.")
+    priority_class: str | None = opt(
+        None, "--priority-class", help="priorityClassName; preemptionPolicy is never set."
+    )
     service_account: str | None = opt(None, "--service-account", help="serviceAccountName.")
     image_pull_secret: list[str] = opt([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
-    deadline: str | None = opt(None, "--deadline", help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).")
+    deadline: str | None = opt(
+        None,
+        "--deadline",
+        help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
+    )
     digest: str | None = opt(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
-    python: str | None = opt(None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3).")
+    python: str | None = opt(
+        None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
+    )
     run_as_user: int | None = opt(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
-    kube_version: str = opt("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
-    gpus: int = opt(0, "--gpus", min=0, help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.")
-    runtime_class: str | None = opt(None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes).")
-    # fmt: on
+    kube_version: str = opt(
+        "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas."
+    )
+    gpus: int = opt(
+        0,
+        "--gpus",
+        min=0,
+        help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
+    )
+    runtime_class: str | None = opt(
+        None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes)."
+    )
 
     def render(self, prep: runner.Prepared, image: str, notify: o.Notify) -> render.Rendered:
         rendered = render.render_checked(prep, image, **dataclasses.asdict(self))
@@ -77,14 +100,16 @@ def _gpus(n: int) -> str | None:
 )
 @o.grouped
 def render_cmd(
-    image: str = typer.Argument(..., help="The image the cluster should run, e.g. repo/name:tag or repo@sha256:..."),
+    image: str = typer.Argument(
+        ..., help="The image the cluster should run, e.g. repo/name:tag or repo@sha256:..."
+    ),
     pipeline: str = o.PIPELINE,
     module: list[str] = o.MODULES,
     spec: PodSpec = PodSpec(),
     key: str | None = o.KEY,
     no_sign: bool = o.NO_SIGN,
     quiet: bool = o.QUIET,
-) -> None:  # fmt: skip
+) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = o.notifier(quiet)
     prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus)))
@@ -114,9 +139,11 @@ def collect_cmd(
     expect_digest: list[str] = _EXPECT_DIGEST,
     source: str | None = _SOURCE,
     expect_config: str | None = o.EXPECT_CONFIG,
-    timeout: float | None = opt(None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."),
+    timeout: float | None = opt(
+        None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
+    ),
     gpus: int = opt(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
-) -> None:  # fmt: skip
+) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = o.notifier(a.silent)
     accept.check_timeout(timeout)
@@ -146,9 +173,15 @@ def run_cmd(
     expect_digest: list[str] = _EXPECT_DIGEST,
     source: str | None = _SOURCE,
     expect_config: str | None = o.EXPECT_CONFIG,
-    keep: bool = opt(False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."),
-    timeout: float | None = opt(None, "--timeout", help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes)."),
-) -> None:  # fmt: skip
+    keep: bool = opt(
+        False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
+    ),
+    timeout: float | None = opt(
+        None,
+        "--timeout",
+        help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes).",
+    ),
+) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
     notify = o.notifier(a.silent)
     with o.interrupts():
@@ -158,8 +191,12 @@ def run_cmd(
             a.run_options(gpus=_gpus(spec.gpus), source=source, expect_config=expect_config)
         )
         observer = podrun.PodRunObserver(
-            spec.render(prep, image, notify), kubectl.KubectlCluster(context=context),
-            expect_digests=expect_digest, keep=keep, limit_s=timeout, notify=notify,
-        )  # fmt: skip
+            spec.render(prep, image, notify),
+            kubectl.KubectlCluster(context=context),
+            expect_digests=expect_digest,
+            keep=keep,
+            limit_s=timeout,
+            notify=notify,
+        )
         done = accept.accept(prep, observer, a.out, outputs, notify)
     o.finish(done, a.fmt, a.quiet)

@@ -28,21 +28,43 @@ from imagegate.report.progress import run_shown, setup_logging
 )
 @o.grouped
 def run(
-    image: str | None = typer.Argument(None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."),
+    image: str | None = typer.Argument(
+        None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."
+    ),
     a: o.Accepting = o.Accepting(),
     timeout: float | None = o.TIMEOUT,
     memory: str = o.MEMORY,
-    jobs: int | None = opt(None, "--jobs", "-j", metavar="N", help="Groups of in-image stages run at once, a container each (default: the CPU count)."),
-    skip: list[str] = opt([], "--skip", metavar="ID", help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it."),
-    pull: str = opt("missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."),
+    jobs: int | None = opt(
+        None,
+        "--jobs",
+        "-j",
+        metavar="N",
+        help="Groups of in-image stages run at once, a container each (default: the CPU count).",
+    ),
+    skip: list[str] = opt(
+        [],
+        "--skip",
+        metavar="ID",
+        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
+    ),
+    pull: str = opt(
+        "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
+    ),
     here: bool = opt(False, "--here", help="Run in this environment: the same as --driver here."),
-    driver: str | None = opt(None, "--driver", metavar="NAME", help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here."),
+    driver: str | None = opt(
+        None,
+        "--driver",
+        metavar="NAME",
+        help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here.",
+    ),
     gpus: str | None = o.GPUS,
     python: str | None = o.PYTHON,
-    source: str | None = opt(None, "--source", help="For the layers stage: read the image from this transport."),
+    source: str | None = opt(
+        None, "--source", help="For the layers stage: read the image from this transport."
+    ),
     expect_config: str | None = o.EXPECT_CONFIG,
     verbose: int = opt(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
-) -> None:  # fmt: skip
+) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     setup_logging(verbose, a.quiet)
     notify = o.notifier(a.silent)
@@ -52,14 +74,25 @@ def run(
         outputs = a.outputs(image, notify)
         gpu = gpus_parse(gpus)
         opts = a.run_options(
-            timeout=timeout, source=source, expect_config=expect_config, gpus=gpu.spec if gpu else None,
-            skip=skip, jobs=jobs or os.cpu_count() or 1,
-        )  # fmt: skip
+            timeout=timeout,
+            source=source,
+            expect_config=expect_config,
+            gpus=gpu.spec if gpu else None,
+            skip=skip,
+            jobs=jobs or os.cpu_count() or 1,
+        )
         prep = runner.prepare(opts)
         the_driver = accept.driver_for(
-            here=False, name=name, python=python, memory=memory, pull=pull, gpus=gpu, notify=notify,
-            expect_config=expect_config, insecure=a.insecure,
-        )  # fmt: skip
+            here=False,
+            name=name,
+            python=python,
+            memory=memory,
+            pull=pull,
+            gpus=gpu,
+            notify=notify,
+            expect_config=expect_config,
+            insecure=a.insecure,
+        )
         with run_shown(opts, a.silent):
             observer = runner.DriverObserver(the_driver, image, opts, notify)
             done = accept.accept(prep, observer, a.out, outputs, notify)
