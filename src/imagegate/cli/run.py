@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import typer
 
@@ -10,9 +11,73 @@ from imagegate import accept, runner
 from imagegate.cli import _accept as o
 from imagegate.cli._accept import opt
 from imagegate.cli._app import app
-from imagegate.drivers.select import driver_name
+from imagegate.drivers.interface import Driver
+from imagegate.drivers.select import DriverName, driver_name
+from imagegate.gpus import GpuRequest
 from imagegate.gpus import parse as gpus_parse
 from imagegate.report.progress import run_shown, setup_logging
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how the probes run: the driver, its limits, the stages taken and the deadline."""
+
+    timeout: float | None = o.TIMEOUT
+    memory: str = o.MEMORY
+    jobs: int | None = opt(
+        None,
+        "--jobs",
+        "-j",
+        metavar="N",
+        help="Groups of in-image stages run at once, a container each (default: the CPU count).",
+    )
+    skip: list[str] = opt(
+        [],
+        "--skip",
+        metavar="ID",
+        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
+    )
+    pull: str = opt(
+        "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
+    )
+    here: bool = opt(False, "--here", help="Run in this environment: the same as --driver here.")
+    driver: str | None = opt(
+        None,
+        "--driver",
+        metavar="NAME",
+        help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here.",
+    )
+    gpus: str | None = o.GPUS
+    python: str | None = o.PYTHON
+    source: str | None = opt(
+        None, "--source", help="For the layers stage: read the image from this transport."
+    )
+    expect_config: str | None = o.EXPECT_CONFIG
+
+    def run_options(self, a: o.Accepting, gpu: GpuRequest | None) -> runner.RunOptions:
+        return a.run_options(
+            timeout=self.timeout,
+            source=self.source,
+            expect_config=self.expect_config,
+            gpus=gpu.spec if gpu else None,
+            skip=self.skip,
+            jobs=self.jobs or os.cpu_count() or 1,
+        )
+
+    def make_driver(
+        self, name: DriverName | None, gpu: GpuRequest | None, insecure: bool, notify: o.Notify
+    ) -> Driver:
+        return accept.driver_for(
+            here=False,
+            name=name,
+            python=self.python,
+            memory=self.memory,
+            pull=self.pull,
+            gpus=gpu,
+            notify=notify,
+            expect_config=self.expect_config,
+            insecure=insecure,
+        )
 
 
 @app.command(
@@ -32,68 +97,21 @@ def run(
         None, help="Image reference or ID in the engine (DOCKER_HOST is honoured)."
     ),
     a: o.Accepting = o.Accepting(),
-    timeout: float | None = o.TIMEOUT,
-    memory: str = o.MEMORY,
-    jobs: int | None = opt(
-        None,
-        "--jobs",
-        "-j",
-        metavar="N",
-        help="Groups of in-image stages run at once, a container each (default: the CPU count).",
-    ),
-    skip: list[str] = opt(
-        [],
-        "--skip",
-        metavar="ID",
-        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
-    ),
-    pull: str = opt(
-        "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
-    ),
-    here: bool = opt(False, "--here", help="Run in this environment: the same as --driver here."),
-    driver: str | None = opt(
-        None,
-        "--driver",
-        metavar="NAME",
-        help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here.",
-    ),
-    gpus: str | None = o.GPUS,
-    python: str | None = o.PYTHON,
-    source: str | None = opt(
-        None, "--source", help="For the layers stage: read the image from this transport."
-    ),
-    expect_config: str | None = o.EXPECT_CONFIG,
+    p: Placement = Placement(),
     verbose: int = opt(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     setup_logging(verbose, a.quiet)
     notify = o.notifier(a.silent)
     with o.interrupts():
-        name = driver_name(driver, here)
-        accept.check_run_input(image, name, jobs, timeout)
+        name = driver_name(p.driver, p.here)
+        accept.check_run_input(image, name, p.jobs, p.timeout)
         outputs = a.outputs(image, notify)
-        gpu = gpus_parse(gpus)
-        opts = a.run_options(
-            timeout=timeout,
-            source=source,
-            expect_config=expect_config,
-            gpus=gpu.spec if gpu else None,
-            skip=skip,
-            jobs=jobs or os.cpu_count() or 1,
-        )
+        gpu = gpus_parse(p.gpus)
+        opts = p.run_options(a, gpu)
         prep = runner.prepare(opts)
-        the_driver = accept.driver_for(
-            here=False,
-            name=name,
-            python=python,
-            memory=memory,
-            pull=pull,
-            gpus=gpu,
-            notify=notify,
-            expect_config=expect_config,
-            insecure=a.insecure,
-        )
+        driver = p.make_driver(name, gpu, a.insecure, notify)
         with run_shown(opts, a.silent):
-            observer = runner.DriverObserver(the_driver, image, opts, notify)
+            observer = runner.DriverObserver(driver, image, opts, notify)
             done = accept.accept(prep, observer, a.out, outputs, notify)
     o.finish(done, a.fmt, a.quiet)
