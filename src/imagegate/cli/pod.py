@@ -106,8 +106,9 @@ def render_cmd(
     pipeline: str = o.PIPELINE,
     module: list[str] = o.MODULES,
     spec: PodSpec = PodSpec(),
-    key: str | None = o.KEY,
-    no_sign: bool = o.NO_SIGN,
+    # Accepted from older scripts and hidden: render signs nothing (collect and run sign).
+    key: str | None = opt(None, "--key", hidden=True),
+    no_sign: bool = opt(False, "--no-sign", hidden=True),
     quiet: bool = o.QUIET,
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
