@@ -311,5 +311,30 @@ def test_cli_pod_run_interrupted_says_what_may_be_left(
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 130, result.output
-    assert "interrupted; the Job may still be there (ttlSecondsAfterFinished)" in result.output
+    # Deleted, as on any end: nothing is left, and the message says no more than that.
     assert not cluster.objects and "delete job/" in " ".join(cluster.calls)
+    assert "interrupted; nothing was left running" in result.output, result.output
+
+
+def test_cli_pod_run_interrupted_while_deleting_names_the_job(
+    tmp_path: Path, real_log: Callable[[bytes], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the Job is being deleted: exit 130 and the message names the Job and
+    ConfigMap that may be left, with the command that removes them (FakeCluster, as above)."""
+    from typer.testing import CliRunner
+
+    from imagegate.cli import app
+
+    class InterruptedDelete(FakeCluster):
+        def delete(self, kind: str, name: str, namespace: str) -> None:
+            raise KeyboardInterrupt
+
+    cluster = InterruptedDelete(real_log, pending_polls=0)
+    monkeypatch.setattr("imagegate.kube.kubectl.KubectlCluster", lambda context=None: cluster)
+    args = ["pod", "run", f"myorg/app@{DIGEST}", "-p", "python", "--no-sign", "-o", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 130, result.output
+    assert cluster.objects, "the fake's delete was interrupted: the objects are still there"
+    name = next(n for kind, n in cluster.objects if kind == "job")
+    expected = f"job/{name} and configmap/{name} may be left: kubectl delete job,configmap {name} -n default"
+    assert expected in result.output, result.output

@@ -22,6 +22,16 @@ from imagegate.model import ImageFacts, RunRecord
 from imagegate.runner import Notify, Observation, Prepared, RunOptions
 
 KINDS = ("job", "configmap")
+
+
+@dataclass
+class JobState:
+    """How far a `pod run` got with its objects, for what an interrupt may leave."""
+
+    created: bool = False
+    deleted: bool = False
+
+
 # Waiting reasons that no amount of waiting fixes: stop now and report them.
 HOPELESS = ("InvalidImageName", "ErrImageNeverPull")
 FINISH_GRACE_S = 120.0  # after activeDeadlineSeconds: the Job controller's own reaction time
@@ -55,6 +65,7 @@ class PodRunObserver:
         self.expect_digests, self.notify = expect_digests, notify
         self.reference: str | None = rendered.image
         self.collected: PodObserver | None = None
+        self.state = JobState()
 
     def subject(self, prep: Prepared) -> ImageFacts:
         pod, log, failure = run_job(
@@ -64,6 +75,7 @@ class PodRunObserver:
             limit_s=self.limit_s,
             waits=self.waits,
             notify=self.notify,
+            state=self.state,
         )
         self.collected = PodObserver(
             pod, log, expect_digests=self.expect_digests, job_failure=failure, notify=self.notify
@@ -75,8 +87,11 @@ class PodRunObserver:
         return self.collected.observe(prep, attempt)
 
     def left_behind(self) -> str | None:
-        # An interrupt while deleting (or with --keep) leaves the Job to its TTL.
-        return "the Job may still be there (ttlSecondsAfterFinished)"
+        if not self.state.created or self.state.deleted:
+            return None
+        ns, name = self.rendered.namespace, self.rendered.name
+        why = "kept (--keep)" if self.keep else "may be left"
+        return f"job/{name} and configmap/{name} {why}: kubectl delete job,configmap {name} -n {ns}"
 
 
 def run_job(
@@ -87,13 +102,16 @@ def run_job(
     limit_s: float | None = None,
     waits: Waits = Waits(),
     notify: Notify = lambda _m: None,
+    state: JobState | None = None,
 ) -> tuple[dict[str, Any], bytes, str | None]:
     """Wait out the previous run, create, wait for the Pod to finish (`limit_s`, default: the
     Job's deadline and a grace period), read its log, delete: the finished Pod, its log, and
-    why the Job ended early if it did."""
+    why the Job ended early if it did. `state`: updated as the objects are created and deleted."""
+    state = state or JobState()
     ns, name = rendered.namespace, rendered.name
     wait_gone(cluster, name, ns, waits, notify)
     notify(f"creating configmap/{name} and job/{name} in {ns}")
+    state.created = True  # before the call: an interrupt inside it may have created some
     cluster.create(rendered.objects)
     try:
         limit = limit_s or float(rendered.job["spec"]["activeDeadlineSeconds"]) + FINISH_GRACE_S
@@ -114,6 +132,7 @@ def run_job(
         if not keep:
             for kind in KINDS:
                 cluster.delete(kind, name, ns)
+            state.deleted = True
 
 
 def run_pod(
