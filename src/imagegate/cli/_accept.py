@@ -86,7 +86,11 @@ class Accepting:
         "--attach",
         help="Push the signed attestation to the image's repository (as cosign attaches .att).",
     )
-    insecure: bool = opt(False, "--insecure", help="With --attach: plain HTTP to the registry.")
+    insecure: bool = opt(
+        False,
+        "--insecure",
+        help="Registries: skip TLS verification, fall back to HTTP (--attach; IMAGE with --driver rootfs).",
+    )
     quiet: bool = QUIET
 
     @property
