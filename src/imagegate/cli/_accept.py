@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from typer import Option
 
 from imagegate import accept
 from imagegate.cli._app import Format
@@ -30,28 +31,26 @@ EXIT_CODES = (
 )
 
 
-def opt(default: Any, *names: str, **kw: Any) -> Any:
-    return typer.Option(default, *names, **kw)
-
-
 # One declaration per option, one line each (a table: the formatter would fold it).
-PIPELINE = opt(
+PIPELINE = Option(
     "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
 )
-MODULES = opt([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
-TIMEOUT = opt(None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up).")
-KEY = opt(
+MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
+TIMEOUT = Option(
+    None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
+)
+KEY = Option(
     None,
     "--key",
     help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
 )
-NO_SIGN = opt(False, "--no-sign", help="Do not sign the attempt.")
-REQUIRE_COMPLETE = opt(False, "--require-complete", help="A deferred verdict exits 1.")
-QUIET = opt(False, "--quiet", "-q", help="No progress messages on stderr.")
-PYTHON = opt(None, "--python", help="With --here: the interpreter to run the probes with.")
-MEMORY = opt("8g", "--memory", help="Container memory limit.")
-EXPECT_CONFIG = opt(None, "--expect-config", help="For the layers stage: the official config digest.")
-GPUS = opt(
+NO_SIGN = Option(False, "--no-sign", help="Do not sign the attempt.")
+REQUIRE_COMPLETE = Option(False, "--require-complete", help="A deferred verdict exits 1.")
+QUIET = Option(False, "--quiet", "-q", help="No progress messages on stderr.")
+PYTHON = Option(None, "--python", help="With --here: the interpreter to run the probes with.")
+MEMORY = Option("8g", "--memory", help="Container memory limit.")
+EXPECT_CONFIG = Option(None, "--expect-config", help="For the layers stage: the official config digest.")
+GPUS = Option(
     None,
     "--gpus",
     help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node check. Default: none (GPUs hidden).",
@@ -64,29 +63,29 @@ class Accepting:
 
     pipeline: str = PIPELINE
     module: list[str] = MODULES
-    out: Path = opt(
+    out: Path = Option(
         Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
     )
-    fmt: Format = opt(
+    fmt: Format = Option(
         Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
     )
     require_complete: bool = REQUIRE_COMPLETE
-    report: list[str] = opt(
+    report: list[str] = Option(
         [],
         "--report",
         help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
     )
-    advisory_db: Path | None = opt(
+    advisory_db: Path | None = Option(
         None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
     )
     key: str | None = KEY
     no_sign: bool = NO_SIGN
-    attach: bool = opt(
+    attach: bool = Option(
         False,
         "--attach",
         help="Push the signed attestation to the image's repository (as cosign attaches .att).",
     )
-    insecure: bool = opt(
+    insecure: bool = Option(
         False,
         "--insecure",
         help="Registries: skip TLS verification, fall back to HTTP (--attach; IMAGE with --driver rootfs).",

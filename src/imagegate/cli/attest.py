@@ -11,6 +11,7 @@ from typer import Argument, Option
 
 from imagegate.attest import keys
 from imagegate.attest.statement import PREDICATE_TYPE
+from imagegate.cli import _app
 from imagegate.cli._app import app
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.report import console_attest
@@ -19,9 +20,6 @@ from imagegate.report import console_attest
 class KeyAlgorithm(str, enum.Enum):
     ecdsa_p256 = "ecdsa-p256"
     ed25519 = "ed25519"
-
-
-_INSECURE = Option(False, "--insecure", help="Registry over HTTPS without certificate checks, or plain HTTP.")
 
 
 @app.command(
@@ -82,7 +80,7 @@ def verify(
     ),
     no_evidence: bool = Option(False, "--no-evidence", hidden=True),  # the earlier name
     predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect."),
-    insecure: bool = _INSECURE,
+    insecure: bool = _app.INSECURE,
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest.verify import verify as verify_attestation  # lazy: keeps CLI start-up fast
@@ -116,7 +114,7 @@ def attach(
     image: str = Argument(
         ..., help="The image in its registry; its digest must be the attestation's subject."
     ),
-    insecure: bool = _INSECURE,
+    insecure: bool = _app.INSECURE,
 ) -> None:
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""

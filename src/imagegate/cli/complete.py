@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 import typer
+from typer import Option
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._accept import opt
 from imagegate.cli._app import Format, app
 from imagegate.gpus import parse as gpus_parse
 
@@ -27,14 +27,16 @@ from imagegate.gpus import parse as gpus_parse
 def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
     gpus: str | None = o.GPUS,
-    here: bool = opt(False, "--here", help="Run in this environment instead of a container (local driver)."),
+    here: bool = Option(
+        False, "--here", help="Run in this environment instead of a container (local driver)."
+    ),
     python: str | None = o.PYTHON,
-    out: Path | None = opt(
+    out: Path | None = Option(
         None, "--out", "-o", help="Evidence folder (default: the one holding the earlier attempt)."
     ),
     timeout: float | None = o.TIMEOUT,
     memory: str = o.MEMORY,
-    pull: str = opt(
+    pull: str = Option(
         "never", "--pull", help="Pull the image through the engine: never (default), missing, always."
     ),
     require_complete: bool = o.REQUIRE_COMPLETE,

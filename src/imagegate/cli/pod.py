@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
+from typer import Option
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._accept import opt
 from imagegate.cli._app import app
 from imagegate.kube import kubectl, podrun, render
 from imagegate.kube.collect import PodObserver
@@ -31,11 +31,11 @@ _RENDER_EPILOG = (
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
-_NAMESPACE = opt("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
-_EXPECT_DIGEST = opt(
+_NAMESPACE = Option("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
+_EXPECT_DIGEST = Option(
     [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
 )
-_SOURCE = opt(
+_SOURCE = Option(
     None,
     "--source",
     help="For outside stages: read the image from this transport (default: the imageID's digest).",
@@ -47,36 +47,38 @@ class PodSpec:
     """What render and run put in the Job (kube.render.PodOptions), and the schemas it must pass."""
 
     namespace: str = _NAMESPACE
-    name: str | None = opt(
+    name: str | None = Option(
         None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
     )
-    node_selector: list[str] = opt([], "--node-selector", help="key=value (repeatable).")
-    toleration: list[str] = opt([], "--toleration", help="key[=value]:effect (repeatable).")
-    priority_class: str | None = opt(
+    node_selector: list[str] = Option([], "--node-selector", help="key=value (repeatable).")
+    toleration: list[str] = Option([], "--toleration", help="key[=value]:effect (repeatable).")
+    priority_class: str | None = Option(
         None, "--priority-class", help="priorityClassName; preemptionPolicy is never set."
     )
-    service_account: str | None = opt(None, "--service-account", help="serviceAccountName.")
-    image_pull_secret: list[str] = opt([], "--image-pull-secret", help="imagePullSecrets name (repeatable).")
-    deadline: str | None = opt(
+    service_account: str | None = Option(None, "--service-account", help="serviceAccountName.")
+    image_pull_secret: list[str] = Option(
+        [], "--image-pull-secret", help="imagePullSecrets name (repeatable)."
+    )
+    deadline: str | None = Option(
         None,
         "--deadline",
         help="activeDeadlineSeconds, pull included: 1800, '30m' (default: 30m or the stages' timeouts + 10m).",
     )
-    digest: str | None = opt(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
-    python: str | None = opt(
+    digest: str | None = Option(None, "--digest", help="Pin IMAGE to this manifest digest (sha256:...).")
+    python: str | None = Option(
         None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
     )
-    run_as_user: int | None = opt(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
-    kube_version: str = opt(
+    run_as_user: int | None = Option(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
+    kube_version: str = Option(
         "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas."
     )
-    gpus: int = opt(
+    gpus: int = Option(
         0,
         "--gpus",
         min=0,
         help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
     )
-    runtime_class: str | None = opt(
+    runtime_class: str | None = Option(
         None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes)."
     )
 
@@ -107,8 +109,8 @@ def render_cmd(
     module: list[str] = o.MODULES,
     spec: PodSpec = PodSpec(),
     # Accepted from older scripts and hidden: render signs nothing (collect and run sign).
-    key: str | None = opt(None, "--key", hidden=True),
-    no_sign: bool = opt(False, "--no-sign", hidden=True),
+    key: str | None = Option(None, "--key", hidden=True),
+    no_sign: bool = Option(False, "--no-sign", hidden=True),
     quiet: bool = o.QUIET,
 ) -> None:
     """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
@@ -131,19 +133,19 @@ def render_cmd(
 )
 @o.grouped
 def collect_cmd(
-    logs: Path | None = opt(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
-    pod: Path | None = opt(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
-    job: str | None = opt(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
+    logs: Path | None = Option(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
+    pod: Path | None = Option(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
+    job: str | None = Option(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
     namespace: str = _NAMESPACE,
-    context: str | None = opt(None, "--context", help="kubectl context, with --job."),
+    context: str | None = Option(None, "--context", help="kubectl context, with --job."),
     a: o.Accepting = o.Accepting(),
     expect_digest: list[str] = _EXPECT_DIGEST,
     source: str | None = _SOURCE,
     expect_config: str | None = o.EXPECT_CONFIG,
-    timeout: float | None = opt(
+    timeout: float | None = Option(
         None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
     ),
-    gpus: int = opt(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
+    gpus: int = Option(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = o.notifier(a.silent)
@@ -170,14 +172,14 @@ def run_cmd(
     image: str = typer.Argument(..., help="The image the cluster should run."),
     a: o.Accepting = o.Accepting(),
     spec: PodSpec = PodSpec(),
-    context: str | None = opt(None, "--context", help="kubectl context."),
+    context: str | None = Option(None, "--context", help="kubectl context."),
     expect_digest: list[str] = _EXPECT_DIGEST,
     source: str | None = _SOURCE,
     expect_config: str | None = o.EXPECT_CONFIG,
-    keep: bool = opt(
+    keep: bool = Option(
         False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
     ),
-    timeout: float | None = opt(
+    timeout: float | None = Option(
         None,
         "--timeout",
         help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes).",

@@ -6,10 +6,10 @@ import os
 from dataclasses import dataclass
 
 import typer
+from typer import Option
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._accept import opt
 from imagegate.cli._app import app
 from imagegate.drivers.interface import Driver
 from imagegate.drivers.select import DriverName, driver_name
@@ -24,24 +24,24 @@ class Placement:
 
     timeout: float | None = o.TIMEOUT
     memory: str = o.MEMORY
-    jobs: int | None = opt(
+    jobs: int | None = Option(
         None,
         "--jobs",
         "-j",
         metavar="N",
         help="Groups of in-image stages run at once, a container each (default: the CPU count).",
     )
-    skip: list[str] = opt(
+    skip: list[str] = Option(
         [],
         "--skip",
         metavar="ID",
         help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
     )
-    pull: str = opt(
+    pull: str = Option(
         "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
     )
-    here: bool = opt(False, "--here", help="Run in this environment: the same as --driver here.")
-    driver: str | None = opt(
+    here: bool = Option(False, "--here", help="Run in this environment: the same as --driver here.")
+    driver: str | None = Option(
         None,
         "--driver",
         metavar="NAME",
@@ -49,7 +49,7 @@ class Placement:
     )
     gpus: str | None = o.GPUS
     python: str | None = o.PYTHON
-    source: str | None = opt(
+    source: str | None = Option(
         None, "--source", help="For the layers stage: read the image from this transport."
     )
     expect_config: str | None = o.EXPECT_CONFIG
@@ -98,7 +98,7 @@ def run(
     ),
     a: o.Accepting = o.Accepting(),
     p: Placement = Placement(),
-    verbose: int = opt(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
+    verbose: int = Option(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     setup_logging(verbose, a.quiet)
