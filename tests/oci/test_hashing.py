@@ -7,7 +7,9 @@ import gzip
 import hashlib
 import io
 import lzma
+import os
 import subprocess
+import threading
 
 import pytest
 import zstandard
@@ -102,3 +104,55 @@ def test_threaded_pipeline_raises_what_the_source_raises() -> None:
 
     with pytest.raises(OSError, match="connection reset by the registry"):
         digest_blob(Broken(), pipeline=True)
+
+
+def test_threaded_pipeline_stops_its_thread_when_the_pass_stops() -> None:
+    """A tap that raises (an unpack refusing an entry) stops the pass: the error reaches the
+    caller and no thread is left reading the source."""
+    gz = gzip.compress(os.urandom(1 << 20) * 24)  # several chunks in and out
+    before = set(threading.enumerate())
+    calls = 0
+
+    def tap(data: bytes) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("hostile entry")
+
+    with pytest.raises(RuntimeError, match="hostile entry"):
+        digest_blob(io.BytesIO(gz), pipeline=True, tap=tap)
+    assert set(threading.enumerate()) <= before
+    assert (
+        digest_blob(io.BytesIO(gz), pipeline=True).diff_id
+        == digest_blob(io.BytesIO(gz), pipeline=False).diff_id
+    )
+
+
+def test_threaded_pipeline_under_uneven_reads_and_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two threads hand work back and forth (either one reads or hashes, in order): with
+    tiny chunks and a source that stalls at random, every result is the single thread's."""
+    import random
+    import time
+
+    import imagegate.oci.hashing as hashing
+
+    monkeypatch.setattr(hashing, "READ_CHUNK", 4096)
+    monkeypatch.setattr(hashing, "OUT_CHUNK", 8192)
+    rng = random.Random(7)
+    data = rng.randbytes(40_000) * 6 + bytes(100_000)
+
+    class Uneven:
+        def __init__(self, blob: bytes):
+            self.f = io.BytesIO(blob)
+
+        def read(self, n: int) -> bytes:
+            if rng.random() < 0.05:
+                time.sleep(rng.random() / 2000)
+            return self.f.read(rng.randint(1, n))
+
+    for blob in (gzip.compress(data), zstandard.ZstdCompressor().compress(data), data):
+        for declared in (None, len(blob), len(blob) - 5):
+            for _ in range(5):
+                many = digest_blob(Uneven(blob), declared_size=declared, pipeline=True)
+                assert many == digest_blob(io.BytesIO(blob), declared_size=declared, pipeline=False)
+    assert digest_blob(Uneven(gzip.compress(data)), pipeline=True).diff_id == _sha(data)

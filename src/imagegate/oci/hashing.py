@@ -2,20 +2,21 @@
 decompressed stream, in bounded memory. Compression is detected from the bytes (as Docker and
 containers/image do), not trusted from a media type.
 
-A large blob is a pipeline of three threads joined by small bounded queues: reading the source
-and hashing its bytes (the blob digest), inflating, and hashing the inflated bytes (the diffID).
-hashlib and ISA-L release the GIL, so one giant layer (a 10 GB `pip install` layer) keeps every
-core busy instead of one, in constant memory (a few MiB per queue). Inflating is the slowest
-step; the other two together take about as long on the other core."""
+A large blob is read, inflated and hashed by two threads joined by small bounded queues: the
+calling thread inflates; one thread beside it reads the source, hashes its bytes (the blob
+digest) and hashes the inflated bytes (the diffID). hashlib and ISA-L release the GIL, so one
+giant layer (a 10 GB `pip install` layer) keeps both cores of a small runner busy instead of
+one, in constant memory (a few MiB). Inflating is the slowest step; the other two together
+take about as long."""
 
 from __future__ import annotations
 
 import bz2
+import collections
 import ctypes
 import functools
 import hashlib
 import lzma
-import queue
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +27,6 @@ import zstandard
 from isal import igzip_lib
 
 from imagegate.oci.digest import new_hasher
-from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.zstdframes import ZstdFrameWalker
 
 # Small steps keep each chunk in the CPU cache between inflating and hashing it (measured:
@@ -91,58 +91,206 @@ class DecompressError(Exception):
     pass
 
 
-_DONE = object()
+class _Beside:
+    """The one thread beside the inflating (calling) thread: it reads the source a few chunks
+    ahead, hashing each (the blob digest), and hashes the inflated chunks handed to it (the
+    diffID), reading first whenever the inflater's input runs out. When the inflating thread
+    would wait for it (no input yet, or its hashing queue full), it does that work itself
+    instead: the next read or the next hash, whichever is free (each stays one at a time and in
+    order). Measured on a 4.5 GB layer (10 GB inflated) from a registry on two cores, which the
+    registry shares: 5% less wall time than a thread per step, with the same CPU time.
 
+    Reads stop at `limit` bytes, like the reader they feed. An error in reading is raised in
+    the consumer's read(); one in hashing, at its next update() or hexdigest()."""
 
-class _Worker:
-    """One thread fed through a bounded queue; an error in it is raised in the feeder."""
-
-    def __init__(self, name: str, work: Callable[[bytes], Any]):
-        self._work = work
-        self._q: queue.Queue[object] = queue.Queue(QUEUE_DEPTH)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+    def __init__(self, src: Reader, limit: int | None, blob_hasher: hashlib._Hash):
+        self.blob_hasher, self._diff_hasher = blob_hasher, hashlib.sha256()
+        self._chunks = _read_chunks(src, limit, blob_hasher)
+        self._cv = threading.Condition()
+        self._read: collections.deque[bytes] = collections.deque()  # read, not yet inflated
+        self._inflated: collections.deque[bytes] = collections.deque()  # not yet hashed
+        self._read_all = self._stop = self._hashing = self._reading = False
+        self._read_error: BaseException | None = None
+        self._hash_error: BaseException | None = None
+        self._buf, self._pos = b"", 0
+        self._thread = threading.Thread(target=self._run, name="blob-read-hash", daemon=True)
         self._thread.start()
 
+    # -- the thread --------------------------------------------------------------------------
+
+    def _next_step(self) -> bytes | None:
+        """Under the lock: an inflated chunk to hash, None to read, or wait; raises _Stop."""
+        while not self._stop:
+            can_read = not self._read_all and len(self._read) < QUEUE_DEPTH and not self._reading
+            if self._inflated and not self._hashing and (self._read or not can_read):
+                return self._take_hash()
+            if can_read:
+                self._reading = True
+                return None
+            self._cv.wait()
+        raise _Stop
+
+    def _take_hash(self) -> bytes:
+        """Under the lock: the oldest inflated chunk, for this thread to hash (one at a time, in
+        order: the flag stays set until hashed)."""
+        self._hashing = True
+        self._cv.notify_all()
+        return self._inflated.popleft()
+
     def _run(self) -> None:
-        while (item := self._q.get()) is not _DONE:
-            if self._error is None:
-                try:
-                    self._work(item)  # type: ignore[arg-type]
-                except BaseException as e:  # kept; raised in the feeding thread
-                    self._error = e
+        try:
+            while True:
+                with self._cv:
+                    chunk = self._next_step()
+                if chunk is None:
+                    self._read_one()
+                else:
+                    self._hash_one(chunk)
+        except _Stop:
+            return
 
-    def put(self, data: bytes) -> None:
-        if self._error is not None:
-            raise self._error
-        self._q.put(data)
+    def _hash_one(self, chunk: bytes) -> None:
+        try:
+            self._diff_hasher.update(chunk)
+        except BaseException as e:  # kept; raised in the inflating thread
+            self._hash_error = e
+        with self._cv:
+            self._hashing = False
+            self._cv.notify_all()
 
-    def join(self) -> None:
-        self._q.put(_DONE)
+    def _read_one(self) -> None:
+        try:
+            data = next(self._chunks, b"")
+        except BaseException as e:  # kept; raised in the consumer's read()
+            data, self._read_error = b"", e
+        with self._cv:
+            if data:
+                self._read.append(data)
+            else:
+                self._read_all = True
+            self._reading = False
+            self._cv.notify_all()
+
+    # -- the inflating thread: when it would wait for the other one, it does that work itself
+
+    def read(self, n: int) -> bytes:
+        while self._pos >= len(self._buf):
+            with self._cv:
+                work = self._inflater_step(need_input=True)
+                if work is _GO_ON:
+                    if not self._read:
+                        return b""  # the end
+                    self._buf, self._pos = self._read.popleft(), 0
+                    self._cv.notify_all()
+                    break
+            self._do(work)
+        # A whole chunk is handed on as is: no copy.
+        out = self._buf[self._pos : self._pos + n] if self._pos or n < len(self._buf) else self._buf
+        self._pos += len(out)
+        return out
+
+    def hash_inflated(self, data: bytes) -> None:
+        while True:
+            with self._cv:
+                work = self._inflater_step(need_input=False)
+                if work is _GO_ON:
+                    self._inflated.append(data)
+                    self._cv.notify_all()
+                    return
+            self._do(work)
+
+    def _inflater_step(self, need_input: bool) -> bytes | _GoOn | None:
+        """Under the lock, for the inflating thread: _GO_ON when it can go on (input is there or
+        the stream ended; room in the hashing queue), else work it does itself rather than wait
+        for the other thread: a chunk to hash, or None to read a chunk."""
+        while True:
+            if self._hash_error is not None:  # also an interrupt met while hashing here
+                raise self._hash_error
+            if need_input and (self._read or self._read_all):
+                if not self._read and self._read_error is not None:
+                    raise self._read_error
+                return _GO_ON
+            if not need_input and len(self._inflated) < QUEUE_DEPTH:
+                return _GO_ON
+            can_read = not self._read_all and len(self._read) < QUEUE_DEPTH and not self._reading
+            can_hash = bool(self._inflated) and not self._hashing
+            if can_read and (need_input or not can_hash):
+                self._reading = True
+                return None
+            if can_hash:
+                return self._take_hash()
+            self._cv.wait()
+
+    def _do(self, work: bytes | _GoOn | None) -> None:
+        if work is None:
+            self._read_one()
+        elif isinstance(work, bytes):
+            self._hash_one(work)
+
+    def blob_hexdigest(self) -> str:
+        """The hash of every byte read, once all of them were returned by read()."""
+        with self._cv:
+            while not self._read and not self._read_all:
+                self._cv.wait()  # a consumer that stopped at a known length: the end is next
+            assert self._read_all and not self._read and self._pos >= len(self._buf), (
+                "the blob digest before the end of the blob"
+            )
+        return self.blob_hasher.hexdigest()
+
+    def diffid_hexdigest(self) -> str:
+        with self._cv:
+            while (self._inflated or self._hashing) and self._hash_error is None:
+                self._cv.wait()
+        if self._hash_error is not None:
+            raise self._hash_error
+        return self._diff_hasher.hexdigest()
+
+    def close(self) -> None:
+        """Stop the thread; return once it no longer touches the source (a read in progress
+        ends first)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
         self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
-class _ThreadedHash:
-    """A hasher whose update() hands the bytes to its own thread (hashlib releases the GIL)."""
+class _Stop(Exception):
+    pass
 
-    def __init__(self, hasher: hashlib._Hash, name: str):
-        self.hasher, self.name = hasher, hasher.name
-        self._worker = _Worker(name, hasher.update)
-        self._joined = False
+
+class _GoOn:
+    pass
+
+
+_GO_ON = _GoOn()
+
+
+class _BlobHash:
+    """Stands in for the blob's hasher: the thread beside hashes what it reads."""
+
+    def __init__(self, beside: _Beside):
+        self._beside, self.name = beside, beside.blob_hasher.name
 
     def update(self, data: bytes) -> None:
-        self._worker.put(data)
-
-    def finish(self) -> None:
-        if not self._joined:
-            self._joined = True
-            self._worker.join()
+        pass  # hashed as it was read
 
     def hexdigest(self) -> str:
-        self.finish()
-        return self.hasher.hexdigest()
+        return self._beside.blob_hexdigest()
+
+
+class _DiffIdHash:
+    """Stands in for the diffID's hasher: the thread beside hashes the inflated chunks."""
+
+    name = "sha256"
+
+    def __init__(self, beside: _Beside):
+        self._beside = beside
+
+    def update(self, data: bytes) -> None:
+        self._beside.hash_inflated(data)
+
+    def hexdigest(self) -> str:
+        return self._beside.diffid_hexdigest()
 
 
 def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash | None) -> Iterator[bytes]:
@@ -156,36 +304,6 @@ def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash | None) -
         if hasher is not None:
             hasher.update(data)
         yield data
-
-
-class _ReadAhead(ThreadedReader):
-    """Reads the source in its own thread, a few chunks ahead (network and disk waits overlap
-    the hashing), and hashes what it read there when given a hasher (one hand-off per chunk
-    fewer than a hashing thread of its own). Reads stop at `limit` bytes, like the reader they
-    feed."""
-
-    def __init__(self, src: Reader, limit: int | None, hasher: hashlib._Hash | None = None):
-        self._hasher = hasher
-        super().__init__(lambda: _read_chunks(src, limit, hasher), depth=QUEUE_DEPTH, name="blob-read")
-
-    def hexdigest(self) -> str:
-        """The hash of every byte read, once all of them were returned by read()."""
-        assert self._hasher is not None and self.at_end(), "the blob digest before the end of the blob"
-        self._thread.join()
-        return self._hasher.hexdigest()
-
-
-class _HashedAhead:
-    """Stands in for the blob's hasher when the reading thread hashes (see _ReadAhead)."""
-
-    def __init__(self, ahead: _ReadAhead, name: str):
-        self._ahead, self.name = ahead, name
-
-    def update(self, data: bytes) -> None:
-        pass  # hashed as it was read
-
-    def hexdigest(self) -> str:
-        return self._ahead.hexdigest()
 
 
 class _Tee:
@@ -306,19 +424,12 @@ def digest_blob(
             src, new_hasher(algorithm), hashlib.sha256, limit, layer, max_uncompressed, on_bytes, tap
         )
     _keep_chunks_in_heap()
-    threaded: list[_ThreadedHash] = []
-
-    def threaded_hash(h: hashlib._Hash, name: str) -> Any:
-        threaded.append(_ThreadedHash(h, name))
-        return threaded[-1]
-
-    blob_hasher = new_hasher(algorithm)
-    ahead = _ReadAhead(src, limit, blob_hasher)
+    beside = _Beside(src, limit, new_hasher(algorithm))
     try:
         return _digest(
-            ahead,
-            _HashedAhead(ahead, blob_hasher.name),
-            lambda: threaded_hash(hashlib.sha256(), "layer-diffid"),
+            beside,
+            _BlobHash(beside),
+            lambda: _DiffIdHash(beside),
             limit,
             layer,
             max_uncompressed,
@@ -326,14 +437,12 @@ def digest_blob(
             tap,
         )
     finally:
-        ahead.close()
-        for t in threaded:
-            t.finish()
+        beside.close()
 
 
 def _digest(
     src: Reader,
-    outer: Any,  # a hashlib hasher, or a _ThreadedHash standing in for one
+    outer: Any,  # a hashlib hasher, or a _BlobHash standing in for one
     new_inner: Callable[[], Any],
     limit: int | None,
     layer: bool,
