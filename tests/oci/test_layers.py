@@ -252,3 +252,34 @@ def test_unknown_tag_is_an_input_error_with_the_registry_message(official: Regis
     r = imagegate("layers", f"{official.host}/team/nothing:1")
     assert r.returncode == 3, r.stderr
     assert "image not found in the registry" in r.stderr and "MANIFEST_UNKNOWN" in r.stderr
+
+
+def test_the_largest_layer_is_read_first_and_the_report_keeps_layer_order(layout: Layout) -> None:
+    """With fewer jobs than layers, the biggest layer (the critical path) starts first."""
+    from imagegate.oci.transports import open_sources
+    from imagegate.oci.verify import NoProgress, verify_source
+
+    # Smallest first in the manifest (and the config's diff_ids with it), so that reading in
+    # manifest order would start with the smallest.
+    m, config = layout.manifest(), layout.config()
+    order = sorted(range(len(m["layers"])), key=lambda i: m["layers"][i]["size"])
+    m["layers"] = [m["layers"][i] for i in order]
+    config["rootfs"]["diff_ids"] = [config["rootfs"]["diff_ids"][i] for i in order]
+    m["config"].update(layout.put_blob(json.dumps(config).encode()))
+    layout.set_manifest(m)
+
+    class Started(NoProgress):
+        def __init__(self) -> None:
+            self.keys: list[int] = []
+
+        def started(self, key: int, label: str, total: int | None) -> None:
+            self.keys.append(key)
+
+    seen = Started()
+    with open_sources([f"oci:{layout.root}:1"]) as (src,):
+        report = verify_source(src, jobs=1, progress=seen)
+    assert report.ok
+    sizes = [layer["size"] for layer in m["layers"]]
+    assert sizes[0] < sizes[-1]  # the test means something only when the sizes differ
+    assert seen.keys == sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    assert [r.expected_digest for r in report.layers] == [layer["digest"] for layer in m["layers"]]

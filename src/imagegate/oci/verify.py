@@ -369,8 +369,12 @@ def _verify_random(
         return result
 
     results: list[LayerResult] = []
+    # Largest first: the biggest layer (a 10 GB `pip install` among twenty small ones) is the
+    # critical path; queued behind the others it would start late and end alone.
+    order = sorted(range(len(image.layers)), key=lambda i: -(image.layers[i].size or 0))
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="layer") as pool:
-        futures: list[Future[LayerResult]] = [pool.submit(one, i, d) for i, d in enumerate(image.layers)]
+        started = {i: pool.submit(one, i, image.layers[i]) for i in order}
+        futures: list[Future[LayerResult]] = [started[i] for i in range(len(image.layers))]
         wait(futures, return_when=FIRST_EXCEPTION)
         failed = next((f for f in futures if f.done() and f.exception() is not None), None)
         if failed is not None:
