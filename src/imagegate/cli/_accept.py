@@ -31,7 +31,7 @@ EXIT_CODES = (
 )
 
 
-# One declaration per option, one line each (a table: the formatter would fold it).
+# Options that several accepting commands take: one declaration each, so their help reads the same.
 PIPELINE = Option(
     "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
 )

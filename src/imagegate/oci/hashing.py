@@ -121,7 +121,7 @@ class _Beside:
     def _next_step(self) -> bytes | None:
         """Under the lock: an inflated chunk to hash, None to read, or wait; raises _Stop."""
         while not self._stop:
-            can_read = not self._read_all and len(self._read) < QUEUE_DEPTH and not self._reading
+            can_read = self._can_read()
             if self._inflated and not self._hashing and (self._read or not can_read):
                 return self._take_hash()
             if can_read:
@@ -129,6 +129,10 @@ class _Beside:
                 return None
             self._cv.wait()
         raise _Stop
+
+    def _can_read(self) -> bool:
+        """Under the lock: whether a thread may read the next chunk now."""
+        return not self._read_all and len(self._read) < QUEUE_DEPTH and not self._reading
 
     def _take_hash(self) -> bytes:
         """Under the lock: the oldest inflated chunk, for this thread to hash (one at a time, in
@@ -212,7 +216,7 @@ class _Beside:
                 return _GO_ON
             if not need_input and len(self._inflated) < QUEUE_DEPTH:
                 return _GO_ON
-            can_read = not self._read_all and len(self._read) < QUEUE_DEPTH and not self._reading
+            can_read = self._can_read()
             can_hash = bool(self._inflated) and not self._hashing
             if can_read and (need_input or not can_hash):
                 self._reading = True
@@ -293,7 +297,7 @@ class _DiffIdHash:
         return self._beside.diffid_hexdigest()
 
 
-def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash | None) -> Iterator[bytes]:
+def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash) -> Iterator[bytes]:
     count = 0
     while True:
         n = READ_CHUNK if limit is None else min(READ_CHUNK, limit - count)
@@ -301,8 +305,7 @@ def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash | None) -
         if not data:
             return
         count += len(data)
-        if hasher is not None:
-            hasher.update(data)
+        hasher.update(data)
         yield data
 
 

@@ -118,18 +118,6 @@ class ThreadedReader:
         self._pos += len(out)
         return out
 
-    def at_end(self) -> bool:
-        """Whether every chunk was read, counting an end that is next in the queue (a consumer
-        that stopped at a known length has not asked for it)."""
-        if not self._ended and self._pos >= len(self._buf):
-            item = self._q.get()
-            if isinstance(item, _Failed):
-                raise item.error
-            if not isinstance(item, _End):
-                raise AssertionError("at_end() before every chunk was read")
-            self._ended = True
-        return self._ended
-
     def close(self, *, wait: bool = True) -> None:
         """Stop reading ahead. `wait`: return once the thread no longer touches the source
         (it is between reads: each read ends); without it, close the chunk iterator only when
