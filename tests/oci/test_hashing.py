@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import hashlib
 import io
@@ -14,7 +15,7 @@ import threading
 import pytest
 import zstandard
 
-from imagegate.oci.hashing import digest_blob
+from imagegate.oci.hashing import decompressing_reader, digest_blob
 from tests.oci.infra import PY_LIB
 
 
@@ -156,3 +157,31 @@ def test_threaded_pipeline_under_uneven_reads_and_small_chunks(monkeypatch: pyte
                 many = digest_blob(Uneven(blob), declared_size=declared, pipeline=True)
                 assert many == digest_blob(io.BytesIO(blob), declared_size=declared, pipeline=False)
     assert digest_blob(Uneven(gzip.compress(data)), pipeline=True).diff_id == _sha(data)
+
+
+def test_compression_is_found_when_the_first_read_is_short() -> None:
+    """A source may return fewer bytes than asked (a socket, a chunk boundary of an engine's
+    export): the magic is sniffed from enough bytes, not from the first read alone."""
+    tar = _tar_bytes()
+    blobs = {
+        "gzip": gzip.compress(tar),
+        "zstd": zstandard.ZstdCompressor().compress(tar),
+        "xz": lzma.compress(tar),
+    }
+
+    class ShortFirst:
+        def __init__(self, blob: bytes):
+            self.f, self.first = io.BytesIO(blob), True
+
+        def read(self, n: int) -> bytes:
+            if self.first:
+                self.first = False
+                return self.f.read(1)
+            return self.f.read(n)
+
+    for kind, blob in blobs.items():
+        for pipeline in (False, True):
+            got = digest_blob(ShortFirst(blob), declared_size=len(blob), pipeline=pipeline)
+            assert (got.compression, got.diff_id) == (kind, _sha(tar)), (kind, pipeline)
+        reader = decompressing_reader(ShortFirst(blob))
+        assert b"".join(iter(functools.partial(reader.read, 1 << 20), b"")) == tar, kind

@@ -71,6 +71,21 @@ class Reader(Protocol):
     def read(self, n: int, /) -> bytes: ...
 
 
+_MAGIC_MAX = max(len(m) for m in (GZIP_MAGIC, ZSTD_MAGIC, XZ_MAGIC, BZIP2_MAGIC))
+
+
+def _read_head(src: Reader) -> bytes:
+    """The first chunk of `src`, read on until it holds enough bytes to sniff the compression
+    (or the stream ends): a socket or a chunk boundary may give fewer bytes than asked."""
+    head = src.read(READ_CHUNK)
+    while head and len(head) < _MAGIC_MAX:
+        more = src.read(READ_CHUNK)
+        if not more:
+            break
+        head += more
+    return head
+
+
 def sniff_compression(head: bytes) -> str:
     if head.startswith(GZIP_MAGIC):
         return "gzip"
@@ -454,7 +469,7 @@ def _digest(
     tap: Callable[[bytes], None] | None = None,
 ) -> BlobDigests:
     tee = _Tee(src, outer, limit, on_bytes)
-    head = tee.read(READ_CHUNK)
+    head = _read_head(tee)
     kind = sniff_compression(head) if layer else "none"
     diff_id = uncompressed = error = None
     if layer and kind == "none":
@@ -588,7 +603,7 @@ class _Prefixed:
 
 def decompressing_reader(src: Reader) -> Reader:
     """`src`'s bytes, decompressed when they start with a known magic (a gzipped docker save)."""
-    head = src.read(READ_CHUNK)
+    head = _read_head(src)
     kind = sniff_compression(head)
     pre = _Prefixed(head, src)
     return pre if kind == "none" else _open_decompressor(kind, pre)
