@@ -1,23 +1,28 @@
 """`imagegate complete`: run exactly the stages an earlier attempt deferred (after the GPU node
 check, when the run has GPUs), against the same image or environment, and write a new attempt
 whose statement links the earlier one and whose verdict is computed over both. The earlier
-attempt is only read."""
+attempt is only read, and only after it verified (its signature with a trusted key, its statement,
+every evidence file, its own link): nothing is built on an attempt that does not."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imagegate import pipeline, runner
 from imagegate import plan as planning
+from imagegate.attest import envelopes
+from imagegate.attest import verify as verifying
+from imagegate.attest.keys import PublicKey
 from imagegate.attest.sign import DSSE_FILE
+from imagegate.attest.statement import evidence_files
 from imagegate.drivers.interface import Driver
-from imagegate.errors import UsageError
+from imagegate.errors import NotVerified, UsageError
 from imagegate.evidence import Attempt
 from imagegate.model import ImageFacts, StageResult, Status
 from imagegate.plan import Plan
@@ -27,9 +32,13 @@ LINK_COPY = "completes/" + DSSE_FILE  # the earlier envelope, kept as evidence o
 
 @dataclass(frozen=True)
 class Earlier:
+    """An earlier attempt that verified: its statement is the signed payload, `envelope` the
+    very bytes that verified (what the completion links and copies)."""
+
     dir: Path
     statement: dict[str, Any]
     envelope: bytes
+    signer: str  # the fingerprint of the trusted key its signature verified with
 
     @property
     def predicate(self) -> dict[str, Any]:
@@ -46,37 +55,41 @@ class Earlier:
             s["id"] for s in self.predicate.get("stages") or [] if s.get("status") == Status.DEFERRED.value
         ]
 
+    def evidence_sha256(self, path: str) -> str | None:
+        return next(
+            (str(f.get("sha256")) for f in evidence_files(self.statement) if f.get("path") == path), None
+        )
 
-def load_earlier(target: Path) -> Earlier:
+
+def load_earlier(target: Path, trusted: Sequence[PublicKey]) -> Earlier:
     """An attempt folder, or one of its attestation files: the folder must hold the signed
-    envelope (what the completion links) and statement.json."""
-    folder = target if target.is_dir() else target.parent
+    envelope (what the completion links) and statement.json, and must verify as `imagegate
+    verify` checks it (attest/verify.py): the signature with one of the `trusted` keys, the
+    statement (and statement.json the same), every evidence file's sha256, and, for an attempt
+    that is itself a completion, its link. Refused otherwise (NotVerified, exit 1), naming the
+    file and the check: before any attempt folder is made or anything is signed."""
     if not target.exists():
         raise UsageError(f"{target}: no such attempt folder or attestation", hint="give an attempt folder")
+    folder = target if target.is_dir() else target.parent
     envelope_path = folder / DSSE_FILE
-    try:
-        envelope = envelope_path.read_bytes()
-        statement = json.loads((folder / "statement.json").read_bytes())
-    except FileNotFoundError as e:
+    missing = [p.name for p in (envelope_path, folder / "statement.json") if not p.is_file()]
+    if missing:
         raise UsageError(
-            f"{folder}: not a signed attempt ({Path(e.filename or '').name} is missing)",
+            f"{folder}: not a signed attempt ({', '.join(missing)} is missing)",
             hint="complete an attempt that was signed (run without --no-sign)",
-        ) from e
-    except ValueError as e:
-        raise UsageError(f"{folder}/statement.json: not JSON ({e})") from e
-    from imagegate.attest import dsse
-
-    try:
-        payload = dsse.from_json(envelope).payload
-        signed = json.loads(payload)
-    except Exception as e:  # any malformed envelope: say which file
-        raise UsageError(f"{envelope_path}: not a DSSE envelope ({e})") from e
-    if signed != statement:
-        raise UsageError(
-            f"{folder}: statement.json differs from the signed statement in {DSSE_FILE}",
-            hint="verify the attempt (imagegate verify); complete only an attempt that verifies",
         )
-    return Earlier(folder, statement, envelope)
+    data = envelopes.read_bounded(envelope_path)  # read once: the bytes verified are the bytes linked
+    envelope = envelopes.one_envelope(data, envelope_path)
+    rep = verifying.verify_in_folder(envelope, trusted, source=str(envelope_path), root=folder)
+    if not rep.ok or rep.statement is None or rep.signer is None:
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in rep.failures)
+        raise NotVerified(
+            f"{envelope_path}: attempt {folder.name} does not verify, so it is not completed: {failed}",
+            hint=f"check it with: imagegate verify {envelope_path} --key PUB; an attempt signed on "
+            "another machine needs that machine's public key (--trust PUB); an attempt changed "
+            "after signing cannot be completed: run the pipeline anew",
+        )
+    return Earlier(folder, rep.statement, data, rep.signer.fingerprint)
 
 
 def check_same_subject(earlier: Earlier, image: ImageFacts, env: dict[str, Any]) -> None:
@@ -133,10 +146,16 @@ def completion_plan(earlier: Earlier, gpus: str | None) -> Plan:
 
 def earlier_results(earlier: Earlier) -> list[StageResult]:
     again = set(earlier.deferred)
+    """The earlier results of the stages that ran then, each with the attempt it ran in (an
+    earlier completion's carried results keep theirs) and its facts: the completion's statement
+    alone says every stage's result."""
     out = []
     for s in earlier.predicate.get("stages") or []:
         if s["id"] in again:
             continue
+        data: dict[str, Any] = {"from_attempt": str(s.get("fromAttempt") or earlier.attempt_id)}
+        if isinstance(s.get("facts"), dict) and s["facts"]:
+            data["carried_facts"] = s["facts"]
         out.append(
             StageResult(
                 s["id"],
@@ -145,15 +164,16 @@ def earlier_results(earlier: Earlier) -> list[StageResult]:
                 Status(s["status"]),
                 str(s.get("detail", "")),
                 float(s.get("durationSeconds") or 0.0),
-                {"from_attempt": earlier.attempt_id},
+                data,
             )
         )
     return out
 
 
-def prepare(target: Path, gpus: str | None) -> tuple[Earlier, runner.Prepared]:
-    """The earlier attempt, and the run that completes it: its own pipeline, its deferred stages."""
-    earlier = load_earlier(target)
+def prepare(target: Path, gpus: str | None, trusted: Sequence[PublicKey]) -> tuple[Earlier, runner.Prepared]:
+    """The earlier attempt, verified with the `trusted` keys, and the run that completes it: its
+    own pipeline, its deferred stages."""
+    earlier = load_earlier(target, trusted)
     deferred = earlier.deferred
     if not deferred:
         raise UsageError(
@@ -167,6 +187,12 @@ def prepare(target: Path, gpus: str | None) -> tuple[Earlier, runner.Prepared]:
             hint="fix the image and run it anew",
         )
     loaded = pipeline.load(str(earlier.dir / "pipeline.yaml"))
+    if loaded.sha256 != earlier.evidence_sha256("pipeline.yaml"):  # changed since it verified
+        raise NotVerified(
+            f"{earlier.dir / 'pipeline.yaml'}: not the pipeline attempt {earlier.attempt_id} signed "
+            "(it changed after the attempt verified)",
+            hint="leave the earlier attempt as it is while it is completed, and complete it again",
+        )
     return earlier, runner.Prepared.of(loaded, completion_plan(earlier, gpus))
 
 
@@ -208,5 +234,6 @@ class CompletionObserver:
             "envelope": os.path.relpath(earlier.dir / DSSE_FILE, attempt.dir),
             "verdict": earlier.predicate.get("verdict"),
             "stages": earlier.deferred,
+            "verifiedWith": earlier.signer,
         }
         return obs

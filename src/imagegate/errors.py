@@ -20,6 +20,14 @@ class UsageError(ImagegateError):
     exit_code = 3
 
 
+class NotVerified(ImagegateError):
+    """An input that must verify before anything is built on it does not (an earlier attempt
+    `complete` was asked to complete: its signature, its evidence, its link): rejected, exit 1,
+    as `verify` rejects it."""
+
+    exit_code = 1
+
+
 class EngineError(ImagegateError):
     """The container engine could not be reached or refused a request."""
 

@@ -14,15 +14,34 @@ from imagegate.oci import untrusted_json
 MAX_ATTESTATION_BYTES = 64 << 20
 
 
+def read_bounded(path: Path, what: str = "attestation") -> bytes:
+    """The file's bytes, never more than MAX_ATTESTATION_BYTES of them read: a larger file (or a
+    device that never ends) is refused, named."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_ATTESTATION_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot read it ({e.strerror})") from e
+    if len(data) > MAX_ATTESTATION_BYTES:
+        raise UsageError(f"{what} {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
+    return data
+
+
+def one_envelope(data: bytes, source: object) -> dsse.Envelope:
+    """`data` as exactly one DSSE envelope (what `imagegate complete` links, byte for byte):
+    parsed within bounds; anything else is a UsageError naming `source`."""
+    try:
+        return dsse.from_dict(untrusted_json.loads(data, max_bytes=MAX_ATTESTATION_BYTES))
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"{source}: not a DSSE envelope: {e}") from e
+    except UsageError as e:
+        raise UsageError(f"{source}: {e}") from e
+
+
 def read_envelopes(path: Path) -> list[dsse.Envelope]:
     """A DSSE envelope (`.dsse.json`), a Sigstore bundle (`.sigstore.json`), or JSON lines of
     envelopes (`.intoto.jsonl`, which may hold several)."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
-    if len(data) > MAX_ATTESTATION_BYTES:
-        raise UsageError(f"attestation {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
+    data = read_bounded(path)
     if untrusted_json.nesting_depth(data.decode("utf-8", "replace")) > untrusted_json.MAX_DEPTH:
         raise UsageError(f"attestation {path}: nested more than {untrusted_json.MAX_DEPTH} levels deep")
     try:

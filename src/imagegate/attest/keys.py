@@ -9,7 +9,8 @@ import base64
 import errno
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -265,3 +266,51 @@ def resolve_signing_key(
         f"fingerprint {new.public.fingerprint}); pass --key or set {KEY_ENV} to use another"
     )
     return SigningKey(new.key, path)
+
+
+MAX_KEYS_FILE_BYTES = 1 << 20  # a list of public keys: a few KiB; more is not a key list
+_PEM_PUBLIC = re.compile(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", re.DOTALL)
+
+
+def load_trusted_keys(path: Path) -> list[PublicKey]:
+    """`--trusted-keys FILE`: PEM public keys one after another (`cat ci.pub gpu.pub`), the
+    form of a .pub file repeated; text between the blocks (a comment naming each key) is ignored,
+    as PEM readers do."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_KEYS_FILE_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"trusted keys {path}: cannot read it ({e.strerror})") from e
+    if len(data) > MAX_KEYS_FILE_BYTES:
+        raise UsageError(f"trusted keys {path}: larger than {MAX_KEYS_FILE_BYTES >> 20} MiB")
+    if b"PRIVATE KEY" in data:
+        raise UsageError(
+            f"trusted keys {path}: holds a private key",
+            hint="list public keys only (the .pub files): a private key does not belong in a trust list",
+        )
+    blocks = _PEM_PUBLIC.findall(data)
+    if not blocks:
+        raise UsageError(
+            f"trusted keys {path}: no PEM public key in it",
+            hint="put the .pub files one after another: cat ci.pub gpu.pub > trusted.pem",
+        )
+    out = []
+    for n, block in enumerate(blocks, 1):
+        try:
+            key = serialization.load_pem_public_key(block)
+        except (ValueError, UnsupportedAlgorithm) as e:
+            raise UsageError(f"trusted keys {path}: key {n} is not a PEM public key") from e
+        _check_type(key, path)
+        assert isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey)
+        out.append(PublicKey(key))
+    return out
+
+
+def trusted_keys(pubs: Sequence[Path] = (), lists: Sequence[Path] = ()) -> tuple[PublicKey, ...]:
+    """The keys a chain of attestations may be signed with: each `--key PUB` (or `--trust PUB`)
+    and every key of each `--trusted-keys FILE`, once each (by fingerprint), in the order given."""
+    found = [load_public_key(p) for p in pubs] + [k for f in lists for k in load_trusted_keys(f)]
+    once: dict[str, PublicKey] = {}
+    for k in found:
+        once.setdefault(k.fingerprint, k)
+    return tuple(once.values())

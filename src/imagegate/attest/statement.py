@@ -11,7 +11,7 @@ from typing import Any
 
 from imagegate.errors import InternalError
 from imagegate.evidence import sha256_file
-from imagegate.model import RunRecord
+from imagegate.model import RunRecord, StageResult
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
@@ -89,7 +89,9 @@ class FactRules:
 # What the runner and the in-image controller add to any stage's data.
 COMMON_EVIDENCE_ONLY = ("stdout_bytes", "stderr_bytes", "traceback")
 COMMON_CARRIED = ("ran_for_record", "survivors_killed")
-COMMON_ELSEWHERE = ("from_attempt",)  # carried beside the facts (a completion's `fromAttempt`)
+# Carried beside the facts: a completion's `fromAttempt`, and the facts of an earlier result as
+# the earlier (verified) statement says them, already in the predicate's form.
+COMMON_ELSEWHERE = ("from_attempt", "carried_facts")
 
 FACTS: dict[str, FactRules] = {
     "pip_check": FactRules(
@@ -276,7 +278,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
                 "detail": s.detail,
                 "durationSeconds": round(s.duration_s, 3),
                 "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
-                **({"facts": f} if (f := stage_facts(s.id, s.probe, s.data)) else {}),
+                **({"facts": f} if (f := _facts(s)) else {}),
                 **({"fromAttempt": s.data["from_attempt"]} if s.data.get("from_attempt") else {}),
             }
             for s in record.stages
@@ -289,6 +291,11 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
         "imagegate": {"version": record.imagegate_version},
         **({"completes": record.completes} if record.completes else {}),
     }
+
+
+def _facts(s: StageResult) -> dict[str, Any]:
+    carried = s.data.get("carried_facts")
+    return dict(carried) if isinstance(carried, dict) else stage_facts(s.id, s.probe, s.data)
 
 
 def build_statement(record: RunRecord) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from imagegate.attest import dsse
-from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES, read_envelopes
+from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES, one_envelope, read_bounded, read_envelopes
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.statement import (
     PREDICATE_TYPE,
@@ -27,6 +27,18 @@ from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest, short_digest
 
 CheckOutcome = Literal["ok", "failed", "skipped"]
+# The keys an attestation, or any envelope of its chain, may be signed with: one, or several
+# (a chain signed on two machines: the first attempt by CI, its completion on a GPU host).
+Trusted = PublicKey | Sequence[PublicKey]
+MAX_CHAIN = 64  # completions of completions: far more than any real chain, bounded all the same
+
+
+def keyring(trusted: Trusted) -> tuple[PublicKey, ...]:
+    return (trusted,) if isinstance(trusted, PublicKey) else tuple(trusted)
+
+
+def _named(ring: Sequence[PublicKey]) -> str:
+    return " or ".join(f"key {k.fingerprint}" for k in ring) or "no key (none was given)"
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     statement: dict[str, Any] | None = None
     predicate_type: str | None = None  # as the payload says, even when it is not ours
+    signer: PublicKey | None = None  # the trusted key that verified the signature
 
     @property
     def ok(self) -> bool:
@@ -66,7 +79,7 @@ class Report:
 
 def verify_envelope(
     envelope: dsse.Envelope,
-    key: PublicKey,
+    trusted: Trusted,
     *,
     source: str,
     predicate_type: str = PREDICATE_TYPE,
@@ -83,13 +96,15 @@ def verify_envelope(
         rep.add(
             "payloadType", "failed", f"is {envelope.payload_type!r}, expected {dsse.INTOTO_PAYLOAD_TYPE!r}"
         )
-    if envelope.verified_by(key):
-        rep.add("signature", "ok", f"verified with key {key.fingerprint} ({key.algorithm})")
+    ring = keyring(trusted)
+    rep.signer = next((k for k in ring if envelope.verified_by(k)), None)
+    if rep.signer is not None:
+        rep.add("signature", "ok", f"verified with key {rep.signer.fingerprint} ({rep.signer.algorithm})")
     else:
         rep.add(
             "signature",
             "failed",
-            f"no signature verifies with key {key.fingerprint}: signed with another key, or the "
+            f"no signature verifies with {_named(ring)}: signed with another key, or the "
             "attestation was changed after signing",
         )
     statement = _statement(envelope, predicate_type, rep)
@@ -228,8 +243,11 @@ def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) ->
     if not copy.is_file():
         return
     try:
-        same = untrusted_json.loads(copy.read_bytes(), max_bytes=MAX_ATTESTATION_BYTES) == statement
-    except ValueError:
+        same = (
+            untrusted_json.loads(read_bounded(copy, "statement"), max_bytes=MAX_ATTESTATION_BYTES)
+            == statement
+        )
+    except (ValueError, UsageError):
         same = False
     if same:
         rep.add("statement.json", "ok", "the same statement as the signed payload")
@@ -258,66 +276,96 @@ def _safe_id(attempt: object) -> bool:
 def _linked_envelope(attempt: object, want: str, root: Path) -> tuple[Path, bytes] | str:
     """The earlier attempt's envelope and where it was read, or why the link fails. It is looked
     for beside this attempt (where `complete` puts a completion by default) and in the copy the
-    completion keeps as evidence: each that is there must be the linked one."""
+    completion keeps as evidence: each that is there must be the linked one. The first place
+    returned is beside, when it is there: the earlier attempt's folder, where its own link lies."""
     beside = root.parent / str(attempt) / "attestation.dsse.json" if _safe_id(attempt) else None
     places = [p for p in (beside, root / LINK_COPY) if p is not None and p.is_file()]
     if not places:
         return f"completes attempt {attempt}: its envelope is neither beside nor in {LINK_COPY}"
-    data = b""
+    first = b""
     for place in places:
-        data = place.read_bytes()
+        try:
+            data = read_bounded(place)
+        except UsageError as e:
+            return f"completes attempt {attempt}: {e}"
         got = hashlib.sha256(data).hexdigest()
         if got != want:
             return (
                 f"completes attempt {attempt}: {place} has sha256 {got[:16]}…, the link says {want[:16]}…: "
                 "the earlier attestation was changed after the completion was signed"
             )
-    return places[0], data
+        first = first or data
+    return places[0], first
 
 
-def check_link(statement: dict[str, Any], root: Path, key: PublicKey, rep: Report) -> None:
-    """A completion (`imagegate complete`) names the attempt it completes by the sha256 of that
-    attempt's envelope. Both envelopes must be signed by the key, the earlier one must be the
-    linked one byte for byte (where it lies beside, and the copy in the completion), and both
-    must be about one subject."""
+@dataclass(frozen=True)
+class _Link:
+    report: Report  # the earlier envelope's own checks (signature, statement)
+    place: Path  # where its envelope was read
+    detail: str  # what held, for the `link` check
+
+
+def _one_link(statement: dict[str, Any], root: Path, ring: Sequence[PublicKey]) -> _Link | str:
+    """The link from `statement` (in folder `root`) to the attempt it completes; a string: why
+    it does not hold, naming that attempt."""
     link = (statement.get("predicate") or {}).get("completes") or {}
     want = str(link.get("envelopeSha256") or "")
     attempt = link.get("attempt")
     found = _linked_envelope(attempt, want, root)
     if isinstance(found, str):
-        rep.add("link", "failed", found)
-        return
+        return found
     place, earlier_env = found
     try:
-        env = dsse.from_json(earlier_env)
-    except Exception as e:  # a malformed earlier envelope: the link fails, named
-        rep.add("link", "failed", f"completes attempt {attempt}: the earlier envelope is unreadable ({e})")
-        return
-    sub = verify_envelope(env, key, source=str(place))
-    if not sub.ok or sub.statement is None:
+        env = one_envelope(earlier_env, place)
+    except UsageError as e:  # a malformed earlier envelope: the link fails, named
+        return f"completes attempt {attempt}: the earlier envelope is unreadable ({e})"
+    sub = verify_envelope(env, ring, source=str(place))
+    if not sub.ok or sub.statement is None or sub.signer is None:
         why = "; ".join(f"{c.name}: {c.detail}" for c in sub.failures)
-        rep.add(
-            "link", "failed", f"completes attempt {attempt}: the earlier attestation does not verify: {why}"
-        )
-        return
+        return f"completes attempt {attempt}: the earlier attestation does not verify: {why}"
     earlier_id = ((sub.statement.get("predicate") or {}).get("attempt") or {}).get("id")
     if earlier_id != attempt:
-        rep.add(
-            "link", "failed", f"the link names attempt {attempt}, the linked envelope is attempt {earlier_id}"
-        )
-        return
+        return f"the link names attempt {attempt}, the linked envelope is attempt {earlier_id}"
     a, b = _subject_of(statement), _subject_of(sub.statement)
     if a != b:
-        rep.add(
-            "link", "failed", f"completes attempt {attempt}, about another {a[0]}: {b[1]} then, {a[1]} now"
-        )
-        return
-    rep.add(
-        "link",
-        "ok",
-        f"completes attempt {attempt} (verdict {sub.verdict}): its signature verified, envelope sha256 "
-        f"{want[:16]}… as linked, same {a[0]}",
+        return f"completes attempt {attempt}, about another {a[0]}: {b[1]} then, {a[1]} now"
+    return _Link(
+        sub,
+        place,
+        f"completes attempt {attempt} (verdict {sub.verdict}): its signature verified with key "
+        f"{sub.signer.fingerprint}, envelope sha256 {want[:16]}… as linked, same {a[0]}",
     )
+
+
+def check_link(statement: dict[str, Any], root: Path, trusted: Trusted, rep: Report) -> None:
+    """A completion (`imagegate complete`) names the attempt it completes by the sha256 of that
+    attempt's envelope. Each envelope of the chain must be signed by one of the trusted keys (the
+    detail names which), the earlier one must be the linked one byte for byte (where it lies
+    beside, and the copy in the completion), and both must be about one subject. An earlier
+    attempt that is itself a completion has its own link checked the same way, from its folder
+    beside; where only the copy is here, that is said."""
+    ring = keyring(trusted)
+    held: list[str] = []
+    for _ in range(MAX_CHAIN):
+        step = _one_link(statement, root, ring)
+        if isinstance(step, str):
+            rep.add("link", "failed", "; ".join([*held, step]))
+            return
+        held.append(step.detail)
+        statement = step.report.statement or {}
+        further = (statement.get("predicate") or {}).get("completes")
+        if further is None:
+            break
+        if step.place == root / LINK_COPY:  # only the copy is here: no folder of its own
+            held.append(
+                f"its own link to attempt {further.get('attempt')} not checked: its folder is not here"
+            )
+            break
+        root = step.place.parent
+    else:
+        rep.add("link", "failed", f"a chain of more than {MAX_CHAIN} completions: not followed")
+        return
+    rep.add("link", "ok", "; ".join(held))
 
 
 def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> Report | None:
@@ -328,9 +376,45 @@ def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> R
     return next((r for r in reports if r.ok), None) or next(iter(ours), None) or next(iter(reports), None)
 
 
+def verify_in_folder(
+    envelope: dsse.Envelope,
+    trusted: Trusted,
+    *,
+    source: str,
+    root: Path,
+    evidence: bool = True,
+    predicate_type: str = PREDICATE_TYPE,
+    image_digests: Sequence[str] = (),
+    image_name: str | None = None,
+    expect_verdict: str | None = None,
+) -> Report:
+    """One envelope and its attempt folder `root`: the signature, the statement, the subject
+    and the verdict (as `verify_envelope`), the link of a completion, every evidence file
+    (unless `evidence=False`) and statement.json beside it."""
+    rep = verify_envelope(
+        envelope,
+        trusted,
+        source=source,
+        predicate_type=predicate_type,
+        image_digests=image_digests,
+        image_name=image_name,
+        expect_verdict=expect_verdict,
+    )
+    if rep.statement is None:
+        return rep
+    if (rep.statement.get("predicate") or {}).get("completes") is not None:
+        check_link(rep.statement, root, trusted, rep)
+    if evidence:
+        check_evidence(rep.statement, root, rep)
+    else:
+        listed = len(evidence_files(rep.statement))
+        rep.add("evidence", "skipped", f"{listed} listed files not checked (--signature-only)")
+    return rep
+
+
 def verify_file(
     path: Path,
-    key: PublicKey,
+    trusted: Trusted,
     *,
     image_digests: Sequence[str] = (),
     image_name: str | None = None,
@@ -345,24 +429,17 @@ def verify_file(
     reports = []
     envelopes = read_envelopes(path)
     for n, env in enumerate(envelopes, 1):
-        source = str(path) if len(envelopes) == 1 else f"{path} line {n}"
-        rep = verify_envelope(
+        rep = verify_in_folder(
             env,
-            key,
-            source=source,
+            trusted,
+            source=str(path) if len(envelopes) == 1 else f"{path} line {n}",
+            root=evidence_dir or path.parent,
+            evidence=evidence,
             predicate_type=predicate_type,
             image_digests=image_digests,
             image_name=image_name,
             expect_verdict=expect_verdict,
         )
-        if rep.statement is not None:
-            if (rep.statement.get("predicate") or {}).get("completes") is not None:
-                check_link(rep.statement, evidence_dir or path.parent, key, rep)
-            if evidence:
-                check_evidence(rep.statement, evidence_dir or path.parent, rep)
-            else:
-                listed = len(evidence_files(rep.statement))
-                rep.add("evidence", "skipped", f"{listed} listed files not checked (--signature-only)")
         reports.append(rep)
     chosen = choose(reports, predicate_type)
     assert chosen is not None  # read_envelopes never returns an empty list
@@ -371,7 +448,7 @@ def verify_file(
 
 def verify(
     attestation: Path | None,
-    key: PublicKey,
+    trusted: Trusted,
     *,
     image: str | None = None,
     evidence_dir: Path | None = None,
@@ -386,12 +463,12 @@ def verify(
         if image is None:
             raise UsageError("nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it")
         return verify_image(
-            image, key, expect_verdict=expect_verdict, predicate_type=predicate_type, insecure=insecure
+            image, trusted, expect_verdict=expect_verdict, predicate_type=predicate_type, insecure=insecure
         )
     name, digests = image_digests(image, insecure=insecure) if image else (None, [])
     return verify_file(
         attestation,
-        key,
+        trusted,
         image_digests=digests,
         image_name=name,
         evidence_dir=evidence_dir,
@@ -426,7 +503,7 @@ def image_digests(image: str, *, insecure: bool = False) -> tuple[str, list[str]
 
 def verify_image(
     image: str,
-    key: PublicKey,
+    trusted: Trusted,
     *,
     expect_verdict: str | None = None,
     predicate_type: str = PREDICATE_TYPE,
@@ -468,7 +545,7 @@ def verify_image(
     reports = [
         verify_envelope(
             f.envelope,
-            key,
+            trusted,
             source=f.source,
             predicate_type=predicate_type,
             image_digests=remote.subject_digests,

@@ -21,6 +21,7 @@ from typer import Option
 
 from imagegate import accept
 from imagegate.cli._app import Format
+from imagegate.errors import UsageError
 from imagegate.interrupts import EXIT_SIGINT
 from imagegate.runner import RunOptions
 
@@ -40,9 +41,10 @@ TIMEOUT = Option(
     None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
 )
 KEY = Option(
-    None,
+    [],
     "--key",
-    help="Signing key (PEM); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
+    metavar="PATH",
+    help="Signing key (PEM; once); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
 )
 NO_SIGN = Option(False, "--no-sign", help="Do not sign the attempt.")
 REQUIRE_COMPLETE = Option(False, "--require-complete", help="A deferred verdict exits 1.")
@@ -78,7 +80,7 @@ class Accepting:
     advisory_db: Path | None = Option(
         None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
     )
-    key: str | None = KEY
+    key: list[str] = KEY
     no_sign: bool = NO_SIGN
     attach: bool = Option(
         False,
@@ -102,7 +104,7 @@ class Accepting:
     def outputs(self, reference: str | None, notify: Notify) -> accept.Outputs:
         return accept.outputs(
             self.report,
-            key=self.key,
+            key=signing_key(self.key),
             no_sign=self.no_sign,
             attach=self.attach,
             insecure=self.insecure,
@@ -112,6 +114,17 @@ class Accepting:
             notify=notify,
             warn=warn,
         )
+
+
+def signing_key(given: list[str]) -> str | None:
+    """--key as typer gives a repeatable option: a signing key named twice is refused, both
+    named, rather than the last one silently taken (only one key signs an attempt)."""
+    if len(given) > 1:
+        raise UsageError(
+            f"--key given {len(given)} times ({', '.join(given)}): an attempt is signed with one key",
+            hint="pass --key once (complete: the keys it trusts for the earlier attempt are --trust PUB)",
+        )
+    return given[0] if given else None
 
 
 def grouped(command: Callable[..., None]) -> Callable[..., None]:

@@ -56,6 +56,13 @@ MAX_LAYER = Option(
     "64GiB", "--max-layer-size", help="Stop a layer that decompresses past this (decompression bomb)."
 )
 QUIET = Option(False, "--quiet", "-q", help="No progress bars.")
+# verify and complete: the keys a chain of attestations may be signed with, in one file.
+TRUSTED_KEYS = Option(
+    [],
+    "--trusted-keys",
+    metavar="FILE",
+    help="PEM public keys one after another (cat ci.pub gpu.pub > trusted.pem), each trusted (repeatable).",
+)
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
 
 

@@ -13,6 +13,7 @@ from imagegate.attest import keys
 from imagegate.attest.statement import PREDICATE_TYPE
 from imagegate.cli import _app
 from imagegate.cli._app import app
+from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.report import console_attest
 
@@ -51,7 +52,9 @@ def keygen(
     "  imagegate verify runs/sha256-ab12…/20260101T000000.000Z-1a2b3c/attestation.dsse.json --key imagegate.pub\n\n"
     "  imagegate verify attestation.sigstore.json --key ci.pub --image 127.0.0.1:5000/team/vllm:0.11 --expect-verdict PASS\n\n"
     "  imagegate verify --image registry.example/team/vllm:0.11 --key ci.pub   # what is attached in the registry\n\n"
-    "Checks: the signature, the subject against the image's digest (with --image), every evidence "
+    "  imagegate verify runs/…/<completion>/attestation.dsse.json --key ci.pub --key gpu.pub   # a chain signed on two machines\n\n"
+    "Checks: the signature (with any of the keys given; the report names which verified each "
+    "envelope, the completion's and, for a completion, each earlier one it links), the subject against the image's digest (with --image), every evidence "
     "file the statement lists, by sha256, in the attestation's folder or --evidence DIR (a missing "
     "file fails, named; --signature-only skips them), the verdict (with --expect-verdict). "
     "Exit 0 when all pass, 1 naming what differs, 3 for unreadable input."
@@ -61,7 +64,14 @@ def verify(
         None,
         help="attestation.dsse.json, .intoto.jsonl or .sigstore.json; omit with --image to fetch from the registry.",
     ),
-    key: Path = Option(..., "--key", "-k", help="The signer's public key (PEM)."),
+    key: list[Path] = Option(
+        [],
+        "--key",
+        "-k",
+        metavar="PUB",
+        help="A signer's public key (PEM); repeatable: each envelope of a chain may be signed by any of them.",
+    ),
+    trusted_keys: list[Path] = _app.TRUSTED_KEYS,
     image: str | None = Option(
         None, "--image", help="The image the subject must be: a registry reference or a sha256: digest."
     ),
@@ -85,9 +95,14 @@ def verify(
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest.verify import verify as verify_attestation  # lazy: keeps CLI start-up fast
 
+    trusted = keys.trusted_keys(key, trusted_keys)
+    if not trusted:
+        raise UsageError(
+            "no public key to verify with", hint="pass --key PUB (repeatable) or --trusted-keys FILE"
+        )
     report = verify_attestation(
         attestation,
-        keys.load_public_key(key),
+        trusted,
         image=image,
         evidence_dir=evidence,
         evidence=not (signature_only or no_evidence),

@@ -9,8 +9,10 @@ import typer
 from typer import Option
 
 from imagegate import accept, runner
+from imagegate.attest import keys
 from imagegate.cli import _accept as o
-from imagegate.cli._app import Format, app
+from imagegate.cli._app import TRUSTED_KEYS, Format, app
+from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 
 
@@ -18,7 +20,11 @@ from imagegate.gpus import parse as gpus_parse
     epilog="Examples:\n\n"
     "  imagegate complete imagegate-runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --gpus all\n\n"
     "  imagegate complete runs/ref-local/20260101T000000.000Z-1a2b3c --here --gpus all\n\n"
-    "Runs exactly the stages ATTEMPT deferred (after the GPU node check when --gpus is given), "
+    "  imagegate complete runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --gpus all --key gpu.key --trust ci.pub\n\n"
+    "First verifies ATTEMPT as verify does (the signature with a trusted key: --trust, "
+    "--trusted-keys, else the public half of the signing key; the statement; every evidence file; "
+    "its own link): one that does not verify is refused (exit 1) before anything is written. "
+    "Then runs exactly the stages ATTEMPT deferred (after the GPU node check when --gpus is given), "
     "with its own pipeline and plan, against the same image (refused, exit 3, when its ID or "
     "digest differs; with --here, the same interpreter and distributions). Writes a new attempt "
     "beside the earlier one whose signed statement links it and whose verdict covers both; the "
@@ -40,7 +46,14 @@ def complete(
         "never", "--pull", help="Pull the image through the engine: never (default), missing, always."
     ),
     require_complete: bool = o.REQUIRE_COMPLETE,
-    key: str | None = o.KEY,
+    key: list[str] = o.KEY,
+    trust: list[Path] = Option(
+        [],
+        "--trust",
+        metavar="PUB",
+        help="A public key (PEM) ATTEMPT may be signed with (repeatable); default: the signing key's own.",
+    ),
+    trusted_keys: list[Path] = TRUSTED_KEYS,
     no_sign: bool = o.NO_SIGN,
     quiet: bool = o.QUIET,
 ) -> None:
@@ -51,10 +64,16 @@ def complete(
     with o.interrupts():
         accept.check_timeout(timeout)
         outputs = accept.outputs(
-            key=key, no_sign=no_sign, require_complete=require_complete, notify=notify, warn=o.warn
+            key=o.signing_key(key),
+            no_sign=no_sign,
+            require_complete=require_complete,
+            notify=notify,
+            warn=o.warn,
         )
+        trusted = _trusted(trust, trusted_keys, outputs.key)
         gpu = gpus_parse(gpus)
-        earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None)
+        earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted)
+        notify(f"{earlier.dir.name} verified with key {earlier.signer}")
         driver = accept.driver_for(
             here=here, python=python, memory=memory, pull=pull, gpus=gpu, notify=notify
         )
@@ -63,3 +82,20 @@ def complete(
         root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
         done = accept.accept(prep, observer, root, outputs, notify)
     o.finish(done, Format.table, quiet)
+
+
+def _trusted(
+    trust: list[Path], lists: list[Path], signing: keys.SigningKey | None
+) -> tuple[keys.PublicKey, ...]:
+    """The keys the earlier attempt may be signed with: those named, else the signing key's own
+    public key (one machine signs the whole chain)."""
+    named = keys.trusted_keys(trust, lists)
+    if named:
+        return named
+    if signing is None:
+        raise UsageError(
+            "no key to verify the earlier attempt with: nothing is signed (--no-sign, or no signing "
+            "key) and no --trust or --trusted-keys was given",
+            hint="pass --trust PUB, the public key the earlier attempt was signed with",
+        )
+    return (signing.public,)
