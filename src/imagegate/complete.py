@@ -75,7 +75,7 @@ def load_earlier(target: Path, trusted: Sequence[PublicKey]) -> Earlier:
     missing = [p.name for p in (envelope_path, folder / "statement.json") if not p.is_file()]
     if missing:
         raise UsageError(
-            f"{folder}: not a signed attempt ({', '.join(missing)} is missing)",
+            f"{folder}: not a signed attempt (no {' and no '.join(missing)})",
             hint="complete an attempt that was signed (run without --no-sign)",
         )
     data = envelopes.read_bounded(envelope_path)  # read once: the bytes verified are the bytes linked
@@ -145,10 +145,10 @@ def completion_plan(earlier: Earlier, gpus: str | None) -> Plan:
 
 
 def earlier_results(earlier: Earlier) -> list[StageResult]:
-    again = set(earlier.deferred)
     """The earlier results of the stages that ran then, each with the attempt it ran in (an
     earlier completion's carried results keep theirs) and its facts: the completion's statement
     alone says every stage's result."""
+    again = set(earlier.deferred)
     out = []
     for s in earlier.predicate.get("stages") or []:
         if s["id"] in again:

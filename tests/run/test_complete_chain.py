@@ -5,7 +5,6 @@ keys; nothing is mocked."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import shutil
@@ -121,7 +120,7 @@ def test_complete_refuses_an_attempt_whose_evidence_was_edited(
 def test_a_chain_signed_on_two_machines_verifies_with_both_keys_naming_each(
     earlier: Path, chain_keys: dict[str, tuple[Path, Path, str]], tmp_path: Path
 ) -> None:
-    (key_a, pub_a, fp_a), (key_b, pub_b, fp_b) = chain_keys["A"], chain_keys["B"]
+    (_, pub_a, fp_a), (key_b, pub_b, fp_b) = chain_keys["A"], chain_keys["B"]
     out = earlier.parent.parent
     before = _tree(out)
     # B trusts only itself by default: the earlier attempt (signed by A) is refused, named
@@ -139,7 +138,10 @@ def test_a_chain_signed_on_two_machines_verifies_with_both_keys_naming_each(
     ok = imagegate("verify", att, "--key", str(pub_a), "--key", str(pub_b))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert f"ok      signature: verified with key {fp_b}" in ok.stdout
-    assert f"ok      link: completes attempt {earlier.name} (verdict CPU_PASS_GPU_ENV_DEFERRED): its signature verified with key {fp_a}" in ok.stdout
+    assert (
+        f"ok      link: completes attempt {earlier.name} (verdict CPU_PASS_GPU_ENV_DEFERRED): its signature verified with key {fp_a}"
+        in ok.stdout
+    )
     both = tmp_path / "trusted.pem"
     both.write_bytes(b"# CI\n" + pub_a.read_bytes() + b"# GPU host\n" + pub_b.read_bytes())
     assert imagegate("verify", att, "--trusted-keys", str(both)).returncode == 0
@@ -203,6 +205,7 @@ def test_a_completion_repeats_every_stage_and_a_chain_keeps_where_each_result_ca
     assert ok.returncode == 0, ok.stdout
     assert (
         f"link: completes attempt {second.name} (verdict CPU_PASS_GPU_ENV_DEFERRED): its signature "
-        f"verified with key {fp_a}" in ok.stdout
+        f"verified with key {fp_a}"
+        in ok.stdout
         and f"; completes attempt {earlier.name} (verdict" in ok.stdout
     ), ok.stdout
