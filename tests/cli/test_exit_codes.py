@@ -25,7 +25,7 @@ NOT_BUILT = "imagegate-test/never-built-here:1"
         (["run", "imagegate-test/python", "--format", "xml"], "Invalid value for '--format'"),
         (["run", "imagegate-test/python", "--key"], "'--key' requires an argument"),
         (["layers", "docker-daemon:x", "--format", "yaml"], "Invalid value for '--format'"),
-        (["verify", "statement.json"], "Missing option '--key'"),
+        (["verify", "statement.json"], "no public key to verify with"),  # --key or --trusted-keys
         (["nosuchcommand"], "No such command"),
     ],
 )
