@@ -29,6 +29,7 @@ from imagegate.drivers.interface import (
     BundleRun,
     CappedBuffer,
     OnOutput,
+    Refusal,
     first_usable,
 )
 from imagegate.errors import EngineError, UsageError
@@ -159,6 +160,9 @@ class DockerDriver:
 
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         return None  # the layers stage reads the image itself
+
+    def refusal(self, image: ImageFacts) -> Refusal | None:
+        return None  # the engine refuses an image it cannot pull before there is anything to sign
 
     def left_behind(self) -> str | None:
         # Only containers the engine has not confirmed removed (`_remove` forgets the others).

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from imagegate.model import ImageFacts
+from imagegate.model import ImageFacts, Status
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
 
@@ -31,6 +31,19 @@ class BundleRun:
     stdout_total: int = 0
     stderr_total: int = 0
     facts: dict[str, Any] = field(default_factory=dict)  # e.g. container id, limits
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An image refused before it could run (the rootfs driver: a layer, the config or an entry
+    failed verification while it was unpacked): a signed outcome like any other, never a bare
+    error. `facts`: what was found (the layer, expected and actual digests, the entry, the
+    source); `report`: the verification so far, for the evidence and the layers stage."""
+
+    status: Status  # FAIL: the image was refused; ERROR: its source could not be read to the end
+    detail: str
+    facts: dict[str, Any]
+    report: VerifyReport | None = None
 
 
 class Driver(Protocol):
@@ -63,6 +76,11 @@ class Driver(Protocol):
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         """The layer verification the driver made of the very bytes it runs (rootfs: while
         unpacking them); the layers stage reports it instead of reading them again. None: none."""
+        ...
+
+    def refusal(self, image: ImageFacts) -> Refusal | None:
+        """Why `image` (as resolve returned it) was refused before anything could run in it;
+        None: it was not (then run_bundle runs it)."""
         ...
 
     def run_bundle(
