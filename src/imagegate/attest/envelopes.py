@@ -18,11 +18,11 @@ def read_envelopes(path: Path) -> list[dsse.Envelope]:
     """A DSSE envelope (`.dsse.json`), a Sigstore bundle (`.sigstore.json`), or JSON lines of
     envelopes (`.intoto.jsonl`, which may hold several)."""
     try:
-        data = path.read_bytes()
+        data = untrusted_json.read_file(path, max_bytes=MAX_ATTESTATION_BYTES)
     except OSError as e:
         raise UsageError(f"attestation {path}: cannot read it ({e.strerror})") from e
-    if len(data) > MAX_ATTESTATION_BYTES:
-        raise UsageError(f"attestation {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"attestation {path}: cannot read it: {e}") from e
     if untrusted_json.nesting_depth(data.decode("utf-8", "replace")) > untrusted_json.MAX_DEPTH:
         raise UsageError(f"attestation {path}: nested more than {untrusted_json.MAX_DEPTH} levels deep")
     try:
