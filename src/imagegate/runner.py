@@ -276,17 +276,16 @@ def observe(
     return obs
 
 
-REFUSED_STAGE = "unpack"
-REFUSAL_FILE = "unpack.json"
+REFUSAL_PROBE = "refusal"
 
 
 def refused_stage(refusal: Refusal, attempt: Attempt) -> StageResult:
     """The refusal as a stage of the runner's own, its evidence what was found: the layer, the
     expected and actual digests, the entry, the source, and the verification table so far."""
     report = refusal.report.to_dict() if refusal.report is not None else None
-    evidence = attempt.write_json(REFUSAL_FILE, {**refusal.facts, "verification": report})
+    evidence = attempt.write_json(f"{refusal.stage}.json", {**refusal.facts, "verification": report})
     return StageResult(
-        REFUSED_STAGE, REFUSED_STAGE, "outside", refusal.status, refusal.detail, 0.0,
+        refusal.stage, REFUSAL_PROBE, "outside", refusal.status, refusal.detail, 0.0,
         dict(refusal.facts), [evidence],
     )  # fmt: skip
 

@@ -203,7 +203,7 @@ FACTS: dict[str, FactRules] = {
     ),
     "image_id": FactRules(carried=("image_id", "expected")),
     # The runner's own stage for an image refused before it could run (runner.refused_stage).
-    "unpack": FactRules(
+    "refusal": FactRules(
         carried=(
             "refused",
             "error",

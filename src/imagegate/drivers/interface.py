@@ -44,6 +44,35 @@ class Refusal:
     detail: str
     facts: dict[str, Any]
     report: VerifyReport | None = None
+    stage: str = "unpack"  # the id of the stage that reports it: where the image was refused
+
+
+def verification_facts(report: VerifyReport, layer: int | None) -> dict[str, Any]:
+    """What a refusal's evidence says of the verification: the source, the manifest read, the
+    config (expected, actual, --expect-config), the layer refused (its expected and actual
+    digests, sizes and diffIDs), the structural problems, how many layers were read."""
+    import json
+    from dataclasses import asdict
+
+    config = report.config
+    found = next((x for x in report.layers if x.index == layer), None)
+    plain_layer = json.loads(json.dumps(asdict(found), default=str)) if found else {"index": layer}
+    return {
+        "source": report.source,
+        "manifest_digest": report.manifest_digest,
+        "config": {
+            "status": config.status.value,
+            "expected_digest": config.expected_digest,
+            "actual_digest": config.actual_digest,
+            "expected_size": config.expected_size,
+            "actual_size": config.actual_size,
+            "official_digest": config.official_digest,
+            "detail": config.detail,
+        },
+        "layer": None if layer is None else plain_layer,
+        "problems": list(report.problems),
+        "layers_read": len(report.layers),
+    }
 
 
 class Driver(Protocol):

@@ -16,13 +16,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from imagegate.drivers import bwrap
 from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
-from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable
+from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable, verification_facts
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import ImageFacts, Status
@@ -251,40 +251,17 @@ class Refused:
         return replace(report, problems=tuple(problems))
 
     def refusal(self) -> Refusal:
-        e, report = self.error, self.report
-        index = getattr(e, "layer", None)
-        layer = next((x for x in report.layers if x.index == index), None)
-        config = report.config
-        facts: dict[str, Any] = {
+        e = self.error
+        facts = {
             "refused": type(e).__name__,
             "error": str(e),
             "hint": e.hint,
+            **verification_facts(self.report, getattr(e, "layer", None)),
             "source": self.source,
-            "manifest_digest": report.manifest_digest,
-            "config": {
-                "status": config.status.value,
-                "expected_digest": config.expected_digest,
-                "actual_digest": config.actual_digest,
-                "expected_size": config.expected_size,
-                "actual_size": config.actual_size,
-                "official_digest": config.official_digest,
-                "detail": config.detail,
-            },
-            "layer": None if index is None else json_ready(asdict(layer) if layer else {"index": index}),
             "entry": getattr(e, "entry", None),
-            "problems": list(report.problems),
-            "layers_read": len(report.layers),
         }
         why = "refused while unpacking" if self.status is Status.FAIL else "its source failed while unpacking"
-        return Refusal(self.status, f"{why}: {e}", facts, report)
-
-
-def json_ready(value: dict[str, Any]) -> dict[str, Any]:
-    """Enum values as their strings, tuples as lists."""
-    import json
-
-    plain: dict[str, Any] = json.loads(json.dumps(value, default=str))
-    return plain
+        return Refusal(self.status, f"{why}: {e}", facts, self.report)
 
 
 def interpret(
