@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import socket
 import struct
@@ -93,6 +94,12 @@ def _no_gpu_runtime(err: docker.errors.APIError) -> bool:
 def _not_found(err: Exception) -> bool:
     text = str(err).lower()
     return "not found" in text or "no such file" in text
+
+
+# The engine's words when a pull stopped at bytes that are not the declared ones (Docker:
+# "filesystem layer verification failed for digest"; Podman: "digest ... does not match",
+# "Digest did not match"): then the registry copy is worth verifying here.
+_BYTES_REFUSED = re.compile(r"verif|digest|checksum|mismatch|corrupt|does not match", re.IGNORECASE)
 
 
 class PullFailed(UsageError):
@@ -179,6 +186,8 @@ class DockerDriver:
         from imagegate.oci.verify import verify_source
 
         reference, repository = name.text, name.repository
+        if not _BYTES_REFUSED.search(pull_error.detail):
+            return None  # a name, a network, a login, a full disk: not worth reading the image for
         try:
             source = open_source(f"docker://{reference}")
             try:
