@@ -13,6 +13,7 @@ import pytest
 
 from imagegate.attest import keys
 from tests.helpers import Result, imagegate
+from tests.report.test_junit import validate
 
 FORMATS = ["table", "json", "junit", "markdown", "html", "github"]
 DIFFERS = "STATEMENT.JSON DIFFERS from the signed statement"
@@ -84,6 +85,8 @@ def test_an_edited_statement_is_flagged_in_every_format_and_fails(
     assert "verdict: FAIL" in report(signed, "table").stdout
     assert 'data-ok="false"' in report(signed, "html").stdout
     junit = report(signed, "junit").stdout
+    doc = validate(junit)  # still the schema Jenkins reads, with one more test in error
+    assert doc.get("errors") == "1" and doc.get("tests") == str(len(doc.findall(".//testcase")))
     assert '<property name="attestation_ok" value="false" />' in junit
     assert 'name="attestation"' in junit and 'type="ATTESTATION_ERROR"' in junit
     assert report(signed, "github").stdout.startswith("::error title=imagegate attestation")
