@@ -13,7 +13,7 @@ from typing import Any
 
 from imagegate import __version__, bundle, pipeline, protocol, workers
 from imagegate.attest.statement import build_statement
-from imagegate.drivers.interface import BundleRun, Driver
+from imagegate.drivers.interface import BundleRun, Driver, Refusal
 from imagegate.evidence import Attempt, sha256_file
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
 from imagegate.oci.sources.interface import Source
@@ -138,6 +138,9 @@ class Observation:
     given: list[StageResult] = field(default_factory=list)
     outside_done: list[StageResult] = field(default_factory=list)
     completes: dict[str, Any] | None = None  # `imagegate complete`: the link to the earlier attempt
+    # The image was refused before it could run (Driver.refusal): nothing ran in it. Apart from
+    # `given`, which a completion replaces with the earlier results: a refusal is never lost.
+    refused: StageResult | None = None
 
 
 def inside_groups(inside: Plan, jobs: int) -> list[list[str]]:
@@ -248,6 +251,13 @@ def observe(
 
     obs = Observation(image, env, [], _now(), str(env.get("driver", driver.name)), opener)
     obs.verified, obs.has_image = driver.verified_report(image), driver.has_image
+    refusal = driver.refusal(image)
+    if refusal is not None:
+        # Refused before it could run (e.g. a layer that failed verification while unpacked):
+        # nothing runs in it; conclude skips its stages and signs the refusal like any outcome.
+        obs.refused = refused_stage(refusal, attempt)
+        notify(refusal.detail)
+        return obs
     # Outside stages that need nothing from inside run while the image's stages do; one that
     # `requires` a capability waits for the controller to say what this run has.
     early = [s for s in prep.plan.outside_stages if not (s.needs or s.requires or prep.plan.stop_on_fail)]
@@ -264,6 +274,35 @@ def observe(
             obs.runs = run_inside(prep, driver, image, opts, notify)
         obs.outside_done = done.result()
     return obs
+
+
+REFUSAL_PROBE = "refusal"
+
+
+def refused_stage(refusal: Refusal, attempt: Attempt) -> StageResult:
+    """The refusal as a stage of the runner's own, its evidence what was found: the layer, the
+    expected and actual digests, the entry, the source, and the verification table so far."""
+    report = refusal.report.to_dict() if refusal.report is not None else None
+    evidence = attempt.write_json(f"{refusal.stage}.json", {**refusal.facts, "verification": report})
+    return StageResult(
+        refusal.stage, REFUSAL_PROBE, "outside", refusal.status, refusal.detail, 0.0,
+        dict(refusal.facts), [evidence],
+    )  # fmt: skip
+
+
+def refused_skips(prep: Prepared, obs: Observation, done: set[str]) -> list[StageResult]:
+    """The stages of a refused image: none runs in it. A layers stage still reports the
+    driver's verification (its table, FAIL) or reads --source; every other stage is SKIPPED."""
+    assert obs.refused is not None
+    why = (
+        f"the image was refused before it could run: see stage {obs.refused.id} ({obs.refused.status.value})"
+    )
+    reports = obs.verified is not None or prep.inputs.source is not None
+    return [
+        StageResult(s.id, s.probe, s.side, Status.SKIPPED, why)
+        for s in prep.plan.stages
+        if s.id not in done and not s.skipped and not (s.probe == "layers" and reports)
+    ]
 
 
 class DriverObserver:
@@ -322,6 +361,10 @@ def conclude(
         if s.skipped and s.id not in given
     ]
     done_ids = {r.id for r in obs.outside_done}
+    if obs.refused is not None:
+        results = [obs.refused, *results]
+        results += refused_skips(prep, obs, {r.id for r in results})
+        done_ids |= {r.id for r in results}
     later = [s for s in prep.plan.outside_stages if s.id not in done_ids]
     results += obs.outside_done
     results += outside_results(prep, later, obs, attempt, results, notify)

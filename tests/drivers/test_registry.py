@@ -1,6 +1,6 @@
 """`--driver rootfs` on a registry image with no engine reachable: the bytes are verified while
 unpacked, the probes run on them, the attestation says no engine was involved and which manifest
-the bytes came from; a tampered mirror is refused before any probe runs."""
+the bytes came from; a tampered mirror is refused before any probe runs, in a FAIL attempt."""
 
 from __future__ import annotations
 
@@ -89,7 +89,11 @@ def test_tampered_mirror_is_refused(
         )  # fmt: skip
         assert r.returncode == 1, r.stdout + r.stderr
         assert "layer 2" in r.stderr and victim in r.stderr, r.stderr
-        assert attempt_dirs(tmp_path / "out") == []  # no probe ran: no attempt was even started
+        # No probe ran, and the refusal is an attempt like any other: FAIL, the layer named.
+        (refused,) = attempt_dirs(tmp_path / "out")
+        verdict, stages = outcome(json.loads((refused / "statement.json").read_text()))
+        assert verdict == "FAIL" and stages["unpack"] == "FAIL" and stages["layers"] == "FAIL"
+        assert {stages[s] for s in ("pip_check", "find_spec", "gpu_cli", "cli_cpu")} == {"SKIPPED"}
         assert list((cold / "imagegate/roots/roots").iterdir()) == []  # nothing of it kept
         # The same layers cached from the official copy: the probes run on those verified bytes,
         # and the layers stage reads this mirror's own blobs: FAIL, the layer named.

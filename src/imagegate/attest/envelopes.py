@@ -16,15 +16,13 @@ MAX_ATTESTATION_BYTES = 64 << 20
 
 def read_bounded(path: Path, what: str = "attestation") -> bytes:
     """The file's bytes, never more than MAX_ATTESTATION_BYTES of them read: a larger file (or a
-    device that never ends) is refused, named."""
+    FIFO or device, which may never end) is refused, named."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_ATTESTATION_BYTES + 1)
+        return untrusted_json.read_file(path, max_bytes=MAX_ATTESTATION_BYTES)
     except OSError as e:
         raise UsageError(f"{what} {path}: cannot read it ({e.strerror})") from e
-    if len(data) > MAX_ATTESTATION_BYTES:
-        raise UsageError(f"{what} {path}: larger than {MAX_ATTESTATION_BYTES >> 20} MiB")
-    return data
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"{what} {path}: cannot read it: {e}") from e
 
 
 def one_envelope(data: bytes, source: object) -> dsse.Envelope:

@@ -204,6 +204,21 @@ FACTS: dict[str, FactRules] = {
         ),
     ),
     "image_id": FactRules(carried=("image_id", "expected")),
+    # The runner's own stage for an image refused before it could run (runner.refused_stage).
+    "refusal": FactRules(
+        carried=(
+            "refused",
+            "error",
+            "hint",
+            "source",
+            "manifest_digest",
+            "config",
+            "layer",
+            "entry",
+            "problems",
+            "layers_read",
+        ),
+    ),
 }
 
 

@@ -22,6 +22,7 @@ class ReportFormat(str, enum.Enum):
     junit = "junit"
     markdown = "markdown"
     html = "html"
+    github = "github"
 
 
 @app.command(
@@ -30,22 +31,38 @@ class ReportFormat(str, enum.Enum):
     "  imagegate report ATTEMPT_DIR --format junit -o junit.xml\n\n"
     "  imagegate report ATTEMPT_DIR --format html -o report.html\n\n"
     "  imagegate report imagegate-runs/sha256-8b57... -f markdown   # latest attempt\n\n"
-    "html is one self-contained page; json is the stored statement exactly as the run wrote it. "
-    "Exit codes: 0 written, 3 not an attempt folder or the file cannot be written."
+    "  imagegate report ATTEMPT_DIR --key gate.pub   # check the signature too\n\n"
+    "Every format is rendered from the statement as signed (attestation.dsse.json's payload) and "
+    "says whether the signature was checked (--key), and flags a statement.json or an evidence "
+    "file that differs from what was signed, or an attempt that was never signed. html is one "
+    "self-contained page; json is the signed statement (statement.json where the attempt is "
+    "unsigned), the flags on stderr; github is the GitHub Actions workflow commands. "
+    "Exit codes: 0 written; 1 written, but statement.json or an evidence file differs from what "
+    "was signed, the envelope cannot be read, or --key does not verify it (or the attempt is "
+    "unsigned); 3 not an attempt folder, a key that cannot be read, or the file cannot be written."
 )
 def report(
     attempt: Path = Argument(
         ..., help="An attempt folder (OUT/<image>/<attempt>), or an image folder for its latest attempt."
     ),
     fmt: ReportFormat = Option(
-        ReportFormat.table, "--format", "-f", help="table, json, junit, markdown or html."
+        ReportFormat.table, "--format", "-f", help="table, json, junit, markdown, html or github."
     ),
     output: Path | None = Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    key: Path | None = Option(
+        None,
+        "--key",
+        "-k",
+        help="Public key (PEM) the attestation must verify with; without it the "
+        "signature is not checked (and the report says so).",
+    ),
 ) -> None:
-    """Render a report again from an attempt's stored evidence, in any format."""
+    """Render a report again from an attempt's signed statement, in any format."""
+    from imagegate.attest.keys import load_public_key
     from imagegate.report.formats import rerender
 
-    rerender(attempt, fmt.value, output)
+    provenance = rerender(attempt, fmt.value, output, load_public_key(key) if key else None)
+    raise typer.Exit(0 if provenance.ok else 1)
 
 
 @app.command(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import socket
 import struct
@@ -29,11 +30,13 @@ from imagegate.drivers.interface import (
     BundleRun,
     CappedBuffer,
     OnOutput,
+    Refusal,
     first_usable,
+    verification_facts,
 )
-from imagegate.errors import EngineError, UsageError
+from imagegate.errors import EngineError, ImagegateError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
-from imagegate.model import ImageFacts
+from imagegate.model import ImageFacts, Status
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
@@ -93,6 +96,12 @@ def _not_found(err: Exception) -> bool:
     return "not found" in text or "no such file" in text
 
 
+# The engine's words when a pull stopped at bytes that are not the declared ones (Docker:
+# "filesystem layer verification failed for digest"; Podman: "digest ... does not match",
+# "Digest did not match"): then the registry copy is worth verifying here.
+_BYTES_REFUSED = re.compile(r"verif|digest|checksum|mismatch|corrupt|does not match", re.IGNORECASE)
+
+
 class PullFailed(UsageError):
     """The engine could not pull an image: a name no registry has, or a registry out of reach."""
 
@@ -139,6 +148,8 @@ class DockerDriver:
         self.tmpfs_size = tmpfs_size
         self._env: dict[str, Any] | None = None
         self.live: set[str] = set()  # containers created and not (yet) confirmed removed
+        # Images the engine would not pull and imagegate's own verification refused.
+        self.refused: dict[ImageFacts, tuple[Refusal, VerifyReport]] = {}
 
     def environment(self) -> dict[str, Any]:
         if self._env is None:
@@ -158,7 +169,65 @@ class DockerDriver:
         return self._env
 
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
-        return None  # the layers stage reads the image itself
+        # The layers stage reads the image itself; a refused pull's verification is reported.
+        refused = self.refused.get(image)
+        return refused[1] if refused else None
+
+    def refusal(self, image: ImageFacts) -> Refusal | None:
+        refused = self.refused.get(image)
+        return refused[0] if refused else None
+
+    def _refused_by_registry(self, name: ImageName, pull_error: PullFailed) -> ImageFacts | None:
+        """The engine would not pull the image: imagegate reads the registry copy itself. When
+        its own verification fails (a tampered or corrupt blob, a config that is not the
+        manifest's) that is the refusal, signed like any outcome and named by the manifest read
+        and hashed here; None otherwise (the pull failure stands: a name, a network, a login)."""
+        from imagegate.oci.transports import open_source
+        from imagegate.oci.verify import verify_source
+
+        reference, repository = name.text, name.repository
+        if not _BYTES_REFUSED.search(pull_error.detail):
+            return None  # a name, a network, a login, a full disk: not worth reading the image for
+        try:
+            source = open_source(f"docker://{reference}")
+            try:
+                report = verify_source(source)
+            finally:
+                close = getattr(source, "close", None)
+                if callable(close):
+                    close()
+        except ImagegateError:
+            return None
+        if report.ok or report.manifest_digest is None:
+            return None
+        image = ImageFacts(
+            reference=reference,
+            config_digest=report.config.actual_digest,
+            manifest_digest=report.manifest_digest,
+            repo_digests=(f"{repository}@{report.manifest_digest}",) if repository else (),
+            platform=report.platform,
+            repository=repository,
+        )
+        failed = report.failed_layers
+        why = (
+            "; ".join(
+                [
+                    *(f"layer {x.index + 1}/{len(report.layers)} {x.status}: {x.detail}" for x in failed),
+                    *report.problems,
+                ]
+            )
+            or report.config.detail
+        )
+        facts = {
+            "refused": "PullRefused",
+            "error": f"the engine would not pull it ({pull_error.detail}); read from the registry: {why}",
+            "hint": "the registry does not hold the image's declared bytes (tampered or corrupt)",
+            **verification_facts(report, failed[0].index if failed else None),
+            "entry": None,
+        }
+        detail = f"the engine would not pull it, and the registry copy fails verification: {why}"
+        self.refused[image] = (Refusal(Status.FAIL, detail, facts, report, stage="pull"), report)
+        return image
 
     def left_behind(self) -> str | None:
         # Only containers the engine has not confirmed removed (`_remove` forgets the others).
@@ -194,7 +263,13 @@ class DockerDriver:
         name = image if isinstance(image, ImageName) else parse_image_name(image)
         reference = name.text
         if self.pull == "always":
-            self._pull(name)
+            try:
+                self._pull(name)
+            except PullFailed as pull_error:
+                refused = self._refused_by_registry(name, pull_error)
+                if refused is None:
+                    raise
+                return refused
         try:
             attrs = self.client.api.inspect_image(reference)
         except docker.errors.ImageNotFound as e:
@@ -205,6 +280,9 @@ class DockerDriver:
                 try:
                     self._pull(name, why=missing)
                 except PullFailed as pull_error:
+                    refused = self._refused_by_registry(name, pull_error)
+                    if refused is not None:
+                        return refused
                     raise UsageError(
                         f"{missing}, and pulling it failed: {pull_error.detail}",
                         hint="check the name (docker images lists the engine's), build it, or "

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from imagegate.model import ImageFacts
+from imagegate.model import ImageFacts, Status
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
 
@@ -31,6 +31,48 @@ class BundleRun:
     stdout_total: int = 0
     stderr_total: int = 0
     facts: dict[str, Any] = field(default_factory=dict)  # e.g. container id, limits
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An image refused before it could run (the rootfs driver: a layer, the config or an entry
+    failed verification while it was unpacked): a signed outcome like any other, never a bare
+    error. `facts`: what was found (the layer, expected and actual digests, the entry, the
+    source); `report`: the verification so far, for the evidence and the layers stage."""
+
+    status: Status  # FAIL: the image was refused; ERROR: its source could not be read to the end
+    detail: str
+    facts: dict[str, Any]
+    report: VerifyReport | None = None
+    stage: str = "unpack"  # the id of the stage that reports it: where the image was refused
+
+
+def verification_facts(report: VerifyReport, layer: int | None) -> dict[str, Any]:
+    """What a refusal's evidence says of the verification: the source, the manifest read, the
+    config (expected, actual, --expect-config), the layer refused (its expected and actual
+    digests, sizes and diffIDs), the structural problems, how many layers were read."""
+    import json
+    from dataclasses import asdict
+
+    config = report.config
+    found = next((x for x in report.layers if x.index == layer), None)
+    plain_layer = json.loads(json.dumps(asdict(found), default=str)) if found else {"index": layer}
+    return {
+        "source": report.source,
+        "manifest_digest": report.manifest_digest,
+        "config": {
+            "status": config.status.value,
+            "expected_digest": config.expected_digest,
+            "actual_digest": config.actual_digest,
+            "expected_size": config.expected_size,
+            "actual_size": config.actual_size,
+            "official_digest": config.official_digest,
+            "detail": config.detail,
+        },
+        "layer": None if layer is None else plain_layer,
+        "problems": list(report.problems),
+        "layers_read": len(report.layers),
+    }
 
 
 class Driver(Protocol):
@@ -63,6 +105,11 @@ class Driver(Protocol):
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         """The layer verification the driver made of the very bytes it runs (rootfs: while
         unpacking them); the layers stage reports it instead of reading them again. None: none."""
+        ...
+
+    def refusal(self, image: ImageFacts) -> Refusal | None:
+        """Why `image` (as resolve returned it) was refused before anything could run in it;
+        None: it was not (then run_bundle runs it)."""
         ...
 
     def run_bundle(

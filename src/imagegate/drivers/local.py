@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from imagegate.drivers.interface import BundleRun, OnOutput
+from imagegate.drivers.interface import BundleRun, OnOutput, Refusal
 from imagegate.drivers.process import run_group
 from imagegate.errors import UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
@@ -86,6 +86,9 @@ class LocalDriver:
 
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         return None  # the layers stage reads the image itself
+
+    def refusal(self, image: ImageFacts) -> Refusal | None:
+        return None  # no image of its own: nothing to refuse
 
     def left_behind(self) -> str | None:
         return None  # the probes' processes end with their run

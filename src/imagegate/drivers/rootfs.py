@@ -1,7 +1,8 @@
 """The rootfs driver (`run --driver rootfs`): no engine. The image is read from any transport,
 each layer verified while it is unpacked into a root folder (a layer that fails verification
-discards the root: probes never run on unverified bytes), and the bundle runs with the image's own
-python inside that root under bubblewrap (drivers/bwrap.py says what the sandbox applies).
+discards the root: probes never run on unverified bytes, and the run ends in a signed FAIL that
+names it: `Refused`), and the bundle runs with the image's own python inside that root under
+bubblewrap (drivers/bwrap.py says what the sandbox applies).
 
 The bundle and the event key go in as with the docker driver: the same loader reads them from
 stdin, writes the bundle to the sandbox's tmpfs and hands the key to the controller through an
@@ -15,16 +16,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from imagegate.drivers import bwrap
 from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
-from imagegate.drivers.interface import BundleRun, OnOutput, first_usable
+from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable, verification_facts
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
-from imagegate.model import ImageFacts
+from imagegate.model import ImageFacts, Status
 from imagegate.oci.verify import VerifyReport
 
 
@@ -76,6 +77,7 @@ class RootfsDriver:
         self.notify = notify
         self.platform, self.insecure = platform, insecure
         self.roots: dict[str, PreparedRoot] = {}
+        self.refused: dict[ImageFacts, Refused] = {}
         self._env: dict[str, Any] | None = None
 
     def environment(self) -> dict[str, Any]:
@@ -100,10 +102,30 @@ class RootfsDriver:
                 "chain_id": root.chain_id,
                 **root.facts,
             }
+        for image, refused in self.refused.items():
+            env["image_source"] = {
+                "source": refused.source,
+                "manifest_digest": image.manifest_digest,
+                "config_digest": image.config_digest,
+                "refused": type(refused.error).__name__,
+            }
         return env
 
     def resolve(self, reference: str) -> ImageFacts:
-        root = self.make_root(reference)
+        """The image's facts once its root is made; for an image refused while unpacking (a
+        layer, the config or an entry that failed verification) the facts of what was read, its
+        refusal kept for refusal(): the run goes on to a signed FAIL. Raises when not even a
+        digest of the image could be read (nothing to attest to)."""
+        from imagegate.rootfs import UnpackError
+
+        try:
+            root = self.make_root(reference)
+        except UnpackError as e:
+            refused = Refused.of(reference, e)
+            if refused is None:
+                raise
+            self.refused[refused.image] = refused
+            return refused.image
         self.roots[root.config_digest] = root
         repo_digests: tuple[str, ...] = ()
         if root.repository and root.manifest_digest:
@@ -125,10 +147,16 @@ class RootfsDriver:
         stage reports it instead of reading the image a second time). None for a root from the
         cache: its layers were verified when an earlier source was unpacked, and this source's
         blobs must be read to be vouched for (the layers stage does, beside the probes)."""
+        if image in self.refused:
+            return self.refused[image].verified_report()
         root = self.roots.get(image.config_digest or "")
         if root is None or root.facts.get("cached"):
             return None
         return root.report
+
+    def refusal(self, image: ImageFacts) -> Refusal | None:
+        refused = self.refused.get(image)
+        return refused.refusal() if refused is not None else None
 
     def image_source(self, image: ImageFacts, timeout: float | None) -> Any | None:
         """The source this driver read the image from, opened again (an oci.sources Source): how
@@ -167,6 +195,73 @@ class RootfsDriver:
             return interpret(done, image, interpreter, ident, self.limits)
 
         return first_usable(interpreters, attempt, cancel)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An image the unpacking refused (rootfs.ImageRefused: FAIL) or could not finish reading
+    (another rootfs.UnpackError: ERROR), with the verification so far."""
+
+    image: ImageFacts  # named only by digests whose bytes were read and hashed in this run
+    error: Any  # the rootfs.UnpackError
+    report: VerifyReport
+    source: str
+
+    @classmethod
+    def of(cls, reference: str, error: Any) -> Refused | None:
+        """None when nothing of the image was read and hashed: no subject to sign for."""
+        report: VerifyReport | None = error.report
+        if report is None:
+            return None
+        # The manifest's digest is the hash of the manifest read (the registry client and the
+        # OCI index reader check it); the config's, of the config blob read. A digest the
+        # manifest merely claims (a config that was never read) names nothing here.
+        manifest, config = report.manifest_digest, report.config.actual_digest
+        if manifest is None and config is None:
+            return None
+        repository = _repository(reference)
+        image = ImageFacts(
+            reference=reference,
+            config_digest=config,
+            manifest_digest=manifest,
+            repo_digests=(f"{repository}@{manifest}",) if repository and manifest else (),
+            platform=report.platform,
+            repository=repository,
+        )
+        return cls(image, error, report, report.source or reference)
+
+    @property
+    def status(self) -> Status:
+        from imagegate.rootfs import ImageRefused
+
+        return Status.FAIL if isinstance(self.error, ImageRefused) else Status.ERROR
+
+    def verified_report(self) -> VerifyReport | None:
+        """The verification so far, for a layers stage to report (FAIL with its table). A
+        hostile entry or a bomb stops the unpack in a layer whose bytes verify: the refusal is
+        then one of the report's problems, so that the report is never read as a pass."""
+        if self.status is not Status.FAIL:
+            return None
+        report, problems = self.report, list(self.report.problems)
+        if report.ok:
+            problems.append(str(self.error))
+        read, declared = len(report.layers), len(report.diff_ids)
+        if report.layers and read < declared:
+            problems.append(f"layers {read + 1}-{declared} not read: the unpack stopped at layer {read}")
+        return replace(report, problems=tuple(problems))
+
+    def refusal(self) -> Refusal:
+        e = self.error
+        facts = {
+            "refused": type(e).__name__,
+            "error": str(e),
+            "hint": e.hint,
+            **verification_facts(self.report, getattr(e, "layer", None)),
+            "source": self.source,
+            "entry": getattr(e, "entry", None),
+        }
+        why = "refused while unpacking" if self.status is Status.FAIL else "its source failed while unpacking"
+        return Refusal(self.status, f"{why}: {e}", facts, self.report)
 
 
 def interpret(

@@ -5,7 +5,9 @@ parser (CPython's recurses once per level) or gigabytes of memory."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from itertools import accumulate
 from typing import Any
 
@@ -34,6 +36,22 @@ def loads(raw: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES, max_depth: i
         return json.loads(text)
     except (ValueError, RecursionError) as e:
         raise UntrustedJSONError(f"not JSON ({e})") from None
+
+
+def read_file(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
+    """A regular file's bytes, at most `max_bytes` of them read (a file that holds more raises
+    UntrustedJSONError): never a FIFO or a device that would block or never end. OSError as is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UntrustedJSONError("not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UntrustedJSONError(f"larger than {max_bytes} bytes")
+    return data
 
 
 def nesting_depth(text: str) -> int:

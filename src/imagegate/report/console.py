@@ -12,6 +12,7 @@ from rich.text import Text
 
 from imagegate.model import RunRecord, StageResult, Status
 from imagegate.report import view
+from imagegate.report.provenance import Provenance
 from imagegate.report.view import split_reasons
 
 STYLE = {
@@ -56,9 +57,33 @@ def _time(stage: StageResult) -> str:
     return f"{stage.duration_s:.2f}s"
 
 
-def render(record: RunRecord, console: Console, *, rejected_by: str | None = None) -> None:
+def render_provenance(provenance: Provenance, console: Console) -> None:
+    style = (
+        "green"
+        if provenance.ok and provenance.signature == "verified"
+        else "yellow"
+        if provenance.ok
+        else "bold red"
+    )
+    for line in provenance.lines():
+        console.print(
+            Text.assemble(("attestation: ", "bold"), (line, style)), soft_wrap=True, highlight=False
+        )
+
+
+def render(
+    record: RunRecord,
+    console: Console,
+    *,
+    rejected_by: str | None = None,
+    provenance: Provenance | None = None,
+) -> None:
     """`rejected_by`: the option that turns an accepting verdict into a rejection (e.g.
-    --require-complete), named on the verdict line so the log says why the job failed."""
+    --require-complete), named on the verdict line so the log says why the job failed.
+    `provenance`: what vouches for the statement (a report rendered again from a folder), said
+    first and again under the verdict."""
+    if provenance is not None:
+        render_provenance(provenance, console)
     title = f"imagegate {record.pipeline['name']} · {record.image.reference}"
     # Narrow consoles drop the token column and list tokens below; a log has room for all.
     wide = console.width >= 120
@@ -105,10 +130,12 @@ def render(record: RunRecord, console: Console, *, rejected_by: str | None = Non
         f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True, highlight=False
     )
     console.print(f"evidence: {record.attempt_dir}", soft_wrap=True, highlight=False)
+    if provenance is not None and not provenance.ok:
+        render_provenance(provenance, console)  # under the verdict too: the last lines a log shows
 
 
-def render_text(record: RunRecord, width: int = 160) -> str:
+def render_text(record: RunRecord, width: int = 160, provenance: Provenance | None = None) -> str:
     """The console view as plain text (a report file)."""
     console = Console(record=True, width=width, file=io.StringIO())
-    render(record, console)
+    render(record, console, provenance=provenance)
     return console.export_text()

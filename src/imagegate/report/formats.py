@@ -7,23 +7,33 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from imagegate.attest.statement import build_statement
 from imagegate.errors import UsageError
 from imagegate.model import RunRecord
+from imagegate.report.provenance import Provenance
+
+if TYPE_CHECKING:
+    from imagegate.attest.keys import PublicKey
 
 STDOUT = Path("-")
 
-# `base`: the folder the report is written to (None: stdout, links are relative to the current
-# folder); only formats that link to evidence files use it.
-Renderer = Callable[[RunRecord, Path | None], str]
+
+class Renderer(Protocol):
+    """`base`: the folder the report is written to (None: stdout, links are relative to the
+    current folder); only formats that link to evidence files use it. `provenance`: what vouches
+    for the statement, shown by every format when a report is rendered again from a folder."""
+
+    def __call__(
+        self, record: RunRecord, base: Path | None = None, *, provenance: Provenance | None = None
+    ) -> str: ...
 
 
-def render_json(record: RunRecord, base: Path | None = None) -> str:
-    del base
+def render_json(record: RunRecord, base: Path | None = None, *, provenance: Provenance | None = None) -> str:
+    del base, provenance  # the statement itself: nothing may be added to it (rerender says it on stderr)
     return statement_text(build_statement(record))
 
 
@@ -103,28 +113,47 @@ def write_outside_evidence(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def rerender(attempt: Path, fmt: str, output: Path | None = None) -> None:
+def rerender(
+    attempt: Path,
+    fmt: str,
+    output: Path | None = None,
+    key: PublicKey | None = None,
+    stderr: TextIO | None = None,
+) -> Provenance:
     """`imagegate report`: an attempt folder's report (or an image folder's latest attempt's) in
-    `fmt` (a format, or "table": the console view), to `output` or stdout."""
-    from imagegate.report import console, load
+    `fmt` (a format, "table": the console view, "github": the workflow commands), to `output` or
+    stdout, from the statement as signed. Returns what vouches for it (`Provenance.ok` False:
+    the caller exits non-zero); json, which must stay the statement alone, says it on stderr."""
+    from imagegate.report import console, github, load
 
     try:
         folder = load.resolve_attempt(attempt)
+        loaded = load.read_attempt(folder, key)
+        record, provenance = loaded.record, loaded.provenance
         text: str | None
-        if fmt == "json":  # the statement as the run wrote it, not a rebuild
-            text = load.statement_text(folder)
+        if fmt == "json":
+            text = (
+                load.statement_text(folder)  # unsigned: statement.json as the run wrote it
+                if provenance.signature in ("unsigned", "unreadable")
+                else statement_text(loaded.statement)  # the signed payload, in statement.json's layout
+            )
+            for line in provenance.lines():
+                (stderr or sys.stderr).write(f"imagegate: attestation: {line}\n")
         elif fmt == "table":
-            text = console.render_text(load.load_attempt(folder)) if output else None
+            text = console.render_text(record, provenance=provenance) if output else None
+        elif fmt == "github":
+            text = github.render(record, provenance)
         else:
-            text = render(load.load_attempt(folder), fmt, output.parent if output else None)
+            text = renderer(fmt)(record, output.parent if output else None, provenance=provenance)
         if text is None:  # the table on stdout: a terminal's own width and colours
-            console.render(load.load_attempt(folder), console.make_console())
+            console.render(record, console.make_console(), provenance=provenance)
         elif output is None:
             sys.stdout.write(text)
         else:
             write_outside_evidence(output, text)
     except OSError as e:
         raise UsageError(f"writing {output}: {e.strerror}", hint="check the --output path") from e
+    return provenance
 
 
 def write_reports(

@@ -12,6 +12,7 @@ from typing import TextIO
 
 from imagegate.model import RunRecord, Status
 from imagegate.report import markdown, view
+from imagegate.report.provenance import Provenance
 
 # GitHub shows at most 10 annotations of each kind per step: the rest stay in the summary.
 MAX_ANNOTATIONS = 10
@@ -24,6 +25,27 @@ def escape_data(text: str) -> str:
 
 def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def provenance_line(record: RunRecord, provenance: Provenance) -> str:
+    """One annotation for what vouches for the statement: an error when something contradicts
+    it, a warning when nothing vouches for it, a notice otherwise."""
+    command = (
+        "notice"
+        if provenance.ok and provenance.signature == "verified"
+        else "warning"
+        if provenance.ok
+        else "error"
+    )
+    title = f"imagegate attestation ({record.image.reference})"
+    return f"::{command} title={escape_property(title)}::{escape_data(chr(10).join(provenance.lines()))}"
+
+
+def render(record: RunRecord, provenance: Provenance | None = None) -> str:
+    """`imagegate report -f github`: the workflow commands (annotations) a run prints in
+    GitHub Actions, the attestation's first."""
+    lines = [provenance_line(record, provenance)] if provenance is not None else []
+    return "".join(x + "\n" for x in [*lines, *annotation_lines(record)])
 
 
 def annotation_lines(record: RunRecord) -> list[str]:

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from imagegate.model import RunRecord, StageResult, Status
 from imagegate.report import view
+from imagegate.report.provenance import Provenance
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
@@ -202,8 +203,23 @@ def _not_run(record: RunRecord) -> str:
     return f'<p id="not-run"><strong>Not run:</strong> {escape(note)}</p>' if note else ""
 
 
-def render(record: RunRecord, base: Path | None = None) -> str:
-    """`base`: the folder the page is written to, so that evidence links work from there."""
+def _provenance(provenance: Provenance | None) -> str:
+    if provenance is None:
+        return ""
+    color = COLOR[Status.PASS] if provenance.signature == "verified" and provenance.ok else COLOR[Status.FAIL]
+    if provenance.ok and provenance.signature != "verified":
+        color = COLOR[Status.DEFERRED]
+    items = "".join(f"<li>{escape(line)}</li>" for line in provenance.lines())
+    return (
+        f'<div id="provenance" class="card" data-ok="{str(provenance.ok).lower()}" '
+        f'data-signature="{escape(provenance.signature)}" style="border:2px solid {color}">'
+        f'<strong style="color:{color}">Attestation</strong><ul class="reasons">{items}</ul></div>\n'
+    )
+
+
+def render(record: RunRecord, base: Path | None = None, *, provenance: Provenance | None = None) -> str:
+    """`base`: the folder the page is written to, so that evidence links work from there.
+    `provenance`: what vouches for the statement (a report rendered again from a folder)."""
     v = record.verdict
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -212,7 +228,7 @@ def render(record: RunRecord, base: Path | None = None) -> str:
 <title>{escape(v)} · {escape(view.title(record))}</title>
 <style>{STYLE}</style></head>
 <body><main>
-<div class="card">
+{_provenance(provenance)}<div class="card">
 <h1>{escape(view.title(record))}</h1>
 <div id="verdict" class="verdict" data-verdict="{escape(v)}" style="background:{verdict_color(v)}">{escape(v)}</div>
 <span style="margin-left:12px">{len(record.stages)} stages: {_stage_summary(record.stages)} · {view.elapsed_s(record):.1f} s</span>

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from imagegate.model import RunRecord, StageResult, Status
 from imagegate.report import view
+from imagegate.report.provenance import Provenance
 
 # Characters XML 1.0 cannot carry at all, even escaped: a stage's raw output may contain them.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -55,7 +56,21 @@ def _testcase(record: RunRecord, stage: StageResult, classname: str) -> ET.Eleme
     return case
 
 
-def render(record: RunRecord, base: Path | None = None) -> str:
+def _attestation_case(root: ET.Element, suite: ET.Element, classname: str, provenance: Provenance) -> None:
+    """The statement cannot be trusted as shown: one more test, in error."""
+    case = ET.SubElement(suite, "testcase", classname=classname, name="attestation", time="0.000")
+    lines = provenance.lines()
+    el = ET.SubElement(case, "error", message=_clean(provenance.summary()[:500]), type="ATTESTATION_ERROR")
+    el.text = _clean("\n".join(lines))
+    for counted in (root, suite):
+        counted.set("tests", str(int(counted.get("tests", "0")) + 1))
+        counted.set("errors", str(int(counted.get("errors", "0")) + 1))
+
+
+def render(record: RunRecord, base: Path | None = None, *, provenance: Provenance | None = None) -> str:
+    """`provenance` (a report rendered again from a folder): properties `attestation` and
+    `attestation_ok`, a line in the suite's output and, when it is not ok, an `attestation`
+    testcase in error, so that a CI view turns red."""
     del base  # attachment paths stay as the run wrote them: CI uploads the evidence folder as is
     count = {st: sum(1 for s in record.stages if s.status is st) for st in Status}
     skipped = count[Status.DEFERRED] + count[Status.SKIPPED]
@@ -90,13 +105,20 @@ def render(record: RunRecord, base: Path | None = None) -> str:
     }
     if note := view.deferred_note(record):
         facts["not_run"] = note  # the verdict token names the deferred stages, not what they held back
+    if provenance is not None:
+        facts["attestation"] = provenance.summary()
+        facts["attestation_ok"] = str(provenance.ok).lower()
     for name, value in facts.items():
         ET.SubElement(props, "property", name=name, value=_clean(value))
     classname = f"imagegate.{record.pipeline.get('name', 'pipeline')}"
+    if provenance is not None and not provenance.ok:
+        _attestation_case(root, suite, classname, provenance)
     for stage in record.stages:
         suite.append(_testcase(record, stage, classname))
+    lines = [f"attestation: {x}" for x in (provenance.lines() if provenance else [])]
     ET.SubElement(suite, "system-out").text = _clean(
-        f"verdict: {view.verdict_line(record)}\nimage: {record.image.reference}\nevidence: {record.attempt_dir}\n"
+        "".join(x + "\n" for x in lines)
+        + f"verdict: {view.verdict_line(record)}\nimage: {record.image.reference}\nevidence: {record.attempt_dir}\n"
     )
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,15 +1,25 @@
-"""Rebuild a RunRecord from an attempt folder's stored evidence (`statement.json`, `run.json`,
-each stage's `result.json`), so that any report can be rendered again later, anywhere."""
+"""Rebuild a RunRecord from an attempt folder's stored evidence, so that any report can be
+rendered again later, anywhere: the statement as signed (the payload of the attempt's DSSE
+envelope; `statement.json` only where the attempt is unsigned), and from `run.json` and each
+stage's `result.json` only what matches the sha256 the statement lists for it. What vouches for
+the statement, and what differs from it, is the `Provenance` every format shows."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagegate.attest import dsse
+from imagegate.attest.envelopes import read_envelopes
+from imagegate.attest.keys import PublicKey
+from imagegate.attest.sign import DSSE_FILE
 from imagegate.errors import UsageError
+from imagegate.evidence import sha256_file
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, Side, StageResult, Status
 from imagegate.oci import untrusted_json
+from imagegate.report.provenance import Provenance, Signature
 
 STATEMENT = "statement.json"
 
@@ -20,7 +30,7 @@ MAX_JSON_BYTES = 64 << 20
 
 def _read_json(path: Path) -> Any:
     try:
-        return untrusted_json.loads(path.read_bytes(), max_bytes=MAX_JSON_BYTES)
+        return untrusted_json.loads(untrusted_json.read_file(path, max_bytes=MAX_JSON_BYTES))
     except OSError as e:
         raise UsageError(f"{path}: cannot read it ({e.strerror})") from e
     except untrusted_json.UntrustedJSONError as e:
@@ -35,18 +45,33 @@ def statement_text(attempt_dir: Path) -> str:
             f"{attempt_dir}: not an attempt folder (no {STATEMENT})",
             hint="give OUT/<image>/<attempt> as written by `imagegate run -o OUT`",
         )
-    return path.read_text(encoding="utf-8")
+    try:
+        return untrusted_json.read_file(path, max_bytes=MAX_JSON_BYTES).decode("utf-8")
+    except (OSError, untrusted_json.UntrustedJSONError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read it: {e}") from e
 
 
-def _stage(raw: dict[str, Any], root: Path) -> StageResult:
+def _signed_copy(path: Path, sha256: str, differs: list[str]) -> Any:
+    """An evidence file's JSON, only when it is the file the statement lists (its sha256);
+    otherwise None, and the difference is said."""
+    if not path.is_file():
+        return None
+    stored = _read_json(path)  # bounded: a hostile file is an input error naming it
+    if sha256_file(path) != sha256:
+        differs.append(f"{path.name} in {path.parent}: differs from its sha256 in the statement: not shown")
+        return None
+    return stored
+
+
+def _stage(raw: dict[str, Any], root: Path, differs: list[str]) -> StageResult:
     evidence = [
         EvidenceFile(str(f["path"]), str(f["sha256"]), int(f["size"])) for f in raw.get("evidence") or []
     ]
     data: dict[str, Any] = {}
     # `data` (e.g. the layer table) is kept in the stage's result.json, not in the statement.
     for f in evidence:
-        if Path(f.path).name == "result.json" and (root / f.path).is_file():
-            stored = _read_json(root / f.path)
+        if Path(f.path).name == "result.json":
+            stored = _signed_copy(root / f.path, f.sha256, differs)
             if isinstance(stored, dict) and isinstance(stored.get("data"), dict):
                 data = stored["data"]
     if raw.get("fromAttempt"):  # a completion's result carried over from the earlier attempt
@@ -68,20 +93,78 @@ def _stage(raw: dict[str, Any], root: Path) -> StageResult:
     )
 
 
+@dataclass(frozen=True)
+class Loaded:
+    record: RunRecord
+    statement: dict[str, Any]  # the one the record is built from: as signed, where it was
+    provenance: Provenance
+
+
 def load_attempt(attempt_dir: Path) -> RunRecord:
     """A RunRecord equal (for every report) to the one the run had in memory."""
+    return read_attempt(attempt_dir).record
+
+
+def read_attempt(attempt_dir: Path, key: PublicKey | None = None) -> Loaded:
+    """The attempt's statement as signed, checked with `key` when given, and what vouches for it."""
+    copy = _statement(statement_text(attempt_dir).encode(), attempt_dir / STATEMENT)
+    signed = _signed_statement(attempt_dir, key)
+    if isinstance(signed, Provenance):  # unsigned, or an envelope that cannot be read
+        statement, provenance = copy, signed
+    else:
+        statement, provenance = signed
+        provenance = Provenance(provenance.signature, provenance.fingerprint, differs=copy != statement)
+    differs: list[str] = []
+    record = _record(statement, attempt_dir, differs)
+    if differs:
+        provenance = Provenance(provenance.signature, provenance.fingerprint, provenance.differs, (*differs,))
+    return Loaded(record, statement, provenance)
+
+
+def _statement(raw: bytes, where: Path) -> dict[str, Any]:
     try:
-        statement = untrusted_json.loads(statement_text(attempt_dir), max_bytes=MAX_JSON_BYTES)
+        statement = untrusted_json.loads(raw, max_bytes=MAX_JSON_BYTES)
     except untrusted_json.UntrustedJSONError as e:
-        raise UsageError(f"{attempt_dir / STATEMENT}: cannot read it: {e}") from e
+        raise UsageError(f"{where}: cannot read it: {e}") from e
     pred = statement.get("predicate") if isinstance(statement, dict) else None
     if not isinstance(pred, dict) or "verdict" not in pred:
-        raise UsageError(f"{attempt_dir / STATEMENT}: not an imagegate acceptance statement")
-    run_json = attempt_dir / "run.json"
-    run_facts = _read_json(run_json) if run_json.is_file() else {}
+        raise UsageError(f"{where}: not an imagegate acceptance statement")
+    assert isinstance(statement, dict)
+    return statement
+
+
+def _signed_statement(
+    attempt_dir: Path, key: PublicKey | None
+) -> tuple[dict[str, Any], Provenance] | Provenance:
+    """The envelope's payload and whether `key` verifies it; a Provenance alone where there is
+    no envelope, or none that can be read."""
+    fingerprint = key.fingerprint if key else None
+    path = attempt_dir / DSSE_FILE
+    if not path.is_file():
+        return Provenance("unsigned", fingerprint)
+    try:
+        (envelope,) = read_envelopes(path)
+        if envelope.payload_type != dsse.INTOTO_PAYLOAD_TYPE:
+            raise UsageError(f"{path}: payloadType {envelope.payload_type!r} is not an in-toto statement")
+        statement = _statement(envelope.payload, path)
+    except (UsageError, ValueError) as e:
+        why = str(e) if isinstance(e, UsageError) else f"{path}: holds more than one envelope"
+        return Provenance("unreadable", fingerprint, problems=(why,))
+    signature: Signature = "not checked"
+    if key is not None:
+        signature = "verified" if envelope.verified_by(key) else "failed"
+    return statement, Provenance(signature, fingerprint)
+
+
+def _record(statement: dict[str, Any], attempt_dir: Path, differs: list[str]) -> RunRecord:
+    pred = statement["predicate"]
+    listed = {
+        str(f.get("path")): str(f.get("sha256")) for f in pred.get("evidence") or [] if isinstance(f, dict)
+    }
+    run_facts = _signed_copy(attempt_dir / "run.json", listed.get("run.json", ""), differs) or {}
     img = pred.get("image") or {}
     # run.json holds the environment as the runner saw it; the predicate adds derived keys.
-    env = run_facts.get("environment") if isinstance(run_facts.get("environment"), dict) else None
+    env = run_facts.get("environment") if isinstance(run_facts, dict) else None
     return RunRecord(
         attempt_id=str((pred.get("attempt") or {}).get("id") or attempt_dir.name),
         attempt_dir=str(attempt_dir),
@@ -95,8 +178,8 @@ def load_attempt(attempt_dir: Path) -> RunRecord:
             platform=img.get("platform"),
             repository=img.get("repository"),
         ),
-        environment=dict(env if env is not None else pred.get("environment") or {}),
-        stages=[_stage(s, attempt_dir) for s in pred.get("stages") or []],
+        environment=dict(env if isinstance(env, dict) else pred.get("environment") or {}),
+        stages=[_stage(s, attempt_dir, differs) for s in pred.get("stages") or []],
         started_at=str(pred.get("startedOn") or ""),
         finished_at=str(pred.get("finishedOn") or ""),
         verdict=str(pred["verdict"]),

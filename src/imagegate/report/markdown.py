@@ -7,6 +7,7 @@ from pathlib import Path
 
 from imagegate.model import RunRecord, Status
 from imagegate.report import view
+from imagegate.report.provenance import Provenance
 
 ICON = {
     Status.PASS: "✅",
@@ -35,12 +36,26 @@ def code(text: str) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
-def render(record: RunRecord, base: Path | None = None) -> str:
+def provenance_lines(provenance: Provenance | None) -> list[str]:
+    """A quoted block under the heading: what vouches for the statement, what differs from it."""
+    if provenance is None:
+        return []
+    icon = "🔏" if provenance.ok and provenance.signature == "verified" else "⚠️" if provenance.ok else "🚨"
+    lines = provenance.lines()
+    return [
+        f"> {icon} **Attestation:** {cell(lines[0], 400)}",
+        *(f"> - {cell(x, 400)}" for x in lines[1:]),
+        "",
+    ]
+
+
+def render(record: RunRecord, base: Path | None = None, *, provenance: Provenance | None = None) -> str:
     del base  # evidence is named by path; a summary or comment has nowhere to link it to
     img = record.image
     lines = [
         f"## {verdict_icon(record.verdict)} imagegate: {record.verdict}: {code(img.reference)}",
         "",
+        *provenance_lines(provenance),
         " · ".join(
             [
                 f"pipeline {code(str(record.pipeline.get('name', '?')))} v{record.pipeline.get('version', '?')}",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import split_digest
+from imagegate.oci.digest import digest_of, split_digest
 from imagegate.oci.manifest import (
     INDEX_TYPES,
     Descriptor,
@@ -51,6 +51,20 @@ def _matches(d: Descriptor, wanted: str) -> bool:
     return False
 
 
+def _read_manifest(read_blob: Callable[[Descriptor], bytes], desc: Descriptor, source: str) -> bytes:
+    """A manifest (or index) blob, checked against the digest that names it: the image's digest
+    is then one of bytes read and hashed, never only the index's claim."""
+    raw = read_blob(desc)
+    if desc.digest is not None:
+        actual = digest_of(raw, desc.digest.partition(":")[0])
+        if actual != desc.digest:
+            raise SourceError(
+                f"{source}: the manifest {desc.digest} hashes to {actual}: the layout was changed "
+                "after it was written"
+            )
+    return raw
+
+
 def resolve_oci_index(
     index_raw: bytes,
     read_blob: Callable[[Descriptor], bytes],
@@ -81,13 +95,13 @@ def resolve_oci_index(
         )
     else:
         chosen = entries[0]
-    doc = parse_manifest(read_blob(chosen), chosen.media_type, source)
+    doc = parse_manifest(_read_manifest(read_blob, chosen, source), chosen.media_type, source)
     if isinstance(doc, Index) or chosen.media_type in INDEX_TYPES:
         if not isinstance(doc, Index):
             raise ManifestError(f"{source}: {chosen.digest} is declared an index but is a manifest")
         index_digest = chosen.digest
         chosen = select_platform(doc, platform, source)
-        doc = parse_manifest(read_blob(chosen), chosen.media_type, source)
+        doc = parse_manifest(_read_manifest(read_blob, chosen, source), chosen.media_type, source)
         if not isinstance(doc, Manifest):
             raise ManifestError(f"{source}: nested indexes are not supported")
     return ResolvedImage(
