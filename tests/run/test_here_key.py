@@ -215,10 +215,19 @@ def _no_bwrap_path(tmp_path: Path) -> str:
     return str(bin_)
 
 
+DEFERRING = (
+    "apiVersion: imagegate/v1\nname: k\nstages:\n"
+    "  - id: mods\n    probe: find_spec\n    with: {modules: [json]}\n"
+    "  - id: gpu_mods\n    probe: find_spec\n    requires: [gpu]\n    with: {modules: [json]}\n"
+)
+
+
 def test_without_bubblewrap_signing_is_refused_unless_accepted(tmp_path: Path) -> None:
-    key = keygen(tmp_path / "k", {})
+    key, pub = keygen(tmp_path / "k", {}), tmp_path / "k.pub"
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text(DEFERRING)
     env = {"PATH": _no_bwrap_path(tmp_path)}
-    base = ["run", "--here", "--python", sys.executable, "-p", "python", "-m", "json", "--key", str(key)]
+    base = ["run", "--here", "--python", sys.executable, "-p", str(pipe), "--key", str(key)]
     refused = imagegate(*base, "-o", str(tmp_path / "refused"), env=env)
     assert refused.returncode == 3, refused.stderr
     said = " ".join(refused.stderr.split())
@@ -230,12 +239,26 @@ def test_without_bubblewrap_signing_is_refused_unless_accepted(tmp_path: Path) -
     done = imagegate(*base, "--sign-unisolated", "-o", str(tmp_path / "o"), "--format", "json", env=env)
     assert done.returncode == 0, done.stderr
     pred = done.json()["predicate"]
+    assert pred["verdict"] == "CPU_PASS_GPU_MODS_DEFERRED"
     assert pred["environment"]["keyIsolation"] == "none"
     isolation = pred["environment"]["key_isolation"]
     assert isolation["signed_anyway"] is True and "bwrap" in isolation["reason"]
     (attempt,) = (tmp_path / "o").glob("*/*/")
-    v = imagegate("verify", str(attempt / "attestation.dsse.json"), "--key", str(key.with_suffix(".pub")))
+    v = imagegate("verify", str(attempt / "attestation.dsse.json"), "--key", str(pub))
     assert v.returncode == 0, v.stdout + v.stderr
+
+    # complete --here: the same refusal before any work, the same way on.
+    again = ["complete", str(attempt), "--here", "--python", sys.executable, "--key", str(key)]
+    refused = imagegate(*again, env=env)
+    assert refused.returncode == 3 and "--sign-unisolated" in refused.stderr, refused.stderr
+    assert len(list((tmp_path / "o").glob("*/*/"))) == 1
+    completed = imagegate(*again, "--sign-unisolated", env=env)
+    assert completed.returncode == 0, completed.stderr
+    (later,) = set((tmp_path / "o").glob("*/*/")) - {attempt}
+    assert (
+        json.loads((later / "statement.json").read_text())["predicate"]["environment"]["keyIsolation"]
+        == "none"
+    )
 
     unsigned = imagegate(*base[:-2], "--no-sign", "-o", str(tmp_path / "u"), "--format", "json", env=env)
     assert unsigned.returncode == 0, unsigned.stderr

@@ -122,6 +122,8 @@ def key_isolation(
             ) from e
         if signing:
             notify(f"the probes can read the signing key ({e.cause}); signed anyway ({SIGN_UNISOLATED})")
+        else:
+            notify(f"the probes run without a sandbox: {e.cause}")
         return KeyIsolation(None, e.cause, accepted=signing)
     return KeyIsolation(exe, hidden=_key_places(key))
 
