@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,32 @@ def test_user_namespaces_refused_names_the_sysctl_and_stops(tmp_path: Path) -> N
     assert p.returncode == 3, p.stderr
     assert "--here cannot hide the signing key" in said and "user.max_user_namespaces = 0" in said, said
     assert not (tmp_path / "o").exists()
+
+
+def test_the_runner_is_non_dumpable_while_it_holds_a_key(tmp_path: Path) -> None:
+    """Defence in depth for every driver: once the key is loaded, a process of the runner's own
+    user (here: nobody, so that no capability hides the point) cannot read the runner's /proc."""
+    home = Path(tempfile.mkdtemp(prefix="imagegate-nobody-"))  # pytest's folders are root's alone
+    home.chmod(0o755)
+    key = keygen(home / "k", {})
+    os.chown(key, 65534, 65534)
+    code = (
+        "import os, subprocess, sys\n"
+        "from imagegate import accept\n"
+        "def peek():  # another process of this user reads this one's environment\n"
+        "    p = subprocess.run(['cat', '/proc/%d/environ' % os.getpid()], capture_output=True, text=True)\n"
+        "    return 'read' if p.returncode == 0 else p.stderr.strip()\n"
+        "print('before:', peek())\n"
+        "accept.outputs(key=sys.argv[1])\n"
+        "print('after:', peek())\n"
+    )
+    try:
+        p = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code, str(key)],
+            capture_output=True, text=True, timeout=120, cwd="/", env={**os.environ, "HOME": "/nonexistent"},
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(home)
+    assert p.returncode == 0, p.stderr
+    assert "before: read" in p.stdout, p.stdout
+    assert "after: cat:" in p.stdout and "Permission denied" in p.stdout, p.stdout
