@@ -145,7 +145,7 @@ def _key_places(key: Path | None) -> tuple[tuple[str, str], ...]:
             places.append((f"the engine socket {path}", Path(path)))
     out: dict[str, str] = {}
     for what, p in places:
-        if p is not None and p.exists():
+        if p is not None and os.path.exists(p):  # False too where this user may not look
             out.setdefault(os.path.realpath(p), what)
     return tuple((what, path) for path, what in out.items())
 
