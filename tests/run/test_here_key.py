@@ -308,3 +308,10 @@ def test_the_runner_is_non_dumpable_while_it_holds_a_key(tmp_path: Path) -> None
     assert p.returncode == 0, p.stderr
     assert "before: read" in p.stdout, p.stdout
     assert "after: cat:" in p.stdout and "Permission denied" in p.stdout, p.stdout
+
+
+def test_sign_unisolated_goes_with_here_only(tmp_path: Path) -> None:
+    r = imagegate("run", "example.invalid/app:1", "--sign-unisolated", "--no-sign", "-o", str(tmp_path / "o"))
+    assert r.returncode == 3, r.stderr
+    assert "--sign-unisolated goes with --here" in r.stderr
+    assert not (tmp_path / "o").exists()
