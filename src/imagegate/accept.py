@@ -5,6 +5,7 @@ commands (`run`, `pod run`, `pod collect`, `complete`) only parse options and re
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,10 +120,26 @@ def _signing_key(key: str | None, notify: Notify, warn: Notify) -> keys.SigningK
     """With no key named and no default key possible (a read-only home), the run goes on
     unsigned and says so (`warn`): the verdict and its evidence are still written."""
     try:
-        return keys.resolve_signing_key(key, notify=notify)
+        found = keys.resolve_signing_key(key, notify=notify)
     except keys.DefaultKeyUnavailable as e:
         warn(f"the attempt will not be signed: {e}\n  hint: {e.hint}")
         return None
+    _non_dumpable()
+    return found
+
+
+def _non_dumpable() -> None:
+    """While this process holds a private key, a process of the same user (a probe, whatever it
+    started) cannot read its memory, descriptors or environment through /proc, nor ptrace it:
+    prctl(PR_SET_DUMPABLE, 0). Linux only; elsewhere, or without ctypes, nothing is done."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
 
 
 def check_timeout(seconds: float | None) -> None:
@@ -200,13 +217,26 @@ def driver_for(
     notify: Notify = _silent,
     expect_config: str | None = None,
     insecure: bool = False,
+    key: keys.SigningKey | None = None,
+    sign_unisolated: bool = False,
 ) -> Driver:
     """The driver the options name (drivers/select.py): --here is the local driver; the default
-    an engine (docker)."""
+    an engine (docker). `key`: the key that will sign (Outputs.key), which --here hides from the
+    probes, or refuses to expose to them unless `sign_unisolated`."""
     chosen = DriverName.here if here else name
-    return make_driver(
-        chosen, DriverOptions(memory, pull, notify, gpus, python, expect_config, insecure=insecure)
+    opts = DriverOptions(
+        memory,
+        pull,
+        notify,
+        gpus,
+        python,
+        expect_config,
+        insecure=insecure,
+        signing=key is not None,
+        signing_key=key.path if key else None,
+        sign_unisolated=sign_unisolated,
     )
+    return make_driver(chosen, opts)
 
 
 def _attach(signed: Signed, reference: str, insecure: bool, notify: Notify) -> None:

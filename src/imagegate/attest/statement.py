@@ -68,9 +68,23 @@ def attempt_evidence(record: RunRecord) -> list[dict[str, Any]]:
     return out
 
 
+def _key_isolation(env: dict[str, Any]) -> str | None:
+    """How the probes were kept from the signing key (the driver's `key_isolation.method`):
+    `none` where the environment under test could read it; None where the driver does not say."""
+    facts = env.get("key_isolation")
+    method = facts.get("method") if isinstance(facts, dict) else None
+    return method if isinstance(method, str) else None
+
+
 def environment(record: RunRecord) -> dict[str, Any]:
     env = dict(record.environment)
-    return {**env, "driver": env.get("driver"), "engine": env.get("engine"), "gpuPresent": _gpu_present(env)}
+    return {
+        **env,
+        "driver": env.get("driver"),
+        "engine": env.get("engine"),
+        "gpuPresent": _gpu_present(env),
+        "keyIsolation": _key_isolation(env),
+    }
 
 
 @dataclass(frozen=True)

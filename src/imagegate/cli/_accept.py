@@ -50,6 +50,11 @@ NO_SIGN = Option(False, "--no-sign", help="Do not sign the attempt.")
 REQUIRE_COMPLETE = Option(False, "--require-complete", help="A deferred verdict exits 1.")
 QUIET = Option(False, "--quiet", "-q", help="No progress messages on stderr.")
 PYTHON = Option(None, "--python", help="With --here: the interpreter to run the probes with.")
+SIGN_UNISOLATED = Option(
+    False,
+    "--sign-unisolated",
+    help="With --here where bubblewrap cannot hide the signing key from the probes: sign anyway (the statement says keyIsolation: none).",
+)
 MEMORY = Option("8g", "--memory", help="Container memory limit.")
 EXPECT_CONFIG = Option(None, "--expect-config", help="For the layers stage: the official config digest.")
 GPUS = Option(

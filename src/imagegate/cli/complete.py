@@ -37,6 +37,7 @@ def complete(
         False, "--here", help="Run in this environment instead of a container (local driver)."
     ),
     python: str | None = o.PYTHON,
+    sign_unisolated: bool = o.SIGN_UNISOLATED,
     out: Path | None = Option(
         None, "--out", "-o", help="Evidence folder (default: the one holding the earlier attempt)."
     ),
@@ -75,7 +76,14 @@ def complete(
         earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted)
         notify(f"{earlier.dir.name} verified with key {earlier.signer}")
         driver = accept.driver_for(
-            here=here, python=python, memory=memory, pull=pull, gpus=gpu, notify=notify
+            here=here,
+            python=python,
+            memory=memory,
+            pull=pull,
+            gpus=gpu,
+            notify=notify,
+            key=outputs.key,
+            sign_unisolated=sign_unisolated,
         )
         opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
         observer = completing.CompletionObserver(earlier, driver, opts, notify)

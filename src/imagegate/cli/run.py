@@ -49,6 +49,7 @@ class Placement:
     )
     gpus: str | None = o.GPUS
     python: str | None = o.PYTHON
+    sign_unisolated: bool = o.SIGN_UNISOLATED
     source: str | None = Option(
         None, "--source", help="For the layers stage: read the image from this transport."
     )
@@ -65,7 +66,12 @@ class Placement:
         )
 
     def make_driver(
-        self, name: DriverName | None, gpu: GpuRequest | None, insecure: bool, notify: o.Notify
+        self,
+        name: DriverName | None,
+        gpu: GpuRequest | None,
+        outputs: accept.Outputs,
+        a: o.Accepting,
+        notify: o.Notify,
     ) -> Driver:
         return accept.driver_for(
             here=False,
@@ -76,7 +82,9 @@ class Placement:
             gpus=gpu,
             notify=notify,
             expect_config=self.expect_config,
-            insecure=insecure,
+            insecure=a.insecure,
+            key=outputs.key,
+            sign_unisolated=self.sign_unisolated,
         )
 
 
@@ -110,7 +118,7 @@ def run(
         gpu = gpus_parse(p.gpus)
         opts = p.run_options(a, gpu)
         prep = runner.prepare(opts)
-        driver = p.make_driver(name, gpu, a.insecure, notify)
+        driver = p.make_driver(name, gpu, outputs, a, notify)
         with run_shown(opts, a.silent):
             observer = runner.DriverObserver(driver, image, opts, notify)
             done = accept.accept(prep, observer, a.out, outputs, notify)

@@ -38,8 +38,16 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  #
 SANDBOX_HOSTNAME = "imagegate"
 
 
+INSTALL_HINT = "install it: apt-get install bubblewrap (dnf install bubblewrap, apk add bubblewrap)"
+
+
 class SandboxUnavailable(EngineError):
-    """bubblewrap is missing, or this host does not let it make the namespaces it needs."""
+    """bubblewrap is missing, or this host does not let it make the namespaces it needs; `cause`
+    says which, without naming the driver (`run --here` words its own refusal around it)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.cause = cause or message
 
 
 # -- the image config's User, looked up in the root ---------------------------------------------
@@ -284,7 +292,7 @@ def find_bwrap() -> str:
     if exe is None:
         raise SandboxUnavailable(
             "the rootfs driver needs bubblewrap (bwrap): not found on PATH",
-            hint="install it: apt-get install bubblewrap (dnf install bubblewrap, apk add bubblewrap)",
+            hint=INSTALL_HINT,
         )
     if shutil.which("prlimit") is None:
         raise SandboxUnavailable(
@@ -310,13 +318,23 @@ def check_host(bwrap: str | None = None) -> str:
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SandboxUnavailable(f"bwrap could not be started: {e}") from e
         if done.returncode != 0:
+            cause = userns_refusal(done.stderr.decode("utf-8", "replace"))
             raise SandboxUnavailable(
-                "the rootfs driver cannot sandbox on this host: "
-                + userns_refusal(done.stderr.decode("utf-8", "replace")),
+                "the rootfs driver cannot sandbox on this host: " + cause,
                 hint="or use a container engine: --driver docker (or podman)",
+                cause=cause,
             )
         _checked[exe] = exe
         return exe
+
+
+def version(exe: str) -> str | None:
+    """bwrap's version, as `bwrap --version` says it (None when it does not)."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().removeprefix("bubblewrap ").strip() or None
 
 
 # -- one sandboxed run ---------------------------------------------------------------------------

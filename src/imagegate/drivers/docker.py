@@ -165,6 +165,8 @@ class DockerDriver:
                 "arch": v.get("Arch"),
                 "docker_host": self.host,
                 "gpus_requested": self.gpus.spec if self.gpus else None,
+                # The image's files and Env only: no file, variable or process of the runner's.
+                "key_isolation": {"method": "container"},
             }
         return self._env
 

@@ -1,5 +1,14 @@
 """The local driver (`run --here`): the bundle runs with this environment's interpreter (or
---python PATH). It is what runs inside a Pod, and on any machine or virtual environment."""
+--python PATH). It is what runs inside a Pod, and on any machine or virtual environment.
+
+The environment under test runs as the runner's user, beside the runner, which holds the signing
+key. So the probes (and the fingerprint's interpreter) run under bubblewrap (`KeyIsolation`): the
+host's root read-only, a new pid namespace with its own /proc (the runner's environ, fds and
+memory out of sight), a private /tmp, a minimal /dev (GPUs added when --gpus asks), every known
+key file and the default key's folder masked, the engines' sockets masked; and their environment
+never holds a variable of the runner's IMAGEGATE_* (the key's name, its passphrase). Where
+bubblewrap cannot run, signing is refused unless the user accepts it (--sign-unisolated), and the
+statement says so (keyIsolation: none)."""
 
 from __future__ import annotations
 
@@ -12,10 +21,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagegate.attest.keys import KEY_ENV, default_key_path
+from imagegate.drivers import bwrap
 from imagegate.drivers.interface import BundleRun, OnOutput, Refusal
 from imagegate.drivers.process import run_group
 from imagegate.errors import UsageError
@@ -25,6 +37,145 @@ from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
 
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
+STAGES_ENV = "IMAGEGATE_STAGES"  # the stage ids this controller runs
+RUNNER_PREFIX = "IMAGEGATE_"  # the runner's own variables (the key's path, its passphrase): never passed on
+SIGN_UNISOLATED = "--sign-unisolated"
+
+SANDBOX_TMP = "/tmp"
+BUNDLE_IN_SANDBOX = "/tmp/imagegate-bundle/imagegate.pyz"
+GPU_DEVICES = ("nvidia*", "dri", "infiniband")  # under /dev, given only when --gpus asks
+# The engines' API sockets: whoever reaches one is root on this host, and can read any key file.
+ENGINE_SOCKETS = (
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/run/podman/podman.sock",
+    "/run/containerd/containerd.sock",
+)
+
+
+@dataclass(frozen=True)
+class KeyIsolation:
+    """How the probes are kept from the signing key. `bwrap` None: they are not, `reason` says why
+    (and `accepted`: the user signs anyway). `hidden`: (what, path) masked in the sandbox."""
+
+    bwrap: str | None
+    reason: str | None = None
+    accepted: bool = False
+    hidden: tuple[tuple[str, str], ...] = ()
+
+    def argv(
+        self, command: Sequence[str], env: Mapping[str, str], *, gpus: bool, bundle: Path | None = None
+    ) -> list[str]:
+        """bwrap and its options around `command`; `bundle` is bound read-only at BUNDLE_IN_SANDBOX."""
+        assert self.bwrap is not None
+        argv = [self.bwrap, "--unshare-user", "--unshare-pid", "--disable-userns", "--die-with-parent"]
+        # The command is the pid namespace's init, as in a container: no bwrap process inside.
+        argv += ["--new-session", "--as-pid-1", "--cap-drop", "ALL"]
+        argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+        for dev in _gpu_devices() if gpus else ():
+            argv += ["--dev-bind", dev, dev]
+        argv += ["--tmpfs", SANDBOX_TMP]
+        binds = _tmp_folders([command[0], env.get("VIRTUAL_ENV", ""), *env.get("PYTHONPATH", "").split(":")])
+        for folder in binds:
+            argv += ["--ro-bind", folder, folder]
+        if bundle is not None:
+            argv += ["--ro-bind", str(bundle), BUNDLE_IN_SANDBOX]
+        for _what, path in self.hidden:
+            if _under(path, SANDBOX_TMP) and not any(_under(path, b) for b in binds):
+                continue  # in the private /tmp: not there at all
+            argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
+        return [*argv, "--", *command]
+
+    def facts(self) -> dict[str, Any]:
+        if self.bwrap is None:
+            return {"method": "none", "reason": self.reason, "signed_anyway": self.accepted}
+        return {
+            "method": "bubblewrap",
+            "sandbox_version": bwrap.version(self.bwrap),
+            "pid_namespace": True,
+            "read_only_root": True,
+            "private_tmp": True,
+            "hidden": [what for what, _ in self.hidden],
+        }
+
+
+def key_isolation(
+    *,
+    signing: bool,
+    key: Path | None = None,
+    sign_unisolated: bool = False,
+    notify: Callable[[str], None] = lambda _m: None,
+) -> KeyIsolation:
+    """bubblewrap around the probes when this host can run it; else, when the run would be signed,
+    a refusal unless the user accepts it (`sign_unisolated`). Checked before any work."""
+    exe = shutil.which("bwrap")
+    try:
+        if exe is None:
+            raise bwrap.SandboxUnavailable(f"bubblewrap (bwrap) is not on PATH ({bwrap.INSTALL_HINT})")
+        exe = bwrap.check_host(exe)
+    except bwrap.SandboxUnavailable as e:
+        if signing and not sign_unisolated:
+            raise UsageError(
+                f"--here cannot hide the signing key from the environment under test: {e.cause}",
+                hint="make bubblewrap usable here (above), or --no-sign, or "
+                f"{SIGN_UNISOLATED} to sign anyway (the statement then says keyIsolation: none)",
+            ) from e
+        if signing:
+            notify(f"the probes can read the signing key ({e.cause}); signed anyway ({SIGN_UNISOLATED})")
+        else:
+            notify(f"the probes run without a sandbox: {e.cause}")
+        return KeyIsolation(None, e.cause, accepted=signing)
+    return KeyIsolation(exe, hidden=_key_places(key))
+
+
+def _key_places(key: Path | None) -> tuple[tuple[str, str], ...]:
+    """Where a signing key may be, as real paths: masked in the sandbox when present."""
+    named = os.environ.get(KEY_ENV)
+    places = [
+        ("the signing key", key),
+        (f"the key {KEY_ENV} names", Path(named).expanduser() if named else None),
+        ("the default key's folder", default_key_path().parent),
+    ]
+    engine = [os.environ.get("DOCKER_HOST", ""), os.environ.get("CONTAINER_HOST", ""), *ENGINE_SOCKETS]
+    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
+        engine += [f"{runtime}/podman/podman.sock", f"{runtime}/docker.sock"]
+    for sock in engine:
+        path = sock.removeprefix("unix://")
+        if path.startswith("/"):
+            places.append((f"the engine socket {path}", Path(path)))
+    out: dict[str, str] = {}
+    for what, p in places:
+        if p is not None and os.path.exists(p):  # False too where this user may not look
+            out.setdefault(os.path.realpath(p), what)
+    return tuple((what, path) for path, what in out.items())
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _tmp_folders(paths: Sequence[str]) -> list[str]:
+    """The folders of /tmp the environment lives in (its interpreter, VIRTUAL_ENV, PYTHONPATH):
+    bound back, read-only, into the sandbox's private /tmp."""
+    out: list[str] = []
+    for p in paths:
+        for q in {os.path.abspath(p), os.path.realpath(p)} if p else ():
+            if _under(q, SANDBOX_TMP) and q != SANDBOX_TMP:
+                top = os.path.join(SANDBOX_TMP, os.path.relpath(q, SANDBOX_TMP).split(os.sep)[0])
+                if top not in out and os.path.exists(top):
+                    out.append(top)
+    return out
+
+
+def _gpu_devices() -> list[str]:
+    import glob
+
+    return sorted(p for pattern in GPU_DEVICES for p in glob.glob(os.path.join("/dev", pattern)))
+
+
+def probe_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The runner's environment without its own IMAGEGATE_* variables."""
+    return {k: v for k, v in base.items() if not k.startswith(RUNNER_PREFIX)}
 
 
 class LocalDriver:
@@ -34,19 +185,35 @@ class LocalDriver:
     isolated_runs = False
     has_image = False  # this environment is under test, whatever image it may be in
 
-    def __init__(self, python: str | None = None, gpus: GpuRequest | None = None) -> None:
+    def __init__(
+        self, python: str | None = None, gpus: GpuRequest | None = None, isolation: KeyIsolation | None = None
+    ) -> None:
         self.python = python
         self.gpus = gpus
+        # Unsigned by default: sandboxed where bubblewrap runs, as it is when signing.
+        self.isolation = isolation or key_isolation(signing=False)
         self._fingerprint: dict[str, Any] | None = None
 
     def gpu_env(self) -> dict[str, str]:
-        """This host's GPUs are hidden from the probes unless --gpus asks for them."""
-        env = {k: v for k, v in os.environ.items() if k not in HIDING_ENV or v not in ("", "void", "none")}
+        """The probes' environment: the runner's, without its IMAGEGATE_* variables; this host's
+        GPUs hidden unless --gpus asks for them; in the sandbox, TMPDIR its private /tmp."""
+        env = probe_env(os.environ)
+        env = {k: v for k, v in env.items() if k not in HIDING_ENV or v not in ("", "void", "none")}
+        if self.isolation.bwrap is not None:
+            env["TMPDIR"] = SANDBOX_TMP  # the host's TMPDIR is read-only there
         if self.gpus is None:
             return {**env, **HIDING_ENV}
         if (cvd := self.gpus.cuda_visible_devices) is not None:
             env["CUDA_VISIBLE_DEVICES"] = cvd
         return env
+
+    def sandboxed(
+        self, command: Sequence[str], env: Mapping[str, str], bundle: Path | None = None
+    ) -> list[str]:
+        """`command` as it runs: under bubblewrap where it can, else as it is."""
+        if self.isolation.bwrap is None:
+            return list(command)
+        return self.isolation.argv(command, env, gpus=self.gpus is not None, bundle=bundle)
 
     def _interpreter(self, interpreters: Sequence[str]) -> tuple[str | None, list[str]]:
         # "This environment" is the python a user would type here: an activated venv's, else the
@@ -65,7 +232,11 @@ class LocalDriver:
         installed distributions as the probes see them; the sha256 of that is compared."""
         if self._fingerprint is None:
             exe, _ = self._interpreter(DEFAULT_INTERPRETERS)
-            self._fingerprint = environment_fingerprint(exe, self.gpu_env()) if exe else {}
+            self._fingerprint = {}
+            if exe:
+                env = self.gpu_env()
+                argv = self.sandboxed([os.path.abspath(exe), "-c", _FINGERPRINT_CODE], env)
+                self._fingerprint = environment_fingerprint(argv, env)
         return self._fingerprint or None
 
     def environment(self) -> dict[str, Any]:
@@ -77,6 +248,7 @@ class LocalDriver:
             "os": platform.system().lower(),
             "arch": platform.machine(),
             "gpus_requested": self.gpus.spec if self.gpus else None,
+            "key_isolation": self.isolation.facts(),
         }
 
     def resolve(self, reference: str) -> ImageFacts:
@@ -120,24 +292,23 @@ class LocalDriver:
         with tempfile.TemporaryDirectory(prefix="imagegate-local-") as tmp:
             path = Path(tmp) / "imagegate.pyz"
             path.write_bytes(bundle)
-            # The key through a pipe the controller alone inherits; -I -S: the controller never
-            # runs this environment's site hooks (.pth files, sitecustomize, PYTHONPATH).
+            # The key through a pipe the controller alone inherits (bwrap passes inherited
+            # descriptors on); -I -S: the controller never runs this environment's site hooks.
             key_r, key_w = os.pipe()
             try:
                 os.write(key_w, event_key.hex().encode() + b"\n")
             finally:
                 os.close(key_w)
+            env = {**self.gpu_env(), KEY_FD_ENV: str(key_r), STAGES_ENV: ",".join(stages or ())}
+            sandboxed = self.isolation.bwrap is not None
+            command = [os.path.abspath(exe), "-I", "-S", BUNDLE_IN_SANDBOX if sandboxed else str(path)]
             try:
                 return _run(
-                    [exe, "-I", "-S", str(path)],
+                    self.sandboxed(command, env, bundle=path),
                     deadline_s,
                     interpreter=exe,
                     tried=tried,
-                    env={
-                        **self.gpu_env(),
-                        KEY_FD_ENV: str(key_r),
-                        "IMAGEGATE_STAGES": ",".join(stages or ()),
-                    },
+                    env=env,
                     on_stdout=on_stdout,
                     pass_fds=(key_r,),
                     cancel=cancel,
@@ -157,13 +328,12 @@ _FINGERPRINT_CODE = (
 )
 
 
-def environment_fingerprint(exe: str, env: dict[str, str]) -> dict[str, Any]:
+def environment_fingerprint(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     """sha256 over the interpreter's version, path and every distribution it can import (name
-    and version), as canonical JSON; {} when the interpreter cannot say."""
+    and version), as canonical JSON, from `argv` (the interpreter running _FINGERPRINT_CODE, in
+    the sandbox: its site hooks run); {} when the interpreter cannot say."""
     try:
-        done = subprocess.run(
-            [exe, "-c", _FINGERPRINT_CODE], env=env, capture_output=True, timeout=120, check=False
-        )
+        done = subprocess.run(argv, env=env, capture_output=True, timeout=120, check=False)
         facts = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import platform as host_platform
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -86,11 +85,13 @@ class RootfsDriver:
                 "driver": self.name,
                 "engine": None,  # no engine was involved: the bytes were verified and run here
                 "sandbox": "bubblewrap",
-                "sandbox_version": _bwrap_version(self.bwrap),
+                "sandbox_version": bwrap.version(self.bwrap),
                 "os": host_platform.system().lower(),
                 "arch": host_platform.machine(),
                 "limits": self.limits.facts(),
                 "gpus_requested": None,
+                # The image's root and Env only (the host's environment cleared), own pid namespace.
+                "key_isolation": {"method": "bubblewrap"},
             }
         env = dict(self._env)
         if self.roots:
@@ -298,14 +299,6 @@ def interpret(
             "wall_s": done.wall_s,
         },
     )
-
-
-def _bwrap_version(exe: str) -> str | None:
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip().removeprefix("bubblewrap ").strip() or None
 
 
 def materializer(

@@ -14,6 +14,7 @@ import enum
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from imagegate.drivers.interface import Driver
 from imagegate.errors import EngineError, UsageError
@@ -69,15 +70,29 @@ class DriverOptions:
     expect_config: str | None = None
     platform: str | None = None
     insecure: bool = False
+    signing: bool = False  # the attempt will be signed (--here: the key must be hidden from the probes)
+    signing_key: Path | None = None  # the key file that signs, masked from the probes of --here
+    sign_unisolated: bool = False
 
 
 def make_driver(name: DriverName | None, opts: DriverOptions) -> Driver:
     if name is DriverName.here:
-        from imagegate.drivers.local import LocalDriver
+        from imagegate.drivers.local import LocalDriver, key_isolation
 
-        return LocalDriver(opts.python, gpus=opts.gpus)
+        isolation = key_isolation(
+            signing=opts.signing,
+            key=opts.signing_key,
+            sign_unisolated=opts.sign_unisolated,
+            notify=opts.notify,
+        )
+        return LocalDriver(opts.python, gpus=opts.gpus, isolation=isolation)
     if opts.python:
         raise UsageError("--python goes with --here", hint="in a container the image's own python is used")
+    if opts.sign_unisolated:
+        raise UsageError(
+            "--sign-unisolated goes with --here",
+            hint="a container or the rootfs sandbox never holds the key: drop it",
+        )
     if name is DriverName.rootfs:
         return _rootfs(opts)
     return _engine(name, opts)

@@ -206,6 +206,7 @@ def environment(pod: dict[str, Any], iid: ImageID | None, container: str = CONTA
         "node": pod.get("spec", {}).get("nodeName"),
         "image": status.get("image"),
         "image_id": iid.raw if iid else None,
+        "key_isolation": {"method": "pod"},  # signed where `pod collect` runs, never in the cluster
     }
 
 
