@@ -16,6 +16,7 @@ from typing import Any
 from imagegate.attest import dsse
 from imagegate.attest.envelopes import read_envelopes
 from imagegate.errors import UsageError
+from imagegate.oci import engineapi
 from imagegate.oci.digest import digest_of, is_digest, split_digest
 from imagegate.oci.manifest import DOCKER_MANIFEST, MANIFEST_TYPES, OCI_CONFIG, OCI_MANIFEST
 from imagegate.oci.reference import Reference, parse_reference
@@ -118,11 +119,9 @@ def engine_image(text: str) -> EngineImage | None:
     if names_a_registry(text):
         return None
     try:
-        import docker  # the SDK is only needed here
-
-        client = docker.from_env(timeout=10)
+        client = engineapi.connect(None, timeout=10)
         try:
-            attrs = client.api.inspect_image(text)
+            attrs = engineapi.inspect_image(client, text)
         finally:
             client.close()
     except Exception:  # no engine, no such image, a refused name: not a local image, then

@@ -37,6 +37,7 @@ from imagegate.drivers.interface import (
 from imagegate.errors import EngineError, ImagegateError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts, Status
+from imagegate.oci import engineapi
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
@@ -129,16 +130,8 @@ class DockerDriver:
         self.gpus = gpus
         # `host`: an engine address other than DOCKER_HOST's (--driver podman's default socket).
         self.host = host or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        try:
-            self.client = (
-                docker.DockerClient(base_url=host, timeout=120) if host else docker.from_env(timeout=120)
-            )
-            self.client.ping()
-        except docker.errors.DockerException as e:
-            raise EngineError(
-                f"container engine at {self.host}: not reachable ({e})",
-                hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
-            ) from e
+        # A bounded /version answers for the engine (the SDK's ping and "auto" read whole bodies).
+        self.client = engineapi.connect(host, timeout=120)
         if pull not in PULL_POLICIES:
             raise UsageError(f"--pull {pull!r}: unknown policy", hint=f"one of {', '.join(PULL_POLICIES)}")
         self.pull = pull
@@ -153,7 +146,7 @@ class DockerDriver:
 
     def environment(self) -> dict[str, Any]:
         if self._env is None:
-            v = self.client.version()
+            v = engineapi.version(self.client)
             names = [c.get("Name", "") for c in v.get("Components", [])]
             engine = "podman" if any("podman" in n.lower() for n in names) else "docker"
             self._env = {
@@ -273,7 +266,7 @@ class DockerDriver:
                     raise
                 return refused
         try:
-            attrs = self.client.api.inspect_image(reference)
+            attrs = engineapi.inspect_image(self.client, reference)
         except docker.errors.ImageNotFound as e:
             missing = f"image {reference}: not found in the {self.environment()['engine']} engine"
             if self.pull == "missing":

@@ -41,6 +41,9 @@ from imagegate.oci.reference import is_loopback_registry
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 USER_AGENT = f"imagegate/{__version__}"
+MAX_REDIRECTS = 5  # a registry sends a blob to its storage once; a loop ends here, named
+MAX_ERROR_BYTES = 64 << 10  # of an error body: enough for the registry's message
+MAX_TOKEN_BYTES = 1 << 20  # a token answer is a few KiB (a JWT and its expiry)
 
 
 class RegistryError(SourceError):
@@ -66,11 +69,49 @@ def _error_text(resp: httpx.Response) -> str:
     try:
         body = untrusted_json.loads(resp.content)
         errs = body.get("errors") if isinstance(body, dict) else None
-        if errs:
-            return "; ".join(f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errs)
+        if isinstance(errs, list) and errs:
+            text = "; ".join(
+                f"{e.get('code', '')}: {e.get('message', '')}".strip(": ")
+                for e in errs
+                if isinstance(e, dict)
+            )
+            return text[:500] or str(resp.status_code)
     except (ValueError, httpx.ResponseNotRead):
         pass
     return resp.reason_phrase or str(resp.status_code)
+
+
+def _length(resp: httpx.Response) -> int:
+    """The declared Content-Length; 0 when absent or not a number (a hostile header)."""
+    value = resp.headers.get("Content-Length", "")
+    return int(value) if value.isdigit() else 0
+
+
+def read_capped(resp: httpx.Response, limit: int, what: str, *, truncate: bool = False) -> bytes:
+    """A streamed response's body, never more than `limit` bytes of it held: a larger declared
+    Content-Length is refused before reading, and a body that goes on (chunked, or longer than
+    declared) is cut at the limit. Raw bytes (no decompression: a small gzip can hold
+    gigabytes). Too large: a RegistryError naming `what`, or with `truncate` the first bytes.
+    The response is closed; `resp.content` holds the bytes."""
+    try:
+        declared = resp.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit and not truncate:
+            raise RegistryError(f"{what} is larger than {limit} bytes (it declares {declared})")
+        parts, have = [], 0
+        for chunk in resp.iter_raw():
+            parts.append(chunk)
+            have += len(chunk)
+            if have > limit:
+                if truncate:
+                    break
+                raise RegistryError(f"{what} is larger than {limit} bytes (more was sent)")
+        data = b"".join(parts)[:limit] if truncate else b"".join(parts)
+    except httpx.HTTPError as e:
+        raise RegistryError(f"{what}: the connection failed while reading ({type(e).__name__}: {e})") from e
+    finally:
+        resp.close()
+    resp._content = data  # read: `.content` answers without reading the stream again
+    return data
 
 
 class RegistryClient:
@@ -95,8 +136,10 @@ class RegistryClient:
         self._http = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 15.0)),
             follow_redirects=True,
+            max_redirects=MAX_REDIRECTS,
             verify=not insecure,
-            headers={"User-Agent": USER_AGENT},
+            # Bodies are read raw and capped: a compressed one would be refused, not inflated.
+            headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"},
         )
         self._base: str | None = None
         self._auth: dict[str, str] = {}  # scope -> Authorization header value
@@ -122,9 +165,10 @@ class RegistryClient:
             else:
                 # skopeo's --tls-verify=false: HTTPS without verification, else plain HTTP.
                 try:
-                    self._http.get(f"https://{self.registry}/v2/")
+                    with self._http.stream("GET", f"https://{self.registry}/v2/"):
+                        pass  # the answer does not matter, only that TLS worked
                     self._base = f"https://{self.registry}"
-                except httpx.TransportError:
+                except (httpx.TransportError, httpx.TooManyRedirects):
                     self._base = f"http://{self.registry}"
         return self._base
 
@@ -149,9 +193,12 @@ class RegistryClient:
         content: bytes | None = None,
         stream: bool = False,
         ok: tuple[int, ...] = (200,),
+        max_bytes: int = untrusted_json.MAX_MANIFEST_BYTES,
+        what: str = "",
     ) -> httpx.Response:
         """Send with auth and retries. `scope` is the token scope, e.g. `repository:a/b:pull`.
-        Returns a response whose status is in `ok`; raises RegistryError otherwise."""
+        Returns a response whose status is in `ok`; raises RegistryError otherwise. Unless
+        `stream`, its body is read, at most `max_bytes` of it (`what` names it when larger)."""
         url = path_or_url if "://" in path_or_url else self._base_url() + path_or_url
         authed_once = False
         attempt = 0
@@ -165,9 +212,15 @@ class RegistryClient:
             resp: httpx.Response | None = None
             try:
                 req = self._http.build_request(method, url, headers=hdrs, content=content)
-                resp = self._http.send(req, stream=stream)
+                resp = self._http.send(req, stream=True)  # every body is read capped, below
             except httpx.TransportError as e:
                 last = f"{type(e).__name__}: {e}"
+            except httpx.TooManyRedirects as e:
+                raise RegistryError(
+                    f"{self.registry}: {method} {httpx.URL(url).path} was redirected more than "
+                    f"{MAX_REDIRECTS} times (a redirect loop?)",
+                    hint="the registry is misconfigured or hostile; ask its operator",
+                ) from e
             else:
                 if resp.status_code == 401 and not authed_once:
                     authed_once = True
@@ -176,10 +229,12 @@ class RegistryClient:
                     self._authenticate(challenge, scope)
                     continue
                 if resp.status_code in ok:
+                    if not stream:
+                        path = httpx.URL(url).path
+                        read_capped(resp, max_bytes, f"{self.registry}: {what or path}")
                     return resp
                 if resp.status_code not in RETRY_STATUSES:
-                    if stream:
-                        resp.read()
+                    read_capped(resp, MAX_ERROR_BYTES, f"{self.registry}: an error answer", truncate=True)
                     raise self._status_error(method, url, resp)
                 last = f"HTTP {resp.status_code}"
                 resp.close()
@@ -243,15 +298,27 @@ class RegistryClient:
                     form["service"] = service
                 if scopes:
                     form["scope"] = " ".join(scopes)
-                resp = self._http.post(realm, data=form)
+                req = self._http.build_request("POST", realm, data=form)
+                auth = None
             else:
                 query: list[tuple[str, str]] = [("service", service)] if service else []
                 query += [("scope", s) for s in scopes]
                 auth = httpx.BasicAuth(creds.username, creds.password) if creds else None
                 sep = "&" if "?" in realm else "?"
-                resp = self._http.get(realm + (sep + urlencode(query) if query else ""), auth=auth)
-        except httpx.TransportError as e:
+                req = self._http.build_request("GET", realm + (sep + urlencode(query) if query else ""))
+            resp = self._http.send(req, auth=auth, stream=True)
+        except httpx.TooManyRedirects as e:
+            raise RegistryError(
+                f"{self.registry}: the token server {realm} redirected more than {MAX_REDIRECTS} times"
+            ) from e
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
             raise RegistryError(f"{self.registry}: the token server {realm} could not be reached: {e}") from e
+        read_capped(
+            resp,
+            MAX_TOKEN_BYTES,
+            f"{self.registry}: the token server's answer",
+            truncate=resp.status_code != 200,
+        )
         if resp.status_code in (401, 403):
             raise AuthenticationError(
                 f"{self.registry}: the token server refused {'the credentials' if creds else 'anonymous access'} "
@@ -263,7 +330,7 @@ class RegistryClient:
         try:
             body = untrusted_json.loads(resp.content)
             token = body.get("token") or body.get("access_token")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError):  # not JSON, or JSON but not an object
             token = None
         if not isinstance(token, str) or not token:
             raise RegistryError(f"{self.registry}: the token server answered without a token")
@@ -283,13 +350,11 @@ class RegistryClient:
             f"/v2/{repository}/manifests/{ref}",
             scope=self._scope(repository),
             headers={"Accept": ", ".join(accept)},
+            what=f"the manifest served for {repository}:{ref}"
+            if not is_digest(ref)
+            else f"the manifest {repository}@{ref}",
         )
-        raw = resp.content
-        if len(raw) > untrusted_json.MAX_MANIFEST_BYTES:
-            raise RegistryError(
-                f"{self.registry}/{repository}: the manifest served for {ref} is larger than "
-                f"{untrusted_json.MAX_MANIFEST_BYTES} bytes ({len(raw)})"
-            )
+        raw = resp.content  # read_capped: at most MAX_MANIFEST_BYTES
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         algorithm = ref.partition(":")[0] if is_digest(ref) else "sha256"
         digest = digest_of(raw, algorithm)
@@ -313,7 +378,7 @@ class RegistryClient:
         return (
             resp.headers.get("Docker-Content-Digest", ""),
             resp.headers.get("Content-Type", ""),
-            int(resp.headers.get("Content-Length", "0")),
+            _length(resp),
         )
 
     def blob_size(self, repository: str, digest: str) -> int | None:
@@ -321,7 +386,7 @@ class RegistryClient:
             resp = self.request("HEAD", f"/v2/{repository}/blobs/{digest}", scope=self._scope(repository))
         except NotFound:
             return None
-        return int(resp.headers.get("Content-Length", "0"))
+        return _length(resp)
 
     @contextmanager
     def open_blob(self, repository: str, digest: str) -> Iterator[BlobStream]:
@@ -341,7 +406,12 @@ class RegistryClient:
                 body = untrusted_json.loads(resp.content)
             except untrusted_json.UntrustedJSONError as e:
                 raise RegistryError(f"{self.registry}/{repository}: the tag list is {e}") from e
-            tags += (body.get("tags") if isinstance(body, dict) else None) or []
+            page = (body.get("tags") if isinstance(body, dict) else None) or []
+            if not isinstance(page, list) or not all(isinstance(t, str) for t in page):
+                raise RegistryError(
+                    f"{self.registry}/{repository}: the tag list's `tags` is not a list of names"
+                )
+            tags += page
             nxt = resp.links.get("next", {}).get("url")
             url = urljoin(str(resp.url), nxt) if nxt else None
         return tags
@@ -422,7 +492,7 @@ class BlobStream:
             raise BlobNotFound(f"{self.client.registry}/{self.repository}: no blob {self.digest}") from e
         # A 200 to a Range request: the registry ignored it; drop what we already have.
         skip = offset if offset and resp.status_code == 200 else 0
-        if self.size is None and resp.status_code == 200 and "Content-Length" in resp.headers:
+        if self.size is None and resp.status_code == 200 and resp.headers.get("Content-Length", "").isdigit():
             self.size = int(resp.headers["Content-Length"])
         # Chunks as they arrive (not re-assembled to a size): a cut loses nothing received.
         self._resp, self._iter, self._taken = resp, resp.iter_raw(), 0

@@ -10,12 +10,12 @@ stream breaks."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from imagegate.errors import EngineError, UsageError
+from imagegate.oci.engineapi import connect, engine_endpoint, inspect_image
 from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.archive import TarStream
@@ -25,16 +25,6 @@ CHUNK = 1 << 20
 # Chunks read ahead of the consumer: bounds memory (16 MiB) and lets reading overlap hashing.
 QUEUE_CHUNKS = 16
 TICK_S = 1.0  # how often a waiting caller hears the elapsed time
-
-
-def engine_endpoint(client: Any) -> str:
-    """The engine as a user would name it in a message: its endpoint."""
-    api = getattr(client, "api", None)
-    base = str(getattr(api, "base_url", "") or "")
-    if base.startswith("http+docker://"):  # a unix socket: the SDK keeps its path in the adapter
-        path = getattr(getattr(api, "_custom_adapter", None), "socket_path", None)
-        base = f"unix://{path}" if path else os.environ.get("DOCKER_HOST", "")
-    return base or "the default engine"
 
 
 class EngineStream(ThreadedReader):
@@ -111,14 +101,11 @@ class DaemonArchive(TarStream):
         super().__init__(f"docker-daemon:{ref}", lambda: None)
 
     def _engine(self) -> Any:
-        import docker  # the SDK is only needed for this transport
-        from docker.errors import DockerException
-
         if self._client is not None:
             return self._client
         try:
-            self._client = docker.from_env()
-        except DockerException as e:
+            self._client = connect(None, timeout=60)  # the SDK's default timeout
+        except EngineError as e:
             raise EngineError(
                 f"{self.description}: no engine to ask for {self.ref}: {e}",
                 hint="is the engine running? DOCKER_HOST selects it (e.g. unix:///run/podman.sock for Podman)",
@@ -133,12 +120,14 @@ class DaemonArchive(TarStream):
         engine = f"the engine ({engine_endpoint(client)})"
         not_found = (ImageNotFound, NotFound)
         try:
-            client.api.inspect_image(self.ref)
+            inspect_image(client, self.ref)
         except not_found as e:
             raise UsageError(
                 f"{self.description}: the engine has no image {self.ref} ({engine_endpoint(client)})",
                 hint="list its images with `docker images`; pull or load the image first",
             ) from e
+        except EngineError as e:
+            raise EngineError(f"{self.description}: {e}", hint=e.hint) from e
         except (APIError, DockerException, requests.exceptions.RequestException) as e:
             raise EngineError(
                 f"{self.description}: {engine} could not be asked for {self.ref}: {e}",
