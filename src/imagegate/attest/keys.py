@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from imagegate.errors import UsageError
+from imagegate.files import FileRefused, read_regular
 
 Algorithm = Literal["ecdsa-p256", "ed25519"]
 ALGORITHMS: tuple[Algorithm, ...] = ("ecdsa-p256", "ed25519")
@@ -164,9 +165,11 @@ def _check_type(key: object, path: Path) -> None:
 
 def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
     try:
-        data = path.read_bytes()
+        data = read_regular(path, max_bytes=MAX_KEY_FILE_BYTES)
     except OSError as e:
         raise UsageError(f"signing key {path}: cannot read it ({e.strerror})") from e
+    except FileRefused as e:
+        raise UsageError(f"signing key {path}: cannot read it: {e}") from e
     if b"PRIVATE KEY" not in data:
         raise UsageError(
             f"signing key {path}: not a PEM private key",
@@ -194,9 +197,11 @@ def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
 
 def load_public_key(path: Path) -> PublicKey:
     try:
-        data = path.read_bytes()
+        data = read_regular(path, max_bytes=MAX_KEY_FILE_BYTES)
     except OSError as e:
         raise UsageError(f"public key {path}: cannot read it ({e.strerror})") from e
+    except FileRefused as e:
+        raise UsageError(f"public key {path}: cannot read it: {e}") from e
     if b"PRIVATE KEY" in data:
         raise UsageError(
             f"public key {path}: this is a private key",
@@ -268,7 +273,10 @@ def resolve_signing_key(
     return SigningKey(new.key, path)
 
 
-MAX_KEYS_FILE_BYTES = 1 << 20  # a list of public keys: a few KiB; more is not a key list
+MAX_KEYS_FILE_BYTES = 1 << 20
+MAX_KEY_FILE_BYTES = (
+    1 << 20
+)  # one PEM key: a few hundred bytes  # a list of public keys: a few KiB; more is not a key list
 _PEM_PUBLIC = re.compile(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", re.DOTALL)
 
 
@@ -277,12 +285,11 @@ def load_trusted_keys(path: Path) -> list[PublicKey]:
     form of a .pub file repeated; text between the blocks (a comment naming each key) is ignored,
     as PEM readers do."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_KEYS_FILE_BYTES + 1)
+        data = read_regular(path, max_bytes=MAX_KEYS_FILE_BYTES)
     except OSError as e:
         raise UsageError(f"trusted keys {path}: cannot read it ({e.strerror})") from e
-    if len(data) > MAX_KEYS_FILE_BYTES:
-        raise UsageError(f"trusted keys {path}: larger than {MAX_KEYS_FILE_BYTES >> 20} MiB")
+    except FileRefused as e:
+        raise UsageError(f"trusted keys {path}: cannot read it: {e}") from e
     if b"PRIVATE KEY" in data:
         raise UsageError(
             f"trusted keys {path}: holds a private key",

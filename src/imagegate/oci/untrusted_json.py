@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from itertools import accumulate
 from typing import Any
+
+from imagegate.files import FileRefused, read_regular
 
 # Registries refuse manifests over 4 MiB; configs may be larger (long histories).
 MAX_MANIFEST_BYTES = 4 << 20
@@ -41,17 +42,10 @@ def loads(raw: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES, max_depth: i
 def read_file(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
     """A regular file's bytes, at most `max_bytes` of them read (a file that holds more raises
     UntrustedJSONError): never a FIFO or a device that would block or never end. OSError as is."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UntrustedJSONError("not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise UntrustedJSONError(f"larger than {max_bytes} bytes")
-    return data
+        return read_regular(path, max_bytes=max_bytes)
+    except FileRefused as e:
+        raise UntrustedJSONError(str(e)) from None
 
 
 def nesting_depth(text: str) -> int:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from imagegate import resources
 from imagegate.errors import UsageError
+from imagegate.files import FileRefused, read_regular
 from imagegate.pipeline.model import API_VERSION, Pipeline, StageGraphError
 from imagegate.pipeline.probes import PROBES
 
@@ -56,15 +57,16 @@ def load(name_or_path: str) -> LoadedPipeline:
 
 def _load_file(path: Path, source: str) -> LoadedPipeline:
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+        raw = read_regular(path, max_bytes=MAX_FILE_BYTES)
     except OSError as e:
         raise UsageError(f"pipeline file {path}: cannot read it ({e.strerror})") from e
-    if len(raw) > MAX_FILE_BYTES:
+    except FileRefused as e:
+        if "larger" not in str(e):
+            raise UsageError(f"pipeline file {path}: cannot read it: {e}") from e
         raise UsageError(
             f"pipeline file {path}: larger than {MAX_FILE_BYTES // (1 << 20)} MiB",
             hint="a pipeline is a short list of stages; check that this is the file you meant",
-        )
+        ) from e
     text = raw.decode("utf-8", errors="replace")
     return LoadedPipeline(parse(text, str(path)), source, hashlib.sha256(raw).hexdigest(), text)
 
