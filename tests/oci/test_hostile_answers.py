@@ -69,7 +69,7 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def do_GET(self) -> None:  # noqa: C901 - one branch per hostile answer
+    def do_GET(self) -> None:
         path = self.path.split("?")[0]
         if path == "/v2/":
             self.json({})
@@ -191,15 +191,10 @@ def assert_refused(ran: Ran, rc: int, *words: str) -> None:
         ("huge", ("manifest", f"declares {DECLARED}")),
         ("loop", ("redirected more than 5 times",)),
         ("tokenloop", ("token server", "redirected")),
-        ("tokenjunk", ("token server", "without a token")),
     ],
 )
 def test_layers_from_a_hostile_registry(registry: str, repo: str, words: tuple[str, ...]) -> None:
     assert_refused(imagegate("layers", f"docker://{registry}/{repo}:1"), 2, *words)
-
-
-def test_wrong_typed_manifest_is_a_clear_error(registry: str) -> None:
-    assert_refused(imagegate("layers", f"docker://{registry}/wrongtype:1"), 2, "layers")
 
 
 def test_compare_and_rootfs_run_stop_at_the_manifest_limit(registry: str, tmp_path: Path) -> None:
