@@ -42,4 +42,8 @@ def test_the_probes_get_nothing_of_the_runners_environment(
         assert leak not in seen, (leak, seen)
     pred = r.json()["predicate"]
     assert pred["environment"]["keyIsolation"] == method
-    assert json.loads((attempt / "run.json").read_text())["environment"]["key_isolation"]["method"] == method
+    recorded = json.loads((attempt / "run.json").read_text())["environment"]
+    assert recorded["key_isolation"]["method"] == method
+    if driver == "rootfs":  # the sandbox's seccomp filter, recorded in the evidence and the statement
+        assert recorded["seccomp"]["seccomp"] is True and "ptrace" in recorded["seccomp"]["denied"]
+        assert pred["environment"]["seccomp"]["bpf_sha256"] == recorded["seccomp"]["bpf_sha256"]

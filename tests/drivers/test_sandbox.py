@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from imagegate.drivers import bwrap
+from imagegate.drivers import bwrap, seccomp
 from imagegate.drivers.rootfs import PreparedRoot
 from imagegate.errors import UsageError
 
@@ -91,8 +91,53 @@ def python_root(exported: Callable[[str], PreparedRoot]) -> PreparedRoot:
 def run_in(
     root: Path, config: bwrap.ImageConfig, code: str, *args: str, deadline: float = 60, **kw: object
 ) -> bwrap.Completed:
-    argv, _ = bwrap.Sandbox(root, config).argv(bwrap.check_host(), ["python3", "-c", code, *args])
-    return bwrap.run(argv, stdin=b"", deadline_s=deadline, **kw)  # type: ignore[arg-type]
+    """`code` in the sandbox as the rootfs driver runs it: its seccomp filter applied."""
+    with seccomp.program_fd() as fd:
+        argv, _ = bwrap.Sandbox(root, config).argv(bwrap.check_host(), ["python3", "-c", code, *args], fd)
+        return bwrap.run(argv, stdin=b"", deadline_s=deadline, pass_fds=(fd,), **kw)  # type: ignore[arg-type]
+
+
+# Each call succeeds in a plain user namespace without the filter (unshare(0), the session
+# keyring's id, a user key, PTRACE_TRACEME); mount fails there too, without capabilities.
+DENIED_CALLS = textwrap.dedent(
+    """
+    import ctypes, errno, json, os, platform, subprocess, threading
+    NR = {
+        "x86_64": {"keyctl": 250, "add_key": 248, "ptrace": 101, "unshare": 272, "mount": 165},
+        "aarch64": {"keyctl": 219, "add_key": 217, "ptrace": 117, "unshare": 97, "mount": 40},
+    }[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    def call(name, *args):
+        ctypes.set_errno(0)
+        rc = libc.syscall(NR[name], *args)
+        return "ok" if rc >= 0 else errno.errorcode[ctypes.get_errno()]
+    out = {
+        "keyctl": call("keyctl", 0, -3, 1),
+        "add_key": call("add_key", b"user", b"imagegate", b"x", 1, -2),
+        "ptrace": call("ptrace", 0, 0, 0, 0),
+        "unshare": call("unshare", 0),
+        "mount": call("mount", b"none", b"/tmp", b"tmpfs", 0, 0),
+    }
+    # Ordinary work still runs: a thread, a subprocess, imports.
+    t = threading.Thread(target=lambda: out.setdefault("thread", "ok")); t.start(); t.join()
+    out["subprocess"] = subprocess.run(["python3", "-c", "import json, ssl, sqlite3"]).returncode
+    print(json.dumps(out))
+    """
+)
+
+
+def test_the_seccomp_filter_denies_with_eperm(python_root: PreparedRoot) -> None:
+    done = run_in(python_root.path, bwrap.ImageConfig(("PATH=/usr/local/bin:/usr/bin:/bin",)), DENIED_CALLS)
+    assert done.exit_code == 0, done.stderr
+    seen = json.loads(done.stdout)
+    for name in ("keyctl", "add_key", "ptrace", "unshare", "mount"):
+        assert seen[name] == "EPERM", seen
+    assert seen["thread"] == "ok" and seen["subprocess"] == 0, seen
+    facts = seccomp.facts()
+    assert facts["seccomp"] is True and {"keyctl", "ptrace", "mount", "unshare", "bpf"} <= set(
+        facts["denied"]
+    )
+    assert len(facts["bpf_sha256"]) == 64
 
 
 def facts(root: Path, config: bwrap.ImageConfig, port: int = 9) -> dict:  # type: ignore[type-arg]
@@ -211,7 +256,7 @@ RUNNER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from imagegate.drivers import bwrap
+    from imagegate.drivers import bwrap, seccomp
     argv, _ = bwrap.Sandbox(Path(sys.argv[1]), bwrap.ImageConfig(("PATH=/usr/bin:/bin",))).argv(
         bwrap.check_host(), ["python3", "-c", sys.argv[2], sys.argv[3], "600"])
     print("running", flush=True)
@@ -250,7 +295,7 @@ def test_unprivileged_user_gets_the_same_sandbox(own_root: Path) -> None:
         import json, sys
         sys.path.insert(0, {str(REPO / "src")!r})
         from pathlib import Path
-        from imagegate.drivers import bwrap
+        from imagegate.drivers import bwrap, seccomp
         argv, _ = bwrap.Sandbox(Path(sys.argv[1]), bwrap.ImageConfig(("PATH=/usr/bin:/bin",), "/", "nobody")).argv(
             bwrap.check_host(), ["python3", "-c", sys.argv[2], "9"])
         done = bwrap.run(argv, stdin=b"", deadline_s=60)

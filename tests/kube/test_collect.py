@@ -5,6 +5,7 @@ evidence and the statement outside the cluster."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from imagegate import runner
 from imagegate.errors import UsageError
 from imagegate.kube import collect
-from imagegate.kube.render import BUNDLE_ANNOTATION
+from imagegate.kube.render import BUNDLE_ANNOTATION, SECRET_KEY
 from imagegate.model import RunRecord, Status
 from tests.helpers import controller_output, imagegate
 
@@ -24,15 +25,25 @@ OTHER = "sha256:" + "9a" * 32
 LOCAL = "sha256:" + "c0" * 32
 
 
-KEY = bytes(range(32))  # the event key the fixtures' Pods carry (render makes a fresh one a run)
+KEY = bytes(range(32))  # the event key the fixtures' Secret holds (render makes a fresh one a run)
 NOISE = b"WARNING: the image printed this line itself; it is kept as evidence and ignored\n"
+JOB = "imagegate-python-3f2a9c1e"  # the fixtures' Job: render names its Secret after it
 
 
-def pod(name: str, key: bytes | None = KEY) -> dict[str, Any]:
+def secret(key: bytes = KEY, name: str = JOB) -> dict[str, Any]:
+    """The Secret as `kubectl get secret NAME -o json` gives it (the API server adds metadata)."""
+    data = {SECRET_KEY: base64.b64encode(key.hex().encode()).decode()}
+    meta = {"name": name, "namespace": "default", "uid": "0f6e4c1a-5b2d-4e8f-9a7c-3d1b2e4f5a6b"}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": data}
+
+
+def pod(name: str, keyed: bool = True) -> dict[str, Any]:
+    """A fixture Pod whose env takes the event key from its Secret, as render writes it."""
     obj = collect.pod_from_json(json.loads((FIXTURES / name).read_text()))
-    if key is not None:
+    if keyed:
+        ref = {"secretKeyRef": {"name": JOB, "key": SECRET_KEY}}
         obj["spec"]["containers"][0].setdefault("env", []).append(
-            {"name": "IMAGEGATE_EVENT_KEY", "value": key.hex()}
+            {"name": "IMAGEGATE_EVENT_KEY", "valueFrom": ref}
         )
     return obj
 
@@ -59,7 +70,7 @@ def log(name: str) -> bytes:
 def run(tmp: Path, pod_file: str, log_name: str, expect: tuple[str, ...] = ()) -> RunRecord:
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp)
     prep = runner.prepare(opts)
-    return collect.collect(prep, pod(pod_file), log(log_name), opts, expect_digests=expect)
+    return collect.collect(prep, pod(pod_file), log(log_name), opts, secret=secret(), expect_digests=expect)
 
 
 def stage(record: RunRecord, sid: str) -> Any:
@@ -177,7 +188,7 @@ def test_bundle_annotation_must_match(tmp_path: Path) -> None:
     prep = runner.prepare(opts)
     good = pod("pod-containerd-succeeded.json")
     good["metadata"]["annotations"][BUNDLE_ANNOTATION] = prep.bundle.sha256
-    assert collect.collect(prep, good, log("pass"), opts).verdict == "PASS"
+    assert collect.collect(prep, good, log("pass"), opts, secret=secret()).verdict == "PASS"
     good["metadata"]["annotations"][BUNDLE_ANNOTATION] = "0" * 64
     with pytest.raises(UsageError, match="ran bundle 000000000000"):
         collect.collect(prep, good, log("pass"), opts)
@@ -194,7 +205,8 @@ def test_a_log_from_another_run_is_not_trusted(tmp_path: Path) -> None:
     # The Pod's key is not the one the log's events were made with: nothing is accepted.
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
     prep = runner.prepare(opts)
-    record = collect.collect(prep, pod("pod-containerd-succeeded.json", bytes(32)), log("pass"), opts)
+    other = secret(bytes(32))
+    record = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=other)
     assert record.verdict == "ERROR"
     integrity = stage(record, "event_integrity")
     assert "fails authentication" in integrity.detail, integrity.detail
@@ -204,9 +216,31 @@ def test_a_log_from_another_run_is_not_trusted(tmp_path: Path) -> None:
 def test_a_pod_without_a_key_is_not_trusted(tmp_path: Path) -> None:
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
     prep = runner.prepare(opts)
-    record = collect.collect(prep, pod("pod-containerd-succeeded.json", None), log("pass"), opts)
+    record = collect.collect(prep, pod("pod-containerd-succeeded.json", False), log("pass"), opts)
     assert record.verdict == "ERROR"
     assert "no event key" in stage(record, "event_integrity").detail
+
+
+def test_the_key_comes_from_the_secret_the_pod_names(tmp_path: Path) -> None:
+    """The Pod holds only a reference: its events are authenticated with the Secret it names,
+    and without that Secret (or with another run's) nothing is accepted, and the detail says
+    which Secret to give."""
+    opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
+    prep = runner.prepare(opts)
+    ok = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=secret())
+    assert ok.verdict == "PASS", [(s.id, s.status, s.detail) for s in ok.stages]
+    assert KEY.hex() not in json.dumps(pod("pod-containerd-succeeded.json"))
+    missing = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts)
+    assert missing.verdict == "ERROR"
+    assert f"secret/{JOB}" in stage(missing, "event_integrity").detail
+    assert "--secret FILE" in stage(missing, "event_integrity").detail
+    wrong = secret(KEY, "imagegate-other-00000000")
+    other = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=wrong)
+    assert other.verdict == "ERROR" and "imagegate-other" in stage(other, "event_integrity").detail
+    # A Pod rendered before keys moved into Secrets (the key in its env) is still read.
+    legacy = pod("pod-containerd-succeeded.json", False)
+    legacy["spec"]["containers"][0]["env"] = [{"name": "IMAGEGATE_EVENT_KEY", "value": KEY.hex()}]
+    assert collect.collect(prep, legacy, log("pass"), opts).verdict == "PASS"
 
 
 def test_cli_exit_codes(tmp_path: Path) -> None:
@@ -214,11 +248,13 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     log_file.write_bytes(log("pass"))
     pod_file = tmp_path / "pod.json"
     pod_file.write_text(json.dumps(pod("pod-containerd-succeeded.json")))
+    secret_file = tmp_path / "secret.json"
+    secret_file.write_text(json.dumps(secret()))
 
     def cli(*extra: str) -> Any:
         return imagegate(
             "pod", "collect", "--logs", str(log_file),
-            "--pod", str(pod_file),
+            "--pod", str(pod_file), "--secret", str(secret_file),
             "-p", "python", "-m", "json", "-o", str(tmp_path), *extra,
         )  # fmt: skip
 
@@ -234,6 +270,11 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert usage.returncode == 3 and "--pod FILE" in usage.stderr
     no_job = cli("--timeout", "5")
     assert no_job.returncode == 3 and "--timeout goes with --job" in no_job.stderr
+    not_secret = imagegate(
+        "pod", "collect", "--logs", str(log_file), "--pod", str(pod_file), "--secret", str(pod_file),
+        "-p", "python", "-m", "json", "-o", str(tmp_path),
+    )  # fmt: skip
+    assert not_secret.returncode == 3 and "not a Secret" in not_secret.stderr, not_secret.stderr
     reported = cli("--report", f"junit={tmp_path}/reports/junit.xml")
     assert reported.returncode == 0, reported.stderr
     assert 'name="image_id"' in (tmp_path / "reports" / "junit.xml").read_text()

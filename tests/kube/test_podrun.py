@@ -116,7 +116,8 @@ class FakeCluster:
         """What the real controller printed, with the event key the Pod was given."""
         self.calls.append(f"logs {pod}")
         found = next(p for p in self.pod_list if p["metadata"]["name"] == pod)
-        key = collect.event_key(found)
+        ref = collect.key_secret(found)
+        key = collect.event_key(found, self.objects.get(("secret", ref[0])) if ref else None)
         assert key is not None
         return self.log(key)
 
@@ -161,12 +162,20 @@ def test_rerun_waits_until_the_previous_pod_is_gone(
     assert by_id["pip_check"].status in (Status.PASS, Status.FAIL), by_id["pip_check"].detail
     # The old objects were deleted, then creation waited for the Terminating Pod to be gone.
     first_create = cluster.calls.index("create")
-    assert cluster.calls[:2] == [f"delete job/{r.name}", f"delete configmap/{r.name}"]
+    assert cluster.calls[:3] == [
+        f"delete job/{r.name}",
+        f"delete configmap/{r.name}",
+        f"delete secret/{r.name}",
+    ]
     assert cluster.calls[:first_create].count("pods") > 3
     assert any("Terminating Pod cannot be replaced" in n for n in notes)
     # Collected, then cleaned up.
     assert f"logs {r.name}-abcde" in cluster.calls
-    assert cluster.calls[-2:] == [f"delete job/{r.name}", f"delete configmap/{r.name}"]
+    assert cluster.calls[-3:] == [
+        f"delete job/{r.name}",
+        f"delete configmap/{r.name}",
+        f"delete secret/{r.name}",
+    ]
     assert (Path(record.attempt_dir) / "statement.json").is_file()
 
 
@@ -210,7 +219,7 @@ def test_job_deadline_is_error_not_pass(
     assert record.verdict == "ERROR"
     inside = [s for s in record.stages if s.side == "inside" and s.status is Status.ERROR]
     assert inside and all("DeadlineExceeded" in s.detail for s in inside), [s.detail for s in inside]
-    assert f"delete job/{r.name}" in cluster.calls[-2:]
+    assert f"delete job/{r.name}" in cluster.calls[-3:]
 
 
 def test_keep_leaves_the_objects(
@@ -228,15 +237,17 @@ def test_keep_leaves_the_objects(
         waits=podrun.Waits(clock=clock, sleep=clock.sleep),
     )
     assert not [c for c in cluster.calls if c.startswith("delete")]
-    assert ("job", r.name) in cluster.objects and ("configmap", r.name) in cluster.objects
+    assert {("job", r.name), ("configmap", r.name), ("secret", r.name)} <= set(cluster.objects)
 
 
 def test_pod_and_log_of_an_earlier_job(prep: runner.Prepared, real_log: Callable[[bytes], bytes]) -> None:
     r = _rendered(prep)
     cluster = FakeCluster(real_log, pending_polls=0)
     cluster.create(r.objects)
-    pod, log = podrun.pod_and_log(cluster, r.name, "accept")
-    key = collect.event_key(pod)
+    pod, log, secret = podrun.pod_and_log(cluster, r.name, "accept")
+    # The Pod holds only the reference: the key is read from the Secret it names.
+    assert collect.event_key(pod) is None and secret == r.secret
+    key = collect.event_key(pod, secret)
     assert key is not None and pod["metadata"]["name"] == f"{r.name}-abcde" and log == real_log(key)
     with pytest.raises(UsageError, match="no Pod found"):
         podrun.pod_and_log(cluster, "other", "accept")
@@ -278,7 +289,7 @@ def test_cli_pod_run_writes_reports_of_the_signed_statement(
     junit = (reports / "junit.xml").read_text()
     assert 'name="image_id"' in junit and 'name="find_spec"' in junit, junit
     assert payload["predicate"]["verdict"] in (summary := (reports / "summary.md").read_text()), summary
-    assert not cluster.objects  # the Job and the ConfigMap were deleted after the run
+    assert not cluster.objects  # the Job, the ConfigMap and the Secret were deleted after the run
 
 
 def test_cli_pod_run_interrupted_says_what_may_be_left(
@@ -336,5 +347,8 @@ def test_cli_pod_run_interrupted_while_deleting_names_the_job(
     assert result.exit_code == 130, result.output
     assert cluster.objects, "the fake's delete was interrupted: the objects are still there"
     name = next(n for kind, n in cluster.objects if kind == "job")
-    expected = f"job/{name} and configmap/{name} may be left: kubectl delete job,configmap {name} -n default"
+    expected = (
+        f"job/{name}, configmap/{name} and secret/{name} may be left: "
+        f"kubectl delete job,configmap,secret {name} -n default"
+    )
     assert expected in result.output, result.output

@@ -111,7 +111,7 @@ def test_no_gpu_and_gpus_hidden() -> None:
     c = _container(r)
     text = json.dumps(r.job)
     assert "nvidia.com/gpu" not in json.dumps(c["resources"]) and "gpu" not in json.dumps(c["resources"])
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     res = c["resources"]
@@ -130,11 +130,8 @@ def test_priority_class_only_when_asked_never_preemption_policy() -> None:
 def test_image_pinned_and_run_by_its_own_python() -> None:
     c = _container(_render(image="myorg/vllm:0.11", digest=DIGEST))
     assert c["image"] == f"myorg/vllm:0.11@{DIGEST}"
-    # Isolated from the image's site hooks, and a fresh event key a run, held only in the env.
+    # Isolated from the image's site hooks.
     assert c["command"] == ["python3", "-I", "-S", render.BUNDLE_PATH]
-    keys = [e["value"] for e in c["env"] if e["name"] == render.EVENT_KEY_ENV]
-    other = [e["value"] for e in _container(_render())["env"] if e["name"] == render.EVENT_KEY_ENV]
-    assert len(keys) == 1 and len(bytes.fromhex(keys[0])) == 32 and other != keys
     assert _container(_render(python="/opt/conda/bin/python"))["command"][0] == "/opt/conda/bin/python"
     unpinned = _render(image="myorg/vllm:0.11")
     assert _container(unpinned)["image"] == "myorg/vllm:0.11"
@@ -184,10 +181,41 @@ def test_cli_render_prints_valid_yaml(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     objs = list(yaml.safe_load_all(res.stdout))
-    assert [o["kind"] for o in objs] == ["ConfigMap", "Job"]
-    assert objs[1]["spec"]["activeDeadlineSeconds"] == 2400
+    assert [o["kind"] for o in objs] == ["Secret", "ConfigMap", "Job"]
+    assert objs[2]["spec"]["activeDeadlineSeconds"] == 2400
     assert all(o["metadata"]["namespace"] == "accept" for o in objs)
     assert validate.validate(objs, "1.30") == []
     assert "validated against Kubernetes 1.30" in res.stderr
     bad = imagegate("pod", "render", "x:1", "--toleration", "gpu")
     assert bad.returncode == 3 and "key[=value]:effect" in bad.stderr
+
+
+def test_the_event_key_is_a_secret_and_the_job_is_stable() -> None:
+    """Two renders of the same inputs: the Job and the ConfigMap are the same bytes (they can be
+    committed and reviewed) and hold no key; each render's key is a fresh 32 bytes in its own
+    Secret, which the Job's env refers to and which validates."""
+    first = imagegate("pod", "render", f"myorg/vllm@{DIGEST}", "-p", "python", "-n", "accept")
+    second = imagegate("pod", "render", f"myorg/vllm@{DIGEST}", "-p", "python", "-n", "accept")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    docs = [first.stdout.split("\n---\n"), second.stdout.split("\n---\n")]
+    assert [len(d) for d in docs] == [3, 3]
+    assert docs[0][1:] == docs[1][1:]  # the ConfigMap and the Job, byte for byte
+    secrets = [yaml.safe_load(d[0]) for d in docs]
+    keys = [bytes.fromhex(base64.b64decode(s["data"][render.SECRET_KEY]).decode()) for s in secrets]
+    assert len(keys[0]) == 32 and keys[0] != keys[1]
+    job = yaml.safe_load(docs[0][2])
+    for key in keys:
+        assert key.hex() not in docs[0][2] and base64.b64encode(key.hex().encode()).decode() not in docs[0][2]
+    (env,) = [
+        e
+        for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"] == render.EVENT_KEY_ENV
+    ]
+    assert env == {
+        "name": render.EVENT_KEY_ENV,
+        "valueFrom": {"secretKeyRef": {"name": secrets[0]["metadata"]["name"], "key": render.SECRET_KEY}},
+    }
+    assert secrets[0]["metadata"]["name"] == job["metadata"]["name"] and secrets[0]["immutable"] is True
+    assert validate.validate([secrets[0]], "1.30") == []
+    broken = dict(secrets[0], data={render.SECRET_KEY: 42})
+    assert validate.validate([broken], "1.30") != []  # the Secret's schema is really checked

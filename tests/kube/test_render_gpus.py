@@ -47,7 +47,7 @@ def test_cli_render_with_gpus() -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     objs = list(yaml.safe_load_all(res.stdout))
-    c = objs[1]["spec"]["template"]["spec"]["containers"][0]
+    c = objs[-1]["spec"]["template"]["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert validate.validate(objs, validate.DEFAULT_VERSION) == []
     bad = imagegate("pod", "render", "myorg/vllm:0.11", "--gpus", "-1")

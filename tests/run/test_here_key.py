@@ -188,6 +188,11 @@ def test_a_hostile_environment_finds_no_key_and_cannot_forge_the_verdict(venv: P
     pred = statement["predicate"]
     assert {s["id"]: s["status"] for s in pred["stages"]} == {"pip_check": "PASS", "find_spec": "PASS"}
     assert pred["environment"]["keyIsolation"] == "bubblewrap"
+    # The probes ran under the seccomp filter, and the statement says which one.
+    filtered = pred["environment"]["key_isolation"]["seccomp"]
+    assert (
+        filtered["seccomp"] is True and "keyctl" in filtered["denied"] and len(filtered["bpf_sha256"]) == 64
+    )
     hidden = pred["environment"]["key_isolation"]["hidden"]
     assert {"the signing key", "the key IMAGEGATE_SIGNING_KEY names", "the default key's folder"} <= set(
         hidden

@@ -31,7 +31,9 @@ _RENDER_EPILOG = (
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
-_NAMESPACE = Option("default", "--namespace", "-n", help="Namespace of the ConfigMap and the Job.")
+_NAMESPACE = Option(
+    "default", "--namespace", "-n", help="Namespace of the Secret, the ConfigMap and the Job."
+)
 _EXPECT_DIGEST = Option(
     [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
 )
@@ -48,7 +50,9 @@ class PodSpec:
 
     namespace: str = _NAMESPACE
     name: str | None = Option(
-        None, "--name", help="Name of the ConfigMap and the Job (default: from pipeline and image)."
+        None,
+        "--name",
+        help="Name of the Secret, the ConfigMap and the Job (default: from pipeline and image).",
     )
     node_selector: list[str] = Option([], "--node-selector", help="key=value (repeatable).")
     toleration: list[str] = Option([], "--toleration", help="key[=value]:effect (repeatable).")
@@ -113,7 +117,7 @@ def render_cmd(
     no_sign: bool = Option(False, "--no-sign", hidden=True),
     quiet: bool = o.QUIET,
 ) -> None:
-    """Print the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
+    """Print the Secret (the run's event key), the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = o.notifier(quiet)
     prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus)))
     rendered = spec.render(prep, image, notify)
@@ -135,7 +139,14 @@ def render_cmd(
 def collect_cmd(
     logs: Path | None = Option(None, "--logs", help="The Pod's log (kubectl logs), with --pod."),
     pod: Path | None = Option(None, "--pod", help="The Pod's JSON (kubectl get pod -o json), with --logs."),
-    job: str | None = Option(None, "--job", help="Read the Pod and its log from the cluster, by Job name."),
+    secret: Path | None = Option(
+        None,
+        "--secret",
+        help="The run's event key Secret (kubectl get secret NAME -o json), with --logs and --pod.",
+    ),
+    job: str | None = Option(
+        None, "--job", help="Read the Pod, its log and its key Secret from the cluster, by Job name."
+    ),
     namespace: str = _NAMESPACE,
     context: str | None = Option(None, "--context", help="kubectl context, with --job."),
     a: o.Accepting = o.Accepting(),
@@ -151,8 +162,8 @@ def collect_cmd(
     notify = o.notifier(a.silent)
     accept.check_timeout(timeout)
     prep = runner.prepare(a.run_options(gpus=_gpus(gpus), source=source, expect_config=expect_config))
-    pod_obj, log = podrun.finished_pod(logs, pod, job, namespace, context, timeout, notify)
-    observer = PodObserver(pod_obj, log, expect_digests=expect_digest, notify=notify)
+    pod_obj, log, key = podrun.finished_pod(logs, pod, job, namespace, context, timeout, notify, secret)
+    observer = PodObserver(pod_obj, log, secret=key, expect_digests=expect_digest, notify=notify)
     done = accept.accept(prep, observer, a.out, a.outputs(observer.reference, notify), notify)
     o.finish(done, a.fmt, a.quiet)
 
@@ -177,7 +188,9 @@ def run_cmd(
     source: str | None = _SOURCE,
     expect_config: str | None = o.EXPECT_CONFIG,
     keep: bool = Option(
-        False, "--keep", help="Leave the Job and ConfigMap (ttlSecondsAfterFinished still applies)."
+        False,
+        "--keep",
+        help="Leave the Job, ConfigMap and Secret (ttlSecondsAfterFinished still applies to the Job).",
     ),
     timeout: float | None = Option(
         None,

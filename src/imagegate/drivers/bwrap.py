@@ -7,6 +7,8 @@ What every run gets (bwrap 0.8, Debian's `bubblewrap`):
   route out; no user namespace can be made inside (`--disable-userns`);
 - every capability dropped (`--cap-drop ALL`), no new privileges (bwrap always sets it), a new
   session (no terminal to inject input into);
+- a seccomp filter (`--seccomp FD`, drivers/seccomp.py): the syscalls the Docker engine's default
+  profile denies (keyctl, ptrace, mount, bpf, unshare, ...) fail with EPERM;
 - the image config's Env (the host's environment is cleared), WorkingDir and User: a name is looked
   up in the root's own /etc/passwd and /etc/group, never the host's;
 - resource limits through `prlimit`: open files, processes, data segment per process (a memory
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from imagegate.drivers import seccomp
 from imagegate.drivers.interface import OnOutput
 from imagegate.drivers.process import Completed, run_group
 from imagegate.errors import EngineError, UsageError
@@ -328,6 +331,18 @@ def check_host(bwrap: str | None = None) -> str:
         return exe
 
 
+def check_seccomp() -> dict[str, object]:
+    """The seccomp filter's facts; SandboxUnavailable where it cannot be built (no libseccomp)."""
+    try:
+        return seccomp.program()[1]
+    except seccomp.SeccompUnavailable as e:
+        raise SandboxUnavailable(
+            f"the rootfs driver's seccomp filter cannot be built: {e}",
+            hint=f"{seccomp.INSTALL_HINT}; or use a container engine: --driver docker (or podman)",
+            cause=str(e),
+        ) from e
+
+
 def version(exe: str) -> str | None:
     """bwrap's version, as `bwrap --version` says it (None when it does not)."""
     try:
@@ -347,8 +362,11 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def argv(self, bwrap: str, command: Sequence[str]) -> tuple[list[str], Identity]:
-        """The whole command line: prlimit, bwrap and its options, then `command`."""
+    def argv(
+        self, bwrap: str, command: Sequence[str], seccomp_fd: int | None = None
+    ) -> tuple[list[str], Identity]:
+        """The whole command line: prlimit, bwrap and its options, then `command`; `seccomp_fd`
+        (seccomp.program_fd, passed to `run`) holds the filter bwrap applies before `command`."""
         ident = resolve_user(self.root, self.config.user)
         env = sandbox_env(self.config, ident, self.extra_env)
         argv = ["prlimit", *self.limits.prlimit_args(), "--", bwrap]
@@ -362,6 +380,8 @@ class Sandbox:
         argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
         argv += ["--chdir", self.config.working_dir or "/", "--clearenv"]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         for k, v in env.items():
             argv += ["--setenv", k, v]
         return [*argv, "--", *command], ident
@@ -374,12 +394,22 @@ def run(
     deadline_s: float,
     on_stdout: OnOutput | None = None,
     cancel: threading.Event | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> Completed:
     """Run `argv` (from Sandbox.argv) in a process group of its own (prlimit execs bwrap: it
     leads the group; bwrap's pid-namespace init dies with it and the kernel kills the rest of
-    the namespace); `stdin` is written to it, stdout streamed to `on_stdout`."""
+    the namespace); `stdin` is written to it, stdout streamed to `on_stdout`; `pass_fds`: the
+    seccomp filter's descriptor."""
     env = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "LC_ALL": "C"}
-    return run_group(argv, deadline_s=deadline_s, env=env, stdin=stdin, on_stdout=on_stdout, cancel=cancel)
+    return run_group(
+        argv,
+        deadline_s=deadline_s,
+        env=env,
+        stdin=stdin,
+        on_stdout=on_stdout,
+        cancel=cancel,
+        pass_fds=pass_fds,
+    )
 
 
 def exec_failure(stderr: bytes) -> int | None:

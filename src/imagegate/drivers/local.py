@@ -21,13 +21,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imagegate.attest.keys import KEY_ENV, default_key_path
-from imagegate.drivers import bwrap
+from imagegate.drivers import bwrap, seccomp
 from imagegate.drivers.interface import BundleRun, OnOutput, Refusal
 from imagegate.drivers.process import run_group
 from imagegate.errors import UsageError
@@ -64,9 +65,16 @@ class KeyIsolation:
     hidden: tuple[tuple[str, str], ...] = ()
 
     def argv(
-        self, command: Sequence[str], env: Mapping[str, str], *, gpus: bool, bundle: Path | None = None
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        gpus: bool,
+        bundle: Path | None = None,
+        seccomp_fd: int | None = None,
     ) -> list[str]:
-        """bwrap and its options around `command`; `bundle` is bound read-only at BUNDLE_IN_SANDBOX."""
+        """bwrap and its options around `command`; `bundle` is bound read-only at BUNDLE_IN_SANDBOX;
+        `seccomp_fd` (passed to the process) holds the seccomp filter bwrap applies."""
         assert self.bwrap is not None
         argv = [self.bwrap, "--unshare-user", "--unshare-pid", "--disable-userns", "--die-with-parent"]
         # The command is the pid namespace's init, as in a container: no bwrap process inside.
@@ -84,7 +92,20 @@ class KeyIsolation:
             if _under(path, SANDBOX_TMP) and not any(_under(path, b) for b in binds):
                 continue  # in the private /tmp: not there at all
             argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, "--", *command]
+
+    @contextmanager
+    def seccomp_fd(self) -> Iterator[int | None]:
+        """The seccomp filter's descriptor for one sandboxed run; None without a sandbox, or where
+        libseccomp is missing: the sandbox's job here is hiding the key (files, the pid namespace),
+        which holds without the filter, so the run goes on and the facts say seccomp: false."""
+        if self.bwrap is None or not seccomp.facts()["seccomp"]:
+            yield None
+            return
+        with seccomp.program_fd() as fd:
+            yield fd
 
     def facts(self) -> dict[str, Any]:
         if self.bwrap is None:
@@ -96,6 +117,7 @@ class KeyIsolation:
             "read_only_root": True,
             "private_tmp": True,
             "hidden": [what for what, _ in self.hidden],
+            "seccomp": seccomp.facts(),
         }
 
 
@@ -208,12 +230,18 @@ class LocalDriver:
         return env
 
     def sandboxed(
-        self, command: Sequence[str], env: Mapping[str, str], bundle: Path | None = None
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        bundle: Path | None = None,
+        seccomp_fd: int | None = None,
     ) -> list[str]:
         """`command` as it runs: under bubblewrap where it can, else as it is."""
         if self.isolation.bwrap is None:
             return list(command)
-        return self.isolation.argv(command, env, gpus=self.gpus is not None, bundle=bundle)
+        return self.isolation.argv(
+            command, env, gpus=self.gpus is not None, bundle=bundle, seccomp_fd=seccomp_fd
+        )
 
     def _interpreter(self, interpreters: Sequence[str]) -> tuple[str | None, list[str]]:
         # "This environment" is the python a user would type here: an activated venv's, else the
@@ -235,8 +263,9 @@ class LocalDriver:
             self._fingerprint = {}
             if exe:
                 env = self.gpu_env()
-                argv = self.sandboxed([os.path.abspath(exe), "-c", _FINGERPRINT_CODE], env)
-                self._fingerprint = environment_fingerprint(argv, env)
+                with self.isolation.seccomp_fd() as fd:
+                    argv = self.sandboxed([os.path.abspath(exe), "-c", _FINGERPRINT_CODE], env, seccomp_fd=fd)
+                    self._fingerprint = environment_fingerprint(argv, env, () if fd is None else (fd,))
         return self._fingerprint or None
 
     def environment(self) -> dict[str, Any]:
@@ -303,16 +332,17 @@ class LocalDriver:
             sandboxed = self.isolation.bwrap is not None
             command = [os.path.abspath(exe), "-I", "-S", BUNDLE_IN_SANDBOX if sandboxed else str(path)]
             try:
-                return _run(
-                    self.sandboxed(command, env, bundle=path),
-                    deadline_s,
-                    interpreter=exe,
-                    tried=tried,
-                    env=env,
-                    on_stdout=on_stdout,
-                    pass_fds=(key_r,),
-                    cancel=cancel,
-                )
+                with self.isolation.seccomp_fd() as fd:
+                    return _run(
+                        self.sandboxed(command, env, bundle=path, seccomp_fd=fd),
+                        deadline_s,
+                        interpreter=exe,
+                        tried=tried,
+                        env=env,
+                        on_stdout=on_stdout,
+                        pass_fds=(key_r,) if fd is None else (key_r, fd),
+                        cancel=cancel,
+                    )
             finally:
                 os.close(key_r)
 
@@ -328,12 +358,14 @@ _FINGERPRINT_CODE = (
 )
 
 
-def environment_fingerprint(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+def environment_fingerprint(
+    argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """sha256 over the interpreter's version, path and every distribution it can import (name
     and version), as canonical JSON, from `argv` (the interpreter running _FINGERPRINT_CODE, in
     the sandbox: its site hooks run); {} when the interpreter cannot say."""
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, timeout=120, check=False)
+        done = subprocess.run(argv, env=env, capture_output=True, timeout=120, check=False, pass_fds=pass_fds)
         facts = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from imagegate.drivers import bwrap
+from imagegate.drivers import bwrap, seccomp
 from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable, verification_facts
 from imagegate.drivers.process import Completed
@@ -67,6 +67,7 @@ class RootfsDriver:
         insecure: bool = False,
     ) -> None:
         self.bwrap = bwrap.check_host()  # before any byte is read: a host that cannot sandbox says so now
+        bwrap.check_seccomp()  # the same: no filter, no run (weaker than an engine's default profile)
         self.make_root = make_root
         self.limits = bwrap.Limits(
             nproc=pids,
@@ -89,6 +90,7 @@ class RootfsDriver:
                 "os": host_platform.system().lower(),
                 "arch": host_platform.machine(),
                 "limits": self.limits.facts(),
+                "seccomp": seccomp.facts(),
                 "gpus_requested": None,
                 # The image's root and Env only (the host's environment cleared), own pid namespace.
                 "key_isolation": {"method": "bubblewrap"},
@@ -191,8 +193,17 @@ class RootfsDriver:
         payload = loader_payload(bundle, event_key, stages)
 
         def attempt(interpreter: str) -> BundleRun | str:
-            argv, ident = sandbox.argv(self.bwrap, [interpreter, *LOADER_FLAGS, "-c", LOADER, bundle_sha256])
-            done = bwrap.run(argv, stdin=payload, deadline_s=deadline_s, on_stdout=on_stdout, cancel=cancel)
+            command = [interpreter, *LOADER_FLAGS, "-c", LOADER, bundle_sha256]
+            with seccomp.program_fd() as fd:
+                argv, ident = sandbox.argv(self.bwrap, command, seccomp_fd=fd)
+                done = bwrap.run(
+                    argv,
+                    stdin=payload,
+                    deadline_s=deadline_s,
+                    on_stdout=on_stdout,
+                    cancel=cancel,
+                    pass_fds=(fd,),
+                )
             return interpret(done, image, interpreter, ident, self.limits)
 
         return first_usable(interpreters, attempt, cancel)

@@ -5,6 +5,7 @@ statement, all written outside the cluster."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 from collections.abc import Sequence
@@ -78,6 +79,20 @@ def read_pod_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
     except ValueError as e:
         raise UsageError(f"{pod}: not JSON ({e})", hint="kubectl get pod NAME -o json > pod.json") from e
     return pod_from_json(data), log
+
+
+def read_secret_file(path: Path) -> dict[str, Any]:
+    """The run's event key Secret saved as a file (`kubectl get secret NAME -o json`)."""
+    hint = "kubectl get secret NAME -o json > secret.json (NAME: the Job's name)"
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise UsageError(f"{e.filename}: {e.strerror}") from e
+    except ValueError as e:
+        raise UsageError(f"{path}: not JSON ({e})", hint=hint) from e
+    if not isinstance(data, dict) or data.get("kind") != "Secret":
+        raise UsageError(f"{path}: not a Secret", hint=hint)
+    return data
 
 
 def container_status(pod: dict[str, Any], container: str = CONTAINER) -> dict[str, Any] | None:
@@ -171,8 +186,33 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
     )
 
 
-def event_key(pod: dict[str, Any], container: str = CONTAINER) -> bytes | None:
-    """The run's event key, from the Pod spec (the runner's side of the channel)."""
+def key_secret(pod: dict[str, Any], container: str = CONTAINER) -> tuple[str, str] | None:
+    """The Secret (name, data key) the Pod's event key comes from (`secretKeyRef`), if it does."""
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") != container:
+            continue
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef") if isinstance(e, dict) else None
+            if e.get("name") == EVENT_KEY_ENV and isinstance(ref, dict):
+                name, key = ref.get("name"), ref.get("key")
+                return (name, key) if isinstance(name, str) and isinstance(key, str) else None
+    return None
+
+
+def event_key(
+    pod: dict[str, Any], secret: dict[str, Any] | None = None, container: str = CONTAINER
+) -> bytes | None:
+    """The run's event key (the runner's side of the channel): from the Secret the Pod's env
+    refers to, or from the env itself for a Pod rendered before keys moved into Secrets."""
+    ref = key_secret(pod, container)
+    if ref is not None:
+        if secret is None or secret.get("metadata", {}).get("name") != ref[0]:
+            return None
+        value = (secret.get("data") or {}).get(ref[1])
+        try:
+            return bytes.fromhex(base64.b64decode(str(value), validate=True).decode("ascii"))
+        except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+            return None
     for c in pod.get("spec", {}).get("containers", []):
         if c.get("name") != container:
             continue
@@ -183,6 +223,23 @@ def event_key(pod: dict[str, Any], container: str = CONTAINER) -> bytes | None:
                 except ValueError:
                     return None
     return None
+
+
+def missing_key(pod: dict[str, Any], secret: dict[str, Any] | None) -> str:
+    """Why `event_key` found no key, and what to do, in words."""
+    ref = key_secret(pod)
+    if ref is None:
+        return "the Pod carries no event key: render it again with this imagegate"
+    name = ref[0]
+    if secret is None:
+        return (
+            f"the Pod's event key is in secret/{name}, which collect was not given: collect with "
+            f"--job while the Secret exists, or give --secret FILE (kubectl get secret {name} -o json)"
+        )
+    given = secret.get("metadata", {}).get("name")
+    if given != name:
+        return f"the Secret given is secret/{given}, but the Pod's event key is in secret/{name}"
+    return f"secret/{name} holds no hex event key under {ref[1]!r}"
 
 
 def _command(pod: dict[str, Any], container: str) -> str | None:
@@ -269,11 +326,13 @@ class PodObserver:
         pod: dict[str, Any],
         log: bytes,
         *,
+        secret: dict[str, Any] | None = None,
         expect_digests: Sequence[str] = (),
         job_failure: str | None = None,
         notify: Notify = lambda _m: None,
     ) -> None:
         self.pod, self.log, self.job_failure, self.notify = pod, log, job_failure, notify
+        self.secret = secret  # the run's event key Secret (the Pod's env refers to it)
         self.expected = expected_digests(pod, expect_digests)
         self.image, self.iid = image_facts(pod)
         self.reference: str | None = self.image.reference
@@ -297,11 +356,13 @@ class PodObserver:
         pod, iid = self.pod, self.iid
         pod_file = attempt.write_json("pod.json", pod)
         br = bundle_run(pod, self.log)
-        key = event_key(pod)
+        key = event_key(pod, self.secret)
         events = protocol.read_all(key or protocol.new_key(), prep.stage_ids, self.log)
         if key is None:
-            events.violations.insert(0, "the Pod carries no event key: render it again with this imagegate")
+            events.violations.insert(0, missing_key(pod, self.secret))
             events.violations_total += 1
+        else:
+            br.facts["event_key"] = key.hex()  # spent: published so the event log can be re-checked
         if self.job_failure:
             br.error = self.job_failure
             br.timed_out = br.timed_out or "deadline" in self.job_failure.lower()
@@ -324,12 +385,15 @@ def collect(
     log: bytes,
     opts: RunOptions,
     *,
+    secret: dict[str, Any] | None = None,
     expect_digests: Sequence[str] = (),
     job_failure: str | None = None,
     notify: Notify = lambda _m: None,
 ) -> RunRecord:
     """A finished Pod to an unsigned record (`accept` with a PodObserver adds signing, reports)."""
-    observer = PodObserver(pod, log, expect_digests=expect_digests, job_failure=job_failure, notify=notify)
+    observer = PodObserver(
+        pod, log, secret=secret, expect_digests=expect_digests, job_failure=job_failure, notify=notify
+    )
     return accept(prep, observer, opts.out, Outputs(), notify).record
 
 

@@ -1,4 +1,4 @@
-"""`pod run`: wait out the previous run, create the ConfigMap and the Job, wait for the Pod to
+"""`pod run`: wait out the previous run, create the Secret, the ConfigMap and the Job, wait for the Pod to
 finish within the deadline, collect, delete. Everything goes through the Cluster interface.
 
 A re-run waits until the previous Pod is really gone rather than failing: a Terminating Pod
@@ -16,12 +16,12 @@ from imagegate.accept import Outputs, accept
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.kube.cluster import Cluster, ClusterError
-from imagegate.kube.collect import PodObserver, read_pod_files
+from imagegate.kube.collect import PodObserver, key_secret, read_pod_files, read_secret_file
 from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
 from imagegate.model import ImageFacts, RunRecord
 from imagegate.runner import Notify, Observation, Prepared, RunOptions
 
-KINDS = ("job", "configmap")
+KINDS = ("job", "configmap", "secret")
 
 
 @dataclass
@@ -78,7 +78,12 @@ class PodRunObserver:
             state=self.state,
         )
         self.collected = PodObserver(
-            pod, log, expect_digests=self.expect_digests, job_failure=failure, notify=self.notify
+            pod,
+            log,
+            secret=self.rendered.secret,  # the key this run created: no need to read it back
+            expect_digests=self.expect_digests,
+            job_failure=failure,
+            notify=self.notify,
         )
         return self.collected.subject(prep)
 
@@ -91,7 +96,10 @@ class PodRunObserver:
             return None
         ns, name = self.rendered.namespace, self.rendered.name
         why = "kept (--keep)" if self.keep else "may be left"
-        return f"job/{name} and configmap/{name} {why}: kubectl delete job,configmap {name} -n {ns}"
+        return (
+            f"job/{name}, configmap/{name} and secret/{name} {why}: "
+            f"kubectl delete job,configmap,secret {name} -n {ns}"
+        )
 
 
 def run_job(
@@ -110,7 +118,7 @@ def run_job(
     state = state or JobState()
     ns, name = rendered.namespace, rendered.name
     wait_gone(cluster, name, ns, waits, notify)
-    notify(f"creating configmap/{name} and job/{name} in {ns}")
+    notify(f"creating secret/{name}, configmap/{name} and job/{name} in {ns}")
     state.created = True  # before the call: an interrupt inside it may have created some
     cluster.create(rendered.objects)
     try:
@@ -160,8 +168,9 @@ def pod_and_log(
     wait_s: float | None = None,
     waits: Waits = Waits(),
     notify: Notify = lambda _m: None,
-) -> tuple[dict[str, Any], bytes]:
-    """The newest Pod of a Job run earlier (by our label, or the Job controller's) and its log;
+) -> tuple[dict[str, Any], bytes, dict[str, Any] | None]:
+    """The newest Pod of a Job run earlier (by our label, or the Job controller's), its log and
+    the Secret holding its event key (None when gone or not readable: collect then says so);
     `wait_s`: first wait up to that long for it to finish."""
     if wait_s:
         wait_finished(cluster, job, ns, wait_s, waits, notify)
@@ -171,7 +180,14 @@ def pod_and_log(
         raise UsageError(
             f"job/{job} in {ns}: no Pod found", hint="is it still there? (ttlSecondsAfterFinished)"
         )
-    return pod, cluster.logs(pod["metadata"]["name"], ns, CONTAINER)
+    log = cluster.logs(pod["metadata"]["name"], ns, CONTAINER)
+    ref, secret = key_secret(pod), None
+    if ref is not None:
+        try:
+            secret = cluster.get("secret", ref[0], ns)
+        except ClusterError as e:  # e.g. no RBAC right to read Secrets
+            notify(f"could not read secret/{ref[0]}, which holds the run's event key: {e}")
+    return pod, log, secret
 
 
 def finished_pod(
@@ -182,16 +198,22 @@ def finished_pod(
     context: str | None = None,
     wait_s: float | None = None,
     notify: Notify = lambda _m: None,
-) -> tuple[dict[str, Any], bytes]:
-    """The Pod `pod collect` is given: saved as files (its log and JSON), or read from the
-    cluster by Job name (`wait_s`: first wait up to that long for it to finish)."""
+    secret: Path | None = None,
+) -> tuple[dict[str, Any], bytes, dict[str, Any] | None]:
+    """The Pod `pod collect` is given, its log and its event key Secret: saved as files (its log,
+    JSON and Secret JSON), or read from the cluster by Job name (`wait_s`: first wait up to that
+    long for it to finish)."""
     if (logs is None and pod is None) == (job is None) or (logs is None) != (pod is None):
-        raise UsageError("give either --logs FILE --pod FILE, or --job NAME")
+        raise UsageError("give either --logs FILE --pod FILE [--secret FILE], or --job NAME")
     if wait_s is not None and job is None:
         raise UsageError("--timeout goes with --job", hint="a Pod given as files has finished already")
+    if secret is not None and job is not None:
+        raise UsageError(
+            "--secret goes with --logs and --pod", hint="with --job the Secret is read from the cluster"
+        )
     if job is None:
         assert pod is not None and logs is not None
-        return read_pod_files(pod, logs)
+        return (*read_pod_files(pod, logs), read_secret_file(secret) if secret else None)
     from imagegate.kube.kubectl import KubectlCluster
 
     return pod_and_log(KubectlCluster(context=context), job, ns, wait_s, notify=notify)

@@ -1,5 +1,6 @@
-"""The Kubernetes objects of one run: a ConfigMap holding the bundle and a Job that runs it once
-with the image's own python; zero GPUs unless `--gpus N` asks for `nvidia.com/gpu: N`.
+"""The Kubernetes objects of one run: a Secret holding the run's event key, a ConfigMap holding
+the bundle and a Job that runs it once with the image's own python; zero GPUs unless `--gpus N`
+asks for `nvidia.com/gpu: N`.
 
 Every choice here answers a pitfall met in real clusters:
 - without --gpus, no GPU resources and `NVIDIA_VISIBLE_DEVICES=void`: CUDA base images set it to
@@ -9,7 +10,13 @@ Every choice here answers a pitfall met in real clusters:
   `priorityClassName`, when asked;
 - the bundle is mounted as a whole volume, never with `subPath` (a subPath mount pins the
   resolved, versioned file), and the controller finds itself by the stable mount path;
-- node selector and tolerations are inputs, because some mounts exist only on some nodes.
+- node selector and tolerations are inputs, because some mounts exist only on some nodes;
+- the event key lives in its own Secret and reaches the container as an env `secretKeyRef`: the
+  Job (and the Pod object) hold only the reference, so the Job and the ConfigMap can be committed
+  and two renders of the same inputs give the same Job. An env variable rather than a mounted
+  file: the controller takes it out of its environment before any stage starts and is
+  non-dumpable (no stage can read its environ), whereas a secret volume stays readable to every
+  stage for the whole run (same user; the read-only mount cannot be removed without privileges).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ BUNDLE_KEY = "imagegate.pyz"
 BUNDLE_PATH = f"{MOUNT_DIR}/{BUNDLE_KEY}"
 CONTAINER = "probe"
 EVENT_KEY_ENV = "IMAGEGATE_EVENT_KEY"  # probes/controller.py reads it
+SECRET_KEY = "event-key"  # the Secret's data key holding the hex event key
 RUN_LABEL = "imagegate/run"  # on the Pod template: how a run finds its Pods
 BUNDLE_ANNOTATION = "imagegate/bundle-sha256"  # collect checks it ran the bundle it was given
 PIPELINE_ANNOTATION = "imagegate/pipeline"
@@ -78,14 +86,15 @@ class Rendered:
     image: str  # as it goes into the Pod: pinned by digest when known
     configmap: dict[str, Any]
     job: dict[str, Any]
+    secret: dict[str, Any]  # this run's event key: the only object that differs between renders
     notes: tuple[str, ...] = ()  # things the user should know, e.g. an unpinned image
 
     @property
     def objects(self) -> list[dict[str, Any]]:
-        return [self.configmap, self.job]
+        return [self.secret, self.configmap, self.job]  # the Secret first: the Pod needs it to start
 
-    def yaml(self) -> str:
-        return yaml.safe_dump_all(self.objects, sort_keys=False, default_flow_style=False)
+    def yaml(self, objects: list[dict[str, Any]] | None = None) -> str:
+        return yaml.safe_dump_all(objects or self.objects, sort_keys=False, default_flow_style=False)
 
     def configmap_bytes(self) -> int:
         """The ConfigMap as the API server stores it (JSON), which the 1 MiB limit applies to."""
@@ -221,6 +230,14 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
         "immutable": True,
         "binaryData": {BUNDLE_KEY: base64.b64encode(prep.bundle.data).decode("ascii")},
     }
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": opts.namespace, "labels": dict(labels)},
+        "type": "Opaque",
+        "immutable": True,
+        "data": {SECRET_KEY: base64.b64encode(protocol.new_key().hex().encode()).decode("ascii")},
+    }
     python = opts.python or prep.loaded.pipeline.python or "python3"
     job = {
         "apiVersion": "batch/v1",
@@ -242,7 +259,7 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
             },
         },
     }
-    return Rendered(name, opts.namespace, ref, configmap, job, tuple(notes))
+    return Rendered(name, opts.namespace, ref, configmap, job, secret, tuple(notes))
 
 
 def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str, Any]:
@@ -255,7 +272,7 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
         "automountServiceAccountToken": False,  # the probes never talk to the API server
         "enableServiceLinks": False,
         "securityContext": pod_security,
-        "containers": [_container(image, python, opts)],
+        "containers": [_container(image, python, name, opts)],
         "volumes": [
             {"name": "bundle", "configMap": {"name": name, "defaultMode": 0o444}},
             {"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}},
@@ -276,7 +293,7 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
     return spec
 
 
-def _container(image: str, python: str, opts: PodOptions) -> dict[str, Any]:
+def _container(image: str, python: str, name: str, opts: PodOptions) -> dict[str, Any]:
     return {
         "name": CONTAINER,
         "image": image,
@@ -285,9 +302,10 @@ def _container(image: str, python: str, opts: PodOptions) -> dict[str, Any]:
         # controller never runs the image's site hooks (.pth, sitecustomize, PYTHONPATH).
         "command": [python, "-I", "-S", BUNDLE_PATH],
         "env": [
-            # This run's event key: the controller takes it out of its environment before any
-            # stage starts, and no stage can read the controller's (non-dumpable) environ.
-            {"name": EVENT_KEY_ENV, "value": protocol.new_key().hex()},
+            # This run's event key, from its Secret (the Job holds only the reference): the
+            # controller takes it out of its environment before any stage starts, and no stage
+            # can read the controller's (non-dumpable) environ.
+            {"name": EVENT_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": SECRET_KEY}}},
             *(
                 []  # the device plugin says which GPUs; hiding them would undo the request
                 if opts.gpus
