@@ -37,6 +37,7 @@ from imagegate.drivers.interface import (
 from imagegate.errors import EngineError, ImagegateError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts, Status
+from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
@@ -300,11 +301,13 @@ class DockerDriver:
                 raise UsageError(f"image reference {reference!r}: {e.explanation or e}") from e
             raise EngineError(f"inspecting image {reference}: {e}") from e
         image_id = attrs["Id"] if attrs["Id"].startswith("sha256:") else "sha256:" + attrs["Id"]
+        _check_engine_digest(image_id, f"image {reference}: the engine's image ID")
         repo_digests = tuple(attrs.get("RepoDigests") or ())
         manifest_digest = None
         repository = None
         if repo_digests:
             repository, _, manifest_digest = repo_digests[0].partition("@")
+            _check_engine_digest(manifest_digest, f"image {reference}: the engine's repo digest")
         else:
             repository = name.repository
         plat = "/".join(x for x in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if x)
@@ -594,6 +597,16 @@ def _read_frames(
                 stream, left = struct.unpack(">BxxxL", header)
                 sink = sinks.get(stream)
                 header.clear()
+
+
+def _check_engine_digest(value: str, what: str) -> None:
+    """An ID or digest from the engine becomes a folder name and a signed subject: only
+    `sha256:` and hex, never a path (`sha256:/../x`)."""
+    if not is_digest(value):
+        raise EngineError(
+            f"{what} {value!r} is not a digest (sha256: and 64 lowercase hex characters)",
+            hint="the engine answered something no Docker or Podman engine does; check what DOCKER_HOST points at",
+        )
 
 
 def run_labels() -> dict[str, str]:
