@@ -101,3 +101,23 @@ def test_an_engine_id_that_is_not_a_digest_is_an_engine_error(
     # Nothing was made anywhere but inside --out (and nothing inside it either).
     assert sorted(p.relative_to(work) for p in work.rglob("*")) == [Path("deep"), Path("deep/out")]
     assert not (tmp_path / "x").exists() and not (tmp_path / "escaped").exists()
+
+
+def test_the_evidence_store_refuses_an_id_that_is_a_path(tmp_path: Path) -> None:
+    """Defence behind the driver's check: whatever hands the store an image ID (a driver, a Pod's
+    status, an earlier attempt), it is never made a path. `sha256-` already there (an earlier
+    answer `sha256:`) is what lets `sha256:/../../x` climb out of --out on the old code."""
+    from imagegate.errors import EngineError
+    from imagegate.evidence import Attempt
+    from imagegate.model import ImageFacts
+
+    out = tmp_path / "a" / "out"
+    (out / "sha256-").mkdir(parents=True)
+    for bad in ("sha256:/../../x", "sha256:", "sha256:" + "A" * 64, "sha256:" + "a" * 64 + "\n"):
+        with pytest.raises(EngineError, match="is not a digest"):
+            Attempt(out, ImageFacts(reference="app:1", config_digest=bad))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [
+        Path("a"), Path("a/out"), Path("a/out/sha256-")
+    ]  # fmt: skip
+    good = Attempt(out, ImageFacts(reference="app:1", config_digest=GOOD))
+    assert good.dir.parent == out / ("sha256-" + "a" * 64)
