@@ -273,13 +273,18 @@ def test_good_memory_and_expect_config_still_run(images: dict[str, str], tmp_pat
         (("pod", "run", "myorg/app:1", "-p", "python", "--expect-config", "abc"), "'abc' is not a digest"),
         (("pod", "run", "myorg/app:1", "-p", "python", "--expect-config", DIGEST), "runs no layers stage"),
         (("complete", "nowhere", "--memory", "lots"), "--memory 'lots': not a memory size"),
+        (("audit", "inventory.yaml", "--memory", "lots"), "--memory 'lots': not a memory size"),
     ],
 )
-def test_pod_and_complete_check_the_same_options(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
-    r = imagegate(*args, "--no-sign", cwd=tmp_path, timeout=60)
+def test_pod_complete_and_audit_check_the_same_options(
+    args: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    (tmp_path / "inventory.yaml").write_text("images: []\n")
+    sign = () if args[0] == "audit" else ("--no-sign",)
+    r = imagegate(*args, *sign, cwd=tmp_path, timeout=60)
     assert r.returncode == 3, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["inventory.yaml"]
 
 
 def test_transport_references_name_the_driver_that_reads_them(tmp_path: Path) -> None:
