@@ -153,9 +153,16 @@ def check_timeout(seconds: float | None) -> None:
 
 
 def check_run_input(
-    image: str | None, name: DriverName | None, jobs: int | None, timeout: float | None
+    image: str | None,
+    name: DriverName | None,
+    jobs: int | None,
+    timeout: float | None,
+    memory: str = "8g",
+    expect_config: str | None = None,
 ) -> None:
-    """`run`'s IMAGE and DOCKER_HOST are checked before the engine is asked anything."""
+    """`run`'s IMAGE, DOCKER_HOST and options are checked before the engine is asked anything."""
+    from imagegate.sizes import parse_memory
+
     if name is not DriverName.here and image is None:
         raise UsageError(
             "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
@@ -165,11 +172,83 @@ def check_run_input(
         from imagegate.oci.reference import check_image
 
         assert image is not None
+        _check_not_transport(image, name)
         check_image(image)
         check_docker_host(os.environ)
+    elif name is DriverName.rootfs and image is not None:
+        _check_not_local_only(image)
     check_timeout(timeout)
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs}: must be 1 or more")
+    parse_memory(memory)
+    check_expect_config(expect_config)
+
+
+TRANSPORTS = ("docker://", "docker-daemon:", "docker-archive:", "oci:", "oci-archive:")
+
+
+def _check_not_transport(image: str, name: DriverName | None) -> None:
+    """`docker://x` to an engine driver: the user meant the rootfs driver (or the bare name)."""
+    transport = next((t for t in TRANSPORTS if image.startswith(t)), None)
+    if transport is None:
+        return
+    driver = f"--driver {name.value}" if name else "the docker driver (the default)"
+    bare = image[len(transport) :]
+    also = f", or name it to the engine as {bare}" if transport in ("docker://", "docker-daemon:") else ""
+    raise UsageError(
+        f"IMAGE {image!r}: a {transport.rstrip(':/')} transport reference, which {driver} does not read",
+        hint=f"pass --driver rootfs to read it from its transport{also}",
+    )
+
+
+def _check_not_local_only(image: str) -> None:
+    """--driver rootfs reads a name without a registry host from Docker Hub: a name that only the
+    local engine holds (built here, never pushed) would cost retries against Docker Hub before
+    failing. Asked of the engine cheaply, only for such names; no engine, no check."""
+    if image.startswith(TRANSPORTS):
+        return
+    first = image.split("/", 1)[0]
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
+        return  # a registry host: the registry it names is the one to ask
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        try:
+            attrs = client.api.inspect_image(image)
+        finally:
+            client.close()
+    except Exception:
+        return
+    if isinstance(attrs, dict) and not attrs.get("RepoDigests"):
+        raise UsageError(
+            f"IMAGE {image!r}: --driver rootfs reads it from Docker Hub, but only the local engine has it "
+            "(built here, never pushed)",
+            hint=f"read it from the engine: imagegate run --driver rootfs docker-daemon:{image}",
+        )
+
+
+def check_expect_config(expect_config: str | None) -> None:
+    if expect_config is not None:
+        from imagegate.oci.digest import check_digest
+
+        check_digest(expect_config, what="--expect-config")
+
+
+def check_stage_inputs(prep: Prepared, expect_config: str | None, *, rootfs: bool = False) -> None:
+    """--expect-config is checked by the layers stage, or by the rootfs driver while unpacking:
+    given to a run that has neither, it would be silently ignored."""
+    check_expect_config(expect_config)
+    if expect_config is None or rootfs:
+        return
+    if any(s.probe == "layers" and not s.skipped for s in prep.plan.stages):
+        return
+    raise UsageError(
+        f"--expect-config given, but pipeline {prep.plan.pipeline.name!r} runs no layers stage: "
+        "nothing would check it",
+        hint="use a pipeline with a layers stage (e.g. -p vllm), --driver rootfs (it checks the "
+        "config while unpacking), or drop --expect-config",
+    )
 
 
 def accept(

@@ -16,14 +16,21 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from imagegate.errors import UsageError
+from imagegate.errors import EngineError, UsageError
 from imagegate.model import EvidenceFile, ImageFacts
+from imagegate.oci.digest import is_digest
 
 
 def image_key(image: ImageFacts) -> str:
     """Folder name per image: its config digest (`sha256-<hex>`: no colon in paths), or for an
-    environment without one, a sanitised reference."""
+    environment without one, a sanitised reference. The digest comes from an engine or a
+    registry: anything but `algorithm:hex` is refused, never made a path."""
     if image.config_digest:
+        if not is_digest(image.config_digest):
+            raise EngineError(
+                f"image ID {image.config_digest!r} is not a digest (sha256: and 64 hex characters)",
+                hint="the engine or registry answered a malformed ID; check what DOCKER_HOST points at",
+            )
         algo, _, hexd = image.config_digest.partition(":")
         return f"{algo}-{hexd}"
     return "ref-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", image.reference).strip("_") or "unnamed")[:100]
@@ -38,6 +45,7 @@ class Attempt:
         self.image_dir = out / image_key(image)
         try:
             out.mkdir(parents=True, exist_ok=True)
+            _inside(out, self.image_dir)
             _real_dir(self.image_dir)
         except OSError as e:
             raise UsageError(
@@ -107,6 +115,12 @@ class _Index:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _inside(out: Path, path: Path) -> None:
+    """`path` (not yet made) is a child of `out`: the image key never leads elsewhere."""
+    if path.parent.resolve() != out.resolve() or path.name in ("", ".", ".."):
+        raise EngineError(f"evidence folder {path}: outside {out}; refusing to write there")
 
 
 def _real_dir(path: Path) -> None:

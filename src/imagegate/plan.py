@@ -5,6 +5,7 @@ afterwards. Typed throughout; JSON only for the bundle and the statement (`to_js
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from imagegate.errors import UsageError
 from imagegate.pipeline import LoadedPipeline
 from imagegate.pipeline.model import FindSpecStage, InventoryStage, Pipeline, Stage, VulnsStage
 from imagegate.pipeline.params import (
+    DOTTED_NAME,
     FindSpecParams,
     GpuPreflightParams,
     InventoryParams,
@@ -138,6 +140,7 @@ def build_plan(
     """`advisory_db` may add the audit stages; `gpus` puts the GPU node check first; `skip`:
     stage ids the user leaves out (kept in the plan, marked, so the record says so)."""
     p = loaded.pipeline
+    check_modules(modules)
     if modules and not any(isinstance(s, FindSpecStage) for s in p.stages):
         raise UsageError(
             f"--module given, but pipeline {p.name!r} has no find_spec stage",
@@ -159,6 +162,20 @@ def build_plan(
     stages = [dataclasses.replace(s, skipped="--skip " + s.id) if s.id in skip else s for s in stages]
     ref = PipelineRef(p.name, p.version, loaded.sha256, loaded.source)
     return Plan(ref, p.python, p.stop_on_fail, tuple(stages))
+
+
+def check_modules(modules: Sequence[str]) -> None:
+    """-m values are module names; a comma list is one name per -m (it is never split: a value
+    that is not a name is a typo to show, not to guess at)."""
+    for m in modules:
+        if re.fullmatch(DOTTED_NAME, m):
+            continue
+        parts = [x.strip() for x in m.split(",")]
+        if "," in m and all(re.fullmatch(DOTTED_NAME, x) for x in parts):
+            hint = "one module per -m: " + " ".join(f"-m {x}" for x in parts)
+        else:
+            hint = "a module name as `import` takes it, e.g. -m requests or -m vllm.entrypoints"
+        raise UsageError(f"--module {m!r}: not a dotted module name", hint=hint)
 
 
 def _add_modules(s: PlannedStage, modules: Sequence[str]) -> PlannedStage:

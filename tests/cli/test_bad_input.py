@@ -226,3 +226,81 @@ def test_run_here_attach_needs_an_image(tmp_path: Path) -> None:
     assert r.returncode == 3, r.stderr
     assert "--attach" in r.stderr and "IMAGE" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()
+
+
+DIGEST = "sha256:" + "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "hint"),
+    [
+        (("-m", "requests,idna"), "--module 'requests,idna': not a dotted module name", "-m requests -m idna"),
+        (("-m", "a b"), "--module 'a b': not a dotted module name", "-m requests"),
+        (("-m", ""), "--module '': not a dotted module name", "-m requests"),
+        (("--memory", "lots"), "--memory 'lots': not a memory size", "8g, 512m"),
+        (("--memory", "64GiB"), "--memory '64GiB': not a memory size", "8g, 512m"),
+        (("--memory", "1k"), "--memory '1k': below the engines' minimum of 6m", "8g"),
+        (("--expect-config", "abc"), "--expect-config 'abc' is not a digest", "sha256:"),
+        (("--expect-config", DIGEST), "--expect-config given, but pipeline 'python' runs no layers stage", "--driver rootfs"),
+    ],
+)  # fmt: skip
+def test_run_refuses_bad_options_before_any_work(
+    args: tuple[str, ...], message: str, hint: str, images: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    r = imagegate("run", images["python"], "-p", "python", *args, "-o", str(out), "--no-sign", timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert f"imagegate: error: {message}" in r.stderr and hint in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out.exists()  # no attempt folder, not even a half-written one
+
+
+def test_good_memory_and_expect_config_still_run(images: dict[str, str], tmp_path: Path) -> None:
+    # The layers stage reads --expect-config: a wrong digest there is a FAIL, not a usage error.
+    r = imagegate(
+        "run", images["python"], "-p", "python", "-m", "json", "-m", "os.path", "--memory", "512m",
+        "-o", str(tmp_path / "out"), "--no-sign", "-q",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("pod", "render", "myorg/app:1", "-p", "python", "-m", "a b"), "--module 'a b': not a dotted"),
+        (("pod", "render", "myorg/app:1", "-p", "python", "-m", "x,y"), "-m x -m y"),
+        (("pod", "run", "myorg/app:1", "-p", "python", "-m", ""), "--module '': not a dotted"),
+        (("pod", "run", "myorg/app:1", "-p", "python", "--expect-config", "abc"), "'abc' is not a digest"),
+        (("pod", "run", "myorg/app:1", "-p", "python", "--expect-config", DIGEST), "runs no layers stage"),
+        (("complete", "nowhere", "--memory", "lots"), "--memory 'lots': not a memory size"),
+        (("audit", "inventory.yaml", "--memory", "lots"), "--memory 'lots': not a memory size"),
+    ],
+)
+def test_pod_complete_and_audit_check_the_same_options(
+    args: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    (tmp_path / "inventory.yaml").write_text("images: []\n")
+    sign = () if args[0] == "audit" else ("--no-sign",)
+    r = imagegate(*args, *sign, cwd=tmp_path, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["inventory.yaml"]
+
+
+def test_transport_references_name_the_driver_that_reads_them(tmp_path: Path) -> None:
+    r = imagegate("run", "docker://127.0.0.1:5000/app:1", "-p", "python", "-o", str(tmp_path / "o"))
+    assert r.returncode == 3, r.stderr
+    assert "a docker transport reference" in r.stderr and "--driver rootfs" in r.stderr
+
+
+def test_rootfs_with_a_name_only_the_local_engine_has_suggests_docker_daemon(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """A locally built image named without a registry: --driver rootfs would ask Docker Hub for
+    it (retries, then "try again later"); the local engine is asked first, cheaply."""
+    local = images["python"]
+    r = imagegate("run", "--driver", "rootfs", local, "-p", "python", "-o", str(tmp_path / "o"), timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "only the local engine has it" in r.stderr
+    assert f"--driver rootfs docker-daemon:{local}" in r.stderr
+    assert not (tmp_path / "o").exists()

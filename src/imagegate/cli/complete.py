@@ -14,6 +14,7 @@ from imagegate.cli import _accept as o
 from imagegate.cli._app import TRUSTED_KEYS, Format, app
 from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
+from imagegate.sizes import parse_memory
 
 
 @app.command(
@@ -64,6 +65,7 @@ def complete(
     notify = o.notifier(quiet)
     with o.interrupts():
         accept.check_timeout(timeout)
+        parse_memory(memory)
         outputs = accept.outputs(
             key=o.signing_key(key),
             no_sign=no_sign,

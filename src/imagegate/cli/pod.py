@@ -161,7 +161,9 @@ def collect_cmd(
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     notify = o.notifier(a.silent)
     accept.check_timeout(timeout)
+    accept.check_expect_config(expect_config)
     prep = runner.prepare(a.run_options(gpus=_gpus(gpus), source=source, expect_config=expect_config))
+    accept.check_stage_inputs(prep, expect_config)
     pod_obj, log, key = podrun.finished_pod(logs, pod, job, namespace, context, timeout, notify, secret)
     observer = PodObserver(pod_obj, log, secret=key, expect_digests=expect_digest, notify=notify)
     done = accept.accept(prep, observer, a.out, a.outputs(observer.reference, notify), notify)
@@ -202,10 +204,12 @@ def run_cmd(
     notify = o.notifier(a.silent)
     with o.interrupts():
         accept.check_timeout(timeout)
-        outputs = a.outputs(image, notify)
+        accept.check_expect_config(expect_config)
         prep = runner.prepare(
             a.run_options(gpus=_gpus(spec.gpus), source=source, expect_config=expect_config)
         )
+        accept.check_stage_inputs(prep, expect_config)
+        outputs = a.outputs(image, notify)
         observer = podrun.PodRunObserver(
             spec.render(prep, image, notify),
             kubectl.KubectlCluster(context=context),

@@ -95,7 +95,9 @@ def audit(
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
     from imagegate import batch  # lazy: keeps CLI start-up fast
     from imagegate.drivers.docker import DockerDriver
+    from imagegate.sizes import parse_memory
 
+    parse_memory(memory)  # before any item runs: a typo is one error, not one per image
     err = make_console(stderr=True)
     setup_logging(verbose, quiet)
     items = batch.load(inventory)

@@ -113,11 +113,12 @@ def run(
     notify = o.notifier(a.silent)
     with o.interrupts():
         name = driver_name(p.driver, p.here)
-        accept.check_run_input(image, name, p.jobs, p.timeout)
-        outputs = a.outputs(image, notify)
+        accept.check_run_input(image, name, p.jobs, p.timeout, p.memory, p.expect_config)
         gpu = gpus_parse(p.gpus)
         opts = p.run_options(a, gpu)
         prep = runner.prepare(opts)
+        accept.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
+        outputs = a.outputs(image, notify)
         driver = p.make_driver(name, gpu, outputs, a, notify)
         with run_shown(opts, a.silent):
             observer = runner.DriverObserver(driver, image, opts, notify)

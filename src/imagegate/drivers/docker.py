@@ -9,6 +9,7 @@ memory limits, GPUs hidden; the container is removed on every path."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -38,12 +39,20 @@ from imagegate.errors import EngineError, ImagegateError, UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts, Status
 from imagegate.oci import engineapi
+from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
 
 LABEL = "io.imagegate.run"
-PID_LABEL = "io.imagegate.pid"  # the runner's process: a container whose runner is gone is a leftover
+# Who made a container: a container is a leftover only when all of these name this machine's
+# boot and PID namespace and its runner's process (PID and start time) is gone. CI jobs in
+# containers share a hostname and reuse PIDs: the host and PID alone would call another job's
+# live container a leftover.
+PID_LABEL = "io.imagegate.pid"
+START_LABEL = "io.imagegate.pid-start"  # /proc/PID/stat field 22: a reused PID starts later
+PIDNS_LABEL = "io.imagegate.pidns"  # the inode of /proc/self/ns/pid: which PID numbering
+BOOT_LABEL = "io.imagegate.boot"  # /proc/sys/kernel/random/boot_id: which boot of which kernel
 HOST_LABEL = "io.imagegate.host"
 log = logging.getLogger(__name__)
 
@@ -293,11 +302,13 @@ class DockerDriver:
                 raise UsageError(f"image reference {reference!r}: {e.explanation or e}") from e
             raise EngineError(f"inspecting image {reference}: {e}") from e
         image_id = attrs["Id"] if attrs["Id"].startswith("sha256:") else "sha256:" + attrs["Id"]
+        _check_engine_digest(image_id, f"image {reference}: the engine's image ID")
         repo_digests = tuple(attrs.get("RepoDigests") or ())
         manifest_digest = None
         repository = None
         if repo_digests:
             repository, _, manifest_digest = repo_digests[0].partition("@")
+            _check_engine_digest(manifest_digest, f"image {reference}: the engine's repo digest")
         else:
             repository = name.repository
         plat = "/".join(x for x in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if x)
@@ -524,23 +535,33 @@ class DockerDriver:
         return True
 
     def leftovers(self) -> list[str]:
-        """Containers an earlier imagegate run on this host created and never removed (it was
-        killed): named so that the user can remove them. Runs still in flight are not listed."""
-        found = []
-        for c in self.client.api.containers(all=True, filters={"label": LABEL}):
-            labels = c.get("Labels") or {}
-            if labels.get(HOST_LABEL) != socket.gethostname():
+        """Containers an earlier imagegate run of this machine created and never removed (it was
+        killed): named so that the user can remove them. A container whose runner may be alive,
+        or cannot be told (another host, boot or PID namespace, labels of an older version), is
+        never named: it may be another job's run in flight. Those are only counted (-v)."""
+        found, others = [], 0
+        try:  # bounded and typed like every engine answer; advice only, so never fatal
+            listed = engineapi.get_json(
+                self.client,
+                "/containers/json",
+                params={"all": "1", "filters": json.dumps({"label": [LABEL]})},
+            )
+        except (EngineError, docker.errors.DockerException) as e:
+            log.info("could not list imagegate containers: %s", e)
+            return []
+        for c in listed if isinstance(listed, list) else []:
+            if not isinstance(c, dict):
                 continue
-            try:
-                pid = int(labels.get(PID_LABEL, ""))
-                os.kill(pid, 0)
-                continue  # its run is still going
-            except (ValueError, ProcessLookupError):
-                pass
-            except PermissionError:
+            labels = c.get("Labels")
+            dead = runner_dead(labels if isinstance(labels, dict) else {})
+            if dead is None:
+                others += 1
+            if not dead:
                 continue
-            names = [n.lstrip("/") for n in c.get("Names") or []]
+            names = [n.lstrip("/") for n in c.get("Names") or [] if isinstance(n, str)]
             found.append(names[0] if names else str(c.get("Id", ""))[:12])
+        if others:
+            log.info("%d imagegate containers of other runs exist", others)
         return found
 
 
@@ -589,5 +610,68 @@ def _read_frames(
                 header.clear()
 
 
+def _check_engine_digest(value: str, what: str) -> None:
+    """An ID or digest from the engine becomes a folder name and a signed subject: only
+    `sha256:` and hex, never a path (`sha256:/../x`)."""
+    if not is_digest(value):
+        raise EngineError(
+            f"{what} {value!r} is not a digest (sha256: and 64 lowercase hex characters)",
+            hint="the engine answered something no Docker or Podman engine does; check what DOCKER_HOST points at",
+        )
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(4096).strip()
+    except OSError:
+        return None
+
+
+def start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (clock ticks after boot); None: no such process (or unreadable)."""
+    stat = _read(f"/proc/{pid}/stat")
+    if not stat or ")" not in stat:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+    return fields[19] if len(fields) > 19 else None  # field 3 is fields[0]
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
 def run_labels() -> dict[str, str]:
-    return {LABEL: "1", PID_LABEL: str(os.getpid()), HOST_LABEL: socket.gethostname()}
+    pid = os.getpid()
+    labels = {
+        LABEL: "1",
+        PID_LABEL: str(pid),
+        START_LABEL: start_time(pid),
+        PIDNS_LABEL: _pid_namespace(),
+        BOOT_LABEL: _read("/proc/sys/kernel/random/boot_id"),
+        HOST_LABEL: socket.gethostname(),
+    }
+    return {k: v for k, v in labels.items() if v}
+
+
+def runner_dead(labels: dict[str, str]) -> bool | None:
+    """Is the run that made a container with these labels over? True: its runner is gone (a
+    leftover); False: it is alive; None: it cannot be told from here (another host, boot or PID
+    namespace, or labels without the runner's start time)."""
+    own = run_labels()
+    if any(not labels.get(k) or labels.get(k) != own.get(k) for k in (HOST_LABEL, BOOT_LABEL, PIDNS_LABEL)):
+        return None
+    try:
+        pid = int(labels.get(PID_LABEL, ""))
+    except ValueError:
+        return None
+    started = labels.get(START_LABEL)
+    if not started or pid <= 0:
+        return None
+    now = start_time(pid)
+    if now is None:
+        return not os.path.exists(f"/proc/{pid}")  # unreadable but present: cannot be told
+    return now != started  # the same PID, started later: the runner is gone, its PID reused

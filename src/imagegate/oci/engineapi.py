@@ -38,7 +38,9 @@ def _where(client: Any) -> str:
     return f"the engine at {engine_endpoint(client)}"
 
 
-def get_json(client: Any, path: str, *args: str, versioned: bool = True) -> Any:
+def get_json(
+    client: Any, path: str, *args: str, versioned: bool = True, params: dict[str, str] | None = None
+) -> Any:
     """The engine's JSON answer to GET `path` (SDK-style `{0}` placeholders, quoted); an error
     status raises the SDK's exception for it; anything too large, cut or not JSON an EngineError."""
     import requests
@@ -50,6 +52,7 @@ def get_json(client: Any, path: str, *args: str, versioned: bool = True) -> Any:
     try:
         res = api._get(
             api._url(path, *args, versioned_api=versioned),
+            params=params,
             stream=True,
             headers={"Accept-Encoding": "identity"},
         )

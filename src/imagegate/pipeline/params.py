@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from imagegate import resources
 
+# A module as `import` takes it: identifiers joined by dots (`requests`, `vllm.entrypoints`).
+DOTTED_NAME = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+
 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -37,7 +40,7 @@ class FindSpecParams(Params):
     @classmethod
     def _dotted(cls, v: list[str]) -> list[str]:
         for name in v:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+            if not re.fullmatch(DOTTED_NAME, name):
                 raise ValueError(f"{name!r} is not a dotted module name")
         return v
 
