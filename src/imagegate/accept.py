@@ -200,12 +200,16 @@ def driver_for(
     notify: Notify = _silent,
     expect_config: str | None = None,
     insecure: bool = False,
+    cache_dir: str | None = None,
 ) -> Driver:
     """The driver the options name (drivers/select.py): --here is the local driver; the default
     an engine (docker)."""
     chosen = DriverName.here if here else name
     return make_driver(
-        chosen, DriverOptions(memory, pull, notify, gpus, python, expect_config, insecure=insecure)
+        chosen,
+        DriverOptions(
+            memory, pull, notify, gpus, python, expect_config, insecure=insecure, cache_dir=cache_dir
+        ),
     )
 
 

@@ -56,6 +56,13 @@ MAX_LAYER = Option(
     "64GiB", "--max-layer-size", help="Stop a layer that decompresses past this (decompression bomb)."
 )
 QUIET = Option(False, "--quiet", "-q", help="No progress bars.")
+# The root cache (`cache …`, and `run --driver rootfs`).
+CACHE_DIR = Option(
+    None,
+    "--cache-dir",
+    envvar="IMAGEGATE_CACHE",
+    help="The root cache folder, yours alone (mode 0700) [$XDG_CACHE_HOME/imagegate/roots].",
+)
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
 
 

@@ -10,7 +10,7 @@ from typer import Option
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app
+from imagegate.cli._app import CACHE_DIR, app
 from imagegate.drivers.interface import Driver
 from imagegate.drivers.select import DriverName, driver_name
 from imagegate.gpus import GpuRequest
@@ -53,6 +53,7 @@ class Placement:
         None, "--source", help="For the layers stage: read the image from this transport."
     )
     expect_config: str | None = o.EXPECT_CONFIG
+    cache_dir: str | None = CACHE_DIR
 
     def run_options(self, a: o.Accepting, gpu: GpuRequest | None) -> runner.RunOptions:
         return a.run_options(
@@ -77,6 +78,7 @@ class Placement:
             notify=notify,
             expect_config=self.expect_config,
             insecure=insecure,
+            cache_dir=self.cache_dir,
         )
 
 

@@ -69,6 +69,7 @@ class DriverOptions:
     expect_config: str | None = None
     platform: str | None = None
     insecure: bool = False
+    cache_dir: str | None = None  # the rootfs driver's root cache (None: the default folder)
 
 
 def make_driver(name: DriverName | None, opts: DriverOptions) -> Driver:
@@ -136,7 +137,12 @@ def _rootfs(opts: DriverOptions) -> Driver:
     from imagegate.drivers.rootfs import RootfsDriver, materializer
 
     return RootfsDriver(
-        materializer(expect_config=opts.expect_config, platform=opts.platform, insecure=opts.insecure),
+        materializer(
+            expect_config=opts.expect_config,
+            platform=opts.platform,
+            insecure=opts.insecure,
+            cache_dir=opts.cache_dir,
+        ),
         memory=opts.memory,
         notify=opts.notify,
         platform=opts.platform,
