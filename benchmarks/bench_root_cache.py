@@ -43,9 +43,15 @@ from tests.oci.infra import start_registry  # noqa: E402  (the same registry the
 
 
 def baseline_src(rev: str, dest: Path) -> Path:
-    """`rev`'s src/ unpacked into `dest` (no worktree: the repository is left as it is)."""
+    """`rev`'s src/ (with the probes and pipelines it finds beside it) unpacked into `dest`: no
+    worktree, the repository is left as it is."""
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", rev, "src", "probes", "pipelines", "manifests"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest / "src"
 

@@ -232,7 +232,9 @@ def test_a_symlink_planted_in_an_entry_is_refused_never_followed(
     pushed_python: str, warm_cache: Path, planted: str, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    shutil.copytree(warm_cache, cache, symlinks=True)
+    # cp -a, not copytree: a device node in a root (as older code made them) is copied as a
+    # node, never read (copytree reads /dev/full or /dev/zero until the disk is full).
+    subprocess.run(["cp", "-a", str(warm_cache), str(cache)], check=True)
     (entry,) = (cache / "roots").iterdir()
     target = entry / planted
     if planted == "rootfs":
@@ -249,3 +251,16 @@ def test_a_symlink_planted_in_an_entry_is_refused_never_followed(
     )
     assert f"imagegate cache remove sha256:{entry.name} --cache-dir {cache}" in err
     assert target.is_symlink()  # left for the user to look at
+
+
+def test_the_sandbox_never_runs_over_the_hosts_own_root(tmp_path: Path) -> None:
+    # The last line of defence behind the cache's checks: a root that is / (however reached).
+    from imagegate.drivers import bwrap
+    from imagegate.errors import UsageError
+
+    (tmp_path / "rootfs").symlink_to("/")
+    for root in (Path("/"), tmp_path / "rootfs"):
+        with pytest.raises(
+            UsageError, match=rf"the image root {root} is this host's own root folder; not run"
+        ):
+            bwrap.Sandbox(root, bwrap.ImageConfig()).argv(bwrap.check_host(), ["true"])
