@@ -230,10 +230,10 @@ def materializer(
         # The folder is checked before any byte is read. Held until this process ends: no other
         # run evicts the root while the probes use it.
         cache = rootfs.RootCache(cache_dir)
-        t0 = time.monotonic()
         source = None
         try:
             source = open_source(reference, platform=platform, insecure=insecure)
+            t0 = time.monotonic()
             root = rootfs.materialize(source, cache=cache, expect_config=expect_config)
         except BaseException:
             cache.close()
