@@ -9,7 +9,8 @@ cache of an image already verified, with this checkout's code against an earlier
              recorded (one small file read per layer) or is read now; the root is reused as
              content, the identity is this image's
 
-Each side: one cold run (fills its own cache), then --runs warm runs; the figure compared is the
+Each side: one cold run (fills its own cache), then --runs warm runs (the two sides' warm runs
+interleaved); the figure compared is the
 driver's own time to prepare the root (`prepare_s` in the evidence: resolve, config check,
 cache lookup and, now, the pair lookups), and the whole run's wall time beside it. The pair
 lookups alone are timed too (the image's layers, --lookups times).
@@ -77,19 +78,30 @@ def one_run(ref: str, src: Path, cache_home: Path, out: Path) -> dict[str, objec
     }
 
 
-def side(name: str, ref: str, src: Path, work: Path, runs: int) -> dict[str, object]:
-    cache_home = work / f"cache-{name}"
-    cold = one_run(ref, src, cache_home, work / f"out-{name}-cold")
-    warm = [one_run(ref, src, cache_home, work / f"out-{name}-{i}") for i in range(runs)]
-    result = {
-        "cold": cold,
-        "warm": warm,
-        "warm_prepare_median_s": statistics.median(float(w["prepare_s"]) for w in warm),  # type: ignore[arg-type]
-        "warm_wall_median_s": statistics.median(float(w["wall_s"]) for w in warm),  # type: ignore[arg-type]
+def sides(ref: str, srcs: dict[str, Path], work: Path, runs: int) -> dict[str, dict[str, object]]:
+    """Each side's cold run, then their warm runs interleaved (baseline, current, baseline, ...):
+    a machine whose load drifts weighs on both alike."""
+    cold = {
+        name: one_run(ref, src, work / f"cache-{name}", work / f"out-{name}-cold")
+        for name, src in srcs.items()
     }
-    print(f"{name}: cold {cold['prepare_s']} s to prepare; warm median {result['warm_prepare_median_s']} s "
-          f"to prepare, {result['warm_wall_median_s']:.2f} s wall; layers {warm[-1]['layers']}", flush=True)  # fmt: skip
-    return result
+    warm: dict[str, list[dict[str, object]]] = {name: [] for name in srcs}
+    for i in range(runs):
+        for name, src in srcs.items():
+            warm[name].append(one_run(ref, src, work / f"cache-{name}", work / f"out-{name}-{i}"))
+    out = {}
+    for name in srcs:
+        w = warm[name]
+        out[name] = {
+            "cold": cold[name],
+            "warm": w,
+            "warm_prepare_median_s": statistics.median(float(x["prepare_s"]) for x in w),  # type: ignore[arg-type]
+            "warm_wall_median_s": statistics.median(float(x["wall_s"]) for x in w),  # type: ignore[arg-type]
+        }
+        print(f"{name}: cold {cold[name]['prepare_s']} s to prepare; warm median "
+              f"{out[name]['warm_prepare_median_s']} s to prepare, {out[name]['warm_wall_median_s']:.2f} s wall; "
+              f"layers {w[-1]['layers']}", flush=True)  # fmt: skip
+    return out
 
 
 def lookups(cache_home: Path, times: int) -> dict[str, float]:
@@ -126,8 +138,10 @@ def main() -> int:
         subprocess.run(["docker", "tag", a.image, ref], check=True)
         subprocess.run(["docker", "push", "-q", ref], check=True, capture_output=True)
         subprocess.run(["docker", "rmi", ref], capture_output=True)  # the tag only
-        results["baseline_side"] = side("baseline", ref, baseline_src(base_rev, work / "base"), work, a.runs)
-        results["current_side"] = side("current", ref, ROOT / "src", work, a.runs)
+        both = sides(
+            ref, {"baseline": baseline_src(base_rev, work / "base"), "current": ROOT / "src"}, work, a.runs
+        )
+        results["baseline_side"], results["current_side"] = both["baseline"], both["current"]
         results["pair_lookups"] = lookups(work / "cache-current", a.lookups)
     finally:
         reg.stop()
