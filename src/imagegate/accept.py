@@ -298,6 +298,7 @@ def driver_for(
     insecure: bool = False,
     key: keys.SigningKey | None = None,
     sign_unisolated: bool = False,
+    cache_dir: str | None = None,
 ) -> Driver:
     """The driver the options name (drivers/select.py): --here is the local driver; the default
     an engine (docker). `key`: the key that will sign (Outputs.key), which --here hides from the
@@ -314,6 +315,7 @@ def driver_for(
         signing=key is not None,
         signing_key=key.path if key else None,
         sign_unisolated=sign_unisolated,
+        cache_dir=cache_dir,
     )
     return make_driver(chosen, opts)
 

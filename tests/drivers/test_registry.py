@@ -95,21 +95,34 @@ def test_tampered_mirror_is_refused(
         assert verdict == "FAIL" and stages["unpack"] == "FAIL" and stages["layers"] == "FAIL"
         assert {stages[s] for s in ("pip_check", "find_spec", "gpu_cli", "cli_cpu")} == {"SKIPPED"}
         assert list((cold / "imagegate/roots/roots").iterdir()) == []  # nothing of it kept
-        # The same layers cached from the official copy: the probes run on those verified bytes,
-        # and the layers stage reads this mirror's own blobs: FAIL, the layer named.
-        imagegate("run", f"docker://{pushed_vllm}", *args, "-o", str(tmp_path / "official"),
-                  env={**NO_ENGINE, **root_cache})  # fmt: skip
+        # The same layers cached from the official copy, every blob of this very manifest (the
+        # mirror's manifest is the official one, byte for byte) a verified pair recorded then: the
+        # manifest names exactly the bytes verified before, so the root is reused without reading
+        # the mirror's storage, and the layers stage says so (a blob that differs from what its
+        # manifest names is refused: test_root_cache.py).
+        cache = root_cache
+        official = imagegate("run", f"docker://{pushed_vllm}", *args, "-o", str(tmp_path / "official"),
+                             env={**NO_ENGINE, **cache})  # fmt: skip
+        assert official.returncode == 0, official.stderr
         warm = imagegate(
             "run", f"docker://{ref}", *args, "--format", "json", "-o", str(tmp_path / "warm"),
-            env={**NO_ENGINE, **root_cache},
+            env={**NO_ENGINE, **cache},
         )  # fmt: skip
     finally:
         mirror.stop()
-    assert warm.returncode == 1, warm.stderr
+    assert warm.returncode == 0, warm.stderr
     statement = warm.json()
-    assert statement["predicate"]["environment"]["image_source"]["cached"] is True
+    source = statement["predicate"]["environment"]["image_source"]
+    assert source["cached"] is True and {x["verified"] for x in source["layers"]} == {"known_pair"}
     (layers,) = [s for s in statement["predicate"]["stages"] if s["id"] == "layers"]
-    assert layers["status"] == "FAIL" and "layer 2 DIGEST_MISMATCH" in layers["detail"], layers
+    assert layers["status"] == "PASS" and "3 known verified pairs, not read now" in layers["detail"], layers
+    (attempt,) = attempt_dirs(tmp_path / "warm")
+    evidence = json.loads((attempt / "stages/06-layers/layers.json").read_text())
+    assert (
+        evidence["source_choice"]["kind"] == "driver"
+        and "pair_recorded_at" in evidence["source_choice"]["why"]
+    )
+    assert all(x["pair_recorded_at"] for x in evidence["layers"])
 
 
 def test_the_driver_reopens_its_source_for_outside_stages(

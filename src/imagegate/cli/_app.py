@@ -63,6 +63,13 @@ TRUSTED_KEYS = Option(
     metavar="FILE",
     help="PEM public keys one after another (cat ci.pub gpu.pub > trusted.pem), each trusted (repeatable).",
 )
+# The root cache (`cache …`, and `run --driver rootfs`).
+CACHE_DIR = Option(
+    None,
+    "--cache-dir",
+    envvar="IMAGEGATE_CACHE",
+    help="The root cache folder, yours alone (mode 0700) [$XDG_CACHE_HOME/imagegate/roots].",
+)
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
 
 

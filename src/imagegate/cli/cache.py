@@ -27,12 +27,7 @@ cache_app = typer.Typer(
 )
 app.add_typer(cache_app, name="cache")
 
-_DIR = Option(
-    None,
-    "--cache-dir",
-    envvar="IMAGEGATE_CACHE",
-    help="The root cache folder [$XDG_CACHE_HOME/imagegate/roots].",
-)
+_DIR = _app.CACHE_DIR
 _MAX_SIZE_ENV = "IMAGEGATE_CACHE_MAX"
 
 

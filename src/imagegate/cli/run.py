@@ -10,7 +10,7 @@ from typer import Option
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app
+from imagegate.cli._app import CACHE_DIR, app
 from imagegate.drivers.interface import Driver
 from imagegate.drivers.select import DriverName, driver_name
 from imagegate.gpus import GpuRequest
@@ -54,6 +54,7 @@ class Placement:
         None, "--source", help="For the layers stage: read the image from this transport."
     )
     expect_config: str | None = o.EXPECT_CONFIG
+    cache_dir: str | None = CACHE_DIR
 
     def run_options(self, a: o.Accepting, gpu: GpuRequest | None) -> runner.RunOptions:
         return a.run_options(
@@ -85,6 +86,7 @@ class Placement:
             insecure=a.insecure,
             key=outputs.key,
             sign_unisolated=self.sign_unisolated,
+            cache_dir=self.cache_dir,
         )
 
 

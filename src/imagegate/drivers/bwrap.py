@@ -367,6 +367,13 @@ class Sandbox:
     ) -> tuple[list[str], Identity]:
         """The whole command line: prlimit, bwrap and its options, then `command`; `seccomp_fd`
         (seccomp.program_fd, passed to `run`) holds the filter bwrap applies before `command`."""
+        if os.path.samestat(os.stat(self.root), os.stat("/")):
+            # A root that is the host's own (a planted `rootfs -> /`): its /proc, /sys and sockets
+            # are bound in with it; never a sandbox.
+            raise UsageError(
+                f"the image root {self.root} is this host's own root folder; not run",
+                hint="the root cache was tampered with: remove the entry and look at who wrote into it",
+            )
         ident = resolve_user(self.root, self.config.user)
         env = sandbox_env(self.config, ident, self.extra_env)
         argv = ["prlimit", *self.limits.prlimit_args(), "--", bwrap]

@@ -146,16 +146,19 @@ class RootfsDriver:
         return None  # the sandbox dies with its runner; the roots stay in the cache by design
 
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
-        """The layer verification made while unpacking the image the probes run on (the layers
-        stage reports it instead of reading the image a second time). None for a root from the
-        cache: its layers were verified when an earlier source was unpacked, and this source's
-        blobs must be read to be vouched for (the layers stage does, beside the probes)."""
+        """The layer verification of the image the probes run on (the layers stage reports it
+        instead of reading the image a second time): each layer read in this run (while unpacking,
+        or to vouch for a cached root), or a verified pair this machine recorded earlier, marked
+        as such (LayerResult.pair_recorded_at). None when a layer is neither."""
         if image in self.refused:
             return self.refused[image].verified_report()
         root = self.roots.get(image.config_digest or "")
-        if root is None or root.facts.get("cached"):
+        if root is None or root.report is None:
             return None
-        return root.report
+        report: VerifyReport = root.report
+        if not report.ok or len(report.layers) != len(report.diff_ids):
+            return None
+        return report
 
     def refusal(self, image: ImageFacts) -> Refusal | None:
         refused = self.refused.get(image)
@@ -316,17 +319,20 @@ def materializer(
     *, expect_config: str | None, platform: str | None, insecure: bool, cache_dir: str | None = None
 ) -> RootMaker:
     """The RootMaker of the command line: any transport string (a bare reference is docker://),
-    verified and unpacked by imagegate.rootfs.materialize into the root cache. A layer that fails
-    verification raises (rootfs.LayerRefused, exit 1) before anything runs."""
+    verified and unpacked by imagegate.rootfs.materialize into the root cache (`cache_dir`, else
+    the default folder). A layer that fails verification raises (rootfs.LayerRefused, exit 1)
+    before anything runs, also when the root of the same layers is in the cache."""
     from imagegate import rootfs
     from imagegate.oci.transports import open_source
 
     def make(reference: str) -> PreparedRoot:
-        source = open_source(reference, platform=platform, insecure=insecure)
-        # Held until this process ends: no other run evicts the root while the probes use it.
+        # The folder is checked before any byte is read. Held until this process ends: no other
+        # run evicts the root while the probes use it.
         cache = rootfs.RootCache(cache_dir)
-        t0 = time.monotonic()
+        source = None
         try:
+            source = open_source(reference, platform=platform, insecure=insecure)
+            t0 = time.monotonic()
             root = rootfs.materialize(source, cache=cache, expect_config=expect_config)
         except BaseException:
             cache.close()
@@ -335,13 +341,23 @@ def materializer(
             close = getattr(source, "close", None)
             if callable(close):
                 close()
-        return prepared(root, reference, time.monotonic() - t0)
+        return prepared(root, reference, time.monotonic() - t0, cache.notes)
 
     return make
 
 
-def prepared(root: Any, reference: str, seconds: float) -> PreparedRoot:
-    """A rootfs.Root as the driver uses it."""
+def _layer_fact(x: Any, cached: bool) -> dict[str, Any]:
+    """How one layer of the root was vouched for: read in this run (while unpacking it, or to
+    check a cached root), or a verified pair this machine recorded earlier."""
+    if x.pair_recorded_at:
+        return {"digest": x.expected_digest, "verified": "known_pair", "pair_recorded_at": x.pair_recorded_at}
+    how = "now, to reuse the cached root" if cached else "now, while unpacking"
+    return {"digest": x.expected_digest, "verified": how}
+
+
+def prepared(root: Any, reference: str, seconds: float, notes: Sequence[str] = ()) -> PreparedRoot:
+    """A rootfs.Root as the driver uses it: its config (Env, WorkingDir, User) is this image's own,
+    also for a root from the cache (a cached root is content, never identity)."""
     return PreparedRoot(
         path=Path(root.path),
         config={"Env": list(root.env), "WorkingDir": root.working_dir, "User": root.user},
@@ -357,6 +373,8 @@ def prepared(root: Any, reference: str, seconds: float) -> PreparedRoot:
             "not_applied": list(root.not_applied),
             "size": root.size,
             "prepare_s": round(seconds, 3),
+            "layers": [_layer_fact(x, root.cached) for x in root.report.layers],
+            **({"cache_notes": list(notes)} if notes else {}),
         },
         report=root.report,
     )

@@ -73,6 +73,7 @@ class DriverOptions:
     signing: bool = False  # the attempt will be signed (--here: the key must be hidden from the probes)
     signing_key: Path | None = None  # the key file that signs, masked from the probes of --here
     sign_unisolated: bool = False
+    cache_dir: str | None = None  # the rootfs driver's root cache (None: the default folder)
 
 
 def make_driver(name: DriverName | None, opts: DriverOptions) -> Driver:
@@ -151,7 +152,12 @@ def _rootfs(opts: DriverOptions) -> Driver:
     from imagegate.drivers.rootfs import RootfsDriver, materializer
 
     return RootfsDriver(
-        materializer(expect_config=opts.expect_config, platform=opts.platform, insecure=opts.insecure),
+        materializer(
+            expect_config=opts.expect_config,
+            platform=opts.platform,
+            insecure=opts.insecure,
+            cache_dir=opts.cache_dir,
+        ),
         memory=opts.memory,
         notify=opts.notify,
         platform=opts.platform,

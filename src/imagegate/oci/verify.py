@@ -63,6 +63,9 @@ class LayerResult:
     uncompressed_size: int | None
     detail: str
     urls: tuple[str, ...] = ()
+    # Not read in this run: a verified pair (digest -> size, diffID) this machine recorded at
+    # this time (UTC) after reading the blob whole stood in for it (rootfs/pairs.py).
+    pair_recorded_at: str | None = None
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,16 @@ class EntryTooLarge(EntryRefused):
 
 @dataclass
 class Skipped:
-    """What the runner's privileges did not allow: counted, said in the Root."""
+    """What was not applied as the layer says: counted, said in the Root (and the evidence).
+    Device nodes, set-id bits and file capabilities are never applied: the sandbox runs without
+    privileges and with its own /dev, so they serve no probe, and in the cache they would be the
+    host's devices and set-id programs (the cache folder is the runner's alone as well)."""
 
     ownership: int = 0  # entries not owned by uid/gid 0 left owned by the runner
     devices: int = 0  # character/block devices not created
-    xattrs: int = 0  # extended attributes not set
+    setid: int = 0  # set-uid/set-gid bits dropped from files
+    capabilities: int = 0  # security.capability attributes not set
+    xattrs: int = 0  # other extended attributes not set
     examples: dict[str, str] = field(default_factory=dict)
 
     def notes(self) -> tuple[str, ...]:
@@ -51,11 +56,27 @@ class Skipped:
             )
         if self.devices:
             out.append(
-                f"device nodes: {self.devices} not created (not root, or no CAP_MKNOD), e.g. {self.examples['device']}"
+                f"device nodes: {self.devices} not created (the sandbox's /dev is its own; in the cache "
+                f"one would be a host device), e.g. {self.examples['device']}"
+            )
+        if self.setid:
+            out.append(
+                f"set-id bits: dropped from {self.setid} files (no privilege is gained in the sandbox; "
+                f"in the cache they would be set-id programs of the host), e.g. {self.examples['setid']}"
+            )
+        if self.capabilities:
+            out.append(
+                f"file capabilities: {self.capabilities} security.capability attributes not set, "
+                f"e.g. {self.examples['capability']}"
             )
         if self.xattrs:
             out.append(f"extended attributes: {self.xattrs} not set, e.g. {self.examples['xattr']}")
         return tuple(out)
+
+    def count(self, what: str, example: str) -> None:
+        setattr(self, what, getattr(self, what) + 1)
+        key = {"devices": "device", "capabilities": "capability"}.get(what, what)
+        self.examples.setdefault(key, example)
 
 
 class LayerApplier:
@@ -153,12 +174,13 @@ class LayerApplier:
         elif ti.islnk():
             self._hardlink(ti, pfd, base)
         elif ti.ischr() or ti.isblk():
-            if not self._device(ti, pfd, base, mode, path):
-                return  # not created: not this layer's
+            # Never created (Skipped says why); what was at its path is gone, as the layer says.
+            self.skipped.count("devices", "/" + path)
+            return
         elif ti.isfifo():
             os.mkfifo(base, 0o600, dir_fd=pfd)
             self._owner(pfd, base, ti)
-            os.chmod(base, mode, dir_fd=pfd)
+            os.chmod(base, self._no_setid(mode, path), dir_fd=pfd)
             self._time(pfd, base, ti)
         else:
             raise PathRefused(f"unsupported tar entry type {ti.type!r}")
@@ -180,25 +202,6 @@ class LayerApplier:
         else:
             self._dir_modes[path] = mode
             os.chmod(base, mode | 0o700, dir_fd=pfd)
-
-    def _device(self, ti: tarfile.TarInfo, pfd: int, base: str, mode: int, path: str) -> bool:
-        """A character or block device entry; False (counted in `skipped`) when the runner may
-        not create one."""
-        if not self.privileged:
-            self.skipped.devices += 1
-            self.skipped.examples.setdefault("device", "/" + path)
-            return False
-        kind = stat.S_IFCHR if ti.ischr() else stat.S_IFBLK
-        try:
-            os.mknod(base, mode | kind, os.makedev(ti.devmajor, ti.devminor), dir_fd=pfd)
-        except PermissionError:  # root without CAP_MKNOD (a user namespace, a container)
-            self.skipped.devices += 1
-            self.skipped.examples.setdefault("device", "/" + path)
-            return False
-        self._owner(pfd, base, ti)
-        os.chmod(base, mode, dir_fd=pfd)
-        self._time(pfd, base, ti)
-        return True
 
     @staticmethod
     def _mark(path: str, upper: set[str]) -> None:
@@ -291,10 +294,15 @@ class LayerApplier:
                 self._xattrs(fd, ti)
             else:
                 self._note_owner(ti)
-            os.fchmod(fd, mode)  # after chown, which clears set-id bits
+            os.fchmod(fd, self._no_setid(mode, path))
             os.utime(fd, ns=(int(ti.mtime * 1e9),) * 2)
         finally:
             os.close(fd)
+
+    def _no_setid(self, mode: int, path: str) -> int:
+        if mode & (stat.S_ISUID | stat.S_ISGID):
+            self.skipped.count("setid", "/" + path)
+        return mode & ~(stat.S_ISUID | stat.S_ISGID)
 
     def _hardlink(self, ti: tarfile.TarInfo, pfd: int, base: str) -> None:
         try:
@@ -337,11 +345,13 @@ class LayerApplier:
         for key, value in ti.pax_headers.items():
             if key.startswith(_XATTR):
                 name = key[len(_XATTR) :]
+                if name == "security.capability":
+                    self.skipped.count("capabilities", f"/{ti.name.lstrip('./')}")
+                    continue
                 try:
                     os.setxattr(fd, name, value.encode("utf-8", "surrogateescape"))
                 except OSError:
-                    self.skipped.xattrs += 1
-                    self.skipped.examples.setdefault("xattr", f"{name} on /{ti.name.lstrip('./')}")
+                    self.skipped.count("xattrs", f"{name} on /{ti.name.lstrip('./')}")
 
     def _time(self, pfd: int, base: str, ti: tarfile.TarInfo) -> None:
         os.utime(base, ns=(int(ti.mtime * 1e9),) * 2, dir_fd=pfd, follow_symlinks=False)

@@ -5,6 +5,11 @@
                               /lock        shared-locked by every run using the root
     FOLDER/work/                          roots being unpacked, spooled archives, evicted roots
     FOLDER/locks/<chainID hex>.lock       held while one run unpacks that image
+    FOLDER/pairs/<algorithm>-<hex>        verified pairs: blob digest -> size, diffID (rootfs/pairs.py)
+
+The folder is the runner's own (rootfs/folder.py checks it); inside it nothing is followed
+through a symlink: entries, their lock, root.json and rootfs are opened relative to the folder's
+fds, and an entry imagegate did not make is refused (Planted), never used.
 
 A root appears in `roots/` only complete (unpacked in `work/`, then renamed into place) and
 leaves it by a rename before it is deleted, so a reader never sees half a root. Two runs
@@ -15,10 +20,12 @@ run holds."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import secrets
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
@@ -27,7 +34,9 @@ from typing import Any
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.oci.digest import check_digest, is_digest
 from imagegate.oci.verify import ConfigResult, LayerResult, LayerStatus, VerifyReport
+from imagegate.rootfs.folder import SUBFOLDERS, open_cache_folder, open_subfolder
 from imagegate.rootfs.model import Root
+from imagegate.rootfs.pairs import PairStore
 from imagegate.rootfs.tree import remove_tree
 
 # Bump when the layout of a root or of root.json changes: older entries are then unpacked again.
@@ -67,10 +76,11 @@ def _hex(chain_id: str) -> str:
     return chain_id.partition(":")[2]
 
 
-def _lock(path: str, flags: int, *, create: bool = True) -> int | None:
-    """An fd holding a flock on `path` (created unless not `create`), or None when LOCK_NB and
-    it is taken."""
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+def _lock(path: str, flags: int, *, create: bool = True, dir_fd: int | None = None) -> int | None:
+    """An fd holding a flock on `path` (created unless not `create`; never through a symlink),
+    or None when LOCK_NB and it is taken."""
+    mode = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    fd = os.open(path, mode, 0o600, dir_fd=dir_fd)
     try:
         fcntl.flock(fd, flags)
     except BlockingIOError:
@@ -82,22 +92,27 @@ def _lock(path: str, flags: int, *, create: bool = True) -> int | None:
     return fd
 
 
+class Planted(UsageError):
+    """A cache entry that imagegate did not make (a symlink, another owner): refused, never used."""
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_ROOT_JSON = 16 << 20
+
+
 class RootCache:
     """A bounded folder of roots. Use as a context manager (or call close()): roots returned by
-    materialize() are held, so that no other run evicts them, until release() or close()."""
+    materialize() are held, so that no other run evicts them, until release() or close(). The
+    folder is checked (rootfs/folder.py): the runner's own, or refused (UsageError)."""
 
     def __init__(self, folder: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
         self.folder = os.path.abspath(folder or default_folder())
         self.max_bytes = max_bytes
+        self.notes: list[str] = []  # what the folder check changed (a mode tightened)
         self._held: dict[str, int] = {}
-        try:
-            for sub in ("roots", "work", "locks"):
-                os.makedirs(os.path.join(self.folder, sub), mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise UsageError(
-                f"root cache {self.folder}: cannot create it: {e.strerror}",
-                hint="choose a writable folder with --cache-dir (or IMAGEGATE_CACHE)",
-            ) from e
+        self._fd = open_cache_folder(self.folder, default=folder is None, notes=self.notes)
+        self._sub = {s: open_subfolder(self._fd, self.folder, s) for s in SUBFOLDERS}
+        self.pairs = PairStore(self._sub["pairs"])
 
     def __enter__(self) -> RootCache:
         return self
@@ -109,6 +124,9 @@ class RootCache:
         for fd in self._held.values():
             os.close(fd)
         self._held.clear()
+        for fd in [*self._sub.values(), self._fd] if self._sub else []:
+            os.close(fd)
+        self._sub = {}
 
     def release(self, root: Root) -> None:
         fd = self._held.pop(root.chain_id, None)
@@ -118,50 +136,116 @@ class RootCache:
     def _entry_dir(self, chain_id: str) -> str:
         return os.path.join(self.folder, "roots", _hex(chain_id))
 
+    def _planted(self, name: str, what: str, chain_id: str) -> Planted:
+        return Planted(
+            f"root cache {self.folder}: roots/{name}: {what}: imagegate did not make this entry; not used",
+            hint=f"remove it (imagegate cache remove {chain_id} --cache-dir {self.folder}) and find out "
+            "who wrote into this folder",
+        )
+
     # -- reading ------------------------------------------------------------------------------
 
     def get(self, chain_id: str) -> Root | None:
-        """The cached root for `chain_id`, held and marked used; None when absent."""
-        entry = self._entry_dir(chain_id)
-        lock_path = os.path.join(entry, "lock")
-        if chain_id in self._held:
-            return self._load(entry)
-        try:
-            fd = _lock(lock_path, fcntl.LOCK_SH)
-        except (FileNotFoundError, NotADirectoryError):
+        """The cached root for `chain_id`, held and marked used; None when absent (or unreadable:
+        unpacked again). Raises Planted for an entry imagegate did not make."""
+        name = _hex(chain_id)
+        entry = self._open_entry(name, chain_id)
+        if entry is None:
             return None
-        assert fd is not None
         try:
-            # Evicted between open and lock: the lock file moved away with its root.
-            if os.fstat(fd).st_ino != os.stat(lock_path).st_ino:
-                raise FileNotFoundError(lock_path)
-            root = self._load(entry)
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            os.close(fd)
-            return None
-        os.utime(lock_path)  # last used
-        self._held[chain_id] = fd
-        return root
+            if chain_id in self._held:
+                return self._load(entry, name, chain_id)
+            try:
+                fd = _lock("lock", fcntl.LOCK_SH, dir_fd=entry)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise self._planted(name, "its lock is a symlink", chain_id) from e
+                return None
+            assert fd is not None
+            try:
+                # Evicted between open and lock: the entry moved away.
+                now = os.stat(name, dir_fd=self._sub["roots"], follow_symlinks=False)
+                if now.st_ino != os.fstat(entry).st_ino:
+                    raise FileNotFoundError(name)
+                root = self._load(entry, name, chain_id)
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            os.utime(fd)  # last used
+            self._held[chain_id] = fd
+            return root
+        finally:
+            os.close(entry)
 
-    def _load(self, entry: str) -> Root:
-        with open(os.path.join(entry, "root.json"), encoding="utf-8") as f:
-            doc = json.load(f)
+    def _open_entry(self, name: str, chain_id: str) -> int | None:
+        try:
+            fd = os.open(name, _DIR, dir_fd=self._sub["roots"])
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise self._planted(name, "not a folder (a symlink?)", chain_id) from e
+            raise
+        if os.fstat(fd).st_uid != os.geteuid():
+            os.close(fd)
+            raise self._planted(name, "owned by another user", chain_id)
+        return fd
+
+    def _load(self, entry: int, name: str, chain_id: str | None = None) -> Root:
+        """root.json of the open entry, its rootfs checked (a real folder, ours). Raises Planted
+        for what imagegate did not make; ValueError/KeyError/TypeError when unreadable."""
+        cid = chain_id or "sha256:" + name
+        try:
+            fd = os.open(
+                "root.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=entry
+            )
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise self._planted(name, "root.json is a symlink", cid) from e
+            raise ValueError("no root.json") from e
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise self._planted(name, "root.json is not a file of this user", cid)
+            if st.st_size > MAX_ROOT_JSON:
+                raise ValueError("root.json too large")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                doc = json.loads(f.read(MAX_ROOT_JSON + 1))
+        finally:
+            os.close(fd)
         if doc.get("format") != FORMAT:
             raise ValueError("an older cache format")
-        return root_from_json(doc["root"], path=os.path.join(entry, "rootfs"))
+        rst = os.stat("rootfs", dir_fd=entry, follow_symlinks=False)
+        if stat.S_ISLNK(rst.st_mode):
+            target = os.readlink("rootfs", dir_fd=entry)
+            raise self._planted(name, f"rootfs is a symlink (to {target}), not a folder", cid)
+        if not stat.S_ISDIR(rst.st_mode) or rst.st_uid != os.geteuid():
+            raise self._planted(name, "rootfs is not a folder of this user", cid)
+        root = root_from_json(doc["root"], path=os.path.join(self.folder, "roots", name, "rootfs"))
+        if root.chain_id != cid:
+            raise self._planted(name, f"root.json names another chainID ({root.chain_id})", cid)
+        return root
 
     def entries(self) -> list[CacheEntry]:
-        """The cached roots, least recently used first."""
+        """The cached roots, least recently used first (entries imagegate did not make left out)."""
         out = []
-        roots = os.path.join(self.folder, "roots")
+        roots = self._sub["roots"]
         for name in sorted(os.listdir(roots)):
-            entry = os.path.join(roots, name)
             try:
-                root = self._load(entry)
-                used = os.stat(os.path.join(entry, "lock")).st_mtime
-            except (OSError, ValueError, KeyError, TypeError):
+                entry = os.open(name, _DIR, dir_fd=roots)
+            except OSError:
                 continue
-            probe = _lock(os.path.join(entry, "lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                root = self._load(entry, name)
+                used = os.stat("lock", dir_fd=entry, follow_symlinks=False).st_mtime
+                probe = _lock("lock", fcntl.LOCK_EX | fcntl.LOCK_NB, dir_fd=entry)
+            except (OSError, ValueError, KeyError, TypeError, UsageError):
+                continue
+            finally:
+                os.close(entry)
             if probe is not None:
                 os.close(probe)
             held = root.chain_id in self._held or probe is None
@@ -181,7 +265,7 @@ class RootCache:
     def building(self, chain_id: str) -> Iterator[Build]:
         """Exclusive right to unpack `chain_id` (a second run waits here), and a fresh work
         folder that is removed unless commit() moved it into place."""
-        lock = _lock(os.path.join(self.folder, "locks", _hex(chain_id) + ".lock"), fcntl.LOCK_EX)
+        lock = _lock(_hex(chain_id) + ".lock", fcntl.LOCK_EX, dir_fd=self._sub["locks"])
         assert lock is not None
         try:
             with self.working(_hex(chain_id)) as work:
@@ -193,8 +277,9 @@ class RootCache:
     def working(self, label: str) -> Iterator[str]:
         """A fresh folder in work/, marked busy (a flock on its `.busy` file, which prune()
         respects, whatever the pid namespace) and removed at the end unless moved away."""
-        path = os.path.join(self.folder, "work", f"{label}.{os.getpid()}.{secrets.token_hex(4)}")
-        os.mkdir(path, 0o700)
+        name = f"{label}.{os.getpid()}.{secrets.token_hex(4)}"
+        os.mkdir(name, 0o700, dir_fd=self._sub["work"])
+        path = os.path.join(self.folder, "work", name)
         busy = _lock(os.path.join(path, BUSY), fcntl.LOCK_EX)
         assert busy is not None
         try:
@@ -206,33 +291,50 @@ class RootCache:
 
     def commit(self, build: Build, root: Root) -> Root:
         """Move a complete root into place, hold it, and evict others past the bound."""
-        entry = self._entry_dir(build.chain_id)
-        with open(os.path.join(build.path, "root.json"), "w", encoding="utf-8") as f:
-            json.dump({"format": FORMAT, "root": root_to_json(root)}, f, indent=1)
-        open(os.path.join(build.path, "lock"), "w").close()
+        name = _hex(build.chain_id)
+        data = json.dumps({"format": FORMAT, "root": root_to_json(root)}, indent=1).encode()
+        new = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(os.path.join(build.path, "root.json"), new, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.close(os.open(os.path.join(build.path, "lock"), new, 0o600))
         os.unlink(os.path.join(build.path, BUSY))  # the build lock still keeps other builders out
-        if os.path.isdir(entry) and not self._discard(entry):  # an older format, get() refused it
-            raise UsageError(
+        roots = self._sub["roots"]
+        if os.path.lexists(os.path.join(self.folder, "roots", name)) and not self._discard(name):
+            raise UsageError(  # an older format, get() refused it
                 f"root cache {self.folder}: an older entry for {build.chain_id} is in use; not replaced",
                 hint="run again when the other check has finished, or use another --cache-dir",
             )
-        os.rename(build.path, entry)
+        os.rename(os.path.basename(build.path), name, src_dir_fd=self._sub["work"], dst_dir_fd=roots)
         held = self.get(build.chain_id)
         assert held is not None
         self.prune(self.max_bytes)
         return held
 
-    def _discard(self, entry: str) -> bool:
-        """Remove a root unless a run holds it."""
-        fd = _lock(os.path.join(entry, "lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if fd is None:
-            return False
+    def _discard(self, name: str) -> bool:
+        """Remove the entry roots/`name` unless a run holds it."""
+        roots = self._sub["roots"]
         try:
-            trash = os.path.join(self.folder, "work", f"evicted.{os.getpid()}.{secrets.token_hex(4)}")
-            os.rename(entry, trash)
+            entry = os.open(name, _DIR, dir_fd=roots)
+        except OSError:
+            entry = None  # a planted symlink or file: removed as it is, never followed
+        fd = None
+        try:
+            if entry is not None:
+                with contextlib.suppress(OSError):
+                    fd = _lock("lock", fcntl.LOCK_EX | fcntl.LOCK_NB, dir_fd=entry)
+                    if fd is None:
+                        return False
+            trash = f"evicted.{os.getpid()}.{secrets.token_hex(4)}"
+            os.rename(name, trash, src_dir_fd=roots, dst_dir_fd=self._sub["work"])
         finally:
-            os.close(fd)
-        remove_tree(trash)
+            if fd is not None:
+                os.close(fd)
+            if entry is not None:
+                os.close(entry)
+        remove_tree(os.path.join(self.folder, "work", trash))
         return True
 
     def prune(self, max_bytes: int | None = None) -> list[CacheEntry]:
@@ -246,17 +348,17 @@ class RootCache:
         for e in entries:
             if total <= limit:
                 break
-            if not e.in_use and self._discard(self._entry_dir(e.chain_id)):
+            if not e.in_use and self._discard(_hex(e.chain_id)):
                 total -= e.size
                 removed.append(e)
         return removed
 
     def remove(self, chain_id: str) -> bool:
         """Remove one root; False when absent. Raises UsageError when a run holds it."""
-        entry = self._entry_dir(chain_id)
-        if not os.path.isdir(entry):
+        name = _hex(chain_id)
+        if not os.path.lexists(os.path.join(self.folder, "roots", name)):
             return False
-        if chain_id in self._held or not self._discard(entry):
+        if chain_id in self._held or not self._discard(name):
             raise UsageError(
                 f"root {chain_id} is in use by a running check; not removed",
                 hint="try again when the run has finished",
@@ -286,7 +388,7 @@ class RootCache:
     def _clear_work(self) -> None:
         """Remove work folders whose run is gone (no process holds their build lock)."""
         work = os.path.join(self.folder, "work")
-        for name in os.listdir(work):
+        for name in os.listdir(self._sub["work"]):
             path = os.path.join(work, name)
             try:
                 busy = _lock(os.path.join(path, BUSY), fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)

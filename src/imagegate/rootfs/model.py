@@ -55,6 +55,12 @@ def chain_id(diff_ids: Sequence[str]) -> str:
     return chain
 
 
+def layer_label(i: int, n: int, digest: str | None) -> str:
+    """`layer 2/3 sha256:0123456789ab…`: how a refusal names a layer."""
+    d = digest or "?"
+    return f"layer {i + 1}/{n} {d[:19] + '…' if len(d) > 20 else d}"
+
+
 def _strings(value: Any) -> tuple[str, ...] | None:
     if isinstance(value, list) and all(isinstance(x, str) for x in value):
         return tuple(value)

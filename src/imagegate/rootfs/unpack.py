@@ -44,7 +44,9 @@ from imagegate.rootfs.model import (
     Root,
     chain_id,
     image_settings,
+    layer_label,
 )
+from imagegate.rootfs.reuse import reuse
 from imagegate.rootfs.spool import spool_archive
 from imagegate.rootfs.tree import RootDir
 
@@ -103,12 +105,30 @@ def materialize(
     chain = chain_id(diff_ids)
     hit = cache.get(chain)
     if hit is not None:
-        return _reused(hit, report)
+        return _reused(source, image, hit, report, cache, limits, progress, doc)
     with cache.building(chain) as build:
         hit = cache.get(chain)  # made by a run that held the build lock before us
         if hit is not None:
-            return _reused(hit, report)
+            return _reused(source, image, hit, report, cache, limits, progress, doc)
         return _unpack(source, image, report, build, cache, limits, progress, doc)
+
+
+def _reused(
+    source: ImageSource,
+    image: ResolvedImage,
+    hit: Root,
+    report: VerifyReport,
+    cache: RootCache,
+    limits: Limits,
+    progress: Progress,
+    doc: Mapping[str, Any],
+) -> Root:
+    """The cached root of the same layers, for this source (rootfs/reuse.py); not held when refused."""
+    try:
+        return reuse(source, image, hit, report, cache.pairs, limits, progress, doc)
+    except BaseException:
+        cache.release(hit)
+        raise
 
 
 def _report(
@@ -137,17 +157,6 @@ def _report(
     )
 
 
-def _reused(hit: Root, report: VerifyReport) -> Root:
-    # This source's manifest and config were checked now; its layers' results are the unpack's.
-    now = replace(report, layers=hit.report.layers)
-    return replace(hit, manifest_digest=report.manifest_digest, report=now, cached=True)
-
-
-def _label(i: int, n: int, digest: str | None) -> str:
-    d = digest or "?"
-    return f"layer {i + 1}/{n} {d[:19] + '…' if len(d) > 20 else d}"
-
-
 def _unpack(
     source: ImageSource,
     image: ResolvedImage,
@@ -166,7 +175,7 @@ def _unpack(
     before = 0  # uncompressed bytes of the layers already applied
     try:
         for i, desc in enumerate(image.layers):
-            label = _label(i, n, desc.digest)
+            label = layer_label(i, n, desc.digest)
             expected = report.diff_ids[i]
             feed = _TarFeed()
             budget = _budget(feed, before, limits)
@@ -183,8 +192,9 @@ def _unpack(
             result = _judge(i, desc, expected, image.foreign_diff_ids, got, known, applied)
             progress.finished(i, "REFUSED" if result is None else result.status.value)
             partial = replace_layers(report, (*results, *([result] if result else [])))
-            _refuse(label, i, result, applied, partial)
+            _refuse(f"{label} of {source.description}", i, result, applied, partial)
             assert result is not None
+            cache.pairs.record(result)  # read whole and matched in this one pass
             results.append(result)
         applier.finish()
     finally:

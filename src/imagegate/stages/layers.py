@@ -28,7 +28,15 @@ from imagegate.pipeline.params import LayersParams
 from imagegate.stages import Outcome, OutsideContext
 
 EVIDENCE_FILE = "layers.json"
-DRIVER_VERIFIED = "verified while the driver unpacked it, in the same pass: the probes ran on these bytes"
+DRIVER_VERIFIED = (
+    "verified by the driver in this run, one pass per layer (while unpacking it, or to vouch for "
+    "its cached root of the same diffIDs): the probes ran on these bytes"
+)
+DRIVER_CACHED = (
+    "verified by the driver for its cached root of the same diffIDs: each layer read and verified "
+    "in this run, or a verified pair (digest -> size, diffID) this machine recorded after reading "
+    "the blob whole (marked pair_recorded_at: not read in this run)"
+)
 # Tries while choosing the registry: an unreachable registry falls back to the engine quickly.
 PROBE_RETRIES = 1
 
@@ -110,6 +118,9 @@ def _detail(report: VerifyReport, probed_mismatch: str | None, choice: Choice | 
         parts.append(f"from {choice.kind}" + (" (registry unreadable)" if choice.notes else ""))
     if report.foreign:
         parts.append(f"foreign={report.foreign}")
+    known = sum(1 for x in report.layers if x.pair_recorded_at)
+    if known:
+        parts.append(f"{known} known verified pairs, not read now")
     if report.config.detail:
         parts.append(report.config.detail)
     if probed_mismatch:
@@ -141,7 +152,8 @@ def _verify(
         pre = ctx.verified
         if pre is not None and not ctx.source and pre.config.official_digest == expect:
             # The driver verified these very bytes while unpacking them: not read a second time.
-            return pre, Choice("driver", pre.source, DRIVER_VERIFIED)
+            cached = any(x.pair_recorded_at for x in pre.layers)
+            return pre, Choice("driver", pre.source, DRIVER_CACHED if cached else DRIVER_VERIFIED)
         source, choice = _open(ctx, params)
         if source is None:
             return _no_image(ctx, choice)
