@@ -175,8 +175,6 @@ def check_run_input(
         _check_not_transport(image, name)
         check_image(image)
         check_docker_host(os.environ)
-    elif name is DriverName.rootfs and image is not None:
-        _check_not_local_only(image)
     check_timeout(timeout)
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs}: must be 1 or more")
@@ -199,6 +197,13 @@ def _check_not_transport(image: str, name: DriverName | None) -> None:
         f"IMAGE {image!r}: a {transport.rstrip(':/')} transport reference, which {driver} does not read",
         hint=f"pass --driver rootfs to read it from its transport{also}",
     )
+
+
+def check_rootfs_reference(image: str | None, name: DriverName | None) -> None:
+    """`run --driver rootfs NAME`: a bare NAME only the local engine holds is named before any
+    registry is asked (after the options' own contradictions, which the driver checks)."""
+    if name is DriverName.rootfs and image is not None:
+        _check_not_local_only(image)
 
 
 def _check_not_local_only(image: str) -> None:

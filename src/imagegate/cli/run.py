@@ -122,6 +122,7 @@ def run(
         accept.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
         outputs = a.outputs(image, notify)
         driver = p.make_driver(name, gpu, outputs, a, notify)
+        accept.check_rootfs_reference(image, name)
         with run_shown(opts, a.silent):
             observer = runner.DriverObserver(driver, image, opts, notify)
             done = accept.accept(prep, observer, a.out, outputs, notify)

@@ -145,6 +145,7 @@ def connect(host: str | None, *, timeout: int) -> Any:
     """A Docker SDK client for `host` (None: DOCKER_HOST, as docker.from_env), its API version
     the engine's, learnt from a bounded `/version`: raises EngineError when none answers."""
     import docker
+    import requests
 
     try:
         kwargs: dict[str, Any] = {"timeout": timeout, "version": _BOOT_API_VERSION}
@@ -154,7 +155,16 @@ def connect(host: str | None, *, timeout: int) -> Any:
             f"container engine at {host or 'DOCKER_HOST'}: not reachable ({e})",
             hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
         ) from e
-    api_version = version(client).get("ApiVersion")
+    try:
+        api_version = version(client).get("ApiVersion")
+    except EngineError as e:
+        if not isinstance(e.__cause__, OSError | requests.exceptions.ConnectionError):
+            raise
+        raise EngineError(
+            f"container engine at {host or os.environ.get('DOCKER_HOST') or 'the default socket'}: "
+            f"not reachable ({e.__cause__})",
+            hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
+        ) from e
     if not isinstance(api_version, str) or not _API_VERSION.fullmatch(api_version):
         raise EngineError(
             f"{_where(client)}: its /version answer has no API version (ApiVersion {api_version!r})"
