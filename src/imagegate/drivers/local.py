@@ -83,7 +83,10 @@ class KeyIsolation:
         for dev in _gpu_devices() if gpus else ():
             argv += ["--dev-bind", dev, dev]
         argv += ["--tmpfs", SANDBOX_TMP]
-        binds = _tmp_folders([command[0], env.get("VIRTUAL_ENV", ""), *env.get("PYTHONPATH", "").split(":")])
+        # The working directory too: a checkout under /tmp (a CI job's) holds the tools its
+        # pipeline names (a venv's python in a cli stage).
+        lives = [command[0], os.getcwd(), env.get("VIRTUAL_ENV", ""), *env.get("PYTHONPATH", "").split(":")]
+        binds = _tmp_folders(lives)
         for folder in binds:
             argv += ["--ro-bind", folder, folder]
         if bundle is not None:
@@ -177,8 +180,8 @@ def _under(path: str, folder: str) -> bool:
 
 
 def _tmp_folders(paths: Sequence[str]) -> list[str]:
-    """The folders of /tmp the environment lives in (its interpreter, VIRTUAL_ENV, PYTHONPATH):
-    bound back, read-only, into the sandbox's private /tmp."""
+    """The folders of /tmp the environment lives in (its interpreter, the working directory,
+    VIRTUAL_ENV, PYTHONPATH): bound back, read-only, into the sandbox's private /tmp."""
     out: list[str] = []
     for p in paths:
         for q in {os.path.abspath(p), os.path.realpath(p)} if p else ():

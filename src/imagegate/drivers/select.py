@@ -121,7 +121,7 @@ def _engine(name: DriverName | None, opts: DriverOptions) -> Driver:
         )
     except EngineError as e:
         if name is None:  # no driver asked for: say that one needs no engine
-            raise EngineError(str(e), hint=f"{e.hint}; {ROOTFS_HINT}") from e
+            raise EngineError(str(e), hint=f"{e.hint}; {ROOTFS_HINT}" if e.hint else ROOTFS_HINT) from e
         if name is DriverName.podman:
             raise EngineError(
                 str(e), hint="start it: podman system service --time=0 unix:///run/podman/podman.sock"
