@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import stat
 
+from imagegate.errors import UsageError
+
 
 class FileRefused(ValueError):
     """Not a regular file, or larger than the bound; the message says which."""
@@ -26,3 +28,14 @@ def read_regular(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise FileRefused(f"larger than {max_bytes} bytes")
     return data
+
+
+def read_named(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> bytes:
+    """`read_regular` for a file the user named on the command line: any refusal is a
+    UsageError (exit 3) naming `what`, the path and why."""
+    try:
+        return read_regular(path, max_bytes=max_bytes)
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot read it ({e.strerror})") from e
+    except FileRefused as e:
+        raise UsageError(f"{what} {path}: cannot read it: {e}") from e

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from imagegate.attest import bundle, dsse
 from imagegate.errors import UsageError
+from imagegate.files import read_named
 from imagegate.oci import untrusted_json
 
 # Attestations come from anywhere (a registry, a copied file): parsed within bounds.
@@ -17,12 +18,7 @@ MAX_ATTESTATION_BYTES = 64 << 20
 def read_bounded(path: Path, what: str = "attestation") -> bytes:
     """The file's bytes, never more than MAX_ATTESTATION_BYTES of them read: a larger file (or a
     FIFO or device, which may never end) is refused, named."""
-    try:
-        return untrusted_json.read_file(path, max_bytes=MAX_ATTESTATION_BYTES)
-    except OSError as e:
-        raise UsageError(f"{what} {path}: cannot read it ({e.strerror})") from e
-    except untrusted_json.UntrustedJSONError as e:
-        raise UsageError(f"{what} {path}: cannot read it: {e}") from e
+    return read_named(path, what=what, max_bytes=MAX_ATTESTATION_BYTES)
 
 
 def one_envelope(data: bytes, source: object) -> dsse.Envelope:

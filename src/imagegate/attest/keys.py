@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from imagegate.errors import UsageError
-from imagegate.files import FileRefused, read_regular
+from imagegate.files import read_named
 
 Algorithm = Literal["ecdsa-p256", "ed25519"]
 ALGORITHMS: tuple[Algorithm, ...] = ("ecdsa-p256", "ed25519")
@@ -164,12 +164,7 @@ def _check_type(key: object, path: Path) -> None:
 
 
 def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
-    try:
-        data = read_regular(path, max_bytes=MAX_KEY_FILE_BYTES)
-    except OSError as e:
-        raise UsageError(f"signing key {path}: cannot read it ({e.strerror})") from e
-    except FileRefused as e:
-        raise UsageError(f"signing key {path}: cannot read it: {e}") from e
+    data = read_named(path, what="signing key", max_bytes=MAX_KEY_FILE_BYTES)
     if b"PRIVATE KEY" not in data:
         raise UsageError(
             f"signing key {path}: not a PEM private key",
@@ -196,12 +191,7 @@ def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
 
 
 def load_public_key(path: Path) -> PublicKey:
-    try:
-        data = read_regular(path, max_bytes=MAX_KEY_FILE_BYTES)
-    except OSError as e:
-        raise UsageError(f"public key {path}: cannot read it ({e.strerror})") from e
-    except FileRefused as e:
-        raise UsageError(f"public key {path}: cannot read it: {e}") from e
+    data = read_named(path, what="public key", max_bytes=MAX_KEY_FILE_BYTES)
     if b"PRIVATE KEY" in data:
         raise UsageError(
             f"public key {path}: this is a private key",
@@ -284,12 +274,7 @@ def load_trusted_keys(path: Path) -> list[PublicKey]:
     """`--trusted-keys FILE`: PEM public keys one after another (`cat ci.pub gpu.pub`), the
     form of a .pub file repeated; text between the blocks (a comment naming each key) is ignored,
     as PEM readers do."""
-    try:
-        data = read_regular(path, max_bytes=MAX_KEYS_FILE_BYTES)
-    except OSError as e:
-        raise UsageError(f"trusted keys {path}: cannot read it ({e.strerror})") from e
-    except FileRefused as e:
-        raise UsageError(f"trusted keys {path}: cannot read it: {e}") from e
+    data = read_named(path, what="trusted keys", max_bytes=MAX_KEYS_FILE_BYTES)
     if b"PRIVATE KEY" in data:
         raise UsageError(
             f"trusted keys {path}: holds a private key",
