@@ -215,12 +215,12 @@ def _check_not_local_only(image: str) -> None:
     first = image.split("/", 1)[0]
     if "/" in image and ("." in first or ":" in first or first == "localhost"):
         return  # a registry host: the registry it names is the one to ask
-    try:
-        import docker
+    from imagegate.oci import engineapi
 
-        client = docker.from_env(timeout=3)
+    try:  # the same bounded, typed engine reads as the docker driver's
+        client = engineapi.connect(None, timeout=3)
         try:
-            attrs = client.api.inspect_image(image)
+            attrs = engineapi.inspect_image(client, image)
         finally:
             client.close()
     except Exception:
