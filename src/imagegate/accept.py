@@ -4,13 +4,15 @@ commands (`run`, `pod run`, `pod collect`, `complete`) only parse options and re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from imagegate import deadline
 from imagegate.attest import keys
 from imagegate.attest.sign import Signed, sign_attempt
 from imagegate.drivers.interface import Driver
@@ -267,8 +269,17 @@ def accept(
         raise Interrupted(observer.left_behind()) from None
 
 
+@contextlib.contextmanager
+def within(prep: Prepared, timeout: float | None) -> Iterator[None]:
+    """The whole command under one deadline (Prepared.overall): making the driver, getting the
+    image, the stages; a wait past it ends with DeadlineReached naming what it waited for."""
+    with deadline.covering(prep.overall(timeout)):
+        yield
+
+
 def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, notify: Notify) -> Accepted:
-    image = observer.subject(prep)
+    with deadline.armed():  # pulling, unpacking: a stalled engine or registry is cut at the deadline
+        image = observer.subject(prep)
     attempt = new_attempt(prep, image, out)
     notify(f"attempt {attempt.dir}")
     concluded = conclude(prep, observer.observe(prep, attempt), attempt, notify)
@@ -322,7 +333,8 @@ def driver_for(
         sign_unisolated=sign_unisolated,
         cache_dir=cache_dir,
     )
-    return make_driver(chosen, opts)
+    with deadline.armed():  # an engine driver asks the engine now
+        return make_driver(chosen, opts)
 
 
 def _attach(signed: Signed, reference: str, insecure: bool, notify: Notify) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imagegate import __version__, bundle, pipeline, protocol, workers
+from imagegate import __version__, bundle, deadline, pipeline, protocol, workers
 from imagegate.attest.statement import build_statement
 from imagegate.drivers.interface import BundleRun, Driver, Refusal
 from imagegate.evidence import Attempt, sha256_file
@@ -22,6 +22,7 @@ from imagegate.plan import Plan, PlannedStage, build_plan, skip_reason
 from imagegate.stages import ImageSourceOpener, Outcome, OutsideContext, load_outside_probe
 
 STARTUP_SLACK_S = 60.0  # container start + interpreter start + bundle transfer
+PREPARE_S = 1800.0  # with no --timeout: pulling or unpacking the image (20 GB over a slow link)
 
 
 @dataclass
@@ -29,7 +30,7 @@ class RunOptions:
     pipeline: str
     modules: Sequence[str] = ()
     out: Path = Path("imagegate-runs")
-    timeout: float | None = None  # overall; default: the stages' timeouts added up + slack
+    timeout: float | None = None  # the whole command's; default: Prepared.overall
     source: str | None = None  # --source: where outside stages read the image
     expect_config: str | None = None
     advisory_db: Path | None = None  # --advisory-db: adds the audit, overrides a stage's own folder
@@ -85,9 +86,16 @@ class Prepared:
         return [py] if py else ["python3", "python"]
 
     def deadline(self, override: float | None, ids: Sequence[str] | None = None) -> float:
-        """The in-image deadline of the stages `ids` (default: all of them, one controller)."""
+        """The in-image deadline of the stages `ids` (default: all of them, one controller),
+        ending by the command's deadline."""
         stages = [s for s in self.inside.stages if ids is None or s.id in ids]
-        return override or sum(s.timeout for s in stages) + STARTUP_SLACK_S
+        return deadline.cap(override or sum(s.timeout for s in stages) + STARTUP_SLACK_S) or 0.0
+
+    def overall(self, timeout: float | None) -> float:
+        """The whole command's deadline: --timeout, or getting the image (PREPARE_S) and every
+        stage's timeout added up."""
+        stages = sum(s.timeout for s in self.plan.stages if not s.skipped)
+        return timeout or PREPARE_S + stages + STARTUP_SLACK_S
 
 
 def prepare(opts: RunOptions) -> Prepared:
@@ -574,7 +582,7 @@ def _run_outside(
         inside_results=done,
         advisory_db=prep.inputs.advisory_db,
         progress=prep.inputs.progress,
-        timeout_s=stage.timeout,  # the stage's own deadline (an engine export waits that long)
+        timeout_s=deadline.cap(stage.timeout),  # its own deadline, ending by the command's
     )
     t0 = time.monotonic()
     try:

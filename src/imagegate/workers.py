@@ -18,14 +18,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+from imagegate import deadline
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 def _wait_for(tag: str) -> None:
-    """Every thread named `tag-*` has ended (an interrupt again stops the waiting)."""
+    """Every thread named `tag-*` has ended (an interrupt again stops the waiting), or, once the
+    deadline's hard stop struck, GRACE_S more passed: a thread blocked on a server that never
+    answers is left to the entry point, which exits without it (cli.main)."""
     me = threading.current_thread()
+    give_up = time.monotonic() + deadline.GRACE_S
     while left := [t for t in threading.enumerate() if t.name.startswith(tag + "-") and t is not me]:
+        if deadline.stranded() and time.monotonic() > give_up:
+            return
         for t in left:
             try:
                 t.join(0.1)

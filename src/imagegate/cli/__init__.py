@@ -60,7 +60,16 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: every exit code is decided here, once, for every command."""
-    sys.exit(run_main(argv))
+    code = run_main(argv)
+    from imagegate import deadline
+
+    if deadline.stranded():
+        # The deadline's hard stop left a thread blocked on a server that never answers: the
+        # message is out, so leave without joining it (a normal exit would wait for it).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def run_main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,11 @@ PIPELINE = Option(
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 TIMEOUT = Option(
-    None, "--timeout", help="Overall deadline in seconds (default: the stages' timeouts added up)."
+    None,
+    "--timeout",
+    metavar="SECONDS",
+    help="Deadline for the whole command: getting the image and every stage "
+    "(default: 30 min to get the image, plus the stages' timeouts added up).",
 )
 KEY = Option(
     [],

@@ -4,16 +4,17 @@ once, around the whole app, and calls `report_error`."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
 from typer import Argument, Option
 
-from imagegate import __version__
+from imagegate import __version__, deadline
 from imagegate.errors import ImagegateError
 
 if TYPE_CHECKING:
@@ -71,6 +72,30 @@ CACHE_DIR = Option(
     help="The root cache folder, yours alone (mode 0700) [$XDG_CACHE_HOME/imagegate/roots].",
 )
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
+# One deadline over the whole command (imagegate.deadline): a stalled or trickling server ends it.
+TIMEOUT = Option(
+    deadline.DEFAULT_S,
+    "--timeout",
+    metavar="SECONDS",
+    help="Deadline for the whole command; a server that stalls or trickles ends it, exit 2.",
+)
+VERIFY_TIMEOUT = Option(
+    deadline.VERIFY_DEFAULT_S,
+    "--timeout",
+    metavar="SECONDS",
+    help="Deadline for the whole command (with --image: the registry's answers), exit 2 when passed.",
+)
+
+
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[deadline.Deadline]:
+    """The command's body under its --timeout: every wait in it ends by then (exit 2, naming
+    what it waited for)."""
+    from imagegate.accept import check_timeout
+
+    check_timeout(seconds)
+    with deadline.covering(seconds) as d, deadline.armed():
+        yield d
 
 
 def show(fmt: Format, doc: Callable[[], Any], table: Callable[[Console], None]) -> None:

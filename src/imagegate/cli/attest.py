@@ -57,7 +57,8 @@ def keygen(
     "envelope, the completion's and, for a completion, each earlier one it links), the subject against the image's digest (with --image), every evidence "
     "file the statement lists, by sha256, in the attestation's folder or --evidence DIR (a missing "
     "file fails, named; --signature-only skips them), the verdict (with --expect-verdict). "
-    "Exit 0 when all pass, 1 naming what differs, 3 for unreadable input."
+    "Exit 0 when all pass, 1 naming what differs, 2 when the registry could not be read "
+    "(or --timeout passed), 3 for unreadable input."
 )
 def verify(
     attestation: Path | None = Argument(
@@ -91,6 +92,7 @@ def verify(
     no_evidence: bool = Option(False, "--no-evidence", hidden=True),  # the earlier name
     predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect."),
     insecure: bool = _app.INSECURE,
+    timeout: float = _app.VERIFY_TIMEOUT,
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest.verify import verify as verify_attestation  # lazy: keeps CLI start-up fast
@@ -100,16 +102,17 @@ def verify(
         raise UsageError(
             "no public key to verify with", hint="pass --key PUB (repeatable) or --trusted-keys FILE"
         )
-    report = verify_attestation(
-        attestation,
-        trusted,
-        image=image,
-        evidence_dir=evidence,
-        evidence=not (signature_only or no_evidence),
-        expect_verdict=expect_verdict,
-        predicate_type=predicate_type,
-        insecure=insecure,
-    )
+    with _app.within(timeout):
+        report = verify_attestation(
+            attestation,
+            trusted,
+            image=image,
+            evidence_dir=evidence,
+            evidence=not (signature_only or no_evidence),
+            expect_verdict=expect_verdict,
+            predicate_type=predicate_type,
+            insecure=insecure,
+        )
     console_attest.render_verify(report)
     raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
 

@@ -54,6 +54,7 @@ def unpack(
     ),
     fmt: Format = _app.FORMAT,
     quiet: bool = _app.QUIET,
+    timeout: float = _app.TIMEOUT,
 ) -> None:
     """Verify every layer while unpacking it into the cache; print the root's folder.
     Exit 1 when a layer is not the declared bytes or holds a hostile entry (nothing kept)."""
@@ -64,6 +65,7 @@ def unpack(
         check_digest(expect_config, what="--expect-config")
     limits = Limits(max_layer_bytes=parse_size(max_layer_size), max_total_bytes=parse_size(max_image_size))
     with (
+        _app.within(timeout),
         open_sources([source], platform=platform, insecure=insecure) as (src,),
         RootCache(cache_dir, parse_size(max_size)) as cache,
         layer_progress(quiet) as sink,

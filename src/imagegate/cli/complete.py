@@ -77,20 +77,21 @@ def complete(
         gpu = gpus_parse(gpus)
         earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted)
         notify(f"{earlier.dir.name} verified with key {earlier.signer}")
-        driver = accept.driver_for(
-            here=here,
-            python=python,
-            memory=memory,
-            pull=pull,
-            gpus=gpu,
-            notify=notify,
-            key=outputs.key,
-            sign_unisolated=sign_unisolated,
-        )
-        opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
-        observer = completing.CompletionObserver(earlier, driver, opts, notify)
-        root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
-        done = accept.accept(prep, observer, root, outputs, notify)
+        with accept.within(prep, timeout):  # the earlier attempt is verified: now the clock runs
+            driver = accept.driver_for(
+                here=here,
+                python=python,
+                memory=memory,
+                pull=pull,
+                gpus=gpu,
+                notify=notify,
+                key=outputs.key,
+                sign_unisolated=sign_unisolated,
+            )
+            opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
+            observer = completing.CompletionObserver(earlier, driver, opts, notify)
+            root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
+            done = accept.accept(prep, observer, root, outputs, notify)
     o.finish(done, Format.table, quiet)
 
 

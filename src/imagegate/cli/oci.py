@@ -24,7 +24,7 @@ from imagegate.sizes import parse_size
     "  imagegate layers oci:./layout:0.11 --platform linux/arm64\n\n"
     "  imagegate layers 127.0.0.1:5000/team/app:1 --jobs 8\n\n"
     "Exit codes: 0 every layer verified, 1 a mismatch (or not the expected config), "
-    "2 the image could not be read, 3 usage or input error."
+    "2 the image could not be read (or --timeout passed), 3 usage or input error."
 )
 def layers(
     source: str = _app.SOURCE,
@@ -35,6 +35,7 @@ def layers(
     fmt: Format = _app.FORMAT,
     max_layer_size: str = _app.MAX_LAYER,
     quiet: bool = _app.QUIET,
+    timeout: float = _app.TIMEOUT,
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
     from imagegate.oci.transports import open_sources  # lazy: the OCI modules load when a command runs
@@ -44,6 +45,7 @@ def layers(
         check_digest(expect_config, what="--expect-config")
     limit = parse_size(max_layer_size)
     with (
+        _app.within(timeout),
         open_sources([source], platform=platform, insecure=insecure) as (src,),
         layer_progress(quiet) as sink,
     ):
@@ -62,7 +64,8 @@ def layers(
     "Says exactly one of: identical (same manifest digest; no blob read unless --deep); same "
     "content (config digest equal, every diffID verified, compression may differ); different image "
     "(with the layers and config fields that differ); corrupt (a blob does not match).\n\n"
-    "Exit codes: 0 same content, 1 different or corrupt, 2 could not decide, 3 usage error.",
+    "Exit codes: 0 same content, 1 different or corrupt, 2 could not decide (or --timeout "
+    "passed), 3 usage error.",
 )
 def compare_cmd(
     official: str = Argument(..., help="The official image. " + _app.SOURCES_HELP),
@@ -76,6 +79,7 @@ def compare_cmd(
     fmt: Format = Option(Format.table, "--format", help="table (text), or json on stdout."),
     max_layer_size: str = _app.MAX_LAYER,
     quiet: bool = _app.QUIET,
+    timeout: float = _app.TIMEOUT,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
     from imagegate.oci.compare import compare
@@ -83,6 +87,7 @@ def compare_cmd(
 
     limit = parse_size(max_layer_size)
     with (
+        _app.within(timeout),
         open_sources([official, mirror], platform=platform, insecure=insecure) as (a, b),
         layer_progress(quiet) as sink,
     ):

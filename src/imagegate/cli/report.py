@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from typer import Argument, Option
 
+from imagegate.cli import _app
 from imagegate.cli._app import app
 from imagegate.report import batch as batch_view
 from imagegate.report.console import make_console
@@ -91,6 +92,7 @@ def audit(
         0, "--verbose", "-v", count=True, help="More logs on stderr: -v progress, -vv debug."
     ),
     quiet: bool = Option(False, "--quiet", "-q", help="No progress, no logs; the table and errors only."),
+    timeout: float = _app.TIMEOUT,
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
     from imagegate import batch  # lazy: keeps CLI start-up fast
@@ -101,7 +103,7 @@ def audit(
     err = make_console(stderr=True)
     setup_logging(verbose, quiet)
     items = batch.load(inventory)
-    with ItemsBar(len(items), "audit", quiet=quiet, console=err) as bar:
+    with _app.within(timeout), ItemsBar(len(items), "audit", quiet=quiet, console=err) as bar:
         result = batch.run_batch(
             items,
             batch.BatchOptions(out=out, jobs=jobs, platform=platform),

@@ -121,9 +121,10 @@ def run(
         prep = runner.prepare(opts)
         accept.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
         outputs = a.outputs(image, notify)
-        driver = p.make_driver(name, gpu, outputs, a, notify)
-        accept.check_rootfs_reference(image, name)
-        with run_shown(opts, a.silent):
-            observer = runner.DriverObserver(driver, image, opts, notify)
-            done = accept.accept(prep, observer, a.out, outputs, notify)
+        with accept.within(prep, p.timeout):  # the engine is asked from here on
+            driver = p.make_driver(name, gpu, outputs, a, notify)
+            accept.check_rootfs_reference(image, name)
+            with run_shown(opts, a.silent):
+                observer = runner.DriverObserver(driver, image, opts, notify)
+                done = accept.accept(prep, observer, a.out, outputs, notify)
     o.finish(done, a.fmt, a.quiet)

@@ -14,6 +14,7 @@ import os
 import re
 from typing import Any
 
+from imagegate import deadline
 from imagegate.errors import EngineError
 from imagegate.oci import untrusted_json
 
@@ -47,30 +48,15 @@ def get_json(
     from docker.errors import DockerException
     from urllib3.exceptions import HTTPError
 
-    api = client.api
     what = f"{_where(client)}: its answer to GET {path.format(*args)}"
+    deadline.check(what)
     try:
-        res = api._get(
-            api._url(path, *args, versioned_api=versioned),
-            params=params,
-            stream=True,
-            headers={"Accept-Encoding": "identity"},
-        )
-        try:
-            if res.status_code >= 400:
-                _raise_status(api, res, what)
-            declared = res.headers.get("Content-Length", "")
-            if declared.isdigit() and int(declared) > MAX_ENGINE_JSON_BYTES:
-                raise EngineError(
-                    f"{what} is larger than {MAX_ENGINE_JSON_BYTES} bytes (it declares {declared})"
-                )
-            data = res.raw.read(MAX_ENGINE_JSON_BYTES + 1, decode_content=False)
-        finally:
-            res.close()
+        with deadline.waiting(what):  # a stalled engine: the deadline's hard stop names it
+            data = _read(client.api, _api_url(client.api, path, args, versioned), params, what)
     except DockerException:
         raise  # the SDK's error for the status (its APIError is a requests error too)
     except (requests.exceptions.RequestException, HTTPError, OSError) as e:
-        raise EngineError(
+        raise deadline.expired_error(what) or EngineError(
             f"{what}: not answered ({type(e).__name__}: {e})",
             hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
         ) from e
@@ -80,6 +66,25 @@ def get_json(
         return untrusted_json.loads(data, max_bytes=MAX_ENGINE_JSON_BYTES)
     except untrusted_json.UntrustedJSONError as e:
         raise EngineError(f"{what} is {e}") from e
+
+
+def _api_url(api: Any, path: str, args: tuple[str, ...], versioned: bool) -> str:
+    return str(api._url(path, *args, versioned_api=versioned))
+
+
+def _read(api: Any, url: str, params: dict[str, str] | None, what: str) -> bytes:
+    """At most MAX_ENGINE_JSON_BYTES + 1 bytes of the answer (the declared length checked first)."""
+    res = api._get(url, params=params, stream=True, headers={"Accept-Encoding": "identity"})
+    try:
+        if res.status_code >= 400:
+            _raise_status(api, res, what)
+        declared = res.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > MAX_ENGINE_JSON_BYTES:
+            raise EngineError(f"{what} is larger than {MAX_ENGINE_JSON_BYTES} bytes (it declares {declared})")
+        data: bytes = res.raw.read(MAX_ENGINE_JSON_BYTES + 1, decode_content=False)
+        return data
+    finally:
+        res.close()
 
 
 def _raise_status(api: Any, res: Any, what: str) -> None:

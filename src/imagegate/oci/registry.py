@@ -30,9 +30,9 @@ from urllib.parse import urlencode, urljoin
 
 import httpx
 
-from imagegate import __version__
+from imagegate import __version__, deadline
 from imagegate.errors import UsageError
-from imagegate.oci import untrusted_json
+from imagegate.oci import deadline_net, untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
 from imagegate.oci.digest import digest_of, is_digest
 from imagegate.oci.errors import BlobNotFound, SourceError
@@ -107,7 +107,9 @@ def read_capped(resp: httpx.Response, limit: int, what: str, *, truncate: bool =
                 raise RegistryError(f"{what} is larger than {limit} bytes (more was sent)")
         data = b"".join(parts)[:limit] if truncate else b"".join(parts)
     except httpx.HTTPError as e:
-        raise RegistryError(f"{what}: the connection failed while reading ({type(e).__name__}: {e})") from e
+        raise deadline.expired_error(what) or RegistryError(
+            f"{what}: the connection failed while reading ({type(e).__name__}: {e})"
+        ) from e
     finally:
         resp.close()
     resp._content = data  # read: `.content` answers without reading the stream again
@@ -141,6 +143,7 @@ class RegistryClient:
             # Bodies are read raw and capped: a compressed one would be refused, not inflated.
             headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"},
         )
+        deadline_net.install(self._http)  # every socket wait ends by the command's deadline
         self._base: str | None = None
         self._auth: dict[str, str] = {}  # scope -> Authorization header value
         self._lock = threading.Lock()
@@ -181,7 +184,8 @@ class RegistryClient:
         delay = min(self.max_backoff_s, self.backoff_s * (2**attempt))
         if resp is not None and resp.headers.get("Retry-After", "").isdigit():
             delay = min(self.max_backoff_s * 4, float(resp.headers["Retry-After"]))
-        time.sleep(delay * (0.75 + random.random() / 2))  # jitter: do not retry in lockstep
+        pause = delay * (0.75 + random.random() / 2)  # jitter: do not retry in lockstep
+        time.sleep(deadline.cap(pause) or pause)  # the next try checks the deadline
 
     def request(
         self,
@@ -200,10 +204,27 @@ class RegistryClient:
         Returns a response whose status is in `ok`; raises RegistryError otherwise. Unless
         `stream`, its body is read, at most `max_bytes` of it (`what` names it when larger)."""
         url = path_or_url if "://" in path_or_url else self._base_url() + path_or_url
+        label = f"{self.registry}: {what or f'{method} {httpx.URL(url).path}'}"
+        with deadline.waiting(label):
+            return self._request(method, url, label, scope, headers, content, stream, ok, max_bytes)
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        label: str,
+        scope: str,
+        headers: Mapping[str, str] | None,
+        content: bytes | None,
+        stream: bool,
+        ok: tuple[int, ...],
+        max_bytes: int,
+    ) -> httpx.Response:
         authed_once = False
         attempt = 0
         last: str = ""
         while True:
+            deadline.check(label)
             hdrs = dict(headers or {})
             with self._lock:
                 auth = self._auth.get(scope) or self._auth.get("*")
@@ -214,6 +235,8 @@ class RegistryClient:
                 req = self._http.build_request(method, url, headers=hdrs, content=content)
                 resp = self._http.send(req, stream=True)  # every body is read capped, below
             except httpx.TransportError as e:
+                if (late := deadline.expired_error(label)) is not None:
+                    raise late from e
                 last = f"{type(e).__name__}: {e}"
             except httpx.TooManyRedirects as e:
                 raise RegistryError(
@@ -230,8 +253,7 @@ class RegistryClient:
                     continue
                 if resp.status_code in ok:
                     if not stream:
-                        path = httpx.URL(url).path
-                        read_capped(resp, max_bytes, f"{self.registry}: {what or path}")
+                        read_capped(resp, max_bytes, label)
                     return resp
                 if resp.status_code not in RETRY_STATUSES:
                     read_capped(resp, MAX_ERROR_BYTES, f"{self.registry}: an error answer", truncate=True)
@@ -312,7 +334,8 @@ class RegistryClient:
                 f"{self.registry}: the token server {realm} redirected more than {MAX_REDIRECTS} times"
             ) from e
         except (httpx.HTTPError, httpx.InvalidURL) as e:
-            raise RegistryError(f"{self.registry}: the token server {realm} could not be reached: {e}") from e
+            what = f"{self.registry}: the token server {realm}"
+            raise deadline.expired_error(what) or RegistryError(f"{what} could not be reached: {e}") from e
         read_capped(
             resp,
             MAX_TOKEN_BYTES,
@@ -547,6 +570,8 @@ class BlobStream:
         left = self._length - self._taken
         if left <= 0:
             return b""
+        if deadline.current() is not None:
+            self._set_timeout(self._sock)  # this recv too ends by the deadline
         try:
             data = self._sock.recv(min(n, left), self._recv_flags)
         except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO ran out
@@ -563,7 +588,7 @@ class BlobStream:
         the kernel (SO_RCVTIMEO), so that MSG_WAITALL fills whole chunks in one call (a socket
         with a Python timeout is non-blocking: each recv returns what has arrived, ~150 KiB on
         loopback, and every chunk costs a hand-off downstream). TLS sockets take no flags."""
-        timeout = self.client._http.timeout.read
+        timeout = deadline.cap(self.client._http.timeout.read)
         self._recv_flags = 0
         if isinstance(sock, ssl.SSLSocket) or timeout is None or not hasattr(socket, "MSG_WAITALL"):
             sock.settimeout(timeout)
@@ -583,6 +608,11 @@ class BlobStream:
             try:
                 chunk = self._recv(n - have) if self._direct else self._next_chunk()
             except httpx.TransportError as e:
+                late = deadline.expired_error(
+                    f"{self.client.registry}/{self.repository}: the blob {self.digest}"
+                )
+                if late is not None:
+                    raise late from e
                 if self._resumes >= self.client.retries:
                     raise RegistryError(
                         f"{self.client.registry}/{self.repository}: reading {self.digest} failed "

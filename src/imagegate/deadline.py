@@ -1,0 +1,164 @@
+"""One deadline for a whole command: resolving the image, its manifest, preparing the root, the
+stages. A server that answers one byte every few seconds never trips a per-read timeout; only a
+deadline over the whole command ends it.
+
+Two ways it ends a wait, the first the usual one:
+- soft: readers take every socket timeout from `cap()` (each read, not each request, so a
+  trickle cannot stretch it) and `check()` between tries, so each waiting thread raises
+  DeadlineReached itself, at the deadline, naming what it waited for;
+- hard: `armed()` marks a stretch of the main thread (preparing an image, a whole `layers`) that
+  SIGALRM interrupts GRACE_S after the deadline, wherever it waits (a library's own read, an
+  engine's answer), raising DeadlineReached there as Ctrl-C raises KeyboardInterrupt.
+
+A thread that a hard stop leaves blocked cannot be joined: `stranded()` tells the entry point to
+leave without waiting for it, once the message is out."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+from imagegate.errors import ImagegateError
+
+GRACE_S = 2.0  # after the deadline, before the hard stop: time for the soft way to name the wait
+DEFAULT_S = 1800.0  # layers, compare, cache unpack, audit: a 20 GB image over a slow link fits
+VERIFY_DEFAULT_S = 300.0  # verify --image: a manifest and a few small attestation blobs
+
+
+class DeadlineReached(ImagegateError):
+    """The command's deadline passed while it waited: exit 2, could not decide."""
+
+    exit_code = 2
+
+
+class Deadline:
+    def __init__(self, seconds: float, option: str = "--timeout") -> None:
+        self.seconds, self.option = seconds, option
+        self.end = time.monotonic() + seconds
+        self._lock = threading.Lock()
+        self._waits: dict[int, str] = {}  # thread id -> what it waits for now
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def cap(self, seconds: float | None) -> float:
+        """A wait of `seconds` (None: no limit of its own) that ends by the deadline."""
+        left = max(0.05, self.remaining())
+        return left if seconds is None else min(seconds, left)
+
+    def error(self, what: str | None = None) -> DeadlineReached:
+        waiting = what or self.waiting_for() or "the command's work"
+        return DeadlineReached(
+            f"the {self.seconds:g} s deadline ({self.option}) passed while waiting for {waiting}",
+            hint=f"the server may be stalled or trickling; if it is only slow, raise {self.option}",
+        )
+
+    def check(self, what: str) -> None:
+        if self.expired():
+            raise self.error(what)
+
+    def waiting_for(self) -> str | None:
+        with self._lock:
+            waits = list(dict.fromkeys(self._waits.values()))
+        if not waits:
+            return None
+        return waits[0] + (f" (and {len(waits) - 1} more)" if len(waits) > 1 else "")
+
+    @contextlib.contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Names what this thread waits for, for a hard stop's message."""
+        me = threading.get_ident()
+        with self._lock:
+            before = self._waits.get(me)
+            self._waits[me] = what
+        try:
+            yield
+        finally:
+            with self._lock:
+                if before is None:
+                    self._waits.pop(me, None)
+                else:
+                    self._waits[me] = before
+
+
+_current: Deadline | None = None
+_armed = 0
+_stranded = False
+
+
+def current() -> Deadline | None:
+    return _current
+
+
+def check(what: str) -> None:
+    if _current is not None:
+        _current.check(what)
+
+
+def cap(seconds: float | None) -> float | None:
+    return seconds if _current is None else _current.cap(seconds)
+
+
+def expired_error(what: str) -> DeadlineReached | None:
+    """The DeadlineReached to raise instead of a read error that the deadline caused, or None."""
+    return _current.error(what) if _current is not None and _current.expired() else None
+
+
+@contextlib.contextmanager
+def waiting(what: str) -> Iterator[None]:
+    if _current is None:
+        yield
+        return
+    with _current.waiting(what):
+        yield
+
+
+@contextlib.contextmanager
+def covering(seconds: float, option: str = "--timeout") -> Iterator[Deadline]:
+    """The deadline of the command that runs inside the block."""
+    global _current
+    outer, _current = _current, Deadline(seconds, option)
+    try:
+        yield _current
+    finally:
+        _current = outer
+
+
+def _on_alarm(_signum: int, _frame: FrameType | None) -> None:
+    global _stranded
+    if _current is not None and _armed:
+        _stranded = True
+        raise _current.error()
+
+
+@contextlib.contextmanager
+def armed() -> Iterator[None]:
+    """In the main thread: past the deadline (+ GRACE_S), the block is interrupted wherever it
+    waits, with DeadlineReached. Elsewhere, or with no deadline: nothing."""
+    global _armed
+    d = _current
+    if d is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    _armed += 1
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, d.remaining() + GRACE_S))
+    try:
+        yield
+    finally:
+        _armed -= 1
+        if not _armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def stranded() -> bool:
+    """A hard stop interrupted the main thread: threads it waited for may still be blocked."""
+    return _stranded
