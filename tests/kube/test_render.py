@@ -219,3 +219,25 @@ def test_the_event_key_is_a_secret_and_the_job_is_stable() -> None:
     assert validate.validate([secrets[0]], "1.30") == []
     broken = dict(secrets[0], data={render.SECRET_KEY: 42})
     assert validate.validate([broken], "1.30") != []  # the Secret's schema is really checked
+
+
+def test_secret_out_keeps_the_key_off_stdout(tmp_path: Path) -> None:
+    """--secret-out: stdout is the ConfigMap and the Job alone, byte for byte the same for the
+    same inputs (a GitOps repository can hold it); the key goes to a new file only its owner
+    reads; an existing file is never overwritten (it may hold an earlier run's key)."""
+    args = ("pod", "render", f"myorg/vllm@{DIGEST}", "-p", "python", "-n", "accept")
+    first = imagegate(*args, "--secret-out", str(tmp_path / "a.yaml"))
+    second = imagegate(*args, "--secret-out", str(tmp_path / "b.yaml"))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout
+    assert [o["kind"] for o in yaml.safe_load_all(first.stdout)] == ["ConfigMap", "Job"]
+    secrets = [yaml.safe_load((tmp_path / n).read_text()) for n in ("a.yaml", "b.yaml")]
+    assert [s["kind"] for s in secrets] == ["Secret", "Secret"]
+    assert secrets[0]["data"] != secrets[1]["data"]  # a fresh key each render
+    for s in secrets:
+        assert s["data"][render.SECRET_KEY] not in first.stdout
+    assert (tmp_path / "a.yaml").stat().st_mode & 0o777 == 0o600
+    before = (tmp_path / "a.yaml").read_bytes()
+    again = imagegate(*args, "--secret-out", str(tmp_path / "a.yaml"))
+    assert again.returncode == 3 and "already exists" in again.stderr and again.stdout == ""
+    assert (tmp_path / "a.yaml").read_bytes() == before

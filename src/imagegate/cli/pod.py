@@ -102,7 +102,9 @@ def _gpus(n: int) -> str | None:
     epilog="Examples:\n\n"
     "  imagegate pod render myorg/vllm:0.11 -p vllm > pod.yaml\n\n"
     "  imagegate pod render myorg/vllm@sha256:<digest> -p vllm -n accept --node-selector pool=h20 "
-    "--toleration nvidia.com/gpu:NoSchedule --deadline 40m | kubectl apply -f -\n\n" + _RENDER_EPILOG,
+    "--toleration nvidia.com/gpu:NoSchedule --deadline 40m | kubectl apply -f -\n\n"
+    "  imagegate pod render myorg/vllm@sha256:<digest> -p vllm --secret-out key.yaml > job.yaml   "
+    "# job.yaml can be committed; apply key.yaml, never commit it\n\n" + _RENDER_EPILOG,
 )
 @o.grouped
 def render_cmd(
@@ -112,6 +114,13 @@ def render_cmd(
     pipeline: str = o.PIPELINE,
     module: list[str] = o.MODULES,
     spec: PodSpec = PodSpec(),
+    secret_out: Path | None = Option(
+        None,
+        "--secret-out",
+        metavar="FILE",
+        help="Write the Secret (the run's event key) to FILE (new, mode 0600), not stdout: stdout is "
+        "then the ConfigMap and the Job alone, the same bytes for the same inputs (for GitOps).",
+    ),
     # Accepted from older scripts and hidden: render signs nothing (collect and run sign).
     key: str | None = Option(None, "--key", hidden=True),
     no_sign: bool = Option(False, "--no-sign", hidden=True),
@@ -119,11 +128,18 @@ def render_cmd(
 ) -> None:
     """Print the Secret (the run's event key), the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
     notify = o.notifier(quiet)
+    if secret_out is not None:
+        render.check_new_file(secret_out, "--secret-out")
     prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus)))
     rendered = spec.render(prep, image, notify)
     notify(
         f"configmap/{rendered.name}: {rendered.configmap_bytes()} bytes; validated against Kubernetes {spec.kube_version}"
     )
+    if secret_out is not None:
+        render.write_secret(rendered, secret_out)
+        notify(f"secret/{rendered.name}: written to {secret_out} (mode 0600); apply it before the Job")
+        sys.stdout.write(rendered.yaml([rendered.configmap, rendered.job]))
+        return
     sys.stdout.write(rendered.yaml())
 
 

@@ -81,15 +81,22 @@ def read_pod_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
     return pod_from_json(data), log
 
 
+MAX_SECRET_BYTES = 1 << 20  # the API server's own limit for a Secret
+
+
 def read_secret_file(path: Path) -> dict[str, Any]:
-    """The run's event key Secret saved as a file (`kubectl get secret NAME -o json`)."""
+    """The run's event key Secret saved as a file: `kubectl get secret NAME -o json`, or the YAML
+    `pod render --secret-out` wrote (JSON is YAML: one reader for both)."""
+    import yaml
+
+    from imagegate.files import read_named
+
     hint = "kubectl get secret NAME -o json > secret.json (NAME: the Job's name)"
+    raw = read_named(path, what="--secret", max_bytes=MAX_SECRET_BYTES)
     try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise UsageError(f"{e.filename}: {e.strerror}") from e
-    except ValueError as e:
-        raise UsageError(f"{path}: not JSON ({e})", hint=hint) from e
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: not JSON or YAML ({e})", hint=hint) from e
     if not isinstance(data, dict) or data.get("kind") != "Secret":
         raise UsageError(f"{path}: not a Secret", hint=hint)
     return data

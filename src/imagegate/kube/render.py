@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -101,6 +103,28 @@ class Rendered:
         import json
 
         return len(json.dumps(self.configmap, separators=(",", ":")).encode())
+
+
+def check_new_file(path: Path, option: str) -> None:
+    """Before any work: a file that exists is never overwritten (it may hold an earlier run's key)."""
+    if os.path.lexists(path):
+        raise UsageError(
+            f"{option} {path}: already exists", hint="name a new file, or remove the old one first"
+        )
+    if not path.parent.is_dir():
+        raise UsageError(f"{option} {path}: no folder {path.parent}", hint="create the folder first")
+
+
+def write_secret(rendered: Rendered, path: Path) -> None:
+    """The Secret alone, in a new file only its owner reads (O_EXCL: nothing is overwritten)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise UsageError(
+            f"--secret-out {path}: {e.strerror}", hint="name a new file in a writable folder"
+        ) from e
+    with os.fdopen(fd, "w") as f:
+        f.write(rendered.yaml([rendered.secret]))
 
 
 def parse_node_selector(items: Sequence[str]) -> dict[str, str]:
