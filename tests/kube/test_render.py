@@ -14,7 +14,7 @@ import yaml
 
 from imagegate import runner
 from imagegate.errors import UsageError
-from imagegate.kube import render, validate
+from imagegate.kube import collect, render, validate
 from tests.helpers import imagegate
 
 DIGEST = "sha256:" + "ab" * 32
@@ -237,6 +237,13 @@ def test_secret_out_keeps_the_key_off_stdout(tmp_path: Path) -> None:
     for s in secrets:
         assert s["data"][render.SECRET_KEY] not in first.stdout
     assert (tmp_path / "a.yaml").stat().st_mode & 0o777 == 0o600
+    # The collector reads the file back: the key the Job's Pod will be given.
+    job = list(yaml.safe_load_all(first.stdout))[1]
+    pod = {"spec": job["spec"]["template"]["spec"]}
+    read = collect.read_secret_file(tmp_path / "a.yaml")
+    assert collect.event_key(pod, read) == bytes.fromhex(
+        base64.b64decode(secrets[0]["data"][render.SECRET_KEY]).decode()
+    )
     before = (tmp_path / "a.yaml").read_bytes()
     again = imagegate(*args, "--secret-out", str(tmp_path / "a.yaml"))
     assert again.returncode == 3 and "already exists" in again.stderr and again.stdout == ""
