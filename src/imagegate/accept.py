@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from imagegate import deadline
 from imagegate.attest import keys
@@ -22,6 +22,9 @@ from imagegate.evidence import Attempt
 from imagegate.gpus import GpuRequest
 from imagegate.model import ImageFacts, RunRecord, exit_code
 from imagegate.runner import Notify, Observation, Prepared, conclude, new_attempt
+
+if TYPE_CHECKING:
+    from imagegate.report.provenance import Provenance
 
 NOTHING_LEFT = "nothing was left running"
 
@@ -292,13 +295,24 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         _attach(signed, observer.reference, outputs.insecure, notify)
     from imagegate.report import formats
 
+    provenance = _provenance(attempt.dir, outputs.key) if outputs.reports else None
     try:
-        used_stdout = formats.write_reports(record, list(outputs.reports), statement=statement)
+        used_stdout = formats.write_reports(
+            record, list(outputs.reports), statement=statement, provenance=provenance
+        )
     except OSError as e:
         raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
     code = exit_code(record.verdict, require_complete=outputs.require_complete)
     rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
     return Accepted(record, statement, signed, used_stdout, code, rejected_by)
+
+
+def _provenance(folder: Path, key: keys.SigningKey | None) -> Provenance:
+    """What vouches for the attempt the reports show, as `imagegate report --key` would say it:
+    the envelope just written, read back and checked with the signing key's public half."""
+    from imagegate.report import load
+
+    return load.read_attempt(folder, key.public if key is not None else None).provenance
 
 
 def driver_for(

@@ -40,6 +40,9 @@ class StageResult:
     duration_s: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
     evidence: list[EvidenceFile] = field(default_factory=list)
+    # When it began, in seconds from the run's start, as the runner saw it (stages run side by
+    # side: a timeline draws each at its start); None where nobody watched it begin (a Pod's log).
+    started_s: float | None = None
 
     @property
     def token(self) -> str:

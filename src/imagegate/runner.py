@@ -7,7 +7,7 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,9 @@ class Observation:
     # The image was refused before it could run (Driver.refusal): nothing ran in it. Apart from
     # `given`, which a completion replaces with the earlier results: a refusal is never lost.
     refused: StageResult | None = None
+    # When this runner began watching (monotonic): stages' starts are counted from it. None: the
+    # stages ran unwatched (a Pod's log read afterwards), so no start is known.
+    clock: float | None = None
 
 
 def inside_groups(inside: Plan, jobs: int) -> list[list[str]]:
@@ -258,6 +261,7 @@ def observe(
         return driver.image_source(image, timeout)
 
     obs = Observation(image, env, [], _now(), str(env.get("driver", driver.name)), opener)
+    obs.clock = time.monotonic()
     obs.verified, obs.has_image = driver.verified_report(image), driver.has_image
     refusal = driver.refusal(image)
     if refusal is not None:
@@ -361,7 +365,7 @@ def conclude(
     ]
     results: list[StageResult] = list(obs.given)
     if obs.runs:
-        results += inside_results(prep, obs.runs, attempt)
+        results += inside_results(prep, obs.runs, attempt, obs.clock)
     given = {r.id for r in obs.given}  # a completion's earlier results stand for their stages
     results += [
         StageResult(s.id, s.probe, s.side, Status.SKIPPED, f"skipped: {s.skipped}")
@@ -481,7 +485,9 @@ def _distrust(events: protocol.Events) -> str | None:
     return "; ".join(reasons) or None
 
 
-def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attempt) -> list[StageResult]:
+def inside_results(
+    prep: Prepared, runs: Sequence[ControllerRun], attempt: Attempt, clock: float | None = None
+) -> list[StageResult]:
     out: list[StageResult] = []
     of: dict[str, ControllerRun] = {sid: cr for cr in runs for sid in cr.stage_ids}
     cut = {
@@ -497,9 +503,13 @@ def inside_results(prep: Prepared, runs: Sequence[ControllerRun], attempt: Attem
         cr = of.get(stage.id)
         ev = cr.events.stages.get(stage.id) if cr else None
         if ev is None or cr is None:
-            out.append(_unreported(stage, cr, cut[id(cr)] if cr else None))
+            res = _unreported(stage, cr, cut[id(cr)] if cr else None)
         else:
-            out.append(_reported(stage, ev, f"stages/{numbers[stage.id]:02d}-{stage.id}", attempt))
+            res = _reported(stage, ev, f"stages/{numbers[stage.id]:02d}-{stage.id}", attempt)
+        began = cr.events.started.get(stage.id) if cr else None
+        if clock is not None and began is not None:
+            res = replace(res, started_s=max(0.0, began - clock))
+        out.append(res)
     return out
 
 
@@ -585,6 +595,7 @@ def _run_outside(
         timeout_s=deadline.cap(stage.timeout),  # its own deadline, ending by the command's
     )
     t0 = time.monotonic()
+    started = None if obs.clock is None else max(0.0, t0 - obs.clock)
     try:
         outcome = load_outside_probe(stage.probe)(ctx, stage.params)
     except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
@@ -598,7 +609,7 @@ def _run_outside(
     files.append(attempt.write_json(f"{folder}/result.json", result))
     return StageResult(
         stage.id, stage.probe, "outside", outcome.status, outcome.detail,
-        time.monotonic() - t0, outcome.data, files,
+        time.monotonic() - t0, outcome.data, files, started,
     )  # fmt: skip
 
 

@@ -80,8 +80,13 @@ def make_attempt(out: Path, stages: list[tuple[object, ...]] = STAGES) -> Path:
     results = []
     for n, (sid, probe, side, status, detail, stdout, stderr) in enumerate(stages, 1):
         folder = f"stages/{n:02d}-{sid}"
-        data = {"layers": LAYERS} if probe == "layers" else {}
+        # As the layers stage stores it: the count in its data, the table in its layers.json.
+        data = {"layers": len(LAYERS)} if probe == "layers" else {}
         files = []
+        if probe == "layers":
+            files.append(
+                attempt.write_json(f"{folder}/layers.json", {"source": "docker-daemon", "layers": LAYERS})
+            )
         if stdout is not None:
             files.append(attempt.write(f"{folder}/stdout.txt", str(stdout)))
             files.append(attempt.write(f"{folder}/stderr.txt", str(stderr)))

@@ -164,3 +164,53 @@ def test_page_is_self_contained(mixed_attempt: Path) -> None:
     text = html.render(load.load_attempt(mixed_attempt))
     assert "<script" not in text and "http://" not in text and "https://" not in text
     assert f'content="{html.CSP}"' in text
+
+
+SLEEP = "import time; time.sleep(2)"
+
+
+def _side_by_side(tmp: Path) -> Path:
+    p = tmp / "side-by-side.yaml"
+    stages = [
+        f'  - {{id: slow_a, probe: cli, timeout: 2m, with: {{command: [python3, -c, "{SLEEP}"]}}}}',
+        f'  - {{id: slow_b, probe: cli, timeout: 2m, with: {{command: [python3, -c, "{SLEEP}"]}}}}',
+        "  - {id: layers, probe: layers, timeout: 5m}",
+    ]
+    p.write_text(
+        "apiVersion: imagegate/v1\nkind: Pipeline\nname: side-by-side\nversion: '1'\nstages:\n"
+        + "\n".join(stages)
+        + "\n"
+    )
+    return p
+
+
+def _bars(dom: str) -> dict[str, tuple[float, float]]:
+    """stage id -> (left %, width %) of its timeline bar, as the browser got the page."""
+    found = re.findall(
+        r"<code>([^<]+)</code> <span[^>]*>[A-Z]+</span></div>\s*<div class=\"track\"[^>]*>"
+        r'<div class="bar" style="left:([0-9.]+)%;width:([0-9.]+)%',
+        dom,
+    )
+    return {sid: (float(left), float(width)) for sid, left, width in found}
+
+
+def test_real_run_page_tells_the_truth(images: dict[str, str], tmp_path: Path) -> None:
+    """A real run (docker, two stages at once, the layers stage beside them, signed): the page
+    has the layer table the stage wrote, draws the two stages that ran side by side overlapping,
+    and says the attestation was signed and its signature verified."""
+    key = tmp_path / "k"
+    assert imagegate("keygen", "--out", str(key)).returncode == 0
+    page_file = tmp_path / "reports" / "report.html"
+    r = imagegate(
+        "run", images["python"], "-p", str(_side_by_side(tmp_path)), "-j", "2", "-o", str(tmp_path / "runs"),
+        "--key", f"{key}.key", "--report", f"html={page_file}",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    page = open_in_chromium(page_file, shots_dir(tmp_path) / "report-side-by-side.png", tmp_path)
+    assert problems(page, "PASS") == []
+    assert 'id="layers"' in page.dom and page.dom.count("<tr><td>") >= 1, "no layer table"
+    bars = _bars(page.dom)
+    (a0, aw), (b0, bw) = bars["slow_a"], bars["slow_b"]
+    assert a0 < b0 + bw and b0 < a0 + aw, f"slow_a and slow_b ran at once but are drawn apart: {bars}"
+    assert 'id="provenance"' in page.dom and 'data-signature="verified"' in page.dom
+    assert "signature verified with key" in page.dom

@@ -306,6 +306,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
                 "token": s.token,
                 "detail": s.detail,
                 "durationSeconds": round(s.duration_s, 3),
+                **({"startedSeconds": round(s.started_s, 3)} if s.started_s is not None else {}),
                 "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
                 **({"facts": f} if (f := _facts(s)) else {}),
                 **({"fromAttempt": s.data["from_attempt"]} if s.data.get("from_attempt") else {}),

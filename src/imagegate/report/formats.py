@@ -84,12 +84,20 @@ def parse_specs(specs: list[str]) -> list[tuple[str, Path]]:
 
 
 def render(
-    record: RunRecord, fmt: str, base: Path | None = None, statement: dict[str, Any] | None = None
+    record: RunRecord,
+    fmt: str,
+    base: Path | None = None,
+    statement: dict[str, Any] | None = None,
+    provenance: Provenance | None = None,
 ) -> str:
-    """`statement`: the run's own, when known (the json report is that statement, not a rebuild)."""
+    """`statement`: the run's own, when known (the json report is that statement, not a rebuild).
+    `provenance`: what vouches for it (the run's own envelope, checked), shown by every format
+    but json, which stays the statement alone."""
     if fmt == "json" and statement is not None:
         return statement_text(statement)
-    return renderer(fmt)(record, base)
+    if provenance is None:
+        return renderer(fmt)(record, base)
+    return renderer(fmt)(record, base, provenance=provenance)
 
 
 def attempt_folder_of(path: Path) -> Path | None:
@@ -164,6 +172,7 @@ def write_reports(
     stderr: TextIO | None = None,
     env: Mapping[str, str] | None = None,
     statement: dict[str, Any] | None = None,
+    provenance: Provenance | None = None,
 ) -> bool:
     """Write each report; in GitHub Actions also the step summary and the annotations (on
     stderr). Returns whether a report went to stdout: then the caller prints nothing else there."""
@@ -171,11 +180,11 @@ def write_reports(
     for fmt, path in specs:
         if path == STDOUT:
             out = stdout or sys.stdout
-            out.write(render(record, fmt, statement=statement))
+            out.write(render(record, fmt, statement=statement, provenance=provenance))
             out.flush()
             used_stdout = True
             continue
-        write_outside_evidence(path, render(record, fmt, path.parent, statement))
+        write_outside_evidence(path, render(record, fmt, path.parent, statement, provenance))
     from imagegate.report import github
 
     github.publish(record, stderr or sys.stderr, env)

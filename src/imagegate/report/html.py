@@ -42,6 +42,7 @@ pre{background:#f6f8fa;border:1px solid #d8dee4;border-radius:6px;padding:8px;ov
 .track{position:relative;height:18px;background:#eaeef2;border-radius:3px}
 .bar{position:absolute;top:0;height:18px;border-radius:3px;min-width:3px}
 .scroll{overflow-x:auto} #layers td:last-child{min-width:220px}
+#stages td{overflow-wrap:anywhere} #stages td:nth-child(1),#stages td:nth-child(2),#stages td:nth-child(4){overflow-wrap:normal;white-space:nowrap}
 ul.reasons{margin:4px 0 12px 0;padding-left:20px} details{margin:6px 0} summary{cursor:pointer}
 """
 
@@ -87,7 +88,7 @@ def _facts(record: RunRecord) -> str:
 
 def _timeline(record: RunRecord) -> str:
     timed = view.timeline(record)
-    total = sum(s.duration_s for s in record.stages) or 1.0
+    total = view.timeline_span(timed)
     rows = []
     for t in timed:
         s = t.stage

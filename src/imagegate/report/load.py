@@ -90,7 +90,15 @@ def _stage(raw: dict[str, Any], root: Path, differs: list[str]) -> StageResult:
         duration_s=float(raw.get("durationSeconds") or 0.0),
         data=data,
         evidence=evidence,
+        started_s=_seconds(raw.get("startedSeconds")),
     )
+
+
+def _seconds(value: Any) -> float | None:
+    """A non-negative number of seconds, or None (absent, or not one: a report never crashes)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < 1e9 else None
 
 
 @dataclass(frozen=True)

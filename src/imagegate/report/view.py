@@ -144,23 +144,56 @@ def not_passed(record: RunRecord) -> Iterator[StageResult]:
 @dataclass(frozen=True)
 class Timed:
     stage: StageResult
-    start_s: float  # offset from the first stage: stages run one after another
+    start_s: float  # seconds from the run's start
 
 
 def timeline(record: RunRecord) -> list[Timed]:
+    """Each stage at its start: where the runner saw it begin (stages run side by side), else
+    right after the stage before it (a Pod's log, an older statement)."""
     out, t = [], 0.0
     for s in record.stages:
-        out.append(Timed(s, t))
-        t += s.duration_s
+        start = s.started_s if s.started_s is not None else t
+        out.append(Timed(s, start))
+        t = max(t, start + s.duration_s) if s.started_s is None else t
     return out
 
 
+def timeline_span(timed: list[Timed]) -> float:
+    """The seconds a timeline covers: to the end of the stage that ended last."""
+    return max((t.start_s + t.stage.duration_s for t in timed), default=0.0) or 1.0
+
+
+LAYERS_EVIDENCE = "layers.json"  # stages/layers.py EVIDENCE_FILE: the per-layer table
+MAX_LAYERS_EVIDENCE = 16 << 20
+
+
 def layer_table(record: RunRecord) -> tuple[StageResult, list[dict[str, Any]]] | None:
-    """The first layers stage's per-layer results (its `data.layers`), if the run had one."""
+    """The first layers stage's per-layer results, if the run had one: from its `layers.json`
+    evidence (the stage's own data holds only the count), or a list in its data."""
     for s in record.stages:
+        if s.probe != "layers":
+            continue
         layers = s.data.get("layers")
-        if s.probe == "layers" and isinstance(layers, list):
+        if not isinstance(layers, list):
+            layers = _evidence_layers(record, s)
+        if isinstance(layers, list):
             return s, [x for x in layers if isinstance(x, dict)]
+    return None
+
+
+def _evidence_layers(record: RunRecord, stage: StageResult) -> Any:
+    from imagegate.files import read_regular
+    from imagegate.oci import untrusted_json
+
+    for f in stage.evidence:
+        if Path(f.path).name != LAYERS_EVIDENCE:
+            continue
+        try:
+            raw = read_regular(Path(record.attempt_dir) / f.path, max_bytes=MAX_LAYERS_EVIDENCE)
+            doc = untrusted_json.loads(raw, max_bytes=MAX_LAYERS_EVIDENCE)
+        except (OSError, ValueError):
+            return None  # a report shows what it can: no table, never a crash
+        return doc.get("layers") if isinstance(doc, dict) else None
     return None
 
 
