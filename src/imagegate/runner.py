@@ -35,11 +35,17 @@ class RunOptions:
     expect_config: str | None = None
     advisory_db: Path | None = None  # --advisory-db: adds the audit, overrides a stage's own folder
     gpus: str | None = None  # --gpus: the plan starts with the GPU node check
-    progress: Progress | None = None  # the layers stage's progress (a terminal, or a CI log)
     skip: Sequence[str] = ()  # stage ids the user left out (--skip): SKIPPED, and so are their dependents
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
-    # Sees each controller event as it arrives (progress display); never affects the verdict.
+
+
+@dataclass(frozen=True)
+class Display:
+    """What shows a run while it happens (report.progress.run_shown makes one); it sees, never
+    decides: the controller events as they arrive, and the layers stage's blob progress."""
+
     on_event: Callable[[dict[str, Any]], None] | None = None
+    progress: Progress | None = None
 
 
 Notify = Callable[[str], None]
@@ -56,7 +62,6 @@ class StageInputs:
     source: str | None = None
     expect_config: str | None = None
     advisory_db: Path | None = None
-    progress: Progress | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def prepare(opts: RunOptions) -> Prepared:
     plan = build_plan(
         loaded, modules=opts.modules, advisory_db=opts.advisory_db, gpus=bool(opts.gpus), skip=opts.skip
     )
-    inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db, opts.progress)
+    inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db)
     return Prepared.of(loaded, plan, inputs)
 
 
@@ -152,6 +157,7 @@ class Observation:
     # When this runner began watching (monotonic): stages' starts are counted from it. None: the
     # stages ran unwatched (a Pod's log read afterwards), so no start is known.
     clock: float | None = None
+    progress: Progress | None = None  # where the layers stage shows its blobs (Display.progress)
 
 
 def inside_groups(inside: Plan, jobs: int) -> list[list[str]]:
@@ -209,7 +215,11 @@ class _PlanOrder:
 
 
 def run_inside(
-    prep: Prepared, driver: Driver, image: ImageFacts, opts: RunOptions, notify: Notify
+    prep: Prepared,
+    driver: Driver,
+    image: ImageFacts,
+    opts: RunOptions,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[ControllerRun]:
     """Every in-image stage, in one controller or (a container driver, --jobs > 1) in several
     at once. Runs happen in worker threads; an interrupt cancels them, and each removes its
@@ -218,7 +228,7 @@ def run_inside(
     groups = inside_groups(prep.inside, jobs)
     if not groups:
         return []
-    relay = _PlanOrder(prep.stage_ids, opts.on_event) if opts.on_event else None
+    relay = _PlanOrder(prep.stage_ids, on_event) if on_event else None
     cancel = threading.Event()
 
     def one(ids: list[str]) -> ControllerRun:
@@ -252,6 +262,7 @@ def observe(
     attempt: Attempt,
     opts: RunOptions,
     notify: Notify = lambda _m: None,
+    display: Display = Display(),
 ) -> Observation:
     """How a driver (docker, local) produces its Observation: the in-image stages in its
     controllers and, meanwhile, the outside stages that need nothing from inside."""
@@ -261,7 +272,7 @@ def observe(
         return driver.image_source(image, timeout)
 
     obs = Observation(image, env, [], _now(), str(env.get("driver", driver.name)), opener)
-    obs.clock = time.monotonic()
+    obs.clock, obs.progress = time.monotonic(), display.progress
     obs.verified, obs.has_image = driver.verified_report(image), driver.has_image
     refusal = driver.refusal(image)
     if refusal is not None:
@@ -283,7 +294,7 @@ def observe(
                 f"running {len(prep.inside.stages)} stages in {image.reference} "
                 f"({env.get('engine') or env['driver']})"
             )
-            obs.runs = run_inside(prep, driver, image, opts, notify)
+            obs.runs = run_inside(prep, driver, image, opts, display.on_event)
         obs.outside_done = done.result()
     return obs
 
@@ -321,9 +332,15 @@ class DriverObserver:
     """A driver (docker, local) as the acceptance use case's observer."""
 
     def __init__(
-        self, driver: Driver, reference: str | None, opts: RunOptions, notify: Notify = lambda _m: None
+        self,
+        driver: Driver,
+        reference: str | None,
+        opts: RunOptions,
+        notify: Notify = lambda _m: None,
+        display: Display = Display(),
     ) -> None:
         self.driver, self.reference, self.opts, self.notify = driver, reference, opts, notify
+        self.display = display
         self.image: ImageFacts | None = None
 
     def subject(self, prep: Prepared) -> ImageFacts:
@@ -332,7 +349,7 @@ class DriverObserver:
 
     def observe(self, prep: Prepared, attempt: Attempt) -> Observation:
         assert self.image is not None, "subject() first"
-        return observe(prep, self.driver, self.image, attempt, self.opts, self.notify)
+        return observe(prep, self.driver, self.image, attempt, self.opts, self.notify, self.display)
 
     def left_behind(self) -> str | None:
         return self.driver.left_behind()
@@ -591,7 +608,7 @@ def _run_outside(
         has_image=obs.has_image,
         inside_results=done,
         advisory_db=prep.inputs.advisory_db,
-        progress=prep.inputs.progress,
+        progress=obs.progress,
         timeout_s=deadline.cap(stage.timeout),  # its own deadline, ending by the command's
     )
     t0 = time.monotonic()

@@ -124,3 +124,13 @@ def test_the_audit_table_keeps_every_detail_in_a_log(engine: str, tmp_path: Path
     # the whole detail: the message, then its hint, both to the end
     assert "not found in the docker engine, and pulling it failed:" in row
     assert row.rstrip().endswith("your credentials (docker login))"), row
+
+
+def test_a_runs_layers_stage_shows_its_layers_in_a_ci_log(images: dict[str, str], tmp_path: Path) -> None:
+    """`run -p vllm` (its layers stage reads the image from the engine): a CI log gets a line per
+    blob read, each whole on one line, where a terminal shows bars: the display reaches the stage."""
+    r = imagegate("run", images["vllm-like"], "-p", "vllm", "-o", str(tmp_path), "--no-sign", env=CI)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The engine's export is read once, each blob hashed as it passes: a line per blob read.
+    lines = [ln for ln in r.stderr.splitlines() if "/layer.tar: hashed, " in ln and " MB in " in ln]
+    assert len(lines) >= 2, r.stderr

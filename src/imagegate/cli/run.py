@@ -124,7 +124,7 @@ def run(
         with accept.within(prep, p.timeout):  # the engine is asked from here on
             driver = p.make_driver(name, gpu, outputs, a, notify)
             accept.check_rootfs_reference(image, name)
-            with run_shown(opts, a.silent):
-                observer = runner.DriverObserver(driver, image, opts, notify)
+            with run_shown(a.silent) as display:
+                observer = runner.DriverObserver(driver, image, opts, notify, display)
                 done = accept.accept(prep, observer, a.out, outputs, notify)
     o.finish(done, a.fmt, a.quiet)

@@ -7,9 +7,10 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -27,7 +28,7 @@ from rich.progress import (
 
 if TYPE_CHECKING:
     from imagegate.oci.verify import Progress as LayerProgress
-    from imagegate.runner import RunOptions
+    from imagegate.runner import Display
 
 
 def setup_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
@@ -201,22 +202,46 @@ class LayerBars:
                 self.progress.update(self.tasks[key], description=text)
 
 
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 class WaitLines:
     """Not a terminal (CI logs): no bars, but a line every `every` seconds while the engine
     prepares its export, so that a long silent wait does not look like a hang."""
 
-    def __init__(self, console: Console, every: float = 15.0):
+    def __init__(self, console: Console, every: float = 15.0, *, layers: bool = False):
         self.console, self.every = console, every
         self._next = every
+        # With `layers`: a line as each blob is done (a run's layers stage, where the bars of
+        # `imagegate layers` are not shown): label, status, bytes and time.
+        self.layers = layers
+        self._blobs: dict[int, list[Any]] = {}  # key -> [label, bytes, start]
+        self._lock = threading.Lock()
 
     def started(self, key: int, label: str, total: int | None) -> None:
-        pass
+        if self.layers:
+            with self._lock:
+                self._blobs[key] = [label, 0, time.monotonic()]
 
     def advanced(self, key: int, nbytes: int) -> None:
-        pass
+        if self.layers:
+            with self._lock:
+                self._blobs[key][1] += nbytes
 
     def finished(self, key: int, status: str) -> None:
-        pass
+        if not self.layers:
+            return
+        with self._lock:
+            label, nbytes, t0 = self._blobs.pop(key, ["blob", 0, time.monotonic()])
+        secs = time.monotonic() - t0
+        # One line however long (a CI log has no width): soft_wrap.
+        self.console.print(
+            f"{label}: {status}, {_size(nbytes)} in {secs:.1f} s", markup=False, soft_wrap=True
+        )
 
     def waiting(self, what: str, elapsed: float, done: bool) -> None:
         if done:
@@ -228,19 +253,20 @@ class WaitLines:
 
 
 @contextlib.contextmanager
-def run_shown(opts: RunOptions, silent: bool) -> Iterator[None]:
-    """A run's stage progress and layer bars on a terminal; a line every 15 s in a CI log while
-    the engine prepares a big image's export; nothing when silent."""
+def run_shown(silent: bool) -> Iterator[Display]:
+    """A run's display: stage progress and layer bars on a terminal; in a CI log a line per
+    layer read and a line every 15 s while the engine prepares a big image's export; nothing
+    when silent."""
+    from imagegate.runner import Display
+
     if silent:
-        yield
+        yield Display()
         return
     err = Console(stderr=True, highlight=False)
     bars = LayerBars(err) if err.is_terminal else None
-    opts.progress = bars or WaitLines(err)
     try:
         with StageView(console=err) as view:
-            opts.on_event = view.event
-            yield
+            yield Display(on_event=view.event, progress=bars or WaitLines(err, layers=True))
     finally:
         if bars is not None:
             bars.close()
