@@ -131,6 +131,19 @@ class ControllerRun:
     events: protocol.Events
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What this run had, as its first controller said at its start (probes/controller.py): the
+    control data a `requires` rule reads, typed, apart from the environment evidence."""
+
+    gpu: bool = False
+
+    @classmethod
+    def reported(cls, start: dict[str, Any] | None) -> Capabilities:
+        gpu = (start or {}).get("gpu")
+        return cls(gpu=isinstance(gpu, dict) and gpu.get("present") is True)
+
+
 @dataclass
 class Observation:
     """What a driver saw of one run, however it ran (containers, this environment, a Pod): the
@@ -158,6 +171,10 @@ class Observation:
     # stages ran unwatched (a Pod's log read afterwards), so no start is known.
     clock: float | None = None
     progress: Progress | None = None  # where the layers stage shows its blobs (Display.progress)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities.reported(next((cr.events.start for cr in self.runs if cr.events.start), None))
 
 
 def inside_groups(inside: Plan, jobs: int) -> list[list[str]]:
@@ -617,7 +634,7 @@ def _run_outside(
         outcome = load_outside_probe(stage.probe)(ctx, stage.params)
     except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
         outcome = Outcome(Status.ERROR, f"{type(e).__name__}: {e}")
-    outcome = _deferred_by_requires(stage, outcome, obs.environment)
+    outcome = _deferred_by_requires(stage, outcome, obs.capabilities)
     files = []
     for p in sorted((attempt.dir / folder).rglob("*")):
         if p.is_file():
@@ -630,10 +647,9 @@ def _run_outside(
     )  # fmt: skip
 
 
-def _deferred_by_requires(stage: PlannedStage, outcome: Outcome, env: dict[str, Any]) -> Outcome:
+def _deferred_by_requires(stage: PlannedStage, outcome: Outcome, had: Capabilities) -> Outcome:
     """As in the image: a stage that requires what this run lacks ran for the record, DEFERRED."""
-    capabilities = {"gpu": bool((env.get("gpu") or {}).get("present"))}
-    unmet = [r for r in stage.requires if not capabilities.get(r)]
+    unmet = [r for r in stage.requires if not (r == "gpu" and had.gpu)]
     if not unmet:
         return outcome
     data = dict(outcome.data, ran_for_record={"status": outcome.status.value, "detail": outcome.detail})

@@ -130,13 +130,14 @@ class VerifyReport:
 
 
 class Progress(Protocol):
-    """Per-blob progress, called from worker threads. A sink may also have
-    `waiting(what: str, elapsed: float, done: bool)`: told every second while a source (an
-    engine preparing its export) has sent no byte yet, and once more when the first arrives."""
+    """Per-blob progress, called from worker threads; `waiting` is told every second while a
+    source (an engine preparing its export) has sent no byte yet, and once more when the first
+    arrives."""
 
     def started(self, key: int, label: str, total: int | None) -> None: ...
     def advanced(self, key: int, nbytes: int) -> None: ...
     def finished(self, key: int, status: str) -> None: ...
+    def waiting(self, what: str, elapsed: float, done: bool) -> None: ...
 
 
 class NoProgress:
@@ -147,6 +148,9 @@ class NoProgress:
         pass
 
     def finished(self, key: int, status: str) -> None:
+        pass
+
+    def waiting(self, what: str, elapsed: float, done: bool) -> None:
         pass
 
 
@@ -345,14 +349,11 @@ def _verify_random(
     image = source.resolve()
     config, doc, diff_ids, problems = check_config(image.config, read_config(source, image.config), expect)
     problems += _count_problems(len(image.layers), len(diff_ids))
-    member_size = getattr(source, "member_size", None)
 
     def one(i: int, desc: Descriptor) -> LayerResult:
         expected = diff_ids[i] if i < len(diff_ids) else None
         label = f"layer {i + 1}/{len(image.layers)} {_clip(desc.digest or desc.locator)}"
-        progress.started(
-            i, label, desc.size if desc.size is not None else (member_size(desc) if member_size else None)
-        )
+        progress.started(i, label, desc.size if desc.size is not None else source.member_size(desc))
         try:
             with source.open_blob(desc) as r:
                 got = digest_blob(
@@ -416,14 +417,12 @@ class _StreamHashes:
 def _hash_members(archive: ArchiveStream, max_uncompressed: int, progress: Progress) -> _StreamHashes:
     got = _StreamHashes()
     lock = threading.Lock()  # progress sinks may expect calls from one thread at a time
-    notice = getattr(progress, "waiting", None)
 
     def waiting(elapsed: float, done: bool) -> None:
         if done and got.waited is None:
             got.waited = round(elapsed, 1)
-        if notice is not None:
-            with lock:
-                notice(archive.description, elapsed, done)
+        with lock:
+            progress.waiting(archive.description, elapsed, done)
 
     with archive.members(waiting) as members:
         for k, m in enumerate(members):

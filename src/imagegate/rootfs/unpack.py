@@ -76,11 +76,9 @@ def materialize(
     if isinstance(source, ArchiveStream):
         # Read once, front to back, metadata last: keep the blobs, then unpack from them.
         with cache.working("spool") as work:
-            notice = getattr(progress, "waiting", None)  # an engine preparing its export
 
-            def waiting(elapsed: float, done: bool) -> None:
-                if notice is not None:
-                    notice(source.description, elapsed, done)
+            def waiting(elapsed: float, done: bool) -> None:  # an engine preparing its export
+                progress.waiting(source.description, elapsed, done)
 
             with spool_archive(source, work, max_bytes=limits.max_total_bytes, waiting=waiting) as spooled:
                 return materialize(

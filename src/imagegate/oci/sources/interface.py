@@ -60,6 +60,11 @@ class ImageSource(ABC):
     def open_blob(self, desc: Descriptor) -> AbstractContextManager[BlobReader]:
         """A streaming reader of the blob's bytes, as stored (compressed). Raises BlobNotFound."""
 
+    def member_size(self, desc: Descriptor) -> int | None:
+        """The blob's stored size where the manifest does not say it (a legacy `docker save`
+        names layers by path, without sizes): a source that can tell cheaply does."""
+        return None
+
     def close(self) -> None:  # noqa: B027  (most sources hold nothing)
         """Release connections and files."""
 
