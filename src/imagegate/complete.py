@@ -20,7 +20,7 @@ from imagegate.attest import envelopes
 from imagegate.attest import verify as verifying
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.sign import DSSE_FILE
-from imagegate.attest.statement import evidence_files
+from imagegate.attest.statement import evidence_files, read_stage
 from imagegate.drivers.interface import Driver
 from imagegate.errors import NotVerified, UsageError
 from imagegate.evidence import Attempt
@@ -150,23 +150,13 @@ def earlier_results(earlier: Earlier) -> list[StageResult]:
     alone says every stage's result."""
     again = set(earlier.deferred)
     out = []
-    for s in earlier.predicate.get("stages") or []:
-        if s["id"] in again:
+    for raw in earlier.predicate.get("stages") or []:
+        s = read_stage(raw)
+        if s.id in again:
             continue
-        data: dict[str, Any] = {"from_attempt": str(s.get("fromAttempt") or earlier.attempt_id)}
-        if isinstance(s.get("facts"), dict) and s["facts"]:
-            data["carried_facts"] = s["facts"]
-        out.append(
-            StageResult(
-                s["id"],
-                s.get("probe", ""),
-                "outside" if s.get("side") == "outside" else "inside",
-                Status(s["status"]),
-                str(s.get("detail", "")),
-                float(s.get("durationSeconds") or 0.0),
-                data,
-            )
-        )
+        data = {"from_attempt": earlier.attempt_id, **s.data}  # an earlier completion's keep theirs
+        # Carried as a result, not as evidence: its files are the earlier attempt's.
+        out.append(dataclasses.replace(s, data=data, evidence=[], started_s=None))
     return out
 
 

@@ -126,6 +126,30 @@ def test_parallelism_is_bounded(images: dict[str, str], tmp_path: Path) -> None:
     assert max(in_flight) == 2, (in_flight, spans)
 
 
+@pytest.mark.engine
+def test_each_image_is_accepted_and_signed_as_run_does(images: dict[str, str], tmp_path: Path) -> None:
+    """audit runs each image through `run`'s use case: its attempt is signed with --key and
+    verifies with the public key, evidence and all; --no-sign signs none."""
+    assert imagegate("keygen", "--out", str(tmp_path / "k")).returncode == 0
+    (tmp_path / "inv.yaml").write_text(
+        "apiVersion: imagegate/v1\nkind: Inventory\ndefaults: {pipeline: python}\nimages:\n"
+        f"  - image: {images['python']}\n  - image: {images['conflict']}\n"
+    )
+    args = ("audit", "inv.yaml", "-o", "runs", "--json", "audit.json", "-q")
+    r = imagegate(*args, "--key", str(tmp_path / "k.key"), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr  # conflict: rejected
+    items = json.loads((tmp_path / "audit.json").read_text())["items"]
+    for item, verdict in zip(items, ("PASS", "FAIL"), strict=True):
+        envelope = tmp_path / item["data"]["attestation"]
+        assert envelope.name == "attestation.dsse.json" and envelope.parent == tmp_path / item["evidence"]
+        v = imagegate("verify", str(envelope), "--key", str(tmp_path / "k.pub"), "--expect-verdict", verdict)
+        assert v.returncode == 0, v.stdout + v.stderr
+    r = imagegate(*args, "--no-sign", cwd=tmp_path)
+    items = json.loads((tmp_path / "audit.json").read_text())["items"]
+    assert all(i["data"]["attestation"] is None for i in items)
+    assert not any((tmp_path / i["evidence"] / "attestation.dsse.json").exists() for i in items)
+
+
 def test_json_report_to_a_file_or_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from imagegate.errors import UsageError
     from imagegate.report.batch import write_json

@@ -11,7 +11,7 @@ from typing import Any
 
 from imagegate.errors import InternalError
 from imagegate.evidence import sha256_file
-from imagegate.model import RunRecord, StageResult
+from imagegate.model import EvidenceFile, RunRecord, Side, StageResult, Status
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
@@ -343,3 +343,50 @@ def evidence_files(statement: dict[str, Any]) -> list[dict[str, Any]]:
     pred = statement.get("predicate") or {}
     files = [f for s in pred.get("stages") or [] for f in s.get("evidence") or []]
     return files + list(pred.get("evidence") or [])
+
+
+def read_stage(raw: dict[str, Any]) -> StageResult:
+    """A stage of a statement, as build_statement wrote it, read back (`report`, `complete`).
+    The statement is read as untrusted: a field of the wrong kind reads as absent, an unknown
+    status as ERROR, never a crash. `data` holds what the statement itself carries: the attempt
+    a completion's result came from and the stage's facts; the stage's own `data` lives in its
+    result.json, which the caller reads where it wants it."""
+    try:
+        status = Status(raw.get("status"))
+    except ValueError:
+        status = Status.ERROR
+    side: Side = "outside" if raw.get("side") == "outside" else "inside"
+    data: dict[str, Any] = {}
+    if raw.get("fromAttempt"):
+        data["from_attempt"] = str(raw["fromAttempt"])
+    if isinstance(raw.get("facts"), dict) and raw["facts"]:
+        data["carried_facts"] = raw["facts"]
+    listed = raw.get("evidence")
+    files: list[Any] = listed if isinstance(listed, list) else []
+    evidence = [
+        EvidenceFile(str(f.get("path")), str(f.get("sha256")), _int(f.get("size")))
+        for f in files
+        if isinstance(f, dict)
+    ]
+    return StageResult(
+        id=str(raw.get("id", "?")),
+        probe=str(raw.get("probe", "?")),
+        side=side,
+        status=status,
+        detail=str(raw.get("detail", "")),
+        duration_s=_seconds(raw.get("durationSeconds")) or 0.0,
+        data=data,
+        evidence=evidence,
+        started_s=_seconds(raw.get("startedSeconds")),
+    )
+
+
+def _seconds(value: Any) -> float | None:
+    """A non-negative number of seconds, or None (absent, or not one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < 1e9 else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -4,7 +4,7 @@ one result with the worst exit code. ("inventory" alone, in the code, is the in-
 installed distributions; "audit" alone is the vulnerability audit of `imagegate.vulns`.)"""
 
 from imagegate.batch.imagelist import ImageList, LoadedImageList, load
-from imagegate.batch.run import BatchOptions, BatchResult, ItemResult, run_batch, to_json, worst
+from imagegate.batch.run import BatchOptions, BatchResult, ItemResult, run_batch, worst
 
 __all__ = [
     "BatchOptions",
@@ -14,6 +14,5 @@ __all__ = [
     "LoadedImageList",
     "load",
     "run_batch",
-    "to_json",
     "worst",
 ]

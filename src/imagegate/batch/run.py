@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from imagegate import runner
+from imagegate import accept, runner
 from imagegate.batch.imagelist import ImageEntry, LoadedImageList, MirrorEntry
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError
 from imagegate.model import EXIT_UNDECIDED, EXIT_USAGE, exit_code
-from imagegate.pipeline.model import API_VERSION
 
 log = logging.getLogger("imagegate.audit")
 
@@ -62,6 +61,8 @@ class BatchOptions:
     out: Path = Path("imagegate-runs")
     jobs: int = 4
     platform: str | None = None  # overrides the inventory's default for mirror pairs
+    # Each image's attempt is signed as `run` signs it (the key checked before any item runs).
+    outputs: accept.Outputs = accept.Outputs()
 
 
 DriverFactory = Callable[[], Driver]
@@ -97,9 +98,14 @@ def run_image(
         ropts = runner.RunOptions(
             pipeline=pipeline, modules=entry.modules, out=opts.out, timeout=entry.timeout
         )
-        record = runner.run(entry.image, make_driver(), ropts, lambda m: log.debug("%s: %s", name, m))
+        notify = lambda m: log.debug("%s: %s", name, m)  # noqa: E731
+        prep = runner.prepare(ropts)
+        observer = runner.DriverObserver(make_driver(), entry.image, ropts, notify)
+        # The same use case as `run`: the attempt concluded, signed, its statement written.
+        done = accept.accept(prep, observer, opts.out, opts.outputs, notify)
     except Exception as e:
         return _failed("image", name, entry.image, e, t0)
+    record = done.record
     problems = [f"{s.token}: {s.detail}" for s in record.stages if s.status.value != "PASS"]
     return ItemResult(
         "image",
@@ -110,7 +116,11 @@ def run_image(
         "; ".join(problems) or f"{len(record.stages)} stages passed",
         time.monotonic() - t0,
         record.attempt_dir,
-        {"pipeline": dict(record.pipeline), "config_digest": record.image.config_digest},
+        {
+            "pipeline": dict(record.pipeline),
+            "config_digest": record.image.config_digest,
+            "attestation": str(done.signed.dsse_path) if done.signed else None,
+        },
     )
 
 
@@ -175,28 +185,3 @@ def run_batch(
         futures += [pool.submit(one_mirror, m) for m in mirrors]
         items = [f.result() for f in futures]
     return BatchResult(str(inv.path), started, _now(), items)
-
-
-def to_json(result: BatchResult) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "AuditReport",
-        "inventory": result.image_list,
-        "startedOn": result.started_at,
-        "finishedOn": result.finished_at,
-        "exitCode": result.exit_code,
-        "items": [
-            {
-                "kind": i.kind,
-                "name": i.name,
-                "subject": i.subject,
-                "outcome": i.outcome,
-                "exitCode": i.exit_code,
-                "detail": i.detail,
-                "durationSeconds": round(i.duration_s, 3),
-                "evidence": i.evidence,
-                "data": i.data,
-            }
-            for i in result.items
-        ],
-    }

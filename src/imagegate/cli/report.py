@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 from typer import Argument, Option
 
+from imagegate import accept
+from imagegate.cli import _accept as o
 from imagegate.cli import _app
 from imagegate.cli._app import app
 from imagegate.report import batch as batch_view
@@ -93,6 +95,8 @@ def audit(
     ),
     quiet: bool = Option(False, "--quiet", "-q", help="No progress, no logs; the table and errors only."),
     timeout: float = _app.TIMEOUT,
+    key: list[str] = o.KEY,
+    no_sign: bool = o.NO_SIGN,
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
     from imagegate import batch  # lazy: keeps CLI start-up fast
@@ -101,12 +105,14 @@ def audit(
 
     parse_memory(memory)  # before any item runs: a typo is one error, not one per image
     err = make_console(stderr=True)
+    # The key (and its passphrase) before any item runs: each image's attempt is signed.
+    outputs = accept.outputs(key=o.signing_key(key), no_sign=no_sign, warn=o.warn)
     setup_logging(verbose, quiet)
     items = batch.load(inventory)
     with _app.within(timeout), ItemsBar(len(items), "audit", quiet=quiet, console=err) as bar:
         result = batch.run_batch(
             items,
-            batch.BatchOptions(out=out, jobs=jobs, platform=platform),
+            batch.BatchOptions(out=out, jobs=jobs, platform=platform, outputs=outputs),
             partial(DockerDriver, memory=memory),
             lambda r: bar.advance(f"{r.kind} {r.name}: {r.outcome}"),
         )

@@ -6,15 +6,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from imagegate.batch.run import BatchResult, to_json
 from imagegate.errors import UsageError
+from imagegate.pipeline.model import API_VERSION
 from imagegate.report.console import one_line
+
+if TYPE_CHECKING:  # a view of the batch use case's result; the use case runs on accept, which writes reports
+    from imagegate.batch.run import BatchResult
 
 _MEANING = {0: "accepted", 1: "rejected", 2: "undecided", 3: "input error"}
 _STYLE = {0: "green", 1: "bold red", 2: "bold magenta", 3: "bold magenta"}
@@ -95,3 +99,28 @@ def write_json(result: BatchResult, path: Path | None) -> bool:
     except OSError as e:
         raise UsageError(f"writing {path}: {e.strerror}", hint="check the --json path") from e
     return False
+
+
+def to_json(result: BatchResult) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AuditReport",
+        "inventory": result.image_list,
+        "startedOn": result.started_at,
+        "finishedOn": result.finished_at,
+        "exitCode": result.exit_code,
+        "items": [
+            {
+                "kind": i.kind,
+                "name": i.name,
+                "subject": i.subject,
+                "outcome": i.outcome,
+                "exitCode": i.exit_code,
+                "detail": i.detail,
+                "durationSeconds": round(i.duration_s, 3),
+                "evidence": i.evidence,
+                "data": i.data,
+            }
+            for i in result.items
+        ],
+    }

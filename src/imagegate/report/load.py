@@ -6,6 +6,7 @@ the statement, and what differs from it, is the `Provenance` every format shows.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,10 @@ from imagegate.attest import dsse
 from imagegate.attest.envelopes import read_envelopes
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.sign import DSSE_FILE
+from imagegate.attest.statement import read_stage
 from imagegate.errors import UsageError
 from imagegate.evidence import sha256_file
-from imagegate.model import EvidenceFile, ImageFacts, RunRecord, Side, StageResult, Status
+from imagegate.model import ImageFacts, RunRecord, StageResult
 from imagegate.oci import untrusted_json
 from imagegate.report.provenance import Provenance, Signature
 
@@ -64,41 +66,16 @@ def _signed_copy(path: Path, sha256: str, differs: list[str]) -> Any:
 
 
 def _stage(raw: dict[str, Any], root: Path, differs: list[str]) -> StageResult:
-    evidence = [
-        EvidenceFile(str(f["path"]), str(f["sha256"]), int(f["size"])) for f in raw.get("evidence") or []
-    ]
-    data: dict[str, Any] = {}
-    # `data` (e.g. the layer table) is kept in the stage's result.json, not in the statement.
-    for f in evidence:
+    """The statement's stage (attest.statement.read_stage), with its `data` (e.g. the layer
+    counts) from its result.json, only where that file is the one the statement lists."""
+    stage = read_stage(raw)
+    data = {k: v for k, v in stage.data.items() if k == "from_attempt"}
+    for f in stage.evidence:
         if Path(f.path).name == "result.json":
             stored = _signed_copy(root / f.path, f.sha256, differs)
             if isinstance(stored, dict) and isinstance(stored.get("data"), dict):
-                data = stored["data"]
-    if raw.get("fromAttempt"):  # a completion's result carried over from the earlier attempt
-        data["from_attempt"] = str(raw["fromAttempt"])
-    try:
-        status = Status(raw.get("status"))
-    except ValueError:
-        status = Status.ERROR
-    side: Side = "outside" if raw.get("side") == "outside" else "inside"
-    return StageResult(
-        id=str(raw.get("id", "?")),
-        probe=str(raw.get("probe", "?")),
-        side=side,
-        status=status,
-        detail=str(raw.get("detail", "")),
-        duration_s=float(raw.get("durationSeconds") or 0.0),
-        data=data,
-        evidence=evidence,
-        started_s=_seconds(raw.get("startedSeconds")),
-    )
-
-
-def _seconds(value: Any) -> float | None:
-    """A non-negative number of seconds, or None (absent, or not one: a report never crashes)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if 0 <= value < 1e9 else None
+                data = {**stored["data"], **data}
+    return dataclasses.replace(stage, data=data)
 
 
 @dataclass(frozen=True)
