@@ -372,15 +372,6 @@ class DriverObserver:
         return self.driver.left_behind()
 
 
-def run(reference: str, driver: Driver, opts: RunOptions, notify: Notify = lambda _m: None) -> RunRecord:
-    """prepare → observe → conclude, unsigned (`accept` adds signing, attaching and reports)."""
-    prep = prepare(opts)
-    observer = DriverObserver(driver, reference, opts, notify)
-    attempt = new_attempt(prep, observer.subject(prep), opts.out)
-    notify(f"attempt {attempt.dir}")
-    return conclude(prep, observer.observe(prep, attempt), attempt, notify).record
-
-
 @dataclass(frozen=True)
 class Concluded:
     record: RunRecord

@@ -12,12 +12,21 @@ from typing import Any
 
 import pytest
 
-from imagegate import runner
+from imagegate import accept, runner
 from imagegate.errors import UsageError
 from imagegate.kube import collect
 from imagegate.kube.render import BUNDLE_ANNOTATION, SECRET_KEY
 from imagegate.model import RunRecord, Status
 from tests.helpers import controller_output, imagegate
+
+
+def collect_record(
+    prep: runner.Prepared, pod: dict[str, Any], log: bytes, opts: runner.RunOptions, **kw: Any
+) -> RunRecord:
+    """A finished Pod through the accept use case, as `pod collect` runs it, unsigned."""
+    observer = collect.PodObserver(pod, log, **kw)
+    return accept.accept(prep, observer, opts.out, accept.Outputs()).record
+
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RAN = "sha256:" + "5f" * 32  # the digest in the fixtures' imageID
@@ -70,7 +79,7 @@ def log(name: str) -> bytes:
 def run(tmp: Path, pod_file: str, log_name: str, expect: tuple[str, ...] = ()) -> RunRecord:
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp)
     prep = runner.prepare(opts)
-    return collect.collect(prep, pod(pod_file), log(log_name), opts, secret=secret(), expect_digests=expect)
+    return collect_record(prep, pod(pod_file), log(log_name), opts, secret=secret(), expect_digests=expect)
 
 
 def stage(record: RunRecord, sid: str) -> Any:
@@ -154,7 +163,7 @@ def test_pip_conflict_in_the_log_is_fail(tmp_path: Path) -> None:
 
 
 def test_never_started_is_error_with_the_reason(tmp_path: Path) -> None:
-    record = collect.collect(
+    record = collect_record(
         runner.prepare(runner.RunOptions(pipeline="python", modules=["json"])),
         pod("pod-image-pull-backoff.json"),
         b"",
@@ -169,7 +178,7 @@ def test_never_started_is_error_with_the_reason(tmp_path: Path) -> None:
 
 def test_missing_interpreter_names_it(tmp_path: Path) -> None:
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
-    record = collect.collect(runner.prepare(opts), pod("pod-start-error.json"), b"", opts)
+    record = collect_record(runner.prepare(opts), pod("pod-start-error.json"), b"", opts)
     detail = stage(record, "pip_check").detail
     assert stage(record, "pip_check").status is Status.ERROR
     assert "StartError" in detail and "python3" in detail, detail
@@ -188,10 +197,10 @@ def test_bundle_annotation_must_match(tmp_path: Path) -> None:
     prep = runner.prepare(opts)
     good = pod("pod-containerd-succeeded.json")
     good["metadata"]["annotations"][BUNDLE_ANNOTATION] = prep.bundle.sha256
-    assert collect.collect(prep, good, log("pass"), opts, secret=secret()).verdict == "PASS"
+    assert collect_record(prep, good, log("pass"), opts, secret=secret()).verdict == "PASS"
     good["metadata"]["annotations"][BUNDLE_ANNOTATION] = "0" * 64
     with pytest.raises(UsageError, match="ran bundle 000000000000"):
-        collect.collect(prep, good, log("pass"), opts)
+        collect_record(prep, good, log("pass"), opts)
 
 
 def test_pod_list_with_one_pod(tmp_path: Path) -> None:
@@ -206,7 +215,7 @@ def test_a_log_from_another_run_is_not_trusted(tmp_path: Path) -> None:
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
     prep = runner.prepare(opts)
     other = secret(bytes(32))
-    record = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=other)
+    record = collect_record(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=other)
     assert record.verdict == "ERROR"
     integrity = stage(record, "event_integrity")
     assert "fails authentication" in integrity.detail, integrity.detail
@@ -216,7 +225,7 @@ def test_a_log_from_another_run_is_not_trusted(tmp_path: Path) -> None:
 def test_a_pod_without_a_key_is_not_trusted(tmp_path: Path) -> None:
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
     prep = runner.prepare(opts)
-    record = collect.collect(prep, pod("pod-containerd-succeeded.json", False), log("pass"), opts)
+    record = collect_record(prep, pod("pod-containerd-succeeded.json", False), log("pass"), opts)
     assert record.verdict == "ERROR"
     assert "no event key" in stage(record, "event_integrity").detail
 
@@ -227,20 +236,20 @@ def test_the_key_comes_from_the_secret_the_pod_names(tmp_path: Path) -> None:
     which Secret to give."""
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path)
     prep = runner.prepare(opts)
-    ok = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=secret())
+    ok = collect_record(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=secret())
     assert ok.verdict == "PASS", [(s.id, s.status, s.detail) for s in ok.stages]
     assert KEY.hex() not in json.dumps(pod("pod-containerd-succeeded.json"))
-    missing = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts)
+    missing = collect_record(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts)
     assert missing.verdict == "ERROR"
     assert f"secret/{JOB}" in stage(missing, "event_integrity").detail
     assert "--secret FILE" in stage(missing, "event_integrity").detail
     wrong = secret(KEY, "imagegate-other-00000000")
-    other = collect.collect(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=wrong)
+    other = collect_record(prep, pod("pod-containerd-succeeded.json"), log("pass"), opts, secret=wrong)
     assert other.verdict == "ERROR" and "imagegate-other" in stage(other, "event_integrity").detail
     # A Pod rendered before keys moved into Secrets (the key in its env) is still read.
     legacy = pod("pod-containerd-succeeded.json", False)
     legacy["spec"]["containers"][0]["env"] = [{"name": "IMAGEGATE_EVENT_KEY", "value": KEY.hex()}]
-    assert collect.collect(prep, legacy, log("pass"), opts).verdict == "PASS"
+    assert collect_record(prep, legacy, log("pass"), opts).verdict == "PASS"
 
 
 def test_cli_exit_codes(tmp_path: Path) -> None:

@@ -13,12 +13,21 @@ from typing import Any
 
 import pytest
 
-from imagegate import runner
+from imagegate import accept, runner
 from imagegate.errors import UsageError
 from imagegate.kube import collect, podrun, render
 from imagegate.kube.cluster import ClusterError
-from imagegate.model import Status
+from imagegate.model import RunRecord, Status
 from tests.helpers import controller_output
+
+
+def run_pod(
+    prep: runner.Prepared, rendered: render.Rendered, cluster: Any, opts: runner.RunOptions, **kw: Any
+) -> RunRecord:
+    """One run in a Pod through the accept use case, as `pod run` runs it, unsigned."""
+    observer = podrun.PodRunObserver(rendered, cluster, **kw)
+    return accept.accept(prep, observer, opts.out, accept.Outputs()).record
+
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DIGEST = "sha256:" + "5f" * 32
@@ -152,7 +161,7 @@ def test_rerun_waits_until_the_previous_pod_is_gone(
     cluster.leave_previous_run(r.name)
     clock, notes = Clock(), list[str]()
     waits = podrun.Waits(poll_s=2, clock=clock, sleep=clock.sleep)
-    record = podrun.run_pod(
+    record = run_pod(
         prep, r, cluster, runner.RunOptions(pipeline="python", out=tmp_path), waits=waits, notify=notes.append
     )
     by_id = {s.id: s for s in record.stages}
@@ -188,7 +197,7 @@ def test_gives_up_when_the_previous_pod_never_goes(
     clock = Clock()
     waits = podrun.Waits(poll_s=5, gone_timeout_s=60, clock=clock, sleep=clock.sleep)
     with pytest.raises(ClusterError, match="still there after 60s"):
-        podrun.run_pod(prep, r, cluster, runner.RunOptions(pipeline="python"), waits=waits)
+        run_pod(prep, r, cluster, runner.RunOptions(pipeline="python"), waits=waits)
     assert "create" not in cluster.calls
 
 
@@ -209,7 +218,7 @@ def test_job_deadline_is_error_not_pass(
         "message": "Job was active longer than specified deadline",
     }
     clock = Clock()
-    record = podrun.run_pod(
+    record = run_pod(
         prep,
         r,
         cluster,
@@ -228,7 +237,7 @@ def test_keep_leaves_the_objects(
     r = _rendered(prep)
     cluster = FakeCluster(real_log)
     clock = Clock()
-    podrun.run_pod(
+    run_pod(
         prep,
         r,
         cluster,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from imagegate import pipeline
+from imagegate import accept, pipeline
 from imagegate.errors import UsageError
 from imagegate.model import ImageFacts, StageResult, Status
 from imagegate.pipeline.params import VulnsParams
@@ -171,7 +171,8 @@ def test_an_outside_stage_honours_requires(tmp_path: Path, advisory_db: Path) ->
         )
     )
     opts = runner.RunOptions(pipeline=str(p), out=tmp_path / "out", advisory_db=advisory_db)
-    record = runner.run("local", LocalDriver(sys.executable), opts)
+    observer = runner.DriverObserver(LocalDriver(sys.executable), "local", opts)
+    record = accept.accept(runner.prepare(opts), observer, opts.out, accept.Outputs()).record
     audit = next(s for s in record.stages if s.id == "audit")
     assert audit.status is Status.DEFERRED, audit.detail
     assert audit.detail.startswith("requires gpu, not present here; ran for the record: ")

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from imagegate import protocol
-from imagegate.accept import Outputs, accept
 from imagegate.drivers.interface import BundleRun
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV
-from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
+from imagegate.model import EvidenceFile, ImageFacts, StageResult, Status
 from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import parse_image_name
-from imagegate.runner import ControllerRun, Notify, Observation, Prepared, RunOptions
+from imagegate.runner import ControllerRun, Notify, Observation, Prepared
 
 IMAGE_ID_STAGE = "image_id"
 # Runtimes prefix imageID differently: docker (dockershim, cri-dockerd) with docker-pullable://
@@ -384,24 +383,6 @@ class PodObserver:
             source=source,
             given=[image_id_stage(iid, self.expected, [pod_file])],
         )
-
-
-def collect(
-    prep: Prepared,
-    pod: dict[str, Any],
-    log: bytes,
-    opts: RunOptions,
-    *,
-    secret: dict[str, Any] | None = None,
-    expect_digests: Sequence[str] = (),
-    job_failure: str | None = None,
-    notify: Notify = lambda _m: None,
-) -> RunRecord:
-    """A finished Pod to an unsigned record (`accept` with a PodObserver adds signing, reports)."""
-    observer = PodObserver(
-        pod, log, secret=secret, expect_digests=expect_digests, job_failure=job_failure, notify=notify
-    )
-    return accept(prep, observer, opts.out, Outputs(), notify).record
 
 
 def _started(pod: dict[str, Any]) -> str:

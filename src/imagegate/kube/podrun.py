@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagegate.accept import Outputs, accept
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.kube.cluster import Cluster, ClusterError
 from imagegate.kube.collect import PodObserver, key_secret, read_pod_files, read_secret_file
 from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
-from imagegate.model import ImageFacts, RunRecord
-from imagegate.runner import Notify, Observation, Prepared, RunOptions
+from imagegate.model import ImageFacts
+from imagegate.runner import Notify, Observation, Prepared
 
 KINDS = ("job", "configmap", "secret")
 
@@ -141,24 +140,6 @@ def run_job(
             for kind in KINDS:
                 cluster.delete(kind, name, ns)
             state.deleted = True
-
-
-def run_pod(
-    prep: Prepared,
-    rendered: Rendered,
-    cluster: Cluster,
-    opts: RunOptions,
-    *,
-    expect_digests: Sequence[str] = (),
-    keep: bool = False,
-    waits: Waits = Waits(),
-    notify: Notify = lambda _m: None,
-) -> RunRecord:
-    """One run in a Pod to an unsigned record (`accept` adds signing, attaching, reports)."""
-    observer = PodRunObserver(
-        rendered, cluster, expect_digests=expect_digests, keep=keep, waits=waits, notify=notify
-    )
-    return accept(prep, observer, opts.out, Outputs(), notify).record
 
 
 def pod_and_log(
