@@ -330,5 +330,7 @@ def _attach(signed: Signed, reference: str, insecure: bool, notify: Notify) -> N
 
     ref = attach.parse_image(reference)
     with attach.client_for(ref, insecure=insecure) as client:
-        done = attach.attach(client, ref, signed.envelope)
+        # The standard statements too: admission policies are written against them.
+        for envelope in (signed.envelope, *signed.standard):
+            done = attach.attach(client, ref, envelope)
     notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
