@@ -326,11 +326,13 @@ def driver_for(
 
 
 def _attach(signed: Signed, reference: str, insecure: bool, notify: Notify) -> None:
-    from imagegate.attest import attach
+    from imagegate.attest import attach, referrers
 
     ref = attach.parse_image(reference)
     with attach.client_for(ref, insecure=insecure) as client:
         # The standard statements too: admission policies are written against them.
         for envelope in (signed.envelope, *signed.standard):
-            done = attach.attach(client, ref, envelope)
-    notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
+            done, referred = referrers.attach_and_refer(client, ref, envelope)
+    notify(
+        f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s); referrers via {referred.via})"
+    )
