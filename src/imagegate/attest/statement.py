@@ -183,6 +183,7 @@ FACTS: dict[str, FactRules] = {
             "fail_on",
             "counted",
             "advisories",
+            "advisories_as_of",
             "packages",
             "expired_ignores",
             "problems",
