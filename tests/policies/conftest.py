@@ -83,8 +83,5 @@ def vsa(attempt: Path) -> dict[str, Any]:
     return payload(attempt / sign.VSA_FILE)
 
 
-def test_result(attempt: Path) -> dict[str, Any]:
+def result_statement(attempt: Path) -> dict[str, Any]:
     return payload(attempt / sign.TEST_RESULT_FILE)
-
-
-test_result.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test

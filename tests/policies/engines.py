@@ -50,8 +50,18 @@ def cue_vet(policy: str, data: dict[str, Any], workdir: Path) -> tuple[bool, str
     return out["code"] == 0, str(out["stderr"])
 
 
+_VERIFIED: dict[tuple[bytes, str], bool] = {}  # one node start per bundle and key, not per Pod
+
+
 def signature_verifies(bundle: Path, public_pem: str, workdir: Path) -> bool:
     """sigstore-js's verdict on a Sigstore bundle with the public key a policy names."""
+    seen = (bundle.read_bytes(), public_pem)
+    if seen not in _VERIFIED:
+        _VERIFIED[seen] = _sigstore_js_verifies(bundle, public_pem, workdir)
+    return _VERIFIED[seen]
+
+
+def _sigstore_js_verifies(bundle: Path, public_pem: str, workdir: Path) -> bool:
     modules = node_modules(
         ROOT / "tests" / "attest" / "sigstore_js" / "package.json",
         "IMAGEGATE_SIGSTORE_JS",

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from imagegate.attest import dsse, keys, sign
-from tests.policies.conftest import Keys, payload, test_result, vsa
+from tests.policies.conftest import Keys, payload, result_statement, vsa
 
 
 def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
@@ -22,23 +22,23 @@ def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
     for name, (verdict, result, levels, tested) in expect.items():
         acceptance = payload(runs[name] / sign.DSSE_FILE)
         assert acceptance["predicate"]["verdict"] == verdict, name
-        v, t = vsa(runs[name]), test_result(runs[name])
+        v, t = vsa(runs[name]), result_statement(runs[name])
         assert v["subject"] == t["subject"] == acceptance["subject"], name
         assert (v["predicate"]["verificationResult"], v["predicate"]["verifiedLevels"]) == (result, levels), (
             name
         )
         assert t["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
         assert t["predicate"]["result"] == tested, name
-    assert test_result(runs["deferred"])["predicate"]["warnedTests"] == ["node_check"]
-    assert test_result(runs["fail"])["predicate"]["failedTests"] == ["find_spec"]
-    assert test_result(runs["error"])["predicate"]["failedTests"] == ["slow"]
-    assert test_result(runs["pass"])["predicate"]["passedTests"] == ["pip_check", "find_spec"]
+    assert result_statement(runs["deferred"])["predicate"]["warnedTests"] == ["node_check"]
+    assert result_statement(runs["fail"])["predicate"]["failedTests"] == ["find_spec"]
+    assert result_statement(runs["error"])["predicate"]["failedTests"] == ["slow"]
+    assert result_statement(runs["pass"])["predicate"]["passedTests"] == ["pip_check", "find_spec"]
 
 
 def test_test_result_names_pipeline_and_probes_bundle_by_digest(runs: dict[str, Path]) -> None:
     attempt = runs["pass"]
     pred = payload(attempt / sign.DSSE_FILE)["predicate"]
-    config = test_result(attempt)["predicate"]["configuration"]
+    config = result_statement(attempt)["predicate"]["configuration"]
     assert config[0]["digest"] == {"sha256": pred["pipeline"]["sha256"]}
     assert config[1] == {
         "name": "imagegate probes bundle",
@@ -63,7 +63,7 @@ def test_a_completion_repeats_the_final_verdict_and_names_what_it_completes(runs
     done, earlier = runs["completion"], runs["deferred"]
     pred = payload(done / sign.DSSE_FILE)["predicate"]
     assert pred["completes"]["attempt"] == earlier.name
-    v, t = vsa(done)["predicate"], test_result(done)["predicate"]
+    v, t = vsa(done)["predicate"], result_statement(done)["predicate"]
     assert (v["verificationResult"], v["verifiedLevels"]) == ("PASSED", ["IMAGEGATE_CPU"])  # no GPU here
     assert t["result"] == "WARNED" and t["warnedTests"] == ["node_check"]
     assert sorted(t["passedTests"] + t["warnedTests"] + t["failedTests"]) == sorted(
