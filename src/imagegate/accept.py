@@ -352,9 +352,13 @@ def driver_for(
 
 
 def _attach(signed: Signed, reference: str, insecure: bool, notify: Notify) -> None:
-    from imagegate.attest import attach
+    from imagegate.attest import attach, referrers
 
     ref = attach.parse_image(reference)
     with attach.client_for(ref, insecure=insecure) as client:
-        done = attach.attach(client, ref, signed.envelope)
-    notify(f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s))")
+        # The standard statements too: admission policies are written against them.
+        for envelope in (signed.envelope, *signed.standard):
+            done, referred = referrers.attach_and_refer(client, ref, envelope)
+    notify(
+        f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s); referrers via {referred.via})"
+    )

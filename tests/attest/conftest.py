@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tarfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from imagegate.attest import keys, sign
@@ -89,3 +96,73 @@ def statement_of(attempt: Path) -> dict[str, Any]:
 @pytest.fixture
 def signed(attempt: Path, keypair: tuple[Path, Path]) -> sign.Signed:
     return sign.sign_attempt(attempt, statement_of(attempt), keys.load_signing_key(keypair[0]))
+
+
+# A real registry (Debian's docker-registry on 127.0.0.1, no auth) and an image pushed to it by
+# the real Docker engine, per test module.
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.fail("docker-registry is not installed (Debian package docker-registry)")
+    root = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    cfg = root / "config.yml"
+    cfg.write_text(
+        "version: 0.1\n"
+        "log: {level: warn}\n"
+        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}\n"
+        f"http: {{addr: '127.0.0.1:{port}'}}\n"
+    )
+    log = open(root / "registry.log", "wb")  # noqa: SIM115  (closed after the process stops)
+    proc = subprocess.Popen([exe, "serve", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the registry did not start: " + (root / "registry.log").read_text()[-2000:])
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def docker(*args: str, stdin: bytes | None = None) -> str:
+    p = subprocess.run(["docker", *args], input=stdin, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    return p.stdout.decode()
+
+
+@pytest.fixture(scope="module")
+def image(registry: str) -> Iterator[str]:
+    """A one-file image, made with `docker import` (nothing to pull) and pushed."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"imagegate attach test\n"
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    ref = f"{registry}/attest/app:1"
+    docker("import", "-", ref, stdin=buf.getvalue())
+    try:
+        docker("push", ref)
+        yield ref
+    finally:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)

@@ -6,92 +6,19 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-import socket
 import subprocess
 import tarfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from imagegate.attest import attach, keys, sign
 from imagegate.attest import statement as st
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
-from tests.attest.conftest import cli
+from tests.attest.conftest import cli, docker
 
 pytestmark = pytest.mark.engine
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    exe = shutil.which("docker-registry")
-    if exe is None:
-        pytest.fail("docker-registry is not installed (Debian package docker-registry)")
-    root = tmp_path_factory.mktemp("registry")
-    port = _free_port()
-    cfg = root / "config.yml"
-    cfg.write_text(
-        "version: 0.1\n"
-        "log: {level: warn}\n"
-        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}\n"
-        f"http: {{addr: '127.0.0.1:{port}'}}\n"
-    )
-    log = open(root / "registry.log", "wb")  # noqa: SIM115  (closed after the process stops)
-    proc = subprocess.Popen([exe, "serve", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the registry did not start: " + (root / "registry.log").read_text()[-2000:])
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _docker(*args: str, stdin: bytes | None = None) -> str:
-    p = subprocess.run(["docker", *args], input=stdin, capture_output=True, timeout=300)
-    assert p.returncode == 0, p.stderr.decode()
-    return p.stdout.decode()
-
-
-@pytest.fixture(scope="module")
-def image(registry: str) -> Iterator[str]:
-    """A one-file image, made with `docker import` (nothing to pull) and pushed."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = b"imagegate attach test\n"
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    ref = f"{registry}/attest/app:1"
-    _docker("import", "-", ref, stdin=buf.getvalue())
-    try:
-        _docker("push", ref)
-        yield ref
-    finally:
-        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
 
 
 def _signed(
@@ -198,9 +125,9 @@ def test_attach_refuses_an_attestation_of_another_image(registry: str, image: st
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.addfile(tarfile.TarInfo("empty"), io.BytesIO(b""))
-    _docker("import", "-", other, stdin=buf.getvalue())
+    docker("import", "-", other, stdin=buf.getvalue())
     try:
-        _docker("push", other)
+        docker("push", other)
         r = cli("attach", str(signed), other)
         assert r.returncode == 3 and "is not" in r.stderr and "attestation subject" in r.stderr
         v = cli("verify", str(signed), "--key", "/dev/null", "--image", other)
@@ -211,9 +138,9 @@ def test_attach_refuses_an_attestation_of_another_image(registry: str, image: st
 
 def test_verify_image_without_attestations(registry: str, image: str, tmp_path: Path) -> None:
     bare = f"{registry}/attest/bare:1"
-    _docker("tag", image, bare)
+    docker("tag", image, bare)
     try:
-        _docker("push", bare)
+        docker("push", bare)
         _, pub = keys.write_keypair(tmp_path / "k", keys.generate(), None)
         r = cli("verify", "--image", bare, "--key", str(pub))
         assert r.returncode == 1 and "no attestation attached" in r.stdout

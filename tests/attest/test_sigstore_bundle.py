@@ -10,13 +10,13 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from imagegate.attest import bundle, dsse, keys, sign
+from tests.npm_tools import node_modules
 
 HERE = Path(__file__).parent
 
@@ -36,22 +36,9 @@ def test_bundle_form(signed: sign.Signed, attempt: Path, keypair: tuple[Path, Pa
 
 
 def _sigstore_js() -> Path:
-    if not shutil.which("node") or not shutil.which("npm"):
-        pytest.fail("node and npm are needed for the independent bundle check: apt-get install nodejs npm")
-    folder = Path(os.environ.get("IMAGEGATE_SIGSTORE_JS") or HERE.parents[1] / ".cache" / "sigstore-js")
-    modules = folder / "node_modules"
-    if not (modules / "@sigstore" / "verify").is_dir():
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(HERE / "sigstore_js" / "package.json", folder / "package.json")
-        p = subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(folder)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if p.returncode != 0 or not (modules / "@sigstore" / "verify").is_dir():
-            pytest.fail(f"npm could not install sigstore-js into {folder}: {p.stderr[-2000:]}")
-    return modules
+    return node_modules(
+        HERE / "sigstore_js" / "package.json", "IMAGEGATE_SIGSTORE_JS", "sigstore-js", "@sigstore/verify"
+    )
 
 
 @pytest.mark.parametrize("algorithm", keys.ALGORITHMS)

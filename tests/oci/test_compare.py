@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,8 +61,9 @@ def test_zstd_mirror_is_a_different_image_with_equal_diffids(pushed: Pushed, zst
     assert "env, entrypoint, cmd, labels, user, workdir, platform equal" in r.stdout
 
 
-def test_tampered_mirror_names_the_layer(pushed: Pushed, mirror: Registry) -> None:
-    """Same config, one layer replaced by other (valid gzip) content: corrupt, exit 1."""
+def push_tampered(pushed: Pushed, mirror: Registry, tag: str) -> tuple[str, dict[str, Any]]:
+    """The official image copied into the mirror with its second layer replaced by other
+    (valid gzip) content under the same config; its reference and manifest."""
     with RegistryClient(mirror.host) as c, RegistryClient(pushed.ref.split("/")[0]) as o:
         got = o.get_manifest("team/app", "1")
         manifest = json.loads(got.raw)
@@ -71,8 +73,14 @@ def test_tampered_mirror_names_the_layer(pushed: Pushed, mirror: Registry) -> No
                 data = b"".join(iter(lambda: s.read(1 << 20), b""))
             c.upload_blob("team/app", data, blob["digest"])
         manifest["layers"][1].update({"digest": c.upload_blob("team/app", evil), "size": len(evil)})
-        c.put_manifest("team/app", "tampered", json.dumps(manifest).encode(), DOCKER_MANIFEST)
-    r = imagegate("compare", pushed.ref, f"{mirror.host}/team/app:tampered")
+        c.put_manifest("team/app", tag, json.dumps(manifest).encode(), DOCKER_MANIFEST)
+    return f"{mirror.host}/team/app:{tag}", manifest
+
+
+def test_tampered_mirror_names_the_layer(pushed: Pushed, mirror: Registry) -> None:
+    """Same config, one layer replaced by other (valid gzip) content: corrupt, exit 1."""
+    ref, manifest = push_tampered(pushed, mirror, "tampered")
+    r = imagegate("compare", pushed.ref, ref)
     assert r.returncode == 1
     assert "corrupt: config digest equal" in r.stdout
     assert f"layer 2 ({manifest['layers'][1]['digest']}) DIFFID_MISMATCH" in r.stdout

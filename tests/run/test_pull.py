@@ -144,6 +144,14 @@ def test_run_attach_pushes_an_attestation_that_verify_finds(
         v = imagegate("verify", "--image", ref, "--key", f"{key}.pub", "--expect-verdict", "PASS")
         assert v.returncode == 0, v.stdout + v.stderr
         assert "ok      subject" in v.stdout
+        # the standard statements admission policies read are attached beside it, both ways
+        assert "3 attestation(s); referrers via tag sha256-" in r.stderr + r.stdout
+        for predicate_type in (
+            "https://slsa.dev/verification_summary/v1",
+            "https://in-toto.io/attestation/test-result/v0.1",
+        ):
+            v = imagegate("verify", "--image", ref, "--key", f"{key}.pub", "--type", predicate_type)
+            assert v.returncode == 0, v.stdout + v.stderr
         wrong = imagegate("verify", "--image", ref, "--key", f"{key}.pub", "--expect-verdict", "FAIL")
         assert wrong.returncode == 1 and "FAILED  verdict" in wrong.stdout
     finally:

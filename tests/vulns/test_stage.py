@@ -178,3 +178,21 @@ def test_an_outside_stage_honours_requires(tmp_path: Path, advisory_db: Path) ->
     assert audit.detail.startswith("requires gpu, not present here; ran for the record: ")
     assert audit.data["ran_for_record"]["status"] in ("PASS", "FAIL")
     assert record.verdict == "CPU_PASS_AUDIT_DEFERRED"
+
+
+def test_the_advisory_folders_date_is_a_fact_a_freshness_rule_reads(
+    tmp_path: Path, advisory_db: Path
+) -> None:
+    """The newest `modified` of the folder's advisories, UTC to the second: how old the audit's
+    knowledge is, carried into the signed statement's facts."""
+    from imagegate.attest.statement import stage_facts
+
+    out = run_vulns_stage(ctx(tmp_path, {"advisory_db": advisory_db}), VulnsParams())
+    newest = max(
+        dt.datetime.fromisoformat(line.split("modified:")[1].strip().strip("'\"").replace("Z", "+00:00"))
+        for p in advisory_db.rglob("*.yaml")
+        for line in p.read_text().splitlines()
+        if line.startswith("modified:")
+    )
+    assert out.data["advisories_as_of"] == newest.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert stage_facts("vulns", "vulns", out.data)["advisories_as_of"] == out.data["advisories_as_of"]

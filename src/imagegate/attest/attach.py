@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from imagegate.attest import dsse
-from imagegate.attest.envelopes import read_envelopes
 from imagegate.errors import UsageError
 from imagegate.oci import engineapi
 from imagegate.oci.digest import digest_of, is_digest, split_digest
@@ -184,7 +182,7 @@ def _existing(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | N
     return doc
 
 
-def _read_blob(client: RegistryClient, repo: str, digest: str, limit: int = MAX_ENVELOPE_BYTES) -> bytes:
+def read_blob(client: RegistryClient, repo: str, digest: str, limit: int = MAX_ENVELOPE_BYTES) -> bytes:
     chunks, total = [], 0
     with client.open_blob(repo, digest) as stream:
         while chunk := stream.read(1 << 20):
@@ -211,7 +209,7 @@ def _config(client: RegistryClient, repo: str, old: dict[str, Any] | None, diff_
     desc = (old or {}).get("config") or {}
     if old and isinstance(desc.get("digest"), str):
         try:
-            loaded = json.loads(_read_blob(client, repo, desc["digest"]))
+            loaded = json.loads(read_blob(client, repo, desc["digest"]))
             if isinstance(loaded, dict):
                 cfg = loaded
         except (RegistryError, ValueError):
@@ -227,7 +225,7 @@ def attach(
     client: RegistryClient, ref: Reference, envelope: dsse.Envelope, *, allow_other_subject: bool = False
 ) -> Attached:
     image = resolve(client, ref)
-    statement = _statement(envelope)
+    statement = statement_of(envelope)
     subjects = subject_digests(statement)
     if not allow_other_subject and matching_subject(subjects, image.subject_digests) is None:
         raise UsageError(
@@ -278,7 +276,7 @@ def attach(
     return Attached(pinned, tag, pushed, layer_digest, len(layers), False)
 
 
-def _statement(envelope: dsse.Envelope) -> dict[str, Any]:
+def statement_of(envelope: dsse.Envelope) -> dict[str, Any]:
     try:
         st = json.loads(envelope.payload)
     except (ValueError, UnicodeDecodeError) as e:
@@ -302,20 +300,10 @@ def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
         digest = layer.get("digest")
         if not isinstance(digest, str) or not is_digest(digest):
             continue
-        data = _read_blob(client, repo, digest)
+        data = read_blob(client, repo, digest)
         try:
             env = dsse.from_json(data)
         except UsageError:
             continue  # not an envelope: someone else's layer, not ours to judge
         out.append(FetchedEnvelope(f"{image.reference.registry}/{repo}:{tag} layer {n}", env))
     return out
-
-
-def attach_file(path: Path, image: str, *, insecure: bool = False) -> Attached:
-    """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry."""
-    envelopes = read_envelopes(path)
-    if len(envelopes) != 1:
-        raise UsageError(f"attestation {path}: holds {len(envelopes)} envelopes; attach one at a time")
-    ref = parse_image(image)
-    with client_for(ref, insecure=insecure) as client:
-        return attach(client, ref, envelopes[0])

@@ -1,6 +1,8 @@
 """Sign an attempt: the acceptance Statement in a DSSE envelope, in the three forms consumers
-read (a DSSE file, its one-line .intoto.jsonl twin, a Sigstore bundle), and the SLSA VSA beside
-it. Files are created exclusively: signing never replaces an earlier attestation."""
+read (a DSSE file, its one-line .intoto.jsonl twin, a Sigstore bundle), and beside it the two
+standard statements made from it (attest/vsa.py): an SLSA VSA and an in-toto test-result, each a
+DSSE file and a Sigstore bundle. Files are created exclusively: signing never replaces an earlier
+attestation."""
 
 from __future__ import annotations
 
@@ -11,20 +13,25 @@ from typing import Any
 from imagegate.attest import bundle, dsse
 from imagegate.attest.keys import SigningKey
 from imagegate.attest.statement import canonical_json
-from imagegate.attest.vsa import build_vsa
+from imagegate.attest.vsa import build_test_result, build_vsa
 from imagegate.errors import UsageError
 
 DSSE_FILE = "attestation.dsse.json"
 INTOTO_FILE = "attestation.intoto.jsonl"
 BUNDLE_FILE = "attestation.sigstore.json"
 VSA_FILE = "vsa.dsse.json"
+VSA_BUNDLE_FILE = "vsa.sigstore.json"
+TEST_RESULT_FILE = "testresult.dsse.json"
+TEST_RESULT_BUNDLE_FILE = "testresult.sigstore.json"
 
 
 @dataclass(frozen=True)
 class Signed:
     envelope: dsse.Envelope
-    files: list[Path]  # DSSE, .intoto.jsonl, Sigstore bundle, VSA: in that order
+    files: list[Path]  # DSSE, .intoto.jsonl, Sigstore bundle, VSA, test-result (+ their bundles)
     fingerprint: str
+    # The standard statements' envelopes (VSA, test-result): attached beside the acceptance.
+    standard: tuple[dsse.Envelope, ...] = ()
 
     @property
     def dsse_path(self) -> Path:
@@ -56,6 +63,13 @@ def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) 
         _create(attempt_dir / INTOTO_FILE, envelope.to_json(indent=None)),
         _create(attempt_dir / BUNDLE_FILE, bundle.to_json(envelope, key.public)),
     ]
-    summary = build_vsa(statement, DSSE_FILE, dsse_bytes)
-    files.append(_create(attempt_dir / VSA_FILE, dsse.sign(serialize(summary), key).to_json()))
-    return Signed(envelope, files, key.public.fingerprint)
+    standard = []
+    for made, name, bundle_name in (
+        (build_vsa(statement, DSSE_FILE, dsse_bytes), VSA_FILE, VSA_BUNDLE_FILE),
+        (build_test_result(statement), TEST_RESULT_FILE, TEST_RESULT_BUNDLE_FILE),
+    ):
+        signed = dsse.sign(serialize(made), key)
+        files.append(_create(attempt_dir / name, signed.to_json()))
+        files.append(_create(attempt_dir / bundle_name, bundle.to_json(signed, key.public)))
+        standard.append(signed)
+    return Signed(envelope, files, key.public.fingerprint, tuple(standard))

@@ -18,7 +18,7 @@ PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
 
 # Files of an attempt folder that are not evidence: the statement itself and what signs it.
 NOT_EVIDENCE = ("statement.json",)
-NOT_EVIDENCE_PREFIXES = ("attestation.", "vsa.")
+NOT_EVIDENCE_PREFIXES = ("attestation.", "vsa.", "testresult.")
 
 
 def environment_digest(env: Any) -> str:
@@ -183,6 +183,7 @@ FACTS: dict[str, FactRules] = {
             "fail_on",
             "counted",
             "advisories",
+            "advisories_as_of",
             "packages",
             "expired_ignores",
             "problems",

@@ -511,7 +511,7 @@ def verify_image(
 ) -> Report:
     """Fetch the attestations attached to `image` in its registry and verify them: passes when
     one of them, of our predicate type, passes every check."""
-    from imagegate.attest import attach
+    from imagegate.attest import attach, referrers
     from imagegate.oci.registry import RegistryError
 
     ref = attach.parse_image(image)
@@ -528,7 +528,7 @@ def verify_image(
     try:
         with attach.client_for(ref, insecure=insecure) as client:
             remote = attach.resolve(client, ref)
-            fetched = attach.fetch(client, remote)
+            fetched = referrers.fetch_all(client, remote)
     except RegistryError as e:
         if attach.names_a_registry(image) or local is not None:
             raise
@@ -539,7 +539,8 @@ def verify_image(
         rep.add(
             "attestation",
             "failed",
-            f"no attestation attached to {pinned} (tag {attach.attestation_tag(remote.digests[0])})",
+            f"no attestation attached to {pinned} (tag {attach.attestation_tag(remote.digests[0])}, "
+            "nor as a referrer)",
         )
         return rep
     reports = [

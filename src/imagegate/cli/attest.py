@@ -122,7 +122,8 @@ def verify(
     "  imagegate attach runs/…/attestation.dsse.json 127.0.0.1:5000/team/vllm:0.11\n\n"
     "  imagegate attach attestation.sigstore.json registry.example/team/vllm@sha256:…\n\n"
     "Pushes the attestation as `cosign attest --key` does: tag sha256-<hex>.att in the image's "
-    "repository, one DSSE layer per attestation, added to those already there. Registry "
+    "repository, one DSSE layer per attestation, added to those already there; and as an OCI 1.1 "
+    "referrer of the image (the referrers API, or the sha256-<hex> tag where the registry lacks it). Registry "
     "credentials come from the usual docker/podman auth files."
 )
 def attach(
@@ -136,6 +137,6 @@ def attach(
 ) -> None:
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""
-    from imagegate.attest.attach import attach_file  # lazy: keeps CLI start-up fast
+    from imagegate.attest.referrers import attach_file  # lazy: keeps CLI start-up fast
 
-    console_attest.render_attached(attach_file(attestation, image, insecure=insecure))
+    console_attest.render_attached(*attach_file(attestation, image, insecure=insecure))

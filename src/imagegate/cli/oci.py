@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from functools import partial
+from pathlib import Path
 
 import typer
 from typer import Argument, Option
 
+from imagegate.attest import keys
 from imagegate.cli import _app
 from imagegate.cli._app import Format, app, show
+from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest
 from imagegate.report import console_oci
@@ -56,6 +60,27 @@ def layers(
     raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
 
 
+# compare --attest: who signs, what is carried over, whose signature on it is trusted.
+ATTEST = Option(
+    None,
+    "--attest",
+    metavar="KEY",
+    help="Sign the equivalence of the two manifests with this key (same content only; implies --deep).",
+)
+CARRY = Option(
+    None,
+    "--carry",
+    metavar="ATTESTATION",
+    help="With --attest: the official image's signed acceptance, carried over to MIRROR as a VSA and a test-result.",
+)
+TRUST = Option(
+    [],
+    "--trust",
+    metavar="PUB",
+    help="With --carry: a key the acceptance may be signed with (repeatable; default: --attest's own).",
+)
+
+
 @app.command(
     name="compare",
     epilog="Examples:\n\n"
@@ -64,6 +89,9 @@ def layers(
     "Says exactly one of: identical (same manifest digest; no blob read unless --deep); same "
     "content (config digest equal, every diffID verified, compression may differ); different image "
     "(with the layers and config fields that differ); corrupt (a blob does not match).\n\n"
+    "With --attest KEY, same content between two registry images is signed as one statement "
+    "naming both manifests (mirror.dsse.json); --carry ACCEPTANCE adds a VSA and a test-result "
+    "for MIRROR resting on it. Nothing is signed for a different or corrupt image.\n\n"
     "Exit codes: 0 same content, 1 different or corrupt, 2 could not decide (or --timeout "
     "passed), 3 usage error.",
 )
@@ -80,17 +108,43 @@ def compare_cmd(
     max_layer_size: str = _app.MAX_LAYER,
     quiet: bool = _app.QUIET,
     timeout: float = _app.TIMEOUT,
+    attest: Path | None = ATTEST,
+    out: Path = Option(Path("."), "--out", "-o", help="With --attest: the folder the signed files go to."),
+    carry: Path | None = CARRY,
+    trust: list[Path] = TRUST,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
     from imagegate.oci.compare import compare
     from imagegate.oci.transports import open_sources
 
     limit = parse_size(max_layer_size)
+    key = _signing_key(attest, carry)
     with (
         _app.within(timeout),
         open_sources([official, mirror], platform=platform, insecure=insecure) as (a, b),
         layer_progress(quiet) as sink,
     ):
-        result = compare(a, b, deep=deep, jobs=jobs, max_uncompressed=limit, progress=sink)
+        result = compare(a, b, deep=deep or key is not None, jobs=jobs, max_uncompressed=limit, progress=sink)
     show(fmt, result.to_dict, partial(console_oci.render_compare, result))
+    if key is not None and result.exit_code == EXIT_ACCEPTED:
+        from imagegate.attest import mirror as equivalence
+
+        carried = None
+        if carry is not None:
+            trusted = keys.trusted_keys(trust) or (key.public,)
+            carried = equivalence.verified_acceptance(carry, trusted, str(result.official.manifest_digest))
+        signed = equivalence.sign_equivalence(result, key, out, carried)
+        console_oci.render_equivalence(signed.files, key.public.fingerprint)
+    elif key is not None:
+        console_oci.render_not_signed(result)
     raise typer.Exit(result.exit_code)
+
+
+def _signing_key(attest: Path | None, carry: Path | None) -> keys.SigningKey | None:
+    if attest is None:
+        if carry is not None:
+            raise UsageError(
+                "--carry needs --attest KEY: the carried statements are signed", hint="add --attest KEY"
+            )
+        return None
+    return keys.load_signing_key(attest, keys.password_from_env(os.environ))

@@ -36,7 +36,7 @@ from imagegate.oci import deadline_net, untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
 from imagegate.oci.digest import digest_of, is_digest
 from imagegate.oci.errors import BlobNotFound, SourceError
-from imagegate.oci.manifest import ACCEPT_ALL
+from imagegate.oci.manifest import ACCEPT_ALL, OCI_INDEX
 from imagegate.oci.reference import is_loopback_registry
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -466,7 +466,11 @@ class RegistryClient:
         return digest
 
     def put_manifest(self, repository: str, ref: str, raw: bytes, media_type: str) -> str:
-        resp = self.request(
+        resp = self._put_manifest(repository, ref, raw, media_type)
+        return resp.headers.get("Docker-Content-Digest") or digest_of(raw)
+
+    def _put_manifest(self, repository: str, ref: str, raw: bytes, media_type: str) -> httpx.Response:
+        return self.request(
             "PUT",
             f"/v2/{repository}/manifests/{ref}",
             scope=self._scope(repository, "pull,push"),
@@ -474,7 +478,31 @@ class RegistryClient:
             headers={"Content-Type": media_type},
             ok=(201,),
         )
-        return resp.headers.get("Docker-Content-Digest") or digest_of(raw)
+
+    def put_referrer(self, repository: str, raw: bytes, media_type: str) -> tuple[str, bool]:
+        """Push a manifest that has a `subject`, by its digest (OCI distribution 1.1); also
+        whether the registry said it indexed the subject (the `OCI-Subject` header): if not, the
+        caller keeps the tag-schema fallback index itself."""
+        digest = digest_of(raw)
+        resp = self._put_manifest(repository, digest, raw, media_type)
+        return digest, bool(resp.headers.get("OCI-Subject"))
+
+    def referrers(self, repository: str, digest: str) -> bytes | None:
+        """The referrers API's index for `digest` (bounded like any manifest), or None where
+        the registry does not serve the API (404, as the OCI distribution spec says)."""
+        try:
+            resp = self.request(
+                "GET",
+                f"/v2/{repository}/referrers/{digest}",
+                scope=self._scope(repository),
+                headers={"Accept": OCI_INDEX},
+                what=f"the referrers of {repository}@{digest}",
+            )
+        except NotFound:
+            return None
+        if resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
+            return None  # a catch-all page, not the API
+        return resp.content
 
 
 class BlobStream:

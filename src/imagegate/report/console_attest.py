@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from imagegate.attest.attach import Attached
     from imagegate.attest.keys import SigningKey
+    from imagegate.attest.referrers import Referred
     from imagegate.attest.verify import Report
 
 _MARK = {"ok": "ok     ", "failed": "FAILED ", "skipped": "skipped"}
@@ -32,9 +33,11 @@ def render_verify(report: Report) -> None:
         print("NOT verified: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failures))
 
 
-def render_attached(done: Attached) -> None:
+def render_attached(done: Attached, referred: Referred) -> None:
     if done.already:
         print(f"already attached: {done.reference} ({done.tag}, layer {done.layer_digest})")
     else:
         print(f"attached to {done.reference}: {done.tag} now holds {done.layers} attestation(s)")
         print(f"  layer {done.layer_digest}, manifest {done.manifest_digest}")
+    said = "already a referrer" if referred.already else "referrer"
+    print(f"{said} {referred.manifest_digest}, listed by {referred.via}")

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from imagegate.oci.compare import CompareResult
     from imagegate.oci.verify import VerifyReport
 
@@ -84,3 +87,15 @@ def render_compare(result: CompareResult, out: Console) -> None:
     for p in result.problems:
         out.print(f"problem: {p}")
     out.print(result.sentence)
+
+
+def render_equivalence(files: list[Path], fingerprint: str) -> None:
+    """On stderr: stdout may be carrying --format json."""
+    print(f"signed with key {fingerprint}:", file=sys.stderr)
+    for f in files:
+        print(f"  {f}", file=sys.stderr)
+
+
+def render_not_signed(result: CompareResult) -> None:
+    said = {"DIFFERENT": "different image"}.get(result.verdict.value, result.verdict.value.lower())
+    print(f"--attest: {said}: no equivalence signed", file=sys.stderr)

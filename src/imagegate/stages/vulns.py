@@ -98,6 +98,7 @@ def _data(audit: Audit, d: policy.Decision, params: VulnsParams) -> dict[str, An
         "source": audit.source,
         "where": audit.where,
         "advisories": audit.advisories,
+        "advisories_as_of": audit.as_of,
         "packages": audit.packages,
         "fail_on": params.fail_on,
         "counted": len(d.counted),

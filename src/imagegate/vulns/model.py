@@ -61,6 +61,7 @@ class Audit:
     findings: tuple[Finding, ...]
     problems: tuple[str, ...] = field(default=())
     advisories: int | None = None  # offline: how many advisories the folder held
+    as_of: str | None = None  # offline: the newest advisory's `modified` (online: the run's time)
 
 
 class AuditError(Exception):

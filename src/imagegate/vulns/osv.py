@@ -5,6 +5,7 @@ ECOSYSTEM range (introduced / fixed / last_affected events, limit events as uppe
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -124,6 +125,21 @@ class Advisory:
         return out
 
 
+def _modified(doc: Mapping[str, Any]) -> dt.datetime | None:
+    """An OSV record's `modified` time (YAML may have parsed it already), in UTC; None if absent
+    or unreadable."""
+    value = doc.get("modified")
+    try:
+        when = (
+            value
+            if isinstance(value, dt.datetime)
+            else dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        )
+    except ValueError:
+        return None
+    return when.replace(tzinfo=dt.timezone.utc) if when.tzinfo is None else when.astimezone(dt.timezone.utc)
+
+
 class AdvisoryDB:
     """The advisories of a folder (or zip), indexed by canonical package name."""
 
@@ -132,8 +148,12 @@ class AdvisoryDB:
         self.problems = list(problems)
         self.by_package: dict[str, list[Advisory]] = {}
         self.count = 0
+        newest: dt.datetime | None = None
         for adv in advisories:
             self.count += 1
+            modified = _modified(adv.raw)
+            if modified is not None and (newest is None or modified > newest):
+                newest = modified
             names = {
                 canonicalize_name(str((a.get("package") or {}).get("name", "")))
                 for a in adv.raw.get("affected") or []
@@ -141,6 +161,8 @@ class AdvisoryDB:
             }
             for name in names:
                 self.by_package.setdefault(name, []).append(adv)
+        # How fresh the folder is: its newest advisory's `modified` (what a freshness rule reads).
+        self.as_of = newest.strftime("%Y-%m-%dT%H:%M:%SZ") if newest else None
 
     @classmethod
     def load(cls, path: Path) -> AdvisoryDB:
@@ -201,7 +223,13 @@ class AdvisoryDB:
                     )
                 )
         return Audit(
-            "offline", self.where, len(packages), tuple(merge_aliases(findings)), tuple(problems), self.count
+            "offline",
+            self.where,
+            len(packages),
+            tuple(merge_aliases(findings)),
+            tuple(problems),
+            self.count,
+            self.as_of,
         )
 
 

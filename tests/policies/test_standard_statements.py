@@ -1,0 +1,81 @@
+"""The SLSA VSA and the in-toto test-result signed beside the acceptance statement, read from
+real signed runs: what each verdict maps to, the configuration by digest, a completion repeating
+the whole final verdict and naming the attempt it completes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from imagegate.attest import dsse, keys, sign
+from tests.policies.conftest import Keys, payload, result_statement, vsa
+
+
+def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
+    expect = {
+        "pass": ("PASS", "PASSED", ["IMAGEGATE_CPU", "IMAGEGATE_GPU"], "PASSED"),
+        "deferred": ("CPU_PASS_NODE_CHECK_DEFERRED", "PASSED", ["IMAGEGATE_CPU"], "WARNED"),
+        "fail": ("FAIL", "FAILED", [], "FAILED"),
+        "error": ("ERROR", "FAILED", [], "FAILED"),
+    }
+    for name, (verdict, result, levels, tested) in expect.items():
+        acceptance = payload(runs[name] / sign.DSSE_FILE)
+        assert acceptance["predicate"]["verdict"] == verdict, name
+        v, t = vsa(runs[name]), result_statement(runs[name])
+        assert v["subject"] == t["subject"] == acceptance["subject"], name
+        assert (v["predicate"]["verificationResult"], v["predicate"]["verifiedLevels"]) == (result, levels), (
+            name
+        )
+        assert t["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
+        assert t["predicate"]["result"] == tested, name
+    assert result_statement(runs["deferred"])["predicate"]["warnedTests"] == ["node_check"]
+    assert result_statement(runs["fail"])["predicate"]["failedTests"] == ["find_spec"]
+    assert result_statement(runs["error"])["predicate"]["failedTests"] == ["slow"]
+    assert result_statement(runs["pass"])["predicate"]["passedTests"] == ["pip_check", "find_spec"]
+
+
+def test_test_result_names_pipeline_and_probes_bundle_by_digest(runs: dict[str, Path]) -> None:
+    attempt = runs["pass"]
+    pred = payload(attempt / sign.DSSE_FILE)["predicate"]
+    config = result_statement(attempt)["predicate"]["configuration"]
+    assert config[0]["digest"] == {"sha256": pred["pipeline"]["sha256"]}
+    assert config[1] == {
+        "name": "imagegate probes bundle",
+        "digest": {"sha256": hashlib.sha256((attempt / "bundle.pyz").read_bytes()).hexdigest()},
+    }
+    v = vsa(attempt)["predicate"]
+    assert v["timeVerified"] == pred["finishedOn"] and v["policy"]["digest"] == config[0]["digest"]
+
+
+def test_standard_statements_are_signed_with_the_runs_key(runs: dict[str, Path], policy_keys: Keys) -> None:
+    pub = keys.load_public_key(policy_keys.pub)
+    other = keys.load_public_key(policy_keys.other_pub)
+    for name in (sign.VSA_FILE, sign.TEST_RESULT_FILE):
+        assert dsse.from_json((runs["pass"] / name).read_bytes()).verified_by(pub)
+        assert not dsse.from_json((runs["other_key"] / name).read_bytes()).verified_by(pub)
+        assert dsse.from_json((runs["other_key"] / name).read_bytes()).verified_by(other)
+
+
+def test_a_completion_repeats_the_final_verdict_and_names_what_it_completes(runs: dict[str, Path]) -> None:
+    """Kyverno reads only the first attestation of a type (kyverno#4116): the completion's own
+    VSA and test-result must each say the whole final verdict, not only the stages it ran."""
+    done, earlier = runs["completion"], runs["deferred"]
+    pred = payload(done / sign.DSSE_FILE)["predicate"]
+    assert pred["completes"]["attempt"] == earlier.name
+    v, t = vsa(done)["predicate"], result_statement(done)["predicate"]
+    assert (v["verificationResult"], v["verifiedLevels"]) == ("PASSED", ["IMAGEGATE_CPU"])  # no GPU here
+    assert t["result"] == "WARNED" and t["warnedTests"] == ["node_check"]
+    assert sorted(t["passedTests"] + t["warnedTests"] + t["failedTests"]) == sorted(
+        s["id"] for s in pred["stages"]
+    )
+    (own, linked) = v["inputAttestations"]
+    assert own == {
+        "uri": sign.DSSE_FILE,
+        "digest": {"sha256": hashlib.sha256((done / sign.DSSE_FILE).read_bytes()).hexdigest()},
+    }
+    assert linked == {
+        "uri": "completes/attestation.dsse.json",
+        "digest": {"sha256": hashlib.sha256((earlier / sign.DSSE_FILE).read_bytes()).hexdigest()},
+    }
+    assert json.loads((done / "statement.json").read_text())["predicate"]["verdict"] == pred["verdict"]
