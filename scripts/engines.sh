@@ -63,20 +63,19 @@ if ! docker -H unix:///var/run/docker.sock version >/dev/null 2>&1; then
   wait_for 60 docker -H unix:///var/run/docker.sock version || { tail -20 "$state/dockerd.log" >&2; exit 1; }
 fi
 
-mkdir -p /etc/containers
-if ! grep -q imagegate /etc/containers/containers.conf 2>/dev/null; then
-  cat >/etc/containers/containers.conf <<'CONF'
-# written by imagegate scripts/engines.sh: crun fails on this host's hybrid cgroups; runc works
+# The test engine's own config (CONTAINERS_CONF, read by the service alone): crun fails on this
+# host's hybrid cgroups, runc works. No file of the host's is changed.
+cat >"$state/containers.conf" <<'CONF'
 [containers]
 default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 CONF
-fi
 if ! curl -sf --unix-socket /run/podman.sock http://d/_ping >/dev/null 2>&1; then
   rm -f /run/podman.sock
-  nohup podman system service --time=0 unix:///run/podman.sock >"$state/podman.log" 2>&1 &
+  CONTAINERS_CONF="$state/containers.conf" nohup podman system service --time=0 unix:///run/podman.sock \
+    >"$state/podman.log" 2>&1 &
   echo $! >"$state/podman.pid"
   wait_for 30 curl -sf --unix-socket /run/podman.sock http://d/_ping || { tail -20 "$state/podman.log" >&2; exit 1; }
 fi
