@@ -57,3 +57,14 @@ def test_shell_completion_is_offered() -> None:
     assert "--install-completion" in r.stdout
     r = imagegate("--show-completion", "bash", env={"SHELL": "/bin/bash"})
     assert r.returncode == 0 and "complete" in r.stdout
+
+
+def test_dash_h_is_help_everywhere() -> None:
+    """-h is --help, for the app and for every command and group (inherited by subcommands)."""
+    cli = imagegate
+    for args in ([], ["run"], ["cache", "unpack"], ["pod", "render"], ["verify"]):
+        r = cli(*args, "-h")
+        assert (
+            r.returncode == 0 and r.stdout.startswith("Usage: ") and "imagegate" in r.stdout.splitlines()[0]
+        ), (args, r.stdout, r.stderr)
+        assert r.stdout == cli(*args, "--help").stdout

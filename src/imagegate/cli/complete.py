@@ -59,7 +59,7 @@ def complete(
     no_sign: bool = o.NO_SIGN,
     quiet: bool = o.QUIET,
 ) -> None:
-    """Complete an attempt's deferred stages (e.g. on a GPU host) in a new, linked attempt."""
+    """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
     from imagegate import complete as completing
 
     notify = o.notifier(quiet)
