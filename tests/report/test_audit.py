@@ -72,6 +72,15 @@ def test_inventory_errors_name_the_line(tmp_path: Path) -> None:
     inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\n")
     r = imagegate("audit", str(inv))
     assert r.returncode == 3 and "nothing to audit" in r.stderr
+    # A wrong type in the pipeline file's words (what was expected, what was found), not pydantic's.
+    inv.write_text("apiVersion: imagegate/v1\nkind: Inventory\nimages:\n  - image: 3\n    modules: x\n")
+    r = imagegate("audit", str(inv))
+    assert r.returncode == 3, r.stderr
+    assert f"{inv}:4: images[0].image: expected text, found 3" in r.stderr
+    assert f"{inv}:5: images[0].modules: expected a list, found 'x'" in r.stderr
+    assert "Input should be" not in r.stderr
+    r = imagegate("audit", "/dev/zero")
+    assert r.returncode == 3 and "inventory /dev/zero: cannot read it: not a regular file" in r.stderr
 
 
 def test_inventory_duplicate_keys_and_deep_nesting_are_named(tmp_path: Path) -> None:

@@ -11,9 +11,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from imagegate.errors import UsageError
+from imagegate.files import read_named
 from imagegate.oci.reference import check_image
-from imagegate.pipeline.load import (
-    _line_of,  # the pipeline file's error locator, shared
+from imagegate.pipeline.load import (  # the pipeline file's reader and error words, shared
+    key_text,
+    line_of,
+    message,
     read_yaml,
 )
 from imagegate.pipeline.model import parse_duration
@@ -97,11 +100,15 @@ def _pipeline_path(name: str, folder: Path) -> str:
     return str(folder / name) if looks_like_file and not Path(name).is_absolute() else name
 
 
+MAX_INVENTORY_BYTES = 4 << 20  # thousands of images fit; a larger file is refused before it is read
+
+
 def load(path: Path) -> LoadedImageList:
+    raw = read_named(path, what="inventory", max_bytes=MAX_INVENTORY_BYTES)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"inventory {path}: cannot read it ({e.strerror})") from e
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"inventory {path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
     # The pipelines' reader: duplicate keys, deep nesting and alias bombs are named errors.
     node, data = read_yaml(text, str(path))
     if not isinstance(data, dict):
@@ -110,12 +117,9 @@ def load(path: Path) -> LoadedImageList:
         inv = ImageList.model_validate(data)
     except ValidationError as e:
         lines = []
-        for item in e.errors():
+        for item in e.errors():  # in the pipeline file's words: what was expected, what was found
             loc = tuple(item["loc"])
-            key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
-            msg = f"unknown key {loc[-1]!r}" if item["type"] == "extra_forbidden" else item["msg"]
-            msg = msg.removeprefix("Value error, ")
-            lines.append(f"{path}:{_line_of(node, loc)}: {key or '(top)'}: {msg}")
+            lines.append(f"{path}:{line_of(node, loc)}: {key_text(loc) or '(top)'}: {message(item)}")
         raise UsageError("invalid inventory:\n  " + "\n  ".join(lines)) from e
     if not inv.images and not inv.mirrors:
         raise UsageError(f"{path}: nothing to audit", hint="list `images:` and/or `mirrors:`")

@@ -76,7 +76,7 @@ def parse(text: str, filename: str = "<pipeline>") -> Pipeline:
     if not isinstance(data, dict):
         raise UsageError(f"{filename}: a pipeline is a mapping with apiVersion: imagegate/v1 and stages")
     if data.get("apiVersion") != API_VERSION:
-        line = _line_of(node, ("apiVersion",))
+        line = line_of(node, ("apiVersion",))
         found = "missing" if "apiVersion" not in data else f"found {data['apiVersion']!r}"
         raise UsageError(
             f"{filename}:{line}: apiVersion: {found}, expected {API_VERSION!r}",
@@ -188,14 +188,14 @@ def _check_duplicates(node: yaml.MappingNode, path: tuple[Any, ...], filename: s
         line = k.start_mark.line + 1
         if (k.tag, k.value) in first:
             raise UsageError(
-                f"{filename}:{line}: {_key_text((*path, k.value))}: duplicate key {k.value!r} "
+                f"{filename}:{line}: {key_text((*path, k.value))}: duplicate key {k.value!r} "
                 f"(first on line {first[(k.tag, k.value)]})",
                 hint="YAML would silently keep only the last one; keep one of them",
             )
         first[(k.tag, k.value)] = line
 
 
-def _key_text(loc: tuple[Any, ...]) -> str:
+def key_text(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
 
 
@@ -204,8 +204,8 @@ def _describe(err: ValidationError, node: yaml.Node | None, filename: str) -> st
     for item in err.errors():
         error = (item.get("ctx") or {}).get("error")
         loc = error.loc if isinstance(error, StageGraphError) else _yaml_loc(item["loc"])
-        line = _line_of(node, loc)
-        lines.append(f"{filename}:{line}: {_key_text(loc) or '(top)'}: {_message(item)}")
+        line = line_of(node, loc)
+        lines.append(f"{filename}:{line}: {key_text(loc) or '(top)'}: {message(item)}")
     return "invalid pipeline:\n  " + "\n  ".join(lines)
 
 
@@ -238,7 +238,7 @@ def _found(value: object) -> str:
     return f"found {value!r}"
 
 
-def _message(item: Any) -> str:
+def message(item: Any) -> str:
     """pydantic's error in the product's words: what was expected, what was found."""
     kind, msg, ctx = item["type"], item["msg"], item.get("ctx") or {}
     loc = item["loc"]
@@ -284,7 +284,7 @@ def _yaml_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+def line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
     """1-based line of the deepest node along `loc` (the key's own line for mapping keys)."""
     line = node.start_mark.line + 1 if node is not None else 1
     for part in loc:
