@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from . import capture
+from . import capture, gpu_worker
 
 # CUDA runtime major version -> the oldest Linux driver that runs it (CUDA minor-version
 # compatibility; NVIDIA CUDA Toolkit release notes, "CUDA Toolkit and Minimum Required Driver
@@ -137,8 +137,8 @@ def parse_proc_driver(text: str) -> str | None:
 
 
 def busbw(nbytes: int, seconds: float, world: int) -> float:
-    """nccl-tests' bus bandwidth of an all-reduce, GB/s: algbw * 2(n-1)/n."""
-    return nbytes / seconds / 1e9 * 2.0 * (world - 1) / world
+    """nccl-tests' bus bandwidth of an all-reduce, GB/s: algbw * 2(n-1)/n (gpu_worker's formulas)."""
+    return gpu_worker.busbw(gpu_worker.gbps(nbytes, seconds) or 0.0, world)
 
 
 def judge(facts: dict, matmul, allreduce, params: dict) -> dict:

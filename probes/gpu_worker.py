@@ -20,6 +20,22 @@ TOLERANCE = 1e-2  # max |bf16 result - float32 reference| over a block, relative
 BLOCK = 256  # rows and columns of the block compared with the float32 reference
 
 
+def tflops(size: int, seconds: float) -> float | None:
+    """TFLOP/s of one size x size x size matmul taking `seconds`: 2 n^3 floating-point operations
+    (a multiply and an add per term)."""
+    return 2.0 * size**3 / seconds / 1e12 if seconds > 0 else None
+
+
+def gbps(nbytes: float, seconds: float) -> float | None:
+    """GB/s (10^9 bytes a second) of `nbytes` moved in `seconds`."""
+    return nbytes / seconds / 1e9 if seconds > 0 else None
+
+
+def busbw(algbw: float, world: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce from its algorithm bandwidth: algbw * 2(n-1)/n."""
+    return algbw * 2.0 * (world - 1) / world
+
+
 def step(name: str) -> None:
     sys.stderr.write("imagegate-step: %s\n" % name)
     sys.stderr.flush()
@@ -102,7 +118,7 @@ def matmul(size: int, warmup: int, iters: int) -> dict:
                 "index": i,
                 "size": size,
                 "seconds_per_matmul": ms / 1000.0,
-                "tflops": 2.0 * size**3 / (ms / 1000.0) / 1e12 if ms > 0 else None,
+                "tflops": tflops(size, ms / 1000.0),
                 "finite": finite,
                 "block": k,
                 "max_abs_error": err,
@@ -157,14 +173,14 @@ def allreduce(rank: int, world: int, rendezvous: str, nbytes: int, warmup: int, 
         seconds = start.elapsed_time(end) / 1000.0 / iters
         step("last all_reduce (sum check)")
         check("after timing")
-        algbw = n * 4 / seconds / 1e9 if seconds > 0 else None
+        algbw = gbps(n * 4, seconds)
         return {
             "rank": rank,
             "world": world,
             "bytes": n * 4,
             "seconds_per_allreduce": seconds,
             "algbw_gbps": algbw,
-            "busbw_gbps": algbw * 2.0 * (world - 1) / world if algbw is not None else None,
+            "busbw_gbps": busbw(algbw, world) if algbw is not None else None,
             "sum_checks": checks,
             "sum_ok": all(c["ok"] for c in checks),
         }

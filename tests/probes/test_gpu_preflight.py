@@ -105,6 +105,24 @@ def test_busbw_is_nccl_tests_definition(gp) -> None:  # type: ignore[no-untyped-
     assert gp.busbw(1 << 30, 0.005, 8) == pytest.approx((1 << 30) / 0.005 / 1e9 * 1.75)
 
 
+def test_every_figure_is_its_textbook_formula() -> None:
+    """Against values computed by hand, not by the same expressions: a doubled or halved formula
+    fails here."""
+    gw = load("gpu_worker")
+    # 8192^3 x 2 = 1,099,511,627,776 FLOP; in 1 ms: 1099.51 TFLOP/s; an H200's 8192^3 in 1.39 ms: ~791
+    assert gw.tflops(8192, 0.001) == pytest.approx(1099.511627776)
+    assert gw.tflops(8192, 0.00139) == pytest.approx(791.0155595511, rel=1e-9)
+    assert gw.tflops(4096, 0.5) == pytest.approx(0.274877906944)
+    assert gw.tflops(8192, 0) is None
+    # 1 GiB in 20 ms: 53.6870912 GB/s (10^9 bytes); 4 GB in 1 s: 4
+    assert gw.gbps(1 << 30, 0.02) == pytest.approx(53.6870912)
+    assert gw.gbps(4e9, 1.0) == pytest.approx(4.0)
+    # nccl-tests: busbw = algbw x 2(n-1)/n: 2 ranks x1, 4 ranks x1.5, 8 ranks x1.75
+    assert gw.busbw(200.0, 2) == pytest.approx(200.0)
+    assert gw.busbw(200.0, 4) == pytest.approx(300.0)
+    assert gw.busbw(200.0, 8) == pytest.approx(350.0)
+
+
 def _facts(n: int = 2, arch=ARCH_2_11_CU128, cap: str = "9.0", driver: str = "580.159.04") -> dict:  # type: ignore[no-untyped-def]
     return {
         "torch": "2.11.0+cu130",

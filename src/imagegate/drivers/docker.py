@@ -95,6 +95,16 @@ PULL_POLICIES = ("missing", "never", "always")
 HIDDEN_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void", "TMPDIR": "/tmp"}
 
 
+def device_requests(gpus: GpuRequest | None) -> list[docker.types.DeviceRequest] | None:
+    """GPUs through the engine's device requests, as `docker run --gpus` makes them: the ids
+    named, else a count (-1: all); none by default."""
+    if gpus is None:
+        return None
+    if gpus.ids:
+        return [docker.types.DeviceRequest(device_ids=list(gpus.ids), capabilities=[["gpu"]])]
+    return [docker.types.DeviceRequest(count=gpus.count, capabilities=[["gpu"]])]
+
+
 def _no_gpu_runtime(err: docker.errors.APIError) -> bool:
     """The engine's refusal of a device request it cannot serve (no NVIDIA runtime or CDI spec)."""
     text = str(err.explanation or err).lower()
@@ -457,12 +467,7 @@ class DockerDriver:
         return None
 
     def _device_requests(self) -> list[docker.types.DeviceRequest] | None:
-        """GPUs through the engine's device requests (`docker run --gpus`); none by default."""
-        if self.gpus is None:
-            return None
-        if self.gpus.ids:
-            return [docker.types.DeviceRequest(device_ids=list(self.gpus.ids), capabilities=[["gpu"]])]
-        return [docker.types.DeviceRequest(count=self.gpus.count, capabilities=[["gpu"]])]
+        return device_requests(self.gpus)
 
     def _gpu_refused(self, e: docker.errors.APIError) -> EngineError:
         env = self.environment()
