@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from imagegate.drivers import bwrap, cdi, seccomp
-from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable, verification_facts
+from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import ImageFacts, Status
