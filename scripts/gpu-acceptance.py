@@ -91,11 +91,13 @@ def setup(log: Log, site: str) -> dict:
         done["wheels"] = [os.path.basename(w) for w in wheels]
         if rc:
             raise SystemExit(3)
-    for tool, var in (("bwrap", "BWRAP_DEB"), ("seccomp", "SECCOMP_DEB")):
+    for tool, var, package in (
+        ("bwrap", "BWRAP_DEB", "bubblewrap"),
+        ("seccomp", "SECCOMP_DEB", "libseccomp2"),
+    ):
         have = shutil.which("bwrap") if tool == "bwrap" else _has_seccomp()
-        deb = os.environ.get(var) or next(
-            iter(glob.glob(os.path.join(ROOT, ".debs", "*%s*.deb" % tool[:4]))), None
-        )
+        debs = glob.glob(os.path.join(ROOT, ".debs", package + "_*.deb"))
+        deb = os.environ.get(var) or (debs[0] if debs else None)
         if have or not deb:
             done[tool] = "on this machine" if have else "missing"
             continue
