@@ -71,7 +71,11 @@ class Tree:
         parts = [p for p in os.path.abspath(path).split("/") if p]
         at, hops = "/", 0
         while parts:
-            here = os.path.join(at, parts.pop(0))
+            part = parts.pop(0)
+            if part in (".", ".."):  # a relative link's way up: walked, never written as a name
+                at = os.path.dirname(at) if part == ".." else at
+                continue
+            here = os.path.join(at, part)
             try:
                 st = os.lstat(here)
             except OSError:
