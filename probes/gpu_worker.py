@@ -126,7 +126,8 @@ def _smi_facts(proc) -> dict:
     for key, pattern in (
         ("sm_clock_mhz", r"\n\s+Clocks\s*\n(?:.*\n)*?\s+SM\s*:\s*(\d+) MHz"),
         ("max_sm_clock_mhz", r"Max Clocks\s*\n(?:.*\n)*?\s+SM\s*:\s*(\d+) MHz"),
-        ("power_draw_w", r"(?:Instantaneous )?Power Draw\s*:\s*([\d.]+) W"),
+        ("power_draw_w", r"Instantaneous Power Draw\s*:\s*([\d.]+) W"),
+        ("average_power_draw_w", r"Average Power Draw\s*:\s*([\d.]+) W"),
         ("temperature_c", r"GPU Current Temp\s*:\s*(\d+) C"),
     ):
         m = re.search(pattern, text)

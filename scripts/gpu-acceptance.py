@@ -333,8 +333,10 @@ def main() -> int:
     memory, gpus = os.environ.get("MEMORY", "64g"), os.environ.get("GPUS", "all")
     # (0) the image, from this machine's own python and torch
     t0 = time.monotonic()
+    # The machine's own Python as it is: not the carried wheels on PYTHONPATH.
+    own = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     built = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "host-image.py"), os.path.join(work, "image"),
-                            "--tag", "torch", "--dist", "torch"], capture_output=True, text=True)  # fmt: skip
+                            "--tag", "torch", "--dist", "torch"], capture_output=True, text=True, env=own)  # fmt: skip
     log.f.write(built.stderr)
     if built.returncode:
         log.say("image build failed")

@@ -95,7 +95,10 @@ def test_generated_from_the_host_gives_exactly_the_gpus_asked_for(host: cdi.Host
         "/nvidia-driver/lib/libnvidia-ml.so.1",
         "/nvidia-driver/lib/libnvidia-ptxjitcompiler.so.1",
     ]
-    assert dict(inj.env) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert dict(inj.env) == {}  # the spec's NVIDIA_VISIBLE_DEVICES=void is for a hook that does not run
+    assert "env NVIDIA_VISIBLE_DEVICES=void: for the NVIDIA container runtime's hook" in "\n".join(
+        inj.not_applied
+    )
     assert inj.facts()["cdi_spec"].startswith("generated from this host")
 
 
@@ -258,7 +261,7 @@ def test_the_sandbox_gets_exactly_the_injection_read_only(
     assert seen["env"] == {
         "LD_LIBRARY_PATH": "/nvidia-driver/lib",
         "PATH": image_path + ":/nvidia-driver/bin",
-        "NVIDIA_VISIBLE_DEVICES": "void",
+        "NVIDIA_VISIBLE_DEVICES": None,  # the probes read void as GPUs hidden
         "CUDA_VISIBLE_DEVICES": None,
     }
     # Every mount is the image's (its top-level entries), the sandbox's own (/proc, /dev and its

@@ -418,7 +418,11 @@ def inject(spec: Spec, request: GpuRequest) -> Injection:
     env: dict[str, str] = {}
     for item in edits.env:
         k, sep, v = item.partition("=")
-        if sep and k:
+        if k == "NVIDIA_VISIBLE_DEVICES" and v in ("void", "none"):
+            # nvidia-ctk sets it so that the NVIDIA runtime's own hook adds nothing; no hook runs
+            # here, and the probes read it as GPUs hidden.
+            skipped.append(f"env {item}: for the NVIDIA container runtime's hook, which does not run here")
+        elif sep and k:
             env[k] = v
     return Injection(
         source=spec.source,
