@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.probes.test_parsers import load
+from tests.probes.test_parsers import PROBES, load
 
 # torch.cuda.get_arch_list() as printed by real wheels (pytorch/pytorch issue 182250, and the
 # "supports CUDA capabilities ..." warning of a torch 1.x cu11x wheel, quoted in public issues).
@@ -379,3 +379,15 @@ def test_reasons_active_read_while_loaded() -> None:
     gw = load("gpu_worker")
     text = "    Clocks Event Reasons\n        Idle                  : Not Active\n        SW Power Cap          : Active\n        HW Slowdown           : Not Active\n    Other Section\n        Thing                 : Active\n"
     assert gw.reasons_active(text) == ["SW Power Cap"]
+
+
+def test_every_fact_the_node_check_reports_is_known_to_the_attestation() -> None:
+    """A fact the statement does not know stops the run after the stage passed (seen on an H200)."""
+    import re
+
+    from imagegate.attest.statement import COMMON_CARRIED, FACTS
+
+    source = (PROBES / "gpu_preflight.py").read_text()
+    reported = set(re.findall(r'data\["(\w+)"\]', source)) | {"host", "params"}
+    rules = FACTS["gpu_preflight"]
+    assert reported <= {*COMMON_CARRIED, *rules.carried, *rules.evidence_only}, reported
