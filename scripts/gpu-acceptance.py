@@ -14,7 +14,8 @@ physical limit, the goals) and .log into RECORDS (default benchmarks/records), a
 (every attempt folder) into OUT. Exits 1 when a goal is missed (a figure off its baseline by more
 than 10 %, the chain not PASS), 3 when it could not run.
 
-Environment: KIND (the machine kind, for the record), COMMIT (else `git rev-parse`), RECORDS, OUT,
+Environment: KIND (the machine kind, for the record), NOT_LENT (kinds asked for and not lent, for
+the record), COMMIT (else `git rev-parse`), RECORDS, OUT_DIR,
 GPUS (default all), MEMORY (the sandbox's data limit per process, default 64g), SITE (where the
 carried .whl/ wheels are installed, default /tmp/site), BWRAP_DEB / SECCOMP_DEB (Debian packages
 unpacked when bwrap or libseccomp is missing).
@@ -66,7 +67,7 @@ class Log:
     def run(self, argv: list, timeout: float = 600, env: dict | None = None) -> tuple:
         """argv's exit code and seconds; its output into the log."""
         t0 = time.monotonic()
-        self.f.write("$ %s\n" % " ".join(argv))
+        self.f.write("$ %s\n" % " ".join(argv).replace(ROOT + "/", ""))  # paths in the checkout, relative
         self.f.flush()
         try:
             done = subprocess.run(argv, stdout=self.f, stderr=subprocess.STDOUT, timeout=timeout, env=env)
@@ -77,7 +78,7 @@ class Log:
             self.f.write("cannot run: %s\n" % e)
             rc = 127
         seconds = round(time.monotonic() - t0, 1)
-        self.say("exit %s in %.1fs: %s" % (rc, seconds, " ".join(argv[:6])))
+        self.say("exit %s in %.1fs: %s" % (rc, seconds, " ".join(argv[:6]).replace(ROOT + "/", "")))
         return rc, seconds
 
 
@@ -318,6 +319,8 @@ def main() -> int:
     ):
         os.environ[k] = v  # never NVLink multicast: it can take a shared host's GPUs out of service
     summary: dict = {"date": stamp, "kind": kind, "commit": commit(), "host_python": sys.version.split()[0]}
+    # The machine kinds that were asked for and not lent, said in the record (NOT_LENT=a,b).
+    summary["kinds_not_lent"] = [k for k in os.environ.get("NOT_LENT", "").split(",") if k]
     summary["setup"] = setup(log, site)
     os.environ["PYTHONPATH"] = os.path.join(ROOT, "src") + ":" + site
     log.run(

@@ -391,3 +391,18 @@ def test_every_fact_the_node_check_reports_is_known_to_the_attestation() -> None
     reported = set(re.findall(r'data\["(\w+)"\]', source)) | {"host", "params"}
     rules = FACTS["gpu_preflight"]
     assert reported <= {*COMMON_CARRIED, *rules.carried, *rules.evidence_only}, reported
+
+
+def test_node_facts_of_a_real_h200(gp) -> None:  # type: ignore[no-untyped-def]
+    """`nvidia-smi -q` as an H200 (driver 580.159.04) printed it on 2026-12-01, idle: a fit node."""
+    text = (Path(__file__).parent / "nvidia-smi-q-h200.txt").read_text()
+    (g,) = gp.node_facts(text)
+    assert g["name"] == "NVIDIA H200" and g["persistence_mode"] == "Enabled"
+    assert g["pcie_generation"] == {"current": "5", "max": "5"} and g["pcie_width"] == {
+        "current": "16x",
+        "max": "16x",
+    }
+    assert g["ecc_mode"] == "Enabled" and g["ecc_uncorrected"] == {"Volatile": 0, "Aggregate": 0}
+    assert g["remapped_rows"] == {"pending": "No", "failure": "No"}
+    assert g["event_reasons_active"] == [] and g["processes"] == "None"
+    assert gp.node_faults([g], {}) == []
