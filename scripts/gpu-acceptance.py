@@ -16,6 +16,7 @@ than 10 %, the chain not PASS), 3 when it could not run.
 
 Environment: KIND (the machine kind, for the record), NOT_LENT (kinds asked for and not lent, for
 the record), COMMIT (else `git rev-parse`), RECORDS, OUT_DIR,
+CDI_SPEC (a path under /etc/cdi: a spec of this host written there first, as nvidia-ctk would),
 GPUS (default all), MEMORY (the sandbox's data limit per process, default 64g), SITE (where the
 carried .whl/ wheels are installed, default /tmp/site), BWRAP_DEB / SECCOMP_DEB (Debian packages
 unpacked when bwrap or libseccomp is missing).
@@ -118,6 +119,48 @@ def _has_seccomp() -> bool:
     import ctypes.util
 
     return ctypes.util.find_library("seccomp") is not None
+
+
+def write_cdi_spec(path: str) -> None:
+    """A spec of this host's GPUs in the form `nvidia-ctk cdi generate` writes (the driver's files
+    at their own paths under their versioned names, the sonames made by a create-symlinks hook,
+    an update-ldcache hook), for a run that reads a spec file rather than deriving the set."""
+    from imagegate.drivers import cdi
+
+    spec = cdi.generate()
+    mounts, links, folders = [], [], []
+    for host, where in spec.common.mounts:
+        real = os.path.realpath(host)
+        if where.startswith(cdi.LIB_DIR + "/"):
+            link = os.path.join(os.path.dirname(real), os.path.basename(where))
+            if link != real:
+                links += ["--link", "%s::%s" % (os.path.basename(real), link)]
+            folders.append(os.path.dirname(real))
+        else:
+            real = host
+        mounts.append({"hostPath": real, "containerPath": real, "options": ["ro", "nosuid", "nodev", "bind"]})
+
+    def nodes(edits: cdi.Edits) -> list:
+        return [{"path": p, "hostPath": h} for h, p in edits.device_nodes]
+
+    ctk = {"hookName": "createContainer", "path": "/usr/bin/nvidia-ctk"}
+    hooks = [{**ctk, "args": ["nvidia-ctk", "hook", "create-symlinks", *links]}]
+    for folder in sorted(set(folders)):
+        hooks.append({**ctk, "args": ["nvidia-ctk", "hook", "update-ldcache", "--folder", folder]})
+    doc = {
+        "cdiVersion": "0.5.0",
+        "kind": cdi.KIND,
+        "devices": [{"name": n, "containerEdits": {"deviceNodes": nodes(e)}} for n, e in spec.devices],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": nodes(spec.common),
+            "mounts": mounts,
+            "hooks": hooks,
+        },
+    }
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 def latest(runs: str) -> str | None:
@@ -309,7 +352,7 @@ def main() -> int:
     out = os.environ.get("OUT_DIR") or os.path.join(ROOT, "gpu-acceptance-out")
     os.makedirs(records, exist_ok=True)
     os.makedirs(out, exist_ok=True)
-    name = "%s-gpu-rootfs-%s" % (stamp, kind)
+    name = "%s-gpu-rootfs-%s%s" % (stamp, kind, "-cdi-spec" if os.environ.get("CDI_SPEC") else "")
     log = Log(os.path.join(records, name + ".log"))
     site = os.environ.get("SITE", "/tmp/site")
     for k, v in (
@@ -323,6 +366,10 @@ def main() -> int:
     summary["kinds_not_lent"] = [k for k in os.environ.get("NOT_LENT", "").split(",") if k]
     summary["setup"] = setup(log, site)
     os.environ["PYTHONPATH"] = os.path.join(ROOT, "src") + ":" + site
+    sys.path[:0] = [os.path.join(ROOT, "src"), site]
+    if os.environ.get("CDI_SPEC"):  # a spec file written first, and read by the runs below
+        write_cdi_spec(os.environ["CDI_SPEC"])
+        summary["cdi_spec_written"] = os.environ["CDI_SPEC"]
     log.run(
         [
             "nvidia-smi",
