@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from . import capture
+from . import capture, gpu_worker
 
 # CUDA runtime major version -> the oldest Linux driver that runs it (CUDA minor-version
 # compatibility; NVIDIA CUDA Toolkit release notes, "CUDA Toolkit and Minimum Required Driver
@@ -136,12 +136,197 @@ def parse_proc_driver(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+# Physical limits per direction, by the GPU's name (NVIDIA's H200 datasheet: dense BF16 989
+# TFLOP/s, HBM3e 4.8 TB/s, NVLink 900 GB/s both ways; PCIe Gen5 x16: 64 GB/s a direction).
+LIMITS = {
+    "H200": {"bf16_tflops": 989.0, "hbm_gbps": 4800.0, "pcie_gbps": 64.0, "nvlink_gbps": 450.0},
+}
+# Clock event reasons that are the node's fault; a software power cap under full load is not.
+FAULT_REASONS = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
+DEFAULT_MIN_FRACTION = 0.5  # of the physical limit, for a measured figure without its own threshold
+
+
+def floor_for(params: dict, name: str, limit) -> float | None:
+    """A figure's threshold: its own parameter, else min_fraction_of_limit of the limit (if known)."""
+    if params.get(name) is not None:
+        return params[name]
+    frac = params.get("min_fraction_of_limit")
+    return (frac if frac is not None else DEFAULT_MIN_FRACTION) * limit if limit else None
+
+
+def limits_for(name: str) -> dict:
+    return next((v for k, v in LIMITS.items() if k in (name or "")), {})
+
+
+def smi_sections(text: str) -> list:
+    """`nvidia-smi -q` as one nested dict per GPU: keys by indentation, "Key : Value" leaves."""
+    gpus, stack = [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, sep, value = (
+            (x.strip() for x in line.partition(" : ")) if " : " in line else (line.strip(), "", "")
+        )
+        if key.startswith("GPU ") and indent == 0:
+            stack = [(0, {"bus_id": key[4:]})]
+            gpus.append(stack[0][1])
+            continue
+        if not stack:
+            continue
+        while len(stack) > 1 and stack[-1][0] >= indent:
+            stack.pop()
+        if sep:
+            stack[-1][1][key] = value
+        else:
+            node: dict = {}
+            stack[-1][1][key] = node
+            stack.append((indent, node))
+    return gpus
+
+
+def _get(d: dict, *path: str):
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def _int(v) -> int | None:
+    return int(v) if isinstance(v, str) and v.strip().isdigit() else None
+
+
+def node_facts(text: str) -> list:
+    """What fleets gate on, per GPU, from `nvidia-smi -q`: PCIe link, persistence, ECC and its
+    uncorrected counts, remapped rows, clock event reasons, power, temperature, processes."""
+    out = []
+    for g in smi_sections(text):
+        ecc = _get(g, "ECC Errors") or {}
+        unc = {
+            when: sum(_int(v) or 0 for k, v in (_get(ecc, when) or {}).items() if "Uncorrectable" in k)
+            for when in ("Volatile", "Aggregate")
+        }
+        link = _get(g, "PCI", "GPU Link Info") or {}
+        reasons = _get(g, "Clocks Event Reasons") or _get(g, "Clocks Throttle Reasons") or {}
+        procs = g.get("Processes")
+        out.append(
+            {
+                "bus_id": g.get("bus_id"),
+                "name": g.get("Product Name"),
+                "persistence_mode": g.get("Persistence Mode"),
+                "pcie_generation": {k.lower(): _get(link, "PCIe Generation", k) for k in ("Current", "Max")},
+                "pcie_width": {k.lower(): _get(link, "Link Width", k) for k in ("Current", "Max")},
+                "ecc_mode": _get(g, "ECC Mode", "Current"),
+                "ecc_uncorrected": unc,
+                "remapped_rows": {
+                    "pending": _get(g, "Remapped Rows", "Pending"),
+                    "failure": _get(g, "Remapped Rows", "Remapping Failure Occurred"),
+                },
+                "event_reasons_active": [k for k, v in reasons.items() if v == "Active"],
+                "power_draw": _get(g, "GPU Power Readings", "Instantaneous Power Draw")
+                or _get(g, "GPU Power Readings", "Power Draw"),
+                "temperature": _get(g, "Temperature", "GPU Current Temp"),
+                "processes": procs if isinstance(procs, str) else "listed" if procs else None,
+            }
+        )
+    return out
+
+
+def node_faults(nodes: list, params: dict) -> list:
+    """The node's faults among its facts: uncorrected ECC errors above max_ecc_uncorrected (0), a
+    remapping failure or a pending remap (needs a reset), a fault reason slowing the clocks."""
+    problems = []
+    most = params.get("max_ecc_uncorrected") or 0
+    for g in nodes:
+        who = "GPU %s" % g.get("bus_id")
+        vol = (g.get("ecc_uncorrected") or {}).get("Volatile", 0)
+        if vol > most:
+            problems.append(
+                "%s: %d uncorrected ECC errors since the driver loaded (max_ecc_uncorrected %d)"
+                % (who, vol, most)
+            )
+        rows = g.get("remapped_rows") or {}
+        if rows.get("failure") == "Yes":
+            problems.append("%s: a row remapping failed" % who)
+        if rows.get("pending") == "Yes":
+            problems.append("%s: a row remapping is pending (the GPU needs a reset)" % who)
+        faults = [r for r in g.get("event_reasons_active") or [] if r in FAULT_REASONS]
+        if faults:
+            problems.append("%s: clocks slowed by %s" % (who, ", ".join(faults)))
+    return problems
+
+
+def judge_bandwidth(bw: dict, devices: list, params: dict, problems: list, said: list) -> None:
+    """HBM, host<->GPU and peer figures against their thresholds (or a fraction of the limit)."""
+    if bw.get("error"):
+        problems.append(bw["error"])
+        return
+    names = {d["index"]: d.get("name", "") for d in devices}
+    checks = (
+        ("hbm_copy_gbps", "min_hbm_gbps", "hbm_gbps", "HBM copy"),
+        ("h2d_gbps", "min_h2d_gbps", "pcie_gbps", "host->GPU"),
+        ("d2h_gbps", "min_d2h_gbps", "pcie_gbps", "GPU->host"),
+    )
+    for key, param, limit_key, label in checks:
+        rows = [g for g in bw.get("gpus") or [] if g.get(key)]
+        if not rows:
+            continue
+        slow = min(rows, key=lambda g: g[key])
+        limit = limits_for(names.get(slow["index"], "")).get(limit_key)
+        floor = floor_for(params, param, limit)
+        said.append("%s %.0f GB/s (slowest: GPU %d)" % (label, slow[key], slow["index"]))
+        if floor is not None and slow[key] < floor:
+            problems.append("GPU %d: %s %.1f GB/s < %g" % (slow["index"], label, slow[key], floor))
+    pairs = [p for p in bw.get("p2p") or [] if p.get("gbps")]
+    if pairs:
+        slow = min(pairs, key=lambda p: p["gbps"])
+        limit = limits_for(names.get(slow["src"], "")).get("nvlink_gbps")
+        floor = floor_for(params, "min_p2p_gbps", limit)
+        said.append(
+            "peer copies %d pairs, slowest GPU %d->%d %.0f GB/s"
+            % (len(pairs), slow["src"], slow["dst"], slow["gbps"])
+        )
+        if floor is not None and slow["gbps"] < floor:
+            problems.append(
+                "GPU %d->%d: peer copy %.1f GB/s < %g" % (slow["src"], slow["dst"], slow["gbps"], floor)
+            )
+
+
+def fractions(data: dict) -> dict:
+    """Each measured figure as a fraction of the GPU's physical limit (where the limit is known)."""
+    devices = {
+        d["index"]: limits_for(d.get("name", "")) for d in (data.get("facts") or {}).get("devices") or []
+    }
+    out: dict = {}
+    for g in (data.get("matmul") or {}).get("gpus") or []:
+        lim = devices.get(g["index"], {}).get("bf16_tflops")
+        held = g.get("sustained") or {}
+        if lim:
+            out["gpu%d_bf16" % g["index"]] = {
+                k: round(v / lim, 4)
+                for k, v in (
+                    ("tflops", g.get("tflops")),
+                    ("sustained_last_second", held.get("last_second_tflops")),
+                )
+                if v
+            }
+    for g in (data.get("bandwidth") or {}).get("gpus") or []:
+        lim = devices.get(g["index"], {})
+        out["gpu%d_bandwidth" % g["index"]] = {
+            k: round(g[k] / lim[lk], 4)
+            for k, lk in (("hbm_copy_gbps", "hbm_gbps"), ("h2d_gbps", "pcie_gbps"), ("d2h_gbps", "pcie_gbps"))
+            if g.get(k) and lim.get(lk)
+        }
+    return out
+
+
 def busbw(nbytes: int, seconds: float, world: int) -> float:
-    """nccl-tests' bus bandwidth of an all-reduce, GB/s: algbw * 2(n-1)/n."""
-    return nbytes / seconds / 1e9 * 2.0 * (world - 1) / world
+    """nccl-tests' bus bandwidth of an all-reduce, GB/s: algbw * 2(n-1)/n (gpu_worker's formulas)."""
+    return gpu_worker.busbw(gpu_worker.gbps(nbytes, seconds) or 0.0, world)
 
 
-def judge(facts: dict, matmul, allreduce, params: dict) -> dict:
+def judge(facts: dict, matmul, allreduce, params: dict, bandwidth=None, nodes=None) -> dict:
     """The stage's status and detail from what was measured. `matmul`/`allreduce`: the worker
     results, or {"error": ...}, or None when not run. Image problems FAIL; node problems are
     ERROR 'node not fit: ...'."""
@@ -155,8 +340,13 @@ def judge(facts: dict, matmul, allreduce, params: dict) -> dict:
     node_problems, said = [], []
     if matmul is not None:
         judge_matmul(matmul, params, node_problems, said)
+        judge_sustained(matmul, devices, params, node_problems, said)
     if allreduce is not None:
         judge_allreduce(allreduce, params, node_problems, said)
+    if bandwidth is not None:
+        judge_bandwidth(bandwidth, devices, params, node_problems, said)
+    if nodes:
+        node_problems += node_faults(nodes, params)
     names = sorted({d["name"] for d in devices})
     head = "%d x %s, torch %s (CUDA %s), driver %s" % (
         len(devices),
@@ -213,6 +403,44 @@ def judge_matmul(matmul: dict, params: dict, node_problems: list, said: list) ->
     floor = params.get("min_tflops")
     if floor is not None and slow["tflops"] < floor:
         node_problems.append("GPU %d: %.1f TFLOP/s < min_tflops %g" % (slow["index"], slow["tflops"], floor))
+
+
+def judge_sustained(matmul: dict, devices: list, params: dict, node_problems: list, said: list) -> None:
+    """The matmul held for seconds: its last second against min_sustained_tflops (else a fraction
+    of the limit), and the clocks' event reasons then: a hardware or thermal slowdown is the node's."""
+    names = {d["index"]: d.get("name", "") for d in devices}
+    for g in matmul.get("gpus") or []:
+        held = g.get("sustained")
+        if not held:
+            continue
+        smi = held.get("during_last_second") or {}
+        said.append(
+            "GPU %d held %.0fs: %.1f -> %.1f TFLOP/s (min %.1f)%s"
+            % (
+                g["index"],
+                held["seconds"],
+                held["first_second_tflops"],
+                held["last_second_tflops"],
+                held["min_tflops"],
+                ", SM %.0f MHz, %s W, reasons: %s"
+                % (
+                    smi.get("sm_clock_mhz", 0),
+                    smi.get("power_draw_w", "?"),
+                    ", ".join(smi.get("event_reasons_active") or []) or "none",
+                )
+                if "event_reasons_active" in smi
+                else "",
+            )
+        )
+        limit = limits_for(names.get(g["index"], "")).get("bf16_tflops")
+        floor = floor_for(params, "min_sustained_tflops", limit)
+        if floor is not None and held["last_second_tflops"] < floor:
+            node_problems.append(
+                "GPU %d: %.1f TFLOP/s sustained < %g" % (g["index"], held["last_second_tflops"], floor)
+            )
+        faults = [r for r in smi.get("event_reasons_active") or [] if r in FAULT_REASONS]
+        if faults:
+            node_problems.append("GPU %d: clocks slowed under load by %s" % (g["index"], ", ".join(faults)))
 
 
 def judge_allreduce(allreduce: dict, params: dict, node_problems: list, said: list) -> None:
@@ -395,7 +623,50 @@ def host_facts() -> dict:
                 out["driver"] = out["nvidia_smi"][0]["driver"]
         except OSError as e:
             out["nvidia_smi_error"] = str(e)
+        out.update(smi_node(smi))
+    out["xid"] = xid_events()
     return out
+
+
+def smi_node(smi: str) -> dict:
+    """The node's state before any load: `nvidia-smi -q` (node_facts) and the topology matrix
+    (`nvidia-smi topo -m`: NVLink/PCIe between GPUs, CPU and NUMA affinity per GPU)."""
+    out: dict = {}
+    for key, argv, limit in (("q", [smi, "-q"], 60), ("topology", [smi, "topo", "-m"], 30)):
+        try:
+            done = capture.run(argv, timeout=limit)
+        except OSError as e:
+            out[key + "_error"] = str(e)
+            continue
+        text = done.out.text()
+        if done.timed_out or done.returncode:
+            out[key + "_error"] = "nvidia-smi %s: %s" % (
+                " ".join(argv[1:]),
+                "timed out"
+                if done.timed_out
+                else (text.strip().splitlines() or ["exit %s" % done.returncode])[-1],
+            )
+        elif key == "q":
+            out["node"] = node_facts(text)
+        else:
+            out["topology"] = text[:16384]
+    return out
+
+
+def xid_events() -> dict:
+    """NVIDIA XID events since boot, from the kernel log where this sandbox may read it."""
+    exe = shutil.which("dmesg")
+    if exe is None:
+        return {"readable": False, "why": "no dmesg in the image"}
+    try:
+        done = capture.run([exe], timeout=15)
+    except OSError as e:
+        return {"readable": False, "why": str(e)}
+    if done.timed_out or done.returncode:
+        why = (done.err.text().strip().splitlines() or ["exit %s" % done.returncode])[-1]
+        return {"readable": False, "why": "dmesg: %s" % why[:200]}
+    events = [ln for ln in done.out.text().splitlines() if "NVRM: Xid" in ln]
+    return {"readable": True, "count": len(events), "events": events[-20:]}
 
 
 def run(params: dict) -> dict:
@@ -434,22 +705,35 @@ def _run(params: dict, tmp: str) -> dict:
         return {"status": "ERROR", "detail": NODE_UNFIT + facts["error"], "data": data}
     facts["driver"] = host.get("driver")
     data["facts"] = facts
-    matmul = allreduce = None
+    matmul = allreduce = bandwidth = None
     pre = judge(facts, None, None, params)
     if pre["status"] == "PASS":
         matmul = _worker(
             "matmul",
-            [params.get("size", 8192), params.get("warmup", 5), params.get("iters", 20)],
+            [
+                params.get("size", 8192),
+                params.get("warmup", 5),
+                params.get("iters", 20),
+                params.get("sustain_s", 3),
+            ],
             float(params.get("matmul_timeout", 300)),
             tmp,
         )
+        bandwidth = _worker(
+            "bandwidth",
+            [params.get("bandwidth_bytes", 1 << 30), params.get("bandwidth_iters", 10)],
+            float(params.get("bandwidth_timeout", 300)),
+            tmp,
+        )
+        data["bandwidth"] = bandwidth
         world = len(facts["devices"])
         if world >= 2:
             allreduce = _allreduce(world, params, tmp)
         else:
             allreduce = {"skipped": "all-reduce skipped: 1 GPU (it needs 2 or more)"}
         data["matmul"], data["allreduce"] = matmul, allreduce
-    verdict = judge(facts, matmul, allreduce, params)
+    verdict = judge(facts, matmul, allreduce, params, bandwidth, host.get("node"))
+    data["fraction_of_limit"] = fractions(data)
     data["unfit"] = (
         "image"
         if verdict["status"] == "FAIL"

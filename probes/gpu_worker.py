@@ -3,7 +3,8 @@ with the image's python), imports the image's torch and writes one JSON result f
 the probe's process so that every step is bounded by a timeout and a hang is killed whole.
 
     python -c BOOT ROOT facts OUT
-    python -c BOOT ROOT matmul OUT SIZE WARMUP ITERS
+    python -c BOOT ROOT matmul OUT SIZE WARMUP ITERS [SUSTAIN_S]
+    python -c BOOT ROOT bandwidth OUT NBYTES ITERS
     python -c BOOT ROOT allreduce OUT RANK WORLD RENDEZVOUS_FILE NBYTES WARMUP ITERS
 
 Progress lines `imagegate-step: NAME` go to stderr, so a step that hangs can be named.
@@ -13,11 +14,30 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import subprocess
 import sys
 import time
 
 TOLERANCE = 1e-2  # max |bf16 result - float32 reference| over a block, relative to max |reference|
 BLOCK = 256  # rows and columns of the block compared with the float32 reference
+SWEEP_BYTES = (8 << 20, 64 << 20, 256 << 20)  # all-reduce sizes timed below the largest
+
+
+def tflops(size: int, seconds: float) -> float | None:
+    """TFLOP/s of one size x size x size matmul taking `seconds`: 2 n^3 floating-point operations
+    (a multiply and an add per term)."""
+    return 2.0 * size**3 / seconds / 1e12 if seconds > 0 else None
+
+
+def gbps(nbytes: float, seconds: float) -> float | None:
+    """GB/s (10^9 bytes a second) of `nbytes` moved in `seconds`."""
+    return nbytes / seconds / 1e9 if seconds > 0 else None
+
+
+def busbw(algbw: float, world: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce from its algorithm bandwidth: algbw * 2(n-1)/n."""
+    return algbw * 2.0 * (world - 1) / world
 
 
 def step(name: str) -> None:
@@ -63,7 +83,93 @@ def facts() -> dict:
     return out
 
 
-def matmul(size: int, warmup: int, iters: int) -> dict:
+def reasons_active(text: str) -> list:
+    """The active clock event (throttle) reasons of `nvidia-smi -q -d PERFORMANCE` text."""
+    out, depth = [], None  # depth: the section header's indentation while inside it
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if re.match(r"\s*Clocks? (Event|Throttle) Reasons\s*$", line):
+            depth = indent
+            continue
+        if depth is not None:
+            m = re.match(r"\s+(.+?)\s*:\s*(\S.*)$", line)
+            if not m or indent <= depth:
+                depth = None
+                continue
+            if m.group(2).strip() == "Active":
+                out.append(m.group(1).strip())
+    return out
+
+
+def _smi_sample(index: int):
+    """nvidia-smi's clocks, power, temperature and event reasons, read while the GPU is loaded."""
+    try:
+        return subprocess.Popen(
+            ["nvidia-smi", "-q", "-d", "PERFORMANCE,CLOCK,POWER,TEMPERATURE", "-i", str(index)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    except OSError:
+        return None
+
+
+def _smi_facts(proc) -> dict:
+    if proc is None:
+        return {"error": "nvidia-smi not found"}
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return {"error": "nvidia-smi -q did not answer in 30 s"}
+    text = out.decode("utf-8", "replace")
+    facts = {"event_reasons_active": reasons_active(text)}
+    for key, pattern in (
+        ("sm_clock_mhz", r"\n\s+Clocks\s*\n(?:.*\n)*?\s+SM\s*:\s*(\d+) MHz"),
+        ("max_sm_clock_mhz", r"Max Clocks\s*\n(?:.*\n)*?\s+SM\s*:\s*(\d+) MHz"),
+        ("power_draw_w", r"Instantaneous Power Draw\s*:\s*([\d.]+) W"),
+        ("average_power_draw_w", r"Average Power Draw\s*:\s*([\d.]+) W"),
+        ("temperature_c", r"GPU Current Temp\s*:\s*(\d+) C"),
+    ):
+        m = re.search(pattern, text)
+        if m:
+            facts[key] = float(m.group(1))
+    if proc.returncode:
+        facts["error"] = text.strip().splitlines()[-1:] or ["nvidia-smi exited %s" % proc.returncode]
+    return facts
+
+
+def sustained(torch, a, b, c, index: int, seconds: float, per_matmul_s: float) -> dict:
+    """The matmul held for `seconds`: the rate of each ~50 ms batch (CUDA events), the first and
+    the last second's mean, the lowest, and nvidia-smi read in the last second (clocks, power,
+    event reasons): throttling shows."""
+    batch = max(1, int(0.05 / per_matmul_s)) if per_matmul_s > 0 else 1
+    rates, smi, t0 = [], None, time.monotonic()
+    while True:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            torch.matmul(a, b, out=c)
+        end.record()
+        end.synchronize()
+        now = time.monotonic() - t0
+        rates.append((now, tflops(a.shape[0], start.elapsed_time(end) / 1000.0 / batch) or 0.0))
+        if smi is None and now >= seconds - 0.5:
+            smi = _smi_sample(index)
+        if now >= seconds:
+            break
+    first = [r for t, r in rates if t <= 1.0] or [rates[0][1]]
+    last = [r for t, r in rates if t >= now - 1.0] or [rates[-1][1]]
+    return {
+        "seconds": round(now, 3),
+        "batches": len(rates),
+        "first_second_tflops": sum(first) / len(first),
+        "last_second_tflops": sum(last) / len(last),
+        "min_tflops": min(r for _, r in rates),
+        "during_last_second": _smi_facts(smi),
+    }
+
+
+def matmul(size: int, warmup: int, iters: int, sustain_s: float = 0.0) -> dict:
     step("import torch")
     import torch
 
@@ -90,6 +196,10 @@ def matmul(size: int, warmup: int, iters: int) -> dict:
             end.record()
         end.synchronize()
         ms = start.elapsed_time(end) / iters
+        if sustain_s > 0:
+            step("matmul gpu %d: sustained %gs" % (i, sustain_s))
+            with torch.cuda.device(dev):
+                held = sustained(torch, a, b, c, i, sustain_s, ms / 1000.0)
         step("matmul gpu %d: check" % i)
         finite = bool(torch.isfinite(c).all().item())
         k = min(BLOCK, size)
@@ -102,7 +212,7 @@ def matmul(size: int, warmup: int, iters: int) -> dict:
                 "index": i,
                 "size": size,
                 "seconds_per_matmul": ms / 1000.0,
-                "tflops": 2.0 * size**3 / (ms / 1000.0) / 1e12 if ms > 0 else None,
+                "tflops": tflops(size, ms / 1000.0),
                 "finite": finite,
                 "block": k,
                 "max_abs_error": err,
@@ -111,9 +221,70 @@ def matmul(size: int, warmup: int, iters: int) -> dict:
                 "tolerance": TOLERANCE,
             }
         )
+        if sustain_s > 0:
+            results[-1]["sustained"] = held
         del a, b, c, ref, got
         torch.cuda.empty_cache()
     return {"gpus": results}
+
+
+def _timed_copies(torch, dst, src, iters: int) -> float:
+    """Seconds for `iters` copies of src into dst, timed with CUDA events after one untimed."""
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src, non_blocking=True)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0
+
+
+def bandwidth(nbytes: int, iters: int) -> dict:
+    """Per GPU: HBM device-to-device copy (bytes read + written), pinned host-to-GPU and GPU-to-host;
+    with 2 or more GPUs every ordered pair's peer copy (GPU i to GPU j, one direction)."""
+    step("import torch")
+    import torch
+
+    n = torch.cuda.device_count()
+    gpus, pairs = [], []
+    step("pin %d bytes of host memory" % nbytes)
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    for i in range(n):
+        with torch.cuda.device(i):
+            step("bandwidth gpu %d: device copy" % i)
+            a = torch.empty(nbytes, dtype=torch.uint8, device=i)
+            b = torch.empty(nbytes, dtype=torch.uint8, device=i)
+            d2d = _timed_copies(torch, b, a, iters)
+            step("bandwidth gpu %d: host to gpu" % i)
+            h2d = _timed_copies(torch, a, host, iters)
+            step("bandwidth gpu %d: gpu to host" % i)
+            d2h = _timed_copies(torch, host, a, iters)
+            gpus.append(
+                {
+                    "index": i,
+                    "bytes": nbytes,
+                    "hbm_copy_gbps": gbps(2 * nbytes * iters, d2d),
+                    "h2d_gbps": gbps(nbytes * iters, h2d),
+                    "d2h_gbps": gbps(nbytes * iters, d2h),
+                }
+            )
+            del a, b
+            torch.cuda.empty_cache()
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            step("p2p gpu %d -> gpu %d" % (i, j))
+            with torch.cuda.device(i):
+                src = torch.empty(nbytes, dtype=torch.uint8, device=i)
+                dst = torch.empty(nbytes, dtype=torch.uint8, device=j)
+                sec = _timed_copies(torch, dst, src, iters)
+            peer = bool(torch.cuda.can_device_access_peer(i, j))
+            pairs.append({"src": i, "dst": j, "peer_access": peer, "gbps": gbps(nbytes * iters, sec)})
+            del src, dst
+    return {"gpus": gpus, "p2p": pairs}
 
 
 def allreduce(rank: int, world: int, rendezvous: str, nbytes: int, warmup: int, iters: int) -> dict:
@@ -146,25 +317,30 @@ def allreduce(rank: int, world: int, rendezvous: str, nbytes: int, warmup: int, 
         for _ in range(warmup):
             dist.all_reduce(x)
         torch.cuda.synchronize(dev)
-        dist.barrier()
-        step("all_reduce timed")
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        end.record()
-        end.synchronize()
-        seconds = start.elapsed_time(end) / 1000.0 / iters
+        sizes = []
+        for m in [*sorted({s // 4 for s in SWEEP_BYTES if s // 4 < n}), n]:
+            dist.barrier()
+            step("all_reduce timed, %d bytes" % (m * 4))
+            part = x[:m]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                dist.all_reduce(part)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000.0 / iters
+            sizes.append({"bytes": m * 4, "busbw_gbps": busbw(gbps(m * 4, seconds) or 0.0, world)})
         step("last all_reduce (sum check)")
         check("after timing")
-        algbw = n * 4 / seconds / 1e9 if seconds > 0 else None
+        algbw = gbps(n * 4, seconds)
         return {
             "rank": rank,
             "world": world,
             "bytes": n * 4,
             "seconds_per_allreduce": seconds,
             "algbw_gbps": algbw,
-            "busbw_gbps": algbw * 2.0 * (world - 1) / world if algbw is not None else None,
+            "busbw_gbps": busbw(algbw, world) if algbw is not None else None,
+            "sizes": sizes,
             "sum_checks": checks,
             "sum_ok": all(c["ok"] for c in checks),
         }
@@ -178,7 +354,9 @@ def main(argv) -> int:
     if kind == "facts":
         result = facts()
     elif kind == "matmul":
-        result = matmul(int(argv[2]), int(argv[3]), int(argv[4]))
+        result = matmul(int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5]) if len(argv) > 5 else 0.0)
+    elif kind == "bandwidth":
+        result = bandwidth(int(argv[2]), int(argv[3]))
     elif kind == "allreduce":
         result = allreduce(int(argv[2]), int(argv[3]), argv[4], int(argv[5]), int(argv[6]), int(argv[7]))
     else:

@@ -1,4 +1,4 @@
-"""`--gpus all|N|ID[,ID]`: which GPUs a run gets. Zero is the default everywhere: without the
+"""`--gpus all|N|ID[,ID]|device=ID`: which GPUs a run gets. Zero is the default everywhere: without the
 option, GPUs are hidden from the probes."""
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ def parse(spec: str | None) -> GpuRequest | None:
     if spec is None:
         return None
     text = spec.strip()
+    if text.startswith("device="):  # docker's `--gpus device=1`: one index (or several) by name
+        ids = tuple(x.strip() for x in text.removeprefix("device=").split(","))
+        if ids and all(re.fullmatch(r"\d+|(GPU|MIG)-[0-9A-Za-z-]+", x) for x in ids):
+            return GpuRequest(text, ids=ids)
     if text == "all":
         return GpuRequest("all")
     if text.isdigit():
@@ -50,5 +54,5 @@ def parse(spec: str | None) -> GpuRequest | None:
         return GpuRequest(text, ids=(text,))
     raise UsageError(
         f"--gpus {spec!r}: not all, a count, or a list of GPU ids",
-        hint="e.g. --gpus all, --gpus 2, --gpus 0,1 or --gpus GPU-<uuid>",
+        hint="e.g. --gpus all, --gpus 2, --gpus 0,1, --gpus device=1 or --gpus GPU-<uuid>",
     )

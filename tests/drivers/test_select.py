@@ -23,7 +23,7 @@ from tests.helpers import PODMAN_SOCK, imagegate
     [
         (["--driver", "lxc"], "--driver 'lxc': unknown driver"),
         (["--here", "--driver", "rootfs"], "--here and --driver rootfs contradict each other"),
-        (["--driver", "rootfs", "--gpus", "all"], "--gpus all: the rootfs driver runs without GPUs"),
+        (["--driver", "rootfs", "--gpus", "all"], "--gpus all: no NVIDIA GPU on this host (generated from"),
         (["--driver", "rootfs", "--pull", "never"], "--pull never: the rootfs driver has no engine to pull"),
         (["--driver", "docker", "--python", "python3"], "--python goes with --here"),
     ],

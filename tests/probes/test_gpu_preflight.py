@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.probes.test_parsers import load
+from tests.probes.test_parsers import PROBES, load
 
 # torch.cuda.get_arch_list() as printed by real wheels (pytorch/pytorch issue 182250, and the
 # "supports CUDA capabilities ..." warning of a torch 1.x cu11x wheel, quoted in public issues).
@@ -103,6 +103,24 @@ def test_busbw_is_nccl_tests_definition(gp) -> None:  # type: ignore[no-untyped-
     # 1 GiB in 5 ms: algbw 214.7 GB/s; 2 ranks: x1; 8 ranks: x1.75
     assert gp.busbw(1 << 30, 0.005, 2) == pytest.approx((1 << 30) / 0.005 / 1e9)
     assert gp.busbw(1 << 30, 0.005, 8) == pytest.approx((1 << 30) / 0.005 / 1e9 * 1.75)
+
+
+def test_every_figure_is_its_textbook_formula() -> None:
+    """Against values computed by hand, not by the same expressions: a doubled or halved formula
+    fails here."""
+    gw = load("gpu_worker")
+    # 8192^3 x 2 = 1,099,511,627,776 FLOP; in 1 ms: 1099.51 TFLOP/s; an H200's 8192^3 in 1.39 ms: ~791
+    assert gw.tflops(8192, 0.001) == pytest.approx(1099.511627776)
+    assert gw.tflops(8192, 0.00139) == pytest.approx(791.0155595511, rel=1e-9)
+    assert gw.tflops(4096, 0.5) == pytest.approx(0.274877906944)
+    assert gw.tflops(8192, 0) is None
+    # 1 GiB in 20 ms: 53.6870912 GB/s (10^9 bytes); 4 GB in 1 s: 4
+    assert gw.gbps(1 << 30, 0.02) == pytest.approx(53.6870912)
+    assert gw.gbps(4e9, 1.0) == pytest.approx(4.0)
+    # nccl-tests: busbw = algbw x 2(n-1)/n: 2 ranks x1, 4 ranks x1.5, 8 ranks x1.75
+    assert gw.busbw(200.0, 2) == pytest.approx(200.0)
+    assert gw.busbw(200.0, 4) == pytest.approx(300.0)
+    assert gw.busbw(200.0, 8) == pytest.approx(350.0)
 
 
 def _facts(n: int = 2, arch=ARCH_2_11_CU128, cap: str = "9.0", driver: str = "580.159.04") -> dict:  # type: ignore[no-untyped-def]
@@ -216,3 +234,175 @@ def _cmdline(pid: int) -> str:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+# `nvidia-smi -q` of one H200 in the layout driver 580 prints (sections by indentation, "Key : Value"),
+# cut to the sections the node check reads; the counts and states are set per test below.
+SMI_Q = """\
+==============NVSMI LOG==============
+
+Timestamp                                 : Tue Dec  1 10:15:00 2026
+Driver Version                            : 580.159.04
+CUDA Version                              : 13.0
+
+Attached GPUs                             : 1
+GPU 00000000:18:00.0
+    Product Name                          : NVIDIA H200
+    Persistence Mode                      : Enabled
+    PCI
+        Bus                               : 0x18
+        GPU Link Info
+            PCIe Generation
+                Max                       : 5
+                Current                   : {gen}
+            Link Width
+                Max                       : 16x
+                Current                   : 16x
+    Clocks Event Reasons
+        Idle                              : Not Active
+        Applications Clocks Setting       : Not Active
+        SW Power Cap                      : {cap}
+        HW Slowdown                       : {hw}
+            HW Thermal Slowdown           : Not Active
+            HW Power Brake Slowdown       : Not Active
+        Sync Boost                        : Not Active
+        SW Thermal Slowdown               : Not Active
+    ECC Mode
+        Current                           : Enabled
+        Pending                           : Enabled
+    ECC Errors
+        Volatile
+            SRAM Correctable              : 3
+            SRAM Uncorrectable Parity     : 0
+            SRAM Uncorrectable SEC-DED    : 0
+            DRAM Correctable              : 12
+            DRAM Uncorrectable            : {dram}
+        Aggregate
+            SRAM Correctable              : 3
+            SRAM Uncorrectable Parity     : 0
+            SRAM Uncorrectable SEC-DED    : 1
+            DRAM Correctable              : 40
+            DRAM Uncorrectable            : {dram}
+    Remapped Rows
+        Correctable Error                 : 0
+        Uncorrectable Error               : 0
+        Pending                           : {pending}
+        Remapping Failure Occurred        : No
+    Temperature
+        GPU Current Temp                  : 38 C
+    GPU Power Readings
+        Average Power Draw                : 120.00 W
+        Instantaneous Power Draw          : 121.50 W
+    Processes                             : None
+"""
+
+
+def _smi(**kw: str) -> str:
+    return SMI_Q.format(
+        **{"gen": "5", "cap": "Not Active", "hw": "Not Active", "dram": "0", "pending": "No", **kw}
+    )
+
+
+def test_node_facts_read_from_nvidia_smi_q(gp) -> None:  # type: ignore[no-untyped-def]
+    (g,) = gp.node_facts(_smi(gen="4", dram="2", cap="Active"))
+    assert g["bus_id"] == "00000000:18:00.0" and g["name"] == "NVIDIA H200"
+    assert g["persistence_mode"] == "Enabled" and g["ecc_mode"] == "Enabled"
+    assert g["pcie_generation"] == {"current": "4", "max": "5"}
+    assert g["pcie_width"] == {"current": "16x", "max": "16x"}
+    # uncorrected only: SRAM parity + SEC-DED + DRAM; correctable counts are not faults
+    assert g["ecc_uncorrected"] == {"Volatile": 2, "Aggregate": 3}
+    assert g["remapped_rows"] == {"pending": "No", "failure": "No"}
+    assert g["event_reasons_active"] == ["SW Power Cap"]
+    assert g["power_draw"] == "121.50 W" and g["temperature"] == "38 C" and g["processes"] == "None"
+
+
+def test_node_faults_are_ecc_remaps_and_hardware_slowdowns_not_a_power_cap(gp) -> None:  # type: ignore[no-untyped-def]
+    assert gp.node_faults(gp.node_facts(_smi(cap="Active")), {}) == []  # capped under load: normal
+    (ecc,) = gp.node_faults(gp.node_facts(_smi(dram="1")), {})
+    assert "1 uncorrected ECC errors since the driver loaded (max_ecc_uncorrected 0)" in ecc
+    assert gp.node_faults(gp.node_facts(_smi(dram="1")), {"max_ecc_uncorrected": 1}) == []
+    (pending,) = gp.node_faults(gp.node_facts(_smi(pending="Yes")), {})
+    assert "row remapping is pending" in pending
+    (hw,) = gp.node_faults(gp.node_facts(_smi(hw="Active")), {})
+    assert hw.endswith("clocks slowed by HW Slowdown")
+
+
+def _bw(hbm: float, h2d: float, d2h: float, p2p: float | None = None) -> dict:  # type: ignore[type-arg]
+    out = {"gpus": [{"index": 0, "hbm_copy_gbps": hbm, "h2d_gbps": h2d, "d2h_gbps": d2h}], "p2p": []}
+    if p2p is not None:
+        out["gpus"].append({"index": 1, "hbm_copy_gbps": hbm, "h2d_gbps": h2d, "d2h_gbps": d2h})
+        out["p2p"] = [{"src": 0, "dst": 1, "gbps": p2p}, {"src": 1, "dst": 0, "gbps": p2p + 10}]
+    return out
+
+
+def test_bandwidth_and_sustained_rate_judged_against_the_h200s_limits(gp) -> None:  # type: ignore[no-untyped-def]
+    facts = _facts(2)
+    # The 2026-12-01 plain-torch figures: fit (half of 4800, 64, 450 GB/s is the default floor).
+    ok = gp.judge(facts, None, None, {}, _bw(4293.0, 55.4, 55.3, 380.0))
+    assert ok["status"] == "PASS", ok
+    assert "HBM copy 4293 GB/s" in ok["detail"] and "slowest GPU 0->1 380 GB/s" in ok["detail"]
+    slow = gp.judge(facts, None, None, {}, _bw(4293.0, 20.0, 55.3))
+    assert slow["status"] == "ERROR" and "GPU 0: host->GPU 20.0 GB/s < 32" in slow["detail"]
+    set_floor = gp.judge(facts, None, None, {"min_hbm_gbps": 4500}, _bw(4293.0, 55.4, 55.3))
+    assert "GPU 0: HBM copy 4293.0 GB/s < 4500" in set_floor["detail"]
+    mm = _mm(785.0, 790.0)
+    mm["gpus"][0]["sustained"] = {
+        "seconds": 10.0,
+        "first_second_tflops": 785.0,
+        "last_second_tflops": 673.0,
+        "min_tflops": 583.0,
+        "during_last_second": {
+            "event_reasons_active": ["SW Power Cap"],
+            "sm_clock_mhz": 1470.0,
+            "power_draw_w": 672.0,
+        },
+    }
+    held = gp.judge(facts, mm, None, {})
+    assert held["status"] == "PASS", held
+    assert (
+        "GPU 0 held 10s: 785.0 -> 673.0 TFLOP/s (min 583.0), SM 1470 MHz, 672.0 W, reasons: SW Power Cap"
+        in held["detail"]
+    )
+    mm["gpus"][0]["sustained"]["during_last_second"]["event_reasons_active"] = ["HW Thermal Slowdown"]
+    hot = gp.judge(facts, mm, None, {"min_sustained_tflops": 700})
+    assert "GPU 0: 673.0 TFLOP/s sustained < 700" in hot["detail"]
+    assert "GPU 0: clocks slowed under load by HW Thermal Slowdown" in hot["detail"]
+    fr = gp.fractions({"facts": facts, "matmul": mm, "bandwidth": _bw(4800.0, 32.0, 64.0)})
+    assert fr["gpu0_bf16"] == {
+        "tflops": round(785.0 / 989, 4),
+        "sustained_last_second": round(673.0 / 989, 4),
+    }
+    assert fr["gpu0_bandwidth"] == {"hbm_copy_gbps": 1.0, "h2d_gbps": 0.5, "d2h_gbps": 1.0}
+
+
+def test_reasons_active_read_while_loaded() -> None:
+    gw = load("gpu_worker")
+    text = "    Clocks Event Reasons\n        Idle                  : Not Active\n        SW Power Cap          : Active\n        HW Slowdown           : Not Active\n    Other Section\n        Thing                 : Active\n"
+    assert gw.reasons_active(text) == ["SW Power Cap"]
+
+
+def test_every_fact_the_node_check_reports_is_known_to_the_attestation() -> None:
+    """A fact the statement does not know stops the run after the stage passed (seen on an H200)."""
+    import re
+
+    from imagegate.attest.statement import COMMON_CARRIED, FACTS
+
+    source = (PROBES / "gpu_preflight.py").read_text()
+    reported = set(re.findall(r'data\["(\w+)"\]', source)) | {"host", "params"}
+    rules = FACTS["gpu_preflight"]
+    assert reported <= {*COMMON_CARRIED, *rules.carried, *rules.evidence_only}, reported
+
+
+def test_node_facts_of_a_real_h200(gp) -> None:  # type: ignore[no-untyped-def]
+    """`nvidia-smi -q` as an H200 (driver 580.159.04) printed it on 2026-12-01, idle: a fit node."""
+    text = (Path(__file__).parent / "nvidia-smi-q-h200.txt").read_text()
+    (g,) = gp.node_facts(text)
+    assert g["name"] == "NVIDIA H200" and g["persistence_mode"] == "Enabled"
+    assert g["pcie_generation"] == {"current": "5", "max": "5"} and g["pcie_width"] == {
+        "current": "16x",
+        "max": "16x",
+    }
+    assert g["ecc_mode"] == "Enabled" and g["ecc_uncorrected"] == {"Volatile": 0, "Aggregate": 0}
+    assert g["remapped_rows"] == {"pending": "No", "failure": "No"}
+    assert g["event_reasons_active"] == [] and g["processes"] == "None"
+    assert gp.node_faults([g], {}) == []

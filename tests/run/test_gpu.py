@@ -104,6 +104,30 @@ def test_gpus_option_refuses_junk() -> None:
     assert r.returncode == 3 and "give 1 or more GPUs" in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("gpus", "count", "ids"),
+    [
+        ("all", -1, []),
+        ("2", 2, []),
+        ("0,1", 0, ["0", "1"]),
+        ("3,1", 0, ["3", "1"]),
+        ("device=1", 0, ["1"]),
+        ("GPU-3cf75db2-5cba-bdeb-063d-4cfc6e966eb1", 0, ["GPU-3cf75db2-5cba-bdeb-063d-4cfc6e966eb1"]),
+    ],
+)
+def test_the_device_request_names_exactly_the_gpus_asked_for(gpus: str, count: int, ids: list[str]) -> None:
+    """What the engine is asked for, as `docker run --gpus` asks: ids exactly as named (never a
+    count, never all), a count as given, -1 only for all; nothing without --gpus."""
+    from imagegate.drivers.docker import device_requests
+    from imagegate.gpus import parse
+
+    assert device_requests(None) is None
+    (req,) = device_requests(parse(gpus)) or []
+    assert req["Count"] == count
+    assert req["DeviceIDs"] == ids
+    assert req["Capabilities"] == [["gpu"]]
+
+
 def test_device_request_reaches_the_engine_and_its_refusal_is_clear(
     images: dict[str, str], tmp_path: Path
 ) -> None:
@@ -183,12 +207,10 @@ def test_complete_refuses_another_environment_and_an_undeferred_attempt(tmp_path
     assert first.returncode == 0, first.stderr
     earlier = _attempts(out)[0]
     then = _statement(earlier)["environment"]["fingerprint"]["sha256"]
-    other = (
-        "/usr/bin/python3" if Path("/usr/bin/python3").resolve() != Path(sys.executable).resolve() else None
-    )
-    if other is None:
-        pytest.skip("no second interpreter on this host")
-    r = imagegate("complete", str(earlier), "--here", "--python", other)
+    # A second interpreter made here: a venv of the same python, without imagegate's packages.
+    other = tmp_path / "other-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    r = imagegate("complete", str(earlier), "--here", "--python", str(other / "bin" / "python"))
     assert r.returncode == 3
     assert f"(fingerprint sha256:{then})" in r.stderr and "is not the one attempt" in r.stderr
     assert len(_attempts(out)) == 1  # refused before anything was written

@@ -7,7 +7,7 @@ import hashlib
 import shutil
 import subprocess
 
-from imagegate.drivers.docker import LOADER
+from imagegate.drivers.loader import LOADER
 
 
 def test_loader_checks_the_bundle_digest(tmp_path: object) -> None:

@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from imagegate.drivers.docker import LOADER, TOO_OLD_EXIT
+from imagegate.drivers.loader import LOADER, TOO_OLD_EXIT
 from tests.helpers import DOCKER_SOCK, imagegate
 
 OLDEST = "3.9"

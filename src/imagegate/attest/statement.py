@@ -155,9 +155,20 @@ FACTS: dict[str, FactRules] = {
         evidence_only=("command_stdout_bytes", "command_stderr_bytes"),
     ),
     # The node check: the GPUs and the image's torch (facts), BF16 matmul per GPU, the
-    # all-reduce per rank, whose fault a failure is (unfit: image or node), what the host showed.
+    # all-reduce per rank, HBM / host<->GPU / peer copies, each figure as a fraction of the GPU's
+    # limit, whose fault a failure is (unfit: image or node), what the host showed.
     "gpu_preflight": FactRules(
-        carried=("facts", "matmul", "allreduce", "unfit", "torch", "facts_error", "host"),
+        carried=(
+            "facts",
+            "matmul",
+            "allreduce",
+            "bandwidth",
+            "fraction_of_limit",
+            "unfit",
+            "torch",
+            "facts_error",
+            "host",
+        ),
         evidence_only=("params",),
     ),
     "av_roundtrip": FactRules(

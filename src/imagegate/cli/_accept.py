@@ -64,7 +64,7 @@ EXPECT_CONFIG = Option(None, "--expect-config", help="For the layers stage: the 
 GPUS = Option(
     None,
     "--gpus",
-    help="Give the probes GPUs: all, a count, or ids (0,1); the run starts with the GPU node check. Default: none (GPUs hidden).",
+    help="Give the probes GPUs: all, a count, ids (0,1), device=ID or a GPU-… UUID; the run starts with the GPU node check (the rootfs driver injects them as CDI describes them). Default: none (GPUs hidden).",
 )
 
 

@@ -12,6 +12,7 @@ from imagegate import accept, runner
 from imagegate.attest import keys
 from imagegate.cli import _accept as o
 from imagegate.cli._app import TRUSTED_KEYS, Format, app
+from imagegate.drivers.select import DriverName, driver_name
 from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.sizes import parse_memory
@@ -21,6 +22,7 @@ from imagegate.sizes import parse_memory
     epilog="Examples:\n\n"
     "  imagegate complete imagegate-runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --gpus all\n\n"
     "  imagegate complete runs/ref-local/20260101T000000.000Z-1a2b3c --here --gpus all\n\n"
+    "  imagegate complete runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --driver rootfs --gpus all\n\n"
     "  imagegate complete runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --gpus all --key gpu.key --trust ci.pub\n\n"
     "First verifies ATTEMPT as verify does (the signature with a trusted key: --trust, "
     "--trusted-keys, else the public half of the signing key; the statement; every evidence file; "
@@ -34,8 +36,14 @@ from imagegate.sizes import parse_memory
 def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
     gpus: str | None = o.GPUS,
-    here: bool = Option(
-        False, "--here", help="Run in this environment instead of a container (local driver)."
+    here: bool = Option(False, "--here", help="Run in this environment: the same as --driver here."),
+    driver: str | None = Option(
+        None,
+        "--driver",
+        metavar="NAME",
+        help="Where the deferred stages run: docker (default), podman, rootfs (no engine: the image read "
+        "again from the transport it was judged from, every layer verified, its config digest the one "
+        "judged), here.",
     ),
     python: str | None = o.PYTHON,
     sign_unisolated: bool = o.SIGN_UNISOLATED,
@@ -44,8 +52,8 @@ def complete(
     ),
     timeout: float | None = o.TIMEOUT,
     memory: str = o.MEMORY,
-    pull: str = Option(
-        "never", "--pull", help="Pull the image through the engine: never (default), missing, always."
+    pull: str | None = Option(
+        None, "--pull", help="Pull the image through the engine: never (default), missing, always."
     ),
     require_complete: bool = o.REQUIRE_COMPLETE,
     key: list[str] = o.KEY,
@@ -77,19 +85,25 @@ def complete(
         gpu = gpus_parse(gpus)
         earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted)
         notify(f"{earlier.dir.name} verified with key {earlier.signer}")
+        name = driver_name(driver, here)
+        rootfs = name is DriverName.rootfs
+        was = earlier.predicate.get("image") or {}
         with accept.within(prep, timeout):  # the earlier attempt is verified: now the clock runs
-            driver = accept.driver_for(
-                here=here,
+            made = accept.driver_for(
+                here=False,
+                name=name,
                 python=python,
                 memory=memory,
-                pull=pull,
+                pull=pull or ("missing" if rootfs else "never"),  # rootfs reads the transport, no engine
+                # The root is unpacked only when its config digest is the one judged.
+                expect_config=str(was["configDigest"]) if rootfs and was.get("configDigest") else None,
                 gpus=gpu,
                 notify=notify,
                 key=outputs.key,
                 sign_unisolated=sign_unisolated,
             )
             opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
-            observer = completing.CompletionObserver(earlier, driver, opts, notify)
+            observer = completing.CompletionObserver(earlier, made, opts, notify)
             root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
             done = accept.accept(prep, observer, root, outputs, notify)
     o.finish(done, Format.table, quiet)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagegate.drivers import seccomp
+from imagegate.drivers import cdi, seccomp
 from imagegate.drivers.interface import OnOutput
 from imagegate.drivers.process import Completed, run_group
 from imagegate.errors import EngineError, UsageError
@@ -361,6 +361,7 @@ class Sandbox:
     config: ImageConfig
     limits: Limits = field(default_factory=Limits)
     extra_env: dict[str, str] = field(default_factory=dict)
+    gpus: cdi.Injection | None = None  # GPUs as CDI describes them; None: no GPU device at all
 
     def argv(
         self, bwrap: str, command: Sequence[str], seccomp_fd: int | None = None
@@ -376,6 +377,8 @@ class Sandbox:
             )
         ident = resolve_user(self.root, self.config.user)
         env = sandbox_env(self.config, ident, self.extra_env)
+        if self.gpus is not None:
+            env.update(self.gpus.sandbox_env(env))
         argv = ["prlimit", *self.limits.prlimit_args(), "--", bwrap]
         argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
         # The command is the namespace's pid 1, as in a container: no bwrap process inside that a
@@ -384,14 +387,38 @@ class Sandbox:
         argv += ["--as-pid-1"]
         argv += ["--cap-drop", "ALL", "--hostname", SANDBOX_HOSTNAME]
         argv += ["--uid", str(ident.uid), "--gid", str(ident.gid)]
-        argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]
-        argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+        if self.gpus is None:
+            argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]
+            argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+        else:
+            argv += self._root_with_gpus(self.gpus)
         argv += ["--chdir", self.config.working_dir or "/", "--clearenv"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         for k, v in env.items():
             argv += ["--setenv", k, v]
         return [*argv, "--", *command], ident
+
+    def _root_with_gpus(self, gpus: cdi.Injection) -> list[str]:
+        """The image's top-level entries bound read-only onto bwrap's own (tmpfs) root, which can
+        then take cdi.DRIVER_DIR; the root made read-only once every mount point is made."""
+        top = cdi.DRIVER_DIR.strip("/")
+        argv: list[str] = []
+        for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            if entry.name == top:
+                raise UsageError(
+                    f"the image has its own /{top}, where the GPU driver's files go; not run with --gpus",
+                    hint="run it with --driver docker (or podman) and the NVIDIA Container Toolkit",
+                )
+            if entry.name in ("proc", "dev", "tmp"):
+                continue  # the sandbox's own, below
+            if entry.is_symlink():
+                argv += ["--symlink", os.readlink(entry.path), "/" + entry.name]
+            elif entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                argv += ["--ro-bind", entry.path, "/" + entry.name]
+        argv += ["--proc", "/proc", "--dev", "/dev", *gpus.bwrap_args()]
+        argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+        return [*argv, "--remount-ro", "/"]
 
 
 def run(

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from imagegate.drivers import bwrap, seccomp
-from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
+from imagegate.drivers import bwrap, cdi, seccomp
 from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable, verification_facts
+from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.model import ImageFacts, Status
@@ -65,6 +65,7 @@ class RootfsDriver:
         notify: Callable[[str], None] = lambda _m: None,
         platform: str | None = None,
         insecure: bool = False,
+        gpus: cdi.Injection | None = None,
     ) -> None:
         self.bwrap = bwrap.check_host()  # before any byte is read: a host that cannot sandbox says so now
         bwrap.check_seccomp()  # the same: no filter, no run (weaker than an engine's default profile)
@@ -76,6 +77,7 @@ class RootfsDriver:
         )
         self.notify = notify
         self.platform, self.insecure = platform, insecure
+        self.gpus = gpus
         self.roots: dict[str, PreparedRoot] = {}
         self.refused: dict[ImageFacts, Refused] = {}
         self._env: dict[str, Any] | None = None
@@ -91,7 +93,9 @@ class RootfsDriver:
                 "arch": host_platform.machine(),
                 "limits": self.limits.facts(),
                 "seccomp": seccomp.facts(),
-                "gpus_requested": None,
+                "gpus_requested": self.gpus.request if self.gpus else None,
+                # Which CDI spec (or the host-derived one) and exactly what the sandbox was given.
+                "gpu_injection": self.gpus.facts() if self.gpus else None,
                 # The image's root and Env only (the host's environment cleared), own pid namespace.
                 "key_isolation": {"method": "bubblewrap"},
             }
@@ -191,7 +195,8 @@ class RootfsDriver:
             root.path,
             bwrap.ImageConfig.from_config(root.config),
             self.limits,
-            HIDDEN_GPU_ENV,
+            HIDDEN_GPU_ENV if self.gpus is None else {"TMPDIR": "/tmp"},
+            gpus=self.gpus,
         )
         payload = loader_payload(bundle, event_key, stages)
 

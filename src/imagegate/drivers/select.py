@@ -139,18 +139,16 @@ def _engine(name: DriverName | None, opts: DriverOptions) -> Driver:
 
 
 def _rootfs(opts: DriverOptions) -> Driver:
-    if opts.gpus is not None:
-        raise UsageError(
-            f"--gpus {opts.gpus.spec}: the rootfs driver runs without GPUs",
-            hint="use --driver docker (or podman) with the NVIDIA Container Toolkit, or --here on the GPU host",
-        )
     if opts.pull != "missing":
         raise UsageError(
             f"--pull {opts.pull}: the rootfs driver has no engine to pull through",
             hint="it always reads IMAGE from its transport; drop --pull",
         )
+    from imagegate.drivers import cdi
     from imagegate.drivers.rootfs import RootfsDriver, materializer
 
+    # Read before any byte of the image: a GPU the host lacks, or a stale spec, is said now.
+    gpus = cdi.for_request(opts.gpus) if opts.gpus is not None else None
     return RootfsDriver(
         materializer(
             expect_config=opts.expect_config,
@@ -162,4 +160,5 @@ def _rootfs(opts: DriverOptions) -> Driver:
         notify=opts.notify,
         platform=opts.platform,
         insecure=opts.insecure,
+        gpus=gpus,
     )

@@ -19,7 +19,6 @@ from imagegate.oci.sources.archive import DockerArchiveSource, TarStream, is_com
 from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.oci.sources.interface import ImageSource, Source
 from imagegate.oci.sources.layout import OciLayoutSource
-from imagegate.oci.sources.registry import RegistrySource
 
 # Transports containers/image has that we do not read: say so instead of guessing a registry.
 _OTHER_TRANSPORTS = ("containers-storage", "dir", "oci-archive", "ostree", "sif", "tarball")
@@ -42,7 +41,7 @@ def open_source(
     """The source named by `spec`. Malformed strings raise UsageError (exit 3)."""
     plat = parse_platform(platform or DEFAULT_PLATFORM)
     if spec.startswith("docker://"):
-        return RegistrySource(parse_reference(spec[len("docker://") :]), plat, insecure=insecure)
+        return _registry(spec[len("docker://") :], plat, insecure)
     if spec.startswith("docker-daemon:"):
         ref = spec[len("docker-daemon:") :]
         if not ref:
@@ -69,7 +68,14 @@ def open_source(
     scheme = re.match(r"^([a-z][a-z0-9+.-]*)(://|:)", spec)
     if scheme and (scheme.group(2) == "://" or scheme.group(1) in _OTHER_TRANSPORTS):
         raise _usage(spec, f"transport {scheme.group(1)!r} is not supported")
-    return RegistrySource(parse_reference(spec), plat, insecure=insecure)
+    return _registry(spec, plat, insecure)
+
+
+def _registry(ref: str, plat: Any, insecure: bool) -> Source:
+    # Imported here: a machine reading only files (oci:, docker-archive:) needs no HTTP client.
+    from imagegate.oci.sources.registry import RegistrySource
+
+    return RegistrySource(parse_reference(ref), plat, insecure=insecure)
 
 
 @contextmanager

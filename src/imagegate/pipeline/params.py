@@ -227,3 +227,39 @@ class GpuPreflightParams(Params):
     allreduce_timeout: float = Field(
         default=300, gt=0, le=3600, description="Seconds: NCCL init and the all-reduces, all ranks."
     )
+    bandwidth_iters: int = Field(default=10, ge=1, le=1000, description="Timed copies per figure.")
+    sustain_s: float = Field(
+        default=3,
+        ge=0,
+        le=600,
+        description="Seconds each GPU's matmul is held (first vs last second, clocks).",
+    )
+    bandwidth_bytes: int = Field(
+        default=1 << 30, ge=1 << 20, le=1 << 36, description="Bytes per copy: HBM, host<->GPU, GPU<->GPU."
+    )
+    bandwidth_timeout: float = Field(default=300, gt=0, le=3600, description="Seconds: the copies, all GPUs.")
+    min_fraction_of_limit: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A measured figure without its own threshold below this fraction of the GPU's "
+        "physical limit (where known): not fit.",
+    )
+    min_sustained_tflops: float | None = Field(
+        default=None, gt=0, description="A GPU's last-second bf16 TFLOP/s below this: not fit."
+    )
+    min_hbm_gbps: float | None = Field(
+        default=None, gt=0, description="A GPU's HBM copy (read + write) GB/s below this: not fit."
+    )
+    min_h2d_gbps: float | None = Field(
+        default=None, gt=0, description="A GPU's pinned host-to-GPU GB/s below this: not fit."
+    )
+    min_d2h_gbps: float | None = Field(
+        default=None, gt=0, description="A GPU's pinned GPU-to-host GB/s below this: not fit."
+    )
+    min_p2p_gbps: float | None = Field(
+        default=None, gt=0, description="The slowest GPU-to-GPU peer copy GB/s below this: not fit."
+    )
+    max_ecc_uncorrected: int = Field(
+        default=0, ge=0, description="Uncorrected ECC errors since the driver loaded above this: not fit."
+    )

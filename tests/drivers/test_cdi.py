@@ -1,0 +1,288 @@
+"""GPUs for the rootfs sandbox, as CDI describes them: specs read, a spec generated from a host,
+exactly the GPUs asked for, and the sandbox's mounts as seen from inside it.
+
+CI has no GPU, so the host here is a fake one, built by the test and named as such: a /dev whose
+nvidia nodes are character devices (links to /dev/null), the driver's /proc folder, and a real
+loader cache made by the system's ldconfig from minimal ELF libraries carrying the driver's
+sonames. Everything else is real: bubblewrap, the image root, ldconfig, the YAML."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import struct
+import subprocess
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from imagegate.drivers import bwrap, cdi, seccomp
+from imagegate.drivers.rootfs import PreparedRoot
+from imagegate.gpus import parse
+
+# Two GPUs whose PCI order is not their minor order: index 0 (nvidia-smi's order) is /dev/nvidia1.
+GPUS = (("0000:1b:00.0", 1, "GPU-aaaa1111"), ("0000:2c:00.0", 0, "GPU-bbbb2222"))
+DRIVER = "580.1.2"
+
+
+def fake_elf(path: Path, soname: str) -> None:
+    """The least ELF shared object ldconfig takes: one PT_LOAD, a PT_DYNAMIC with DT_SONAME."""
+    machine = {"x86_64": 62, "aarch64": 183}[platform.machine()]
+    strtab = b"\0" + soname.encode() + b"\0"
+    dyn_off, str_off = 64 + 2 * 56, 64 + 2 * 56 + 4 * 16
+    total = str_off + len(strtab)
+    head = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    head += struct.pack("<HHIQQQIHHHHHH", 3, machine, 1, 0, 64, 0, 0, 64, 56, 2, 64, 0, 0)
+    load = struct.pack("<IIQQQQQQ", 1, 4, 0, 0, 0, total, total, 0x1000)
+    dynamic = struct.pack("<IIQQQQQQ", 2, 6, dyn_off, dyn_off, dyn_off, 64, 64, 8)
+    entries = b"".join(
+        struct.pack("<qQ", t, v) for t, v in ((5, str_off), (10, len(strtab)), (14, 1), (0, 0))
+    )
+    path.write_bytes(head + load + dynamic + entries + strtab)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> cdi.Host:
+    dev = tmp_path / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-caps/nvidia-cap1"):
+        (dev / name).symlink_to("/dev/null")  # a character device, as the real nodes are
+    for bus, minor, uuid in GPUS:
+        info = tmp_path / "proc" / bus / "information"
+        info.parent.mkdir(parents=True)
+        info.write_text(
+            f"Model: \t NVIDIA H200\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\nDevice Minor: \t {minor}\n"
+        )
+    lib = tmp_path / "driver-lib"
+    lib.mkdir()
+    for stem in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libfoo"):
+        fake_elf(lib / f"{stem}.so.{DRIVER}", f"{stem}.so.1")
+    (tmp_path / "ld.so.conf").write_text(f"{lib}\n")
+    cache = tmp_path / "ld.so.cache"
+    subprocess.run(["ldconfig", "-C", str(cache), "-f", str(tmp_path / "ld.so.conf")], check=True)
+    bin_dir = tmp_path / "driver-bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho fake nvidia-smi\n")
+    smi.chmod(0o755)
+    return cdi.Host(dev=str(dev), proc_gpus=str(tmp_path / "proc"), ld_cache=str(cache), path=str(bin_dir))
+
+
+def nodes(inj: cdi.Injection) -> list[str]:
+    return sorted(p for _, p in inj.device_nodes)
+
+
+def test_generated_from_the_host_gives_exactly_the_gpus_asked_for(host: cdi.Host) -> None:
+    spec = cdi.generate(host)
+    assert spec.names() == ["0", "GPU-aaaa1111", "1", "GPU-bbbb2222"]
+    control = ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-uvm", "/dev/nvidiactl"]
+    assert nodes(cdi.inject(spec, parse("all"))) == sorted([*control, "/dev/nvidia0", "/dev/nvidia1"])
+    # Index 0 is the first GPU on the PCI bus: minor 1.
+    assert nodes(cdi.inject(spec, parse("device=0"))) == sorted([*control, "/dev/nvidia1"])
+    assert nodes(cdi.inject(spec, parse("1,0"))) == sorted([*control, "/dev/nvidia0", "/dev/nvidia1"])
+    assert nodes(cdi.inject(spec, parse("GPU-bbbb2222"))) == sorted([*control, "/dev/nvidia0"])
+    one = cdi.inject(spec, parse("device=1"))
+    assert nodes(one) == sorted([*control, "/dev/nvidia0"]) and one.devices == ("1",)
+    inj = cdi.inject(spec, parse("2"))
+    assert inj.devices == ("0", "1")
+    # The driver's libraries by soname (libfoo is not the driver's), the programs, and nothing else.
+    assert sorted(p for _, p in inj.binds) == [
+        "/nvidia-driver/bin/nvidia-smi",
+        "/nvidia-driver/lib/libcuda.so.1",
+        "/nvidia-driver/lib/libnvidia-ml.so.1",
+        "/nvidia-driver/lib/libnvidia-ptxjitcompiler.so.1",
+    ]
+    assert dict(inj.env) == {}  # the spec's NVIDIA_VISIBLE_DEVICES=void is for a hook that does not run
+    assert "env NVIDIA_VISIBLE_DEVICES=void: for the NVIDIA container runtime's hook" in "\n".join(
+        inj.not_applied
+    )
+    assert inj.facts()["cdi_spec"].startswith("generated from this host")
+
+
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [
+        ("3", "--gpus 3: generated from this host (no CDI spec in /etc/cdi, /var/run/cdi) lists 2 GPU(s)"),
+        ("0,7", "--gpus 0,7: 7 not among the GPUs of generated from this host"),
+        ("GPU-cccc3333", "--gpus GPU-cccc3333: GPU-cccc3333 not among the GPUs"),
+    ],
+)
+def test_a_gpu_the_host_lacks_is_refused_naming_it(host: cdi.Host, gpus: str, message: str) -> None:
+    with pytest.raises(cdi.CdiError) as e:
+        cdi.inject(cdi.generate(host), parse(gpus))
+    assert message in str(e.value)
+
+
+def nvidia_ctk_spec(host: cdi.Host, lib: Path) -> str:
+    """A spec as `nvidia-ctk cdi generate` writes it: versioned files, links made by a hook."""
+    return textwrap.dedent(
+        f"""\
+        cdiVersion: 0.5.0
+        kind: nvidia.com/gpu
+        devices:
+        - name: "0"
+          containerEdits:
+            deviceNodes:
+            - path: /dev/nvidia1
+              hostPath: {host.dev}/nvidia1
+        - name: "1"
+          containerEdits:
+            deviceNodes:
+            - path: /dev/nvidia0
+              hostPath: {host.dev}/nvidia0
+        - name: all
+          containerEdits:
+            deviceNodes:
+            - {{path: /dev/nvidia0, hostPath: {host.dev}/nvidia0}}
+            - {{path: /dev/nvidia1, hostPath: {host.dev}/nvidia1}}
+        containerEdits:
+          env: [NVIDIA_VISIBLE_DEVICES=void]
+          deviceNodes:
+          - {{path: /dev/nvidiactl, hostPath: {host.dev}/nvidiactl}}
+          hooks:
+          - hookName: createContainer
+            path: /usr/bin/nvidia-ctk
+            args: [nvidia-ctk, hook, create-symlinks, --link, libcuda.so.{DRIVER}::/usr/lib/x86_64-linux-gnu/libcuda.so.1,
+                   --link, libgone.so.{DRIVER}::/usr/lib/x86_64-linux-gnu/libgone.so.1]
+          - hookName: createContainer
+            path: /usr/bin/nvidia-ctk
+            args: [nvidia-ctk, hook, update-ldcache, --folder, /usr/lib/x86_64-linux-gnu]
+          mounts:
+          - {{hostPath: {lib}/libcuda.so.{DRIVER}, containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.{DRIVER}, options: [ro, nosuid, nodev, bind]}}
+          - {{hostPath: {lib}/libcuda.so.{DRIVER}, containerPath: /lib/firmware/nvidia/{DRIVER}/gsp.bin, options: [ro]}}
+        """
+    )
+
+
+def test_a_spec_file_is_read_and_applied_in_cdi_order(host: cdi.Host, tmp_path: Path) -> None:
+    etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    etc.mkdir()
+    run.mkdir()
+    (etc / "a-other.yaml").write_text("cdiVersion: 0.5.0\nkind: vendor.com/fpga\ndevices: []\n")
+    (etc / "nvidia.yaml").write_text(nvidia_ctk_spec(host, tmp_path / "driver-lib"))
+    (run / "nvidia.json").write_text(json.dumps({"kind": "nvidia.com/gpu", "devices": [{"name": "9"}]}))
+    inj = cdi.for_request(parse("device=0"), dirs=(str(etc), str(run)), host=host)
+    assert inj.source == str(etc / "nvidia.yaml")
+    assert inj.devices == ("0",) and nodes(inj) == ["/dev/nvidia1", "/dev/nvidiactl"]
+    assert inj.binds == (
+        (str(tmp_path / "driver-lib" / f"libcuda.so.{DRIVER}"), f"/nvidia-driver/lib/libcuda.so.{DRIVER}"),
+    )
+    assert inj.links == ((f"libcuda.so.{DRIVER}", "/nvidia-driver/lib/libcuda.so.1"),)
+    said = "\n".join(inj.not_applied)
+    assert "gsp.bin: not a library or program" in said and "libgone.so.1" in said
+    assert (
+        "hook createContainer: nvidia-ctk hook update-ldcache --folder /usr/lib/x86_64-linux-gnu: not run"
+        in said
+    )
+    assert nodes(cdi.for_request(parse("all"), dirs=(str(etc),), host=host)) == [
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+    ]
+    # No spec at all: generated from the host.
+    assert cdi.for_request(parse("all"), dirs=(str(tmp_path / "none"),), host=host).source.startswith(
+        "generated"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /etc/shadow}]}}]\n", "device node '/etc/shadow' is not under /dev"),
+        ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /dev/../etc/x}]}}]\n", "is not under /dev"),
+        ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /dev/nvidia9}]}}]\n", "/dev/nvidia9 is not a character device on this host"),
+        ("kind: nvidia.com/gpu\ndevices: [{name: '0'}]\ncontainerEdits: {mounts: [{hostPath: /nonexistent/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1}]}\n", "/nonexistent/libcuda.so.1 is not a file on this host"),
+        ("kind: nvidia.com/gpu\ndevices: [{containerEdits: {}}]\n", "a device without a name"),
+        ("kind: nvidia.com/gpu\ndevices: [{name: '0'}\n", "not YAML or JSON"),
+    ],
+)  # fmt: skip
+def test_a_bad_spec_is_refused_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "nvidia.yaml").write_text(text)
+    with pytest.raises(cdi.CdiError) as e:
+        cdi.for_request(parse("all"), dirs=(str(tmp_path),))
+    assert str(tmp_path / "nvidia.yaml") in str(e.value) and message in str(e.value)
+    assert "nvidia-ctk cdi generate" in (e.value.hint or "")
+
+
+INSIDE = textwrap.dedent(
+    """
+    import errno, json, os, subprocess
+    def writable(path):
+        try:
+            open(path, "ab").close()
+            return True
+        except OSError as e:
+            return errno.errorcode[e.errno]
+    mounts = [line.split()[4] for line in open("/proc/self/mountinfo")]
+    lib = "/nvidia-driver/lib"
+    print(json.dumps({
+        "dev": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia")),
+        "caps": sorted(os.listdir("/dev/nvidia-caps")) if os.path.isdir("/dev/nvidia-caps") else None,
+        "chr": all(os.path.exists(p) for p in ["/dev/nvidiactl"]),
+        "lib": {n: os.readlink(os.path.join(lib, n)) if os.path.islink(os.path.join(lib, n))
+                else open(os.path.join(lib, n), "rb").read(4).hex() for n in sorted(os.listdir(lib))},
+        "bin": sorted(os.listdir("/nvidia-driver/bin")),
+        "smi": subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout.strip(),
+        "write_lib": writable(lib + "/libcuda.so.1"),
+        "write_root": writable("/new-file"),
+        "write_driver_dir": writable("/nvidia-driver/new-file"),
+        "write_tmp": writable("/tmp/x"),
+        "mounts": mounts,
+        "env": {k: os.environ.get(k) for k in ("LD_LIBRARY_PATH", "PATH", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")},
+    }))
+    """
+)
+
+
+def test_the_sandbox_gets_exactly_the_injection_read_only(
+    exported: Callable[[str], PreparedRoot], host: cdi.Host
+) -> None:
+    root = exported("python")
+    inj = cdi.inject(cdi.generate(host), parse("device=1"))  # index 1: /dev/nvidia0
+    config = bwrap.ImageConfig.from_config(root.config)
+    with seccomp.program_fd() as fd:
+        sandbox = bwrap.Sandbox(root.path, config, extra_env={"TMPDIR": "/tmp"}, gpus=inj)
+        argv, _ = sandbox.argv(bwrap.check_host(), ["python3", "-c", INSIDE], fd)
+        done = bwrap.run(argv, stdin=b"", deadline_s=60, pass_fds=(fd,))
+    assert done.exit_code == 0, done.stderr.decode()
+    seen = json.loads(done.stdout)
+    assert seen["dev"] == ["nvidia-caps", "nvidia-uvm", "nvidia0", "nvidiactl"]  # not nvidia1
+    assert seen["caps"] == ["nvidia-cap1"]
+    assert seen["lib"] == {
+        n: "7f454c46" for n in ("libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1")
+    }
+    assert seen["bin"] == ["nvidia-smi"] and seen["smi"] == "fake nvidia-smi"
+    assert seen["write_lib"] == seen["write_root"] == seen["write_driver_dir"] == "EROFS"
+    assert seen["write_tmp"] is True
+    image_path = dict(e.split("=", 1) for e in config.env)["PATH"]
+    assert seen["env"] == {
+        "LD_LIBRARY_PATH": "/nvidia-driver/lib",
+        "PATH": image_path + ":/nvidia-driver/bin",
+        "NVIDIA_VISIBLE_DEVICES": None,  # the probes read void as GPUs hidden
+        "CUDA_VISIBLE_DEVICES": None,
+    }
+    # Every mount is the image's (its top-level entries), the sandbox's own (/proc, /dev and its
+    # basic nodes, /tmp), or one the injection names: no other host path.
+    top = {"/" + n for n in os.listdir(root.path)}
+    own = {"/", "/proc", "/dev", "/tmp", "/dev/pts", "/dev/shm"}
+    basic = {f"/dev/{n}" for n in ("null", "zero", "full", "random", "urandom", "tty", "ptmx", "console")}
+    injected = {p for _, p in inj.device_nodes} | {p for _, p in inj.binds}
+    extra = [
+        m for m in seen["mounts"] if m not in top | own | basic | injected and not m.startswith("/proc/")
+    ]
+    assert extra == []
+    assert injected <= set(seen["mounts"])
+
+
+def test_without_gpus_the_sandbox_has_no_driver_folder(exported: Callable[[str], PreparedRoot]) -> None:
+    root = exported("python")
+    code = "import os; print(sorted(n for n in os.listdir('/dev') if 'nvidia' in n), os.path.exists('/nvidia-driver'))"
+    with seccomp.program_fd() as fd:
+        argv, _ = bwrap.Sandbox(root.path, bwrap.ImageConfig.from_config(root.config)).argv(
+            bwrap.check_host(), ["python3", "-c", code], fd
+        )
+        done = bwrap.run(argv, stdin=b"", deadline_s=60, pass_fds=(fd,))
+    assert done.stdout.decode().strip() == "[] False"
