@@ -68,20 +68,14 @@ def controller_output(prep: Any, key: bytes, image: str | None = None, noise: by
     stderr): run in a real image through the docker driver, or in this environment when `image`
     is None. `noise` stands for lines the image printed itself between the events."""
     from imagegate.drivers.docker import DockerDriver
+    from imagegate.drivers.interface import BundleRequest, Driver
     from imagegate.drivers.local import LocalDriver
-    from imagegate.model import ImageFacts
 
-    if image is None:
-        facts = ImageFacts("local", None)
-        br = LocalDriver(sys.executable).run_bundle(
-            facts, prep.bundle.data, prep.bundle.sha256, prep.interpreters, 120, event_key=key
-        )
-    else:
-        driver = DockerDriver(pull="never")
-        facts = driver.resolve(image)
-        br = driver.run_bundle(
-            facts, prep.bundle.data, prep.bundle.sha256, prep.interpreters, 120, event_key=key
-        )
+    driver: Driver = LocalDriver(sys.executable) if image is None else DockerDriver(pull="never")
+    facts = driver.resolve(image or "local")
+    br = driver.run_bundle(
+        BundleRequest(facts, prep.bundle.data, prep.bundle.sha256, prep.interpreters, 120, event_key=key)
+    )
     assert br.exit_code == 0, br.stderr
     first, _, rest = br.stdout.strip(b"\n").partition(b"\n")  # after the start event
     return first + b"\n" + noise + rest + b"\n" + br.stderr

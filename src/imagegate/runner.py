@@ -13,7 +13,7 @@ from typing import Any
 
 from imagegate import __version__, bundle, deadline, pipeline, protocol, workers
 from imagegate.attest.statement import build_statement
-from imagegate.drivers.interface import BundleRun, Driver, Refusal
+from imagegate.drivers.interface import BundleRequest, BundleRun, Driver, Refusal
 from imagegate.evidence import Attempt, sha256_file
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
 from imagegate.oci.sources.interface import Source
@@ -254,15 +254,17 @@ def run_inside(
         deadline = prep.deadline(opts.timeout, ids)
         began = _now()
         br = driver.run_bundle(
-            image,
-            prep.bundle.data,
-            prep.bundle.sha256,
-            prep.interpreters,
-            deadline,
-            event_key=key,
-            on_stdout=stream.feed,
-            stages=None if len(groups) == 1 else ids,
-            cancel=cancel,
+            BundleRequest(
+                image,
+                prep.bundle.data,
+                prep.bundle.sha256,
+                prep.interpreters,
+                deadline,
+                event_key=key,
+                on_stdout=stream.feed,
+                stages=None if len(groups) == 1 else ids,
+                cancel=cancel,
+            )
         )
         br.facts["event_key"] = key.hex()  # spent: published so the event log can be re-checked
         br.facts["started"], br.facts["finished"] = began, _now()

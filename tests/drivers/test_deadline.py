@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from imagegate.drivers.interface import BundleRun, Driver
+from imagegate.drivers.interface import BundleRequest, BundleRun, Driver
 from imagegate.drivers.local import LocalDriver
 from imagegate.drivers.rootfs import PreparedRoot, RootfsDriver
 from tests.drivers.test_sandbox import alive_with
@@ -47,13 +47,15 @@ def run(
     bundle = BUNDLE.format(mark=mark, sleep=sleep).encode()
     image = driver.resolve("imagegate-test/python")
     return driver.run_bundle(
-        image,
-        bundle,
-        hashlib.sha256(bundle).hexdigest(),
-        ["python3"],
-        deadline_s,
-        secrets.token_bytes(32),
-        cancel=cancel,
+        BundleRequest(
+            image,
+            bundle,
+            hashlib.sha256(bundle).hexdigest(),
+            ["python3"],
+            deadline_s,
+            secrets.token_bytes(32),
+            cancel=cancel,
+        )
     )
 
 

@@ -17,10 +17,9 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
-from typer import Option
 
 from imagegate import accept
-from imagegate.cli._app import Format
+from imagegate.cli._app import Format, Option
 from imagegate.errors import UsageError
 from imagegate.interrupts import EXIT_SIGINT
 from imagegate.runner import RunOptions
@@ -34,7 +33,11 @@ EXIT_CODES = (
 
 # Options that several accepting commands take: one declaration each, so their help reads the same.
 PIPELINE = Option(
-    "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
+    "python",
+    "--pipeline",
+    "-p",
+    metavar="NAME|FILE",
+    help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 TIMEOUT = Option(
@@ -68,6 +71,18 @@ GPUS = Option(
 )
 
 
+# How a verdict is shown and reported: run, pod run, pod collect and complete alike.
+FORMAT = Option(
+    Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
+)
+REPORT = Option(
+    [],
+    "--report",
+    metavar="FORMAT=PATH",
+    help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
+)
+
+
 @dataclass(frozen=True)
 class Accepting:
     """The options every command that gives a verdict on an image takes (`complete`: some)."""
@@ -75,19 +90,20 @@ class Accepting:
     pipeline: str = PIPELINE
     module: list[str] = MODULES
     out: Path = Option(
-        Path("imagegate-runs"), "--out", "-o", help="Evidence folder; each run adds a new attempt."
+        Path("imagegate-runs"),
+        "--out",
+        "-o",
+        metavar="FOLDER",
+        help="Evidence folder; each run adds a new attempt.",
     )
-    fmt: Format = Option(
-        Format.table, "--format", help="table, or json: the in-toto statement on stdout, nothing else."
-    )
+    fmt: Format = FORMAT
     require_complete: bool = REQUIRE_COMPLETE
-    report: list[str] = Option(
-        [],
-        "--report",
-        help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
-    )
+    report: list[str] = REPORT
     advisory_db: Path | None = Option(
-        None, "--advisory-db", help="OSV advisory folder for an offline vulnerability audit."
+        None,
+        "--advisory-db",
+        metavar="FOLDER",
+        help="OSV advisory folder for an offline vulnerability audit.",
     )
     key: list[str] = KEY
     no_sign: bool = NO_SIGN

@@ -12,13 +12,25 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
-from typer import Argument, Option
+from typer import Argument
 
 from imagegate import __version__, deadline
 from imagegate.errors import ImagegateError
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+
+def Option(default: Any, *decls: str, **kw: Any) -> Any:
+    """typer.Option with a placeholder named after the option (`--memory MEMORY`, `--key PATH`
+    where a metavar is given), never the type's (`<str>`, `<list[str]>`): help reads as a command
+    line. Flags, counters and choices keep typer's own."""
+    if "metavar" not in kw and not isinstance(default, bool | enum.Enum) and not kw.get("count"):
+        long = max((d for d in decls if d.startswith("--")), key=len, default=None)
+        if long is not None:
+            kw["metavar"] = long.lstrip("-").upper().replace("-", "_")
+    return typer.Option(default, *decls, **kw)
+
 
 app = typer.Typer(
     name="imagegate",

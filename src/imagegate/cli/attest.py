@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 
 import typer
-from typer import Argument, Option
+from typer import Argument
 
 from imagegate.attest import keys
 from imagegate.attest.statement import PREDICATE_TYPE
 from imagegate.cli import _app
-from imagegate.cli._app import app
+from imagegate.cli._app import Option, app
 from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.report import console_attest

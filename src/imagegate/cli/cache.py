@@ -6,10 +6,10 @@ from __future__ import annotations
 from functools import partial
 
 import typer
-from typer import Argument, Option
+from typer import Argument
 
 from imagegate.cli import _app
-from imagegate.cli._app import Format, app, report_error, show
+from imagegate.cli._app import Format, Option, app, report_error, show
 from imagegate.model import EXIT_ACCEPTED
 from imagegate.oci.digest import check_digest
 from imagegate.report import console_cache

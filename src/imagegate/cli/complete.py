@@ -6,12 +6,11 @@ import os
 from pathlib import Path
 
 import typer
-from typer import Option
 
 from imagegate import accept, runner
 from imagegate.attest import keys
 from imagegate.cli import _accept as o
-from imagegate.cli._app import TRUSTED_KEYS, Format, app
+from imagegate.cli._app import TRUSTED_KEYS, Format, Option, app
 from imagegate.drivers.select import DriverName, driver_name
 from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
@@ -65,16 +64,20 @@ def complete(
     ),
     trusted_keys: list[Path] = TRUSTED_KEYS,
     no_sign: bool = o.NO_SIGN,
+    fmt: Format = o.FORMAT,
+    report: list[str] = o.REPORT,
     quiet: bool = o.QUIET,
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
     from imagegate import complete as completing
 
-    notify = o.notifier(quiet)
+    notify = o.notifier(quiet or fmt is Format.json)  # stdout then is the statement's alone
     with o.interrupts():
         accept.check_timeout(timeout)
         parse_memory(memory)
         outputs = accept.outputs(
+            report,
+            statement_on_stdout=fmt is Format.json,
             key=o.signing_key(key),
             no_sign=no_sign,
             require_complete=require_complete,
@@ -106,7 +109,7 @@ def complete(
             observer = completing.CompletionObserver(earlier, made, opts, notify)
             root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
             done = accept.accept(prep, observer, root, outputs, notify)
-    o.finish(done, Format.table, quiet)
+    o.finish(done, fmt, quiet)
 
 
 def _trusted(

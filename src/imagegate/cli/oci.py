@@ -7,11 +7,11 @@ from functools import partial
 from pathlib import Path
 
 import typer
-from typer import Argument, Option
+from typer import Argument
 
 from imagegate.attest import keys
 from imagegate.cli import _app
-from imagegate.cli._app import Format, app, show
+from imagegate.cli._app import Format, Option, app, show
 from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.digest import check_digest

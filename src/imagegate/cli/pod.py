@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from typer import Option
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import app
+from imagegate.cli._app import Option, app
 from imagegate.kube import kubectl, podrun, render
 from imagegate.kube.collect import PodObserver
 

@@ -8,12 +8,12 @@ from functools import partial
 from pathlib import Path
 
 import typer
-from typer import Argument, Option
+from typer import Argument
 
 from imagegate import accept
 from imagegate.cli import _accept as o
 from imagegate.cli import _app
-from imagegate.cli._app import app
+from imagegate.cli._app import Option, app
 from imagegate.report import batch as batch_view
 from imagegate.report.console import make_console
 from imagegate.report.progress import ItemsBar, setup_logging

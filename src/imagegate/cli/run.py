@@ -6,11 +6,10 @@ import os
 from dataclasses import dataclass
 
 import typer
-from typer import Option
 
 from imagegate import accept, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import CACHE_DIR, app
+from imagegate.cli._app import CACHE_DIR, Option, app
 from imagegate.drivers.interface import Driver
 from imagegate.drivers.select import DriverName, driver_name
 from imagegate.gpus import GpuRequest

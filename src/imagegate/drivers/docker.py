@@ -18,7 +18,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import docker
@@ -28,8 +28,10 @@ import docker.types
 from imagegate.drivers.interface import (
     STDERR_CAP,
     STDOUT_CAP,
+    BundleRequest,
     BundleRun,
     CappedBuffer,
+    DriverBase,
     OnOutput,
     Refusal,
     first_usable,
@@ -95,7 +97,7 @@ class PullFailed(UsageError):
         self.detail = detail
 
 
-class DockerDriver:
+class DockerDriver(DriverBase):
     name = "docker"
     isolated_runs = True  # each run_bundle is a container of its own
     has_image = True
@@ -172,9 +174,7 @@ class DockerDriver:
             try:
                 report = verify_source(source)
             finally:
-                close = getattr(source, "close", None)
-                if callable(close):
-                    close()
+                source.close()
         except ImagegateError:
             return None
         if report.ok or report.manifest_digest is None:
@@ -296,25 +296,16 @@ class DockerDriver:
             repository=repository,
         )
 
-    def run_bundle(
-        self,
-        image: ImageFacts,
-        bundle: bytes,
-        bundle_sha256: str,
-        interpreters: list[str],
-        deadline_s: float,
-        event_key: bytes,
-        on_stdout: OnOutput | None = None,
-        stages: Sequence[str] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> BundleRun:
-        deadline = time.monotonic() + deadline_s
-        payload = loader_payload(bundle, event_key, stages)
+    def run_bundle(self, req: BundleRequest) -> BundleRun:
+        deadline = time.monotonic() + req.deadline_s
+        payload = loader_payload(req.bundle, req.event_key, req.stages)
 
         def attempt(interpreter: str) -> BundleRun | str:
-            return self._run_once(image, payload, bundle_sha256, interpreter, deadline, on_stdout, cancel)
+            return self._run_once(
+                req.image, payload, req.bundle_sha256, interpreter, deadline, req.on_stdout, req.cancel
+            )
 
-        return first_usable(interpreters, attempt, cancel)
+        return first_usable(req.interpreters, attempt, req.cancel)
 
     def _run_once(
         self,

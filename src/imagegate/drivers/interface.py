@@ -75,6 +75,21 @@ def verification_facts(report: VerifyReport, layer: int | None) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True)
+class BundleRequest:
+    """One controller's run, as every driver is asked it (runner.run_inside makes it)."""
+
+    image: ImageFacts
+    bundle: bytes
+    bundle_sha256: str
+    interpreters: list[str]  # tried in order until one can run the bundle
+    deadline_s: float
+    event_key: bytes  # handed to the controller through a channel no stage can read
+    on_stdout: OnOutput | None = None  # sees the controller's stdout as it arrives
+    stages: Sequence[str] | None = None  # only these, in plan order (None: all of them)
+    cancel: threading.Event | None = None  # set: stop early, removing everything
+
+
 class Driver(Protocol):
     name: str
     # True when each run_bundle call is isolated from the others as stages within one run are
@@ -112,22 +127,31 @@ class Driver(Protocol):
         None: it was not (then run_bundle runs it)."""
         ...
 
-    def run_bundle(
-        self,
-        image: ImageFacts,
-        bundle: bytes,
-        bundle_sha256: str,
-        interpreters: list[str],
-        deadline_s: float,
-        event_key: bytes,
-        on_stdout: OnOutput | None = None,
-        stages: Sequence[str] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> BundleRun:
-        """Run the bundle's stages (`stages`: only these, in plan order); stop early, removing
-        everything, when `cancel` is set. Hand `event_key` to the controller through a channel no stage can read (never argv,
-        never a file in the image); `on_stdout` sees the controller's stdout as it arrives."""
+    def run_bundle(self, req: BundleRequest) -> BundleRun:
+        """Run the bundle's stages (`req.stages`: only these, in plan order); stop early,
+        removing everything, when `req.cancel` is set. Hand `req.event_key` to the controller
+        through a channel no stage can read (never argv, never a file in the image)."""
         ...
+
+
+class DriverBase:
+    """The Driver protocol's no-op defaults: a driver overrides what it has (an image source of
+    its own, a verification, a refusal, something left behind after an interrupt)."""
+
+    isolated_runs = False
+    has_image = True
+
+    def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
+        return None
+
+    def left_behind(self) -> str | None:
+        return None
+
+    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
+        return None
+
+    def refusal(self, image: ImageFacts) -> Refusal | None:
+        return None
 
 
 OnOutput = Callable[[bytes], None]

@@ -29,13 +29,11 @@ from typing import Any
 
 from imagegate.attest.keys import KEY_ENV, default_key_path
 from imagegate.drivers import bwrap, seccomp
-from imagegate.drivers.interface import BundleRun, OnOutput, Refusal
+from imagegate.drivers.interface import BundleRequest, BundleRun, DriverBase, OnOutput
 from imagegate.drivers.process import run_group
 from imagegate.errors import UsageError
 from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts
-from imagegate.oci.sources.interface import Source
-from imagegate.oci.verify import VerifyReport
 
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
 STAGES_ENV = "IMAGEGATE_STAGES"  # the stage ids this controller runs
@@ -203,7 +201,7 @@ def probe_env(base: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in base.items() if not k.startswith(RUNNER_PREFIX)}
 
 
-class LocalDriver:
+class LocalDriver(DriverBase):
     name = "local"
     # Controllers here share a user and a process table: one at a time, so that no stage's code
     # runs beside another controller's stages.
@@ -288,31 +286,8 @@ class LocalDriver:
         # is recorded as given; its digest comes from elsewhere (pod collect, --expect-config).
         return ImageFacts(reference=reference, config_digest=None)
 
-    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
-        return None  # the layers stage reads the image itself
-
-    def refusal(self, image: ImageFacts) -> Refusal | None:
-        return None  # no image of its own: nothing to refuse
-
-    def left_behind(self) -> str | None:
-        return None  # the probes' processes end with their run
-
-    def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
-        return None  # no image here: this environment is under test
-
-    def run_bundle(
-        self,
-        image: ImageFacts,
-        bundle: bytes,
-        bundle_sha256: str,
-        interpreters: list[str],
-        deadline_s: float,
-        event_key: bytes,
-        on_stdout: OnOutput | None = None,
-        stages: Sequence[str] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> BundleRun:
-        exe, tried = self._interpreter(interpreters)
+    def run_bundle(self, req: BundleRequest) -> BundleRun:
+        exe, tried = self._interpreter(req.interpreters)
         if not exe:
             if self.python:
                 raise UsageError(
@@ -323,28 +298,28 @@ class LocalDriver:
             )
         with tempfile.TemporaryDirectory(prefix="imagegate-local-") as tmp:
             path = Path(tmp) / "imagegate.pyz"
-            path.write_bytes(bundle)
+            path.write_bytes(req.bundle)
             # The key through a pipe the controller alone inherits (bwrap passes inherited
             # descriptors on); -I -S: the controller never runs this environment's site hooks.
             key_r, key_w = os.pipe()
             try:
-                os.write(key_w, event_key.hex().encode() + b"\n")
+                os.write(key_w, req.event_key.hex().encode() + b"\n")
             finally:
                 os.close(key_w)
-            env = {**self.gpu_env(), KEY_FD_ENV: str(key_r), STAGES_ENV: ",".join(stages or ())}
+            env = {**self.gpu_env(), KEY_FD_ENV: str(key_r), STAGES_ENV: ",".join(req.stages or ())}
             sandboxed = self.isolation.bwrap is not None
             command = [os.path.abspath(exe), "-I", "-S", BUNDLE_IN_SANDBOX if sandboxed else str(path)]
             try:
                 with self.isolation.seccomp_fd() as fd:
                     return _run(
                         self.sandboxed(command, env, bundle=path, seccomp_fd=fd),
-                        deadline_s,
+                        req.deadline_s,
                         interpreter=exe,
                         tried=tried,
                         env=env,
-                        on_stdout=on_stdout,
+                        on_stdout=req.on_stdout,
                         pass_fds=(key_r,) if fd is None else (key_r, fd),
-                        cancel=cancel,
+                        cancel=req.cancel,
                     )
             finally:
                 os.close(key_r)

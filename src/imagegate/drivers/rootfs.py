@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import platform as host_platform
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from imagegate.drivers import bwrap, cdi, seccomp
-from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable, verification_facts
+from imagegate.drivers.interface import (
+    BundleRequest,
+    BundleRun,
+    DriverBase,
+    Refusal,
+    first_usable,
+    verification_facts,
+)
 from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
@@ -50,7 +56,7 @@ class PreparedRoot:
 RootMaker = Callable[[str], PreparedRoot]
 
 
-class RootfsDriver:
+class RootfsDriver(DriverBase):
     name = "rootfs"
     isolated_runs = True  # each run_bundle is a sandbox of its own (own pid, ipc, net namespaces)
     has_image = True
@@ -146,9 +152,6 @@ class RootfsDriver:
             repository=root.repository,
         )
 
-    def left_behind(self) -> str | None:
-        return None  # the sandbox dies with its runner; the roots stay in the cache by design
-
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
         """The layer verification of the image the probes run on (the layers stage reports it
         instead of reading the image a second time): each layer read in this run (while unpacking,
@@ -176,21 +179,10 @@ class RootfsDriver:
         root = self.roots.get(image.config_digest or "")
         return open_source(root.source, platform=self.platform, insecure=self.insecure) if root else None
 
-    def run_bundle(
-        self,
-        image: ImageFacts,
-        bundle: bytes,
-        bundle_sha256: str,
-        interpreters: list[str],
-        deadline_s: float,
-        event_key: bytes,
-        on_stdout: OnOutput | None = None,
-        stages: Sequence[str] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> BundleRun:
-        root = self.roots.get(image.config_digest or "")
+    def run_bundle(self, req: BundleRequest) -> BundleRun:
+        root = self.roots.get(req.image.config_digest or "")
         if root is None:
-            raise UsageError(f"image {image.reference}: not resolved by the rootfs driver")
+            raise UsageError(f"image {req.image.reference}: not resolved by the rootfs driver")
         sandbox = bwrap.Sandbox(
             root.path,
             bwrap.ImageConfig.from_config(root.config),
@@ -198,23 +190,23 @@ class RootfsDriver:
             HIDDEN_GPU_ENV if self.gpus is None else {"TMPDIR": "/tmp"},
             gpus=self.gpus,
         )
-        payload = loader_payload(bundle, event_key, stages)
+        payload = loader_payload(req.bundle, req.event_key, req.stages)
 
         def attempt(interpreter: str) -> BundleRun | str:
-            command = [interpreter, *LOADER_FLAGS, "-c", LOADER, bundle_sha256]
+            command = [interpreter, *LOADER_FLAGS, "-c", LOADER, req.bundle_sha256]
             with seccomp.program_fd() as fd:
                 argv, ident = sandbox.argv(self.bwrap, command, seccomp_fd=fd)
                 done = bwrap.run(
                     argv,
                     stdin=payload,
-                    deadline_s=deadline_s,
-                    on_stdout=on_stdout,
-                    cancel=cancel,
+                    deadline_s=req.deadline_s,
+                    on_stdout=req.on_stdout,
+                    cancel=req.cancel,
                     pass_fds=(fd,),
                 )
-            return interpret(done, image, interpreter, ident, self.limits)
+            return interpret(done, req.image, interpreter, ident, self.limits)
 
-        return first_usable(interpreters, attempt, cancel)
+        return first_usable(req.interpreters, attempt, req.cancel)
 
 
 @dataclass(frozen=True)
@@ -343,9 +335,8 @@ def materializer(
             cache.close()
             raise
         finally:
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
+            if source is not None:
+                source.close()
         return prepared(root, reference, time.monotonic() - t0, cache.notes)
 
     return make

@@ -96,5 +96,8 @@ class ArchiveStream(ABC):
         """The archive's members in order; each reader is valid until the next member.
         `waiting` hears about a slow start (see Waiting), where the source can tell."""
 
+    def close(self) -> None:  # noqa: B027  (a file read front to back holds nothing between reads)
+        """Release what the stream holds (an engine's export: its connection)."""
+
 
 Source = ImageSource | ArchiveStream
