@@ -172,6 +172,35 @@ FACTS: dict[str, FactRules] = {
             "decoded_heights",
         ),
     ),
+    # The serve stage: how its server started (timeline, phases, the recommended startupProbe),
+    # whether readiness told the truth, each functional check and bad-media case, how it ended.
+    "serve": FactRules(
+        carried=(
+            "argv",
+            "model",
+            "served_model_name",
+            "timeline",
+            "phases",
+            "startup_probe",
+            "readiness",
+            "baseline_prompt_tokens",
+            "stopped",
+        ),
+        items={
+            "functional": (
+                "check",
+                "status",
+                "text",
+                "prompt_tokens",
+                "first_token_s",
+                "done",
+                "events",
+                "error",
+            ),
+            "bad_media": ("case", "kind", "status", "outcome", "server_line", "recovery"),
+        },
+        evidence_only=("host", "port"),
+    ),
     "inventory": FactRules(
         carried=("python_version",),
         items={"broken": ("location", "error")},
