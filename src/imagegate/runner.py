@@ -37,6 +37,7 @@ class RunOptions:
     progress: Progress | None = None  # the layers stage's progress (a terminal, or a CI log)
     skip: Sequence[str] = ()  # stage ids the user left out (--skip): SKIPPED, and so are their dependents
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
+    model: str | None = None  # --model: the serve stages' model, where the sandbox sees it
     # Sees each controller event as it arrives (progress display); never affects the verdict.
     on_event: Callable[[dict[str, Any]], None] | None = None
 
@@ -93,7 +94,12 @@ class Prepared:
 def prepare(opts: RunOptions) -> Prepared:
     loaded = pipeline.load(opts.pipeline)
     plan = build_plan(
-        loaded, modules=opts.modules, advisory_db=opts.advisory_db, gpus=bool(opts.gpus), skip=opts.skip
+        loaded,
+        modules=opts.modules,
+        advisory_db=opts.advisory_db,
+        gpus=bool(opts.gpus),
+        skip=opts.skip,
+        model=opts.model,
     )
     inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db, opts.progress)
     return Prepared.of(loaded, plan, inputs)

@@ -361,6 +361,7 @@ class Sandbox:
     config: ImageConfig
     limits: Limits = field(default_factory=Limits)
     extra_env: dict[str, str] = field(default_factory=dict)
+    ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, sandbox path) under the sandbox's /tmp
 
     def argv(
         self, bwrap: str, command: Sequence[str], seccomp_fd: int | None = None
@@ -386,6 +387,8 @@ class Sandbox:
         argv += ["--uid", str(ident.uid), "--gid", str(ident.gid)]
         argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+        for host, inside in self.ro_binds:
+            argv += ["--ro-bind", host, inside]
         argv += ["--chdir", self.config.working_dir or "/", "--clearenv"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from imagegate import modelpath
 from imagegate.drivers import bwrap, seccomp
 from imagegate.drivers.docker import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.interface import BundleRun, OnOutput, Refusal, first_usable, verification_facts
@@ -65,7 +66,10 @@ class RootfsDriver:
         notify: Callable[[str], None] = lambda _m: None,
         platform: str | None = None,
         insecure: bool = False,
+        model: Path | None = None,
     ) -> None:
+        # --model: bound read-only where the serve stages look for it
+        self.ro_binds = ((str(model), modelpath.IN_SANDBOX),) if model else ()
         self.bwrap = bwrap.check_host()  # before any byte is read: a host that cannot sandbox says so now
         bwrap.check_seccomp()  # the same: no filter, no run (weaker than an engine's default profile)
         self.make_root = make_root
@@ -192,6 +196,7 @@ class RootfsDriver:
             bwrap.ImageConfig.from_config(root.config),
             self.limits,
             HIDDEN_GPU_ENV,
+            self.ro_binds,
         )
         payload = loader_payload(bundle, event_key, stages)
 
