@@ -82,9 +82,11 @@ def fill(argv, model, host: str, port: int) -> list:
     return out
 
 
-def model_problem(path) -> str:
+def model_problem(path, argv=()) -> str:
     """Why the model path cannot be served ("" when it can), said before the server starts."""
     if not path:
+        if any("{model}" in str(a) for a in argv):
+            return "the server's command names {model} but no model was given: give --model PATH (or model:)"
         return ""
     if not os.path.exists(path):
         return "model path %s does not exist in the sandbox: mount it (--model) or fix `model:`" % path
@@ -101,7 +103,7 @@ def phases_of(params: dict) -> list:
 
 def run(params: dict) -> dict:
     r = Run(params, time.monotonic() + capture.child_timeout())
-    problem = model_problem(r.model)
+    problem = model_problem(r.model, params["command"])
     if problem:
         return {"status": "ERROR", "detail": problem, "data": r.data}
     argv = fill(params["command"], r.model, r.host, r.port)

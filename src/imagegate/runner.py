@@ -38,6 +38,7 @@ class RunOptions:
     skip: Sequence[str] = ()  # stage ids the user left out (--skip): SKIPPED, and so are their dependents
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
     model: str | None = None  # --model: the serve stages' model, where the sandbox sees it
+    startup_budget: float | None = None  # --startup-budget: the serve stages' time to readiness
     # Sees each controller event as it arrives (progress display); never affects the verdict.
     on_event: Callable[[dict[str, Any]], None] | None = None
 
@@ -100,6 +101,7 @@ def prepare(opts: RunOptions) -> Prepared:
         gpus=bool(opts.gpus),
         skip=opts.skip,
         model=opts.model,
+        startup_budget=opts.startup_budget,
     )
     inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db, opts.progress)
     return Prepared.of(loaded, plan, inputs)

@@ -122,4 +122,7 @@ def test_model_without_a_serve_stage_is_a_usage_error(model: Path, tmp_path: Pat
     r = imagegate("run", "imagegate-test/python:latest", "-p", "python", "--model", str(model),
                   "-o", str(tmp_path / "out"))  # fmt: skip
     assert r.returncode == 3
-    assert "--model given, but pipeline 'python' has no serve stage" in r.stderr
+    assert (
+        "a model given (--model, --model-pvc, --model-host-path), but pipeline 'python' has no serve stage"
+        in r.stderr
+    )
