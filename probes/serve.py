@@ -24,10 +24,11 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import time
 
 from . import capture, serve_http, serve_media
-from .serve_engines import ENGINES
+from .serve_engines import ENGINES, PARSE_ONLY
 from .serve_process import Server
 
 POLL_S = 0.05  # readiness is noticed within this of the server's first 200
@@ -101,7 +102,47 @@ def phases_of(params: dict) -> list:
     return sorted(table.items())
 
 
+def parse_only(params: dict) -> dict:
+    """The assembled argv parsed by the server's own CLI under a CPU platform, nothing started:
+    a bad flag fails here, before any GPU is used."""
+    from . import cli
+    from .platforms import OVERRIDES
+
+    check = PARSE_ONLY[params["parse_only"]]
+    model = params.get("model") or "/tmp/imagegate-model"
+    argv = fill(params["command"], model, params.get("host", "127.0.0.1"), int(params.get("port") or 8000))
+    data = {"argv": argv, "parse_only": params["parse_only"], "platform": check["platform"]}
+    try:
+        run_argv, how = cli.build(
+            {"command": argv[:1]}, argv[1:], OVERRIDES[check["platform"]] + check["code"]
+        )
+    except LookupError as e:
+        return {"status": "FAIL", "detail": str(e), "data": data}
+    done = capture.run(run_argv, timeout=capture.child_timeout(), env=dict(os.environ), new_group=False)
+    err = done.err.text()
+    sys.stderr.write(err)
+    data.update(how=how, returncode=done.returncode, timed_out=done.timed_out)
+    shown = " ".join(argv)
+    if done.timed_out:
+        return {"status": "ERROR", "detail": "%s: parsing timed out (killed)" % shown, "data": data}
+    if done.returncode != 0:
+        lines = [ln.strip() for ln in err.splitlines() if ln.strip()] or ["no output"]
+        why = cli.last_exception(err) or lines[-1]
+        return {
+            "status": "FAIL",
+            "detail": "%s: exit %s: %s" % (shown, done.returncode, why[:300]),
+            "data": data,
+        }
+    return {
+        "status": "PASS",
+        "detail": "%s: parsed under platform %s" % (shown, check["platform"]),
+        "data": data,
+    }
+
+
 def run(params: dict) -> dict:
+    if params.get("parse_only"):
+        return parse_only(params)
     r = Run(params, time.monotonic() + capture.child_timeout())
     problem = model_problem(r.model, params["command"])
     if problem:

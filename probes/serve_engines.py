@@ -27,5 +27,27 @@ ENGINES = {
     "transformers": {
         "weights_loaded": ["transformers", r"Loading weights"],
         "ready": ["uvicorn", r"Application startup complete"],
+        # uvicorn says so once its socket is bound: the first moment a request can be answered
+        "listening": ["uvicorn", r"Uvicorn running on"],
+    },
+}
+
+# Parse-only checks of a server's assembled argv on a host without a GPU (`parse_only: NAME`):
+# a platform override of probes/platforms.py, then code run before the CLI builds its parser
+# that swaps the server's start for a report of the parsed arguments. vLLM (0.33.0, read in
+# vllm/entrypoints/cli/main.py): main() binds `dispatch_function=cmd.cmd` while it builds the
+# parser, parses, calls ServeSubcommand.validate, then dispatches; replacing the static method
+# `cmd` before main() runs leaves parsing and validation as they are and starts nothing.
+PARSE_ONLY = {
+    "vllm": {
+        "platform": "vllm-cpu",
+        "code": (
+            "import sys as _s\n"
+            "import vllm.entrypoints.cli.serve as _v\n"
+            "def _parsed(args):\n"
+            "    _s.stderr.write('imagegate: parsed, not started: model=%s\\n' % getattr(args, 'model_tag', None))\n"
+            "    _s.exit(0)\n"
+            "_v.ServeSubcommand.cmd = staticmethod(_parsed)\n"
+        ),
     },
 }

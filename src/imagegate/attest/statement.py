@@ -185,6 +185,11 @@ FACTS: dict[str, FactRules] = {
             "readiness",
             "baseline_prompt_tokens",
             "stopped",
+            "parse_only",
+            "platform",
+            "how",
+            "returncode",
+            "timed_out",
         ),
         items={
             "functional": (

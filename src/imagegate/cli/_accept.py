@@ -34,7 +34,10 @@ EXIT_CODES = (
 
 # Options that several accepting commands take: one declaration each, so their help reads the same.
 PIPELINE = Option(
-    "python", "--pipeline", "-p", help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file."
+    "python",
+    "--pipeline",
+    "-p",
+    help="Built-in name (python, vllm, vllm-serve, sglang, sglang-disagg, sglang-serve) or a YAML file.",
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 TIMEOUT = Option(

@@ -7,7 +7,7 @@ import datetime as dt
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from imagegate import resources
 
@@ -90,6 +90,7 @@ def platform_overrides() -> tuple[str, ...]:
 PLATFORM_OVERRIDES = platform_overrides()
 # The serve probe's built-in engines (ENGINES in probes/serve_engines.py).
 SERVE_ENGINES = probe_table("serve_engines", "ENGINES")
+SERVE_PARSE_ONLY = probe_table("serve_engines", "PARSE_ONLY")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -282,6 +283,11 @@ class ServeParams(Params):
         default=0.5, ge=0, le=10, description="Start-up margin of the recommended probe."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
+    parse_only: str | None = Field(
+        default=None,
+        description="Only parse the assembled argv with the server's own CLI under a CPU platform, start "
+        "nothing (a bad flag fails before any GPU is used): " + ", ".join(SERVE_PARSE_ONLY) + ".",
+    )
 
     @field_validator("host")
     @classmethod
@@ -290,11 +296,12 @@ class ServeParams(Params):
             raise ValueError(f"{v!r}: the server listens on loopback only ({', '.join(LOOPBACK)})")
         return v
 
-    @field_validator("engine")
+    @field_validator("engine", "parse_only")
     @classmethod
-    def _engine(cls, v: str | None) -> str | None:
-        if v is not None and v not in SERVE_ENGINES:
-            raise ValueError(f"unknown engine {v!r}; built-in: {', '.join(SERVE_ENGINES)}")
+    def _builtin(cls, v: str | None, info: ValidationInfo) -> str | None:
+        known = {"engine": SERVE_ENGINES, "parse_only": SERVE_PARSE_ONLY}[str(info.field_name)]
+        if v is not None and v not in known:
+            raise ValueError(f"unknown {info.field_name} {v!r}; built-in: {', '.join(known)}")
         return v
 
     @field_validator("phases")
