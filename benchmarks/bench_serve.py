@@ -6,10 +6,12 @@ by-hand one (medians); the stage notices readiness <= 0.5 s after the server's s
 (uvicorn's "Uvicorn running on" line, time-stamped by the stage as it arrives).
 
 The server is `transformers serve` with the tiny offline model of tests/images/transformers-serve
-(CPU). On a GPU host the same with the model on CUDA: --device cuda --gpus all.
+(CPU), in its image through the engine; with --here, in this environment (its python3 has
+transformers[serving]) with --model PATH, as scripts/gpu-serve.sh runs it on a GPU host
+(--device cuda --gpus all).
 
 Usage: benchmarks/bench_serve.py [--image imagegate-test/transformers-serve:latest] [--reps 3]
-       [--device cpu] [--gpus all] [--record F]
+       [--here --model PATH] [--device cpu] [--gpus all] [--record F]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ server.kill()
 """
 
 
-def pipeline(device: str) -> str:
+def pipeline(device: str, model: str) -> str:
     stage = {
         "id": "serve",
         "probe": "serve",
@@ -63,35 +65,26 @@ def pipeline(device: str) -> str:
                 device,
                 "{model}",
             ],
-            "model": MODEL,
+            "model": model,
             "engine": "transformers",
         },
     }
     return json.dumps({"apiVersion": "imagegate/v1", "name": "bench-serve", "stages": [stage]})
 
 
-def by_hand(image: str, device: str, gpus: str | None) -> float:
-    gpu = ["--gpus", gpus] if gpus else []
-    argv = [
-        "docker",
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        *gpu,
-        image,
-        "python3",
-        "-c",
-        BY_HAND,
-        device,
-        MODEL,
-    ]
+def by_hand(args: argparse.Namespace) -> float:
+    """Seconds from starting the server to its first 200 on /health, polled every 0.05 s."""
+    here = ["python3", "-c", BY_HAND, args.device, args.model]
+    gpu = ["--gpus", args.gpus] if args.gpus else []
+    engine = ["docker", "run", "--rm", "--network", "none", *gpu, args.image]
+    argv = here if args.here else [*engine, *here]
     return float(subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()[-1])
 
 
-def by_stage(image: str, pipeline_file: Path, out: Path, gpus: str | None) -> dict[str, float]:
-    gpu = ["--gpus", gpus] if gpus else []
-    argv = [sys.executable, "-m", "imagegate", "run", image, "-p", str(pipeline_file), *gpu]
+def by_stage(args: argparse.Namespace, pipeline_file: Path, out: Path) -> dict[str, float]:
+    gpu = ["--gpus", args.gpus] if args.gpus else []
+    where = ["--here", "--model", args.model] if args.here else [args.image]
+    argv = [sys.executable, "-m", "imagegate", "run", *where, "-p", str(pipeline_file), *gpu]
     r = subprocess.run(
         [*argv, "--no-sign", "--format", "json", "-o", str(out)], capture_output=True, text=True
     )
@@ -112,16 +105,18 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--gpus", default=None)
+    ap.add_argument("--here", action="store_true", help="this environment, no engine (needs --model)")
+    ap.add_argument("--model", default=MODEL, help="the model's path (in the image; with --here, here)")
     ap.add_argument("--record", type=Path)
     args = ap.parse_args()
     hand: list[float] = []
     stage: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         pfile = Path(tmp) / "serve.yaml"
-        pfile.write_text(pipeline(args.device))
+        pfile.write_text(pipeline(args.device, args.model))
         for n in range(args.reps):  # interleaved: the machine's load falls on both sides
-            hand.append(by_hand(args.image, args.device, args.gpus))
-            stage.append(by_stage(args.image, pfile, Path(tmp) / f"out{n}", args.gpus))
+            hand.append(by_hand(args))
+            stage.append(by_stage(args, pfile, Path(tmp) / f"out{n}"))
             print(f"rep {n + 1}: by hand {hand[-1]:.3f}s, stage {stage[-1]}", flush=True)
     added = statistics.median(s["ready_s"] for s in stage) - statistics.median(hand)
     notice = max(s["ready_s"] - s["listening_logged_s"] for s in stage)

@@ -38,25 +38,9 @@ STEP_TIMEOUT=${IMAGEGATE_STEP_TIMEOUT:-240}
 SIZE=${SIZE:-8192}
 ALLREDUCE_BYTES=${ALLREDUCE_BYTES:-1073741824}
 TORCH_MODULES=${TORCH_MODULES:-torch, torch.distributed}  # a dry run without torch: TORCH_MODULES=json
-mkdir -p "$OUT"
-LOG=$OUT/log.txt
-: >"$LOG"
-say() { echo "== $*" | tee -a "$LOG"; }
-
-# Never NVLink multicast: a program that uses it can take a shared host's GPUs out of service.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-
-if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
-    say "installing $(ls "$ROOT"/.whl/*.whl | wc -l) wheels into $SITE"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 || { say "wheel install failed"; exit 3; }
-fi
-export PYTHONPATH=$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
-
-WORK=$(mktemp -d /tmp/gpu-acceptance.XXXXXX)
-RUNS=$WORK/runs
-ig() { timeout --kill-after=10 "$STEP_TIMEOUT" python3 -m imagegate "$@"; }
+WORK_PREFIX=gpu-acceptance
+# shellcheck source=scripts/device-env.sh
+source "$ROOT/scripts/device-env.sh"
 
 say "date $(date -u +%Y-%m-%dT%H:%M:%SZ); host $(uname -n); python3 $(python3 -c 'import sys; print(sys.version.split()[0])')"
 nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version,compute_cap,uuid \

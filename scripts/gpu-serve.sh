@@ -5,8 +5,8 @@
 #       the GPU, the phases, the recommended startupProbe, chat, streaming, bad media, recovery
 #   (c) the same with GPUs hidden -> CPU_PASS_SERVE_DEFERRED (the raw failure kept), then
 #       imagegate complete <that attempt> --here --gpus all -> PASS, linked; imagegate verify
-#   (d) by hand: the same server started and its /health polled every 0.05 s, 3 times, beside
-#       3 stage runs (interleaved): the seconds the stage adds to readiness
+#   (d) benchmarks/bench_serve.py --here: the same server by hand, its /health polled every
+#       0.05 s, beside stage runs (interleaved): the seconds the stage adds to readiness
 #   (e) summary.json: the timelines, the startupProbe, the verdicts, the by-hand figures
 # Everything lands under $OUT: log.txt, summary.json, evidence.tar.gz (every attempt), pub.pem.
 #
@@ -27,22 +27,10 @@ STEP_TIMEOUT=${IMAGEGATE_STEP_TIMEOUT:-900}
 DEVICE=${DEVICE:-cuda}  # where transformers puts the model; DEVICE=cpu GPUS= is a dry run without a GPU
 GPUS=${GPUS-all}
 GPU_ARGS=(); [ -n "$GPUS" ] && GPU_ARGS=(--gpus "$GPUS")
-mkdir -p "$OUT"
-LOG=$OUT/log.txt
-: >"$LOG"
-say() { echo "== $*" | tee -a "$LOG"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-
-if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
-    say "installing $(ls "$ROOT"/.whl/*.whl | wc -l) wheels into $SITE"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 || { say "wheel install failed"; exit 3; }
-fi
-export PYTHONPATH=$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
-WORK=$(mktemp -d /tmp/gpu-serve.XXXXXX)
-RUNS=$WORK/runs
-ig() { timeout --kill-after=10 "$STEP_TIMEOUT" python3 -m imagegate "$@"; }
+WORK_PREFIX=gpu-serve
+# shellcheck source=scripts/device-env.sh
+source "$ROOT/scripts/device-env.sh"
+export HF_HUB_OFFLINE=1
 
 say "(a) tiny model, offline"
 python3 "$ROOT/tests/images/transformers-serve/opt/imagegate-test/tiny_models.py" "$WORK/models" >>"$LOG" 2>&1 \
@@ -83,50 +71,30 @@ cp "$SECOND/statement.json" "$OUT/c2-statement.json" 2>/dev/null
 ig verify "$SECOND/attestation.dsse.json" --key "$WORK/key.pub" >>"$LOG" 2>&1
 echo "verify exit $?" | tee -a "$LOG"
 
-say "(d) by hand against the stage, interleaved"
-for n in 1 2 3; do
-    python3 - "$MODEL" "$DEVICE" >>"$OUT/by-hand.txt" <<'PY'
-import subprocess, sys, time, urllib.request
-argv = ["transformers", "serve", "--host", "127.0.0.1", "--port", "8123", "--device", sys.argv[2], sys.argv[1]]
-start = time.monotonic()
-server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-while True:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:8123/health", timeout=1) as r:
-            if r.status == 200:
-                break
-    except OSError:
-        pass
-    time.sleep(0.05)
-print(round(time.monotonic() - start, 3))
-server.kill()
-server.wait()
-PY
-    ig run --here -p "$WORK/serve.yaml" --model "$MODEL" "${GPU_ARGS[@]}" --no-sign -o "$RUNS" --format json \
-        >"$OUT/d$n.json" 2>>"$LOG"
-done
+say "(d) by hand against the stage, interleaved (benchmarks/bench_serve.py --here)"
+python3 "$ROOT/benchmarks/bench_serve.py" --here --model "$MODEL" --device "$DEVICE" "${GPU_ARGS[@]}" \
+    --record "$OUT/bench_serve.json" >>"$LOG" 2>&1
+echo "exit $?" | tee -a "$LOG"
 
 say "(e) summary"
 python3 - "$OUT" <<'PY' | tee -a "$LOG"
-import json, statistics, sys
+import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 def stage(name):
     try:
         doc = json.loads((out / name).read_text())
-        p = doc.get("predicate") or doc
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError):
         return None
+    p = doc.get("predicate") or doc
     s = next((s for s in p["stages"] if s["id"] == "serve"), {})
+    facts = s.get("facts") or {}
     return {"verdict": p["verdict"], "status": s.get("status"), "detail": s.get("detail"),
-            "timeline": (s.get("facts") or {}).get("timeline"), "phases": (s.get("facts") or {}).get("phases"),
-            "startup_probe": (s.get("facts") or {}).get("startup_probe"), "gpu": p["environment"].get("gpu")}
-hand = [float(x) for x in (out / "by-hand.txt").read_text().split()] if (out / "by-hand.txt").exists() else []
-runs = [stage("d%d.json" % n) for n in (1, 2, 3)]
-ready = [r["timeline"]["ready_s"] for r in runs if r and r["timeline"] and "ready_s" in r["timeline"]]
+            "timeline": facts.get("timeline"), "phases": facts.get("phases"),
+            "startup_probe": facts.get("startup_probe"), "gpu": p["environment"].get("gpu")}
+bench = out / "bench_serve.json"
 summary = {"gpu_run": stage("b.json"), "hidden": stage("c1.json"), "completed": stage("c2-statement.json"),
-           "by_hand_ready_s": hand, "stage_ready_s": ready,
-           "added_s": round(statistics.median(ready) - statistics.median(hand), 3) if hand and ready else None}
+           "bench_serve": json.loads(bench.read_text()) if bench.exists() else None}
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary, indent=2))
 PY
