@@ -2,8 +2,9 @@
 """The serve stage's cost: readiness as the stage sees it against the same server started by
 hand in the same image and engine, its readiness polled every 0.05 s (python's urllib: the
 image has no curl), runs interleaved. Goals: the stage's time to readiness adds <= 1.0 s to the
-by-hand one (medians); the stage notices readiness <= 0.5 s after the server's socket is bound
-(uvicorn's "Uvicorn running on" line, time-stamped by the stage as it arrives).
+by-hand one (medians); the stage notices readiness <= 0.5 s after the server's first 200 (uvicorn's
+access-log line of it, time-stamped by the stage as the line arrives). Also recorded: readiness
+after the socket was bound ("Uvicorn running on"), which includes the server's own first answer.
 
 The server is `transformers serve` with the tiny offline model of tests/images/transformers-serve
 (CPU), in its image through the engine; with --here, in this environment (its python3 has
@@ -95,6 +96,7 @@ def by_stage(args: argparse.Namespace, pipeline_file: Path, out: Path) -> dict[s
         "ready_s": facts["timeline"]["ready_s"],
         "first_token_s": facts["timeline"].get("first_token_s"),
         "listening_logged_s": facts["phases"]["listening"],
+        "first_200_logged_s": facts["phases"]["first_200"],
         "startup_probe": facts["startup_probe"],
     }
 
@@ -119,7 +121,8 @@ def main() -> int:
             stage.append(by_stage(args, pfile, Path(tmp) / f"out{n}"))
             print(f"rep {n + 1}: by hand {hand[-1]:.3f}s, stage {stage[-1]}", flush=True)
     added = statistics.median(s["ready_s"] for s in stage) - statistics.median(hand)
-    notice = max(s["ready_s"] - s["listening_logged_s"] for s in stage)
+    notice = max(s["ready_s"] - s["first_200_logged_s"] for s in stage)
+    after_bind = [round(s["ready_s"] - s["listening_logged_s"], 3) for s in stage]
     goals = [
         Goal(
             "stage readiness over by hand (medians)",
@@ -128,7 +131,7 @@ def main() -> int:
             added <= GOAL_ADDED_S,
         ),
         Goal(
-            "readiness noticed after the socket is bound (worst run)",
+            "readiness noticed after the server's first 200 (worst run)",
             f"<= {GOAL_NOTICE_S} s",
             f"{notice:.3f} s",
             notice <= GOAL_NOTICE_S,
@@ -139,6 +142,7 @@ def main() -> int:
         "stage": stage,
         "added_s": round(added, 3),
         "notice_s": round(notice, 3),
+        "ready_after_socket_bound_s": after_bind,  # the server's own first answer included
     }
     if args.record:
         write(args.record, "bench_serve", vars(args) | {"record": str(args.record)}, results, goals)

@@ -29,6 +29,8 @@ ENGINES = {
         "ready": ["uvicorn", r"Application startup complete"],
         # uvicorn says so once its socket is bound: the first moment a request can be answered
         "listening": ["uvicorn", r"Uvicorn running on"],
+        # uvicorn's access log of the first 200 to the readiness path (the stage's own poll)
+        "first_200": ["uvicorn", r"\"GET /health HTTP/1\.1\" 200"],
     },
 }
 
