@@ -126,3 +126,29 @@ def test_model_without_a_serve_stage_is_a_usage_error(model: Path, tmp_path: Pat
         "a model given (--model, --model-pvc, --model-host-path), but pipeline 'python' has no serve stage"
         in r.stderr
     )
+
+
+def test_complete_mounts_the_model_for_a_deferred_serve_stage(
+    images: dict[str, str], model: Path, tmp_path: Path
+) -> None:
+    assert imagegate("keygen", "--out", str(tmp_path / "k")).returncode == 0
+    pipeline = json.loads(json.dumps(PIPELINE))
+    pipeline["stages"][0]["requires"] = ["gpu"]
+    pipeline["stages"][0]["with"]["command"][0] = "python3"
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipeline))
+    key = ["--key", str(tmp_path / "k.key")]
+    first = imagegate("run", images["python"], "-p", str(tmp_path / "p.yaml"), "--model", str(model), *key,
+                      "-o", str(tmp_path / "out"), "--format", "json")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    attempt = next((tmp_path / "out").glob("*/" + first.json()["predicate"]["attempt"]["id"]))
+    # No GPU here either: the stage is deferred again, and what it ran for the record shows
+    # whether the model reached the server.
+    for given, seen in (
+        ([], "model path /tmp/imagegate-model does not exist"),
+        (["--model", str(model)], "chat, stream"),
+    ):
+        done = imagegate("complete", str(attempt), *key, *given, "-o", str(tmp_path / "again"))
+        assert done.returncode == 0, done.stderr
+        statement = json.loads(sorted((tmp_path / "again").glob("*/*/statement.json"))[-1].read_text())
+        (stage,) = [s for s in statement["predicate"]["stages"] if s["id"] == "serve"]
+        assert stage["status"] == "DEFERRED" and seen in stage["detail"], stage["detail"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer import Option
 
-from imagegate import accept, runner
+from imagegate import accept, modelpath, runner
 from imagegate.attest import keys
 from imagegate.cli import _accept as o
 from imagegate.cli._app import TRUSTED_KEYS, Format, app
@@ -58,6 +58,13 @@ def complete(
     trusted_keys: list[Path] = TRUSTED_KEYS,
     no_sign: bool = o.NO_SIGN,
     quiet: bool = o.QUIET,
+    model: Path | None = Option(
+        None,
+        "--model",
+        metavar="PATH",
+        help=f"A deferred serve stage's model: bound read-only at {modelpath.IN_SANDBOX} in the "
+        "container (the plan's path; with --here the plan's own path is used).",
+    ),
 ) -> None:
     """Complete an attempt's deferred stages (e.g. on a GPU host) in a new, linked attempt."""
     from imagegate import complete as completing
@@ -66,6 +73,7 @@ def complete(
     with o.interrupts():
         accept.check_timeout(timeout)
         parse_memory(memory)
+        mounted = modelpath.check(str(model)) if model else None
         outputs = accept.outputs(
             key=o.signing_key(key),
             no_sign=no_sign,
@@ -86,6 +94,7 @@ def complete(
             notify=notify,
             key=outputs.key,
             sign_unisolated=sign_unisolated,
+            model=None if here else mounted,
         )
         opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
         observer = completing.CompletionObserver(earlier, driver, opts, notify)
