@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -345,17 +346,25 @@ def classify(status, text, tokens, baseline, takes_kind: bool) -> tuple:
 
 def recover(r: Run) -> str:
     """'ok', or what is wrong after a bad request: the process, readiness, the next request."""
-    code = r.server.proc.poll()
-    if code is not None:
-        return "the server exited %s" % code
     path = r.params.get("ready_path", "/health")
-    ready = r.get(path, 5.0)
-    if ready.status != 200:
-        return "%s answered %s" % (path, ready.said()[:200])
-    answer = r.chat(PROMPT, max_tokens=1)
-    if answer.status != 200 or serve_http.chat_text(answer)[0] is None:
-        return "the next request: %s" % answer.said()[:200]
-    return "ok"
+    ready = r.get(path, 5.0) if r.server.alive() else None
+    if ready is not None and ready.status == 200:
+        answer = r.chat(PROMPT, max_tokens=1)
+        if answer.status == 200 and serve_http.chat_text(answer)[0] is not None:
+            return "ok"
+        problem = "the next request: %s" % answer.said()[:200]
+    else:
+        problem = "%s answered %s" % (path, ready.said()[:200]) if ready is not None else ""
+    # A server that is dying may still hold its socket for a moment: its exit is the cause.
+    code = exit_code(r.server.proc, 1.0)
+    return "the server exited %s" % code if code is not None else problem
+
+
+def exit_code(proc, grace: float):
+    try:
+        return proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:  # still running
+        return None
 
 
 def startup_probe(seconds: float, period: int, margin: float) -> dict:
