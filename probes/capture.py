@@ -74,15 +74,7 @@ def run(
     their children. `after_exit` runs once the process has ended, before its output is drained.
     Raises OSError when argv[0] cannot be executed."""
     start = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=new_group,
-    )
+    proc = start_process(argv, env, cwd, new_group)
     out, err = Bounded(cap), Bounded(cap)
     pumps = [
         threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True),
@@ -106,6 +98,38 @@ def run(
         # and a detached writer gets a short grace period only.
         t.join(timeout=5)
     return Completed(proc.returncode, out, err, timed_out, time.monotonic() - start)
+
+
+def start_process(argv, env, cwd, new_group: bool, merge: bool = False) -> subprocess.Popen:
+    """argv with no stdin and its output on pipes (stderr into stdout with `merge`); with
+    `new_group` in a session of its own, so that its whole group can be killed."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=new_group,
+    )
+
+
+def live_processes() -> list:
+    """(pid, parent pid, process group) of every live process this one can see in /proc; a
+    zombie is dead already (reaping it is enough) and is left out."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != b"Z":
+            found.append((int(name), int(fields[1]), int(fields[2])))
+    return found
 
 
 def kill_group(proc: subprocess.Popen) -> None:

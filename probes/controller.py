@@ -338,18 +338,8 @@ def read_result(path: str):
 def descendants(me: int) -> list:
     """Live processes below `me` (orphans are re-parented to us: PID 1 or a child subreaper)."""
     children = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) < 2 or fields[0] == b"Z":
-            continue  # a zombie is dead already; reaping it is enough
-        children.setdefault(int(fields[1]), []).append(int(name))
+    for pid, parent, _ in capture.live_processes():
+        children.setdefault(parent, []).append(pid)
     found, todo = [], [me]
     while todo:
         for pid in children.get(todo.pop(), []):

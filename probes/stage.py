@@ -39,6 +39,8 @@ def _probe(name):
         from . import inventory as mod
     elif name == "gpu_preflight":
         from . import gpu_preflight as mod
+    elif name == "serve":
+        from . import serve as mod
     else:
         raise ValueError(f"unknown in-image probe {name!r}")
     return mod

@@ -329,6 +329,7 @@ def driver_for(
     key: keys.SigningKey | None = None,
     sign_unisolated: bool = False,
     cache_dir: str | None = None,
+    model: Path | None = None,
 ) -> Driver:
     """The driver the options name (drivers/select.py): --here is the local driver; the default
     an engine (docker). `key`: the key that will sign (Outputs.key), which --here hides from the
@@ -346,6 +347,7 @@ def driver_for(
         signing_key=key.path if key else None,
         sign_unisolated=sign_unisolated,
         cache_dir=cache_dir,
+        model=model,
     )
     with deadline.armed():  # an engine driver asks the engine now
         return make_driver(chosen, opts)

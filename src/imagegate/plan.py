@@ -20,6 +20,7 @@ from imagegate.pipeline.params import (
     GpuPreflightParams,
     InventoryParams,
     Params,
+    ServeParams,
     VulnsParams,
 )
 from imagegate.pipeline.probes import PROBES, Side
@@ -136,6 +137,8 @@ def build_plan(
     advisory_db: Path | None = None,
     gpus: bool = False,
     skip: Sequence[str] = (),
+    model: str | None = None,
+    startup_budget: float | None = None,
 ) -> Plan:
     """`advisory_db` may add the audit stages; `gpus` puts the GPU node check first; `skip`:
     stage ids the user leaves out (kept in the plan, marked, so the record says so)."""
@@ -149,6 +152,10 @@ def build_plan(
     stages = [PlannedStage.of(s) for s in p.stages]
     if modules:
         stages = [_add_modules(s, modules) for s in stages]
+    if model is not None:
+        stages = _set_model(p.name, stages, model)
+    if startup_budget is not None:
+        stages = _set_startup_budget(p.name, stages, startup_budget)
     stages += _audit_stages(p, {s.id for s in stages}, advisory_db)
     if gpus:
         stages = node_check_first(stages)
@@ -185,6 +192,45 @@ def _add_modules(s: PlannedStage, modules: Sequence[str]) -> PlannedStage:
     return dataclasses.replace(
         s, params=FindSpecParams.model_validate({**s.params.model_dump(), "modules": merged})
     )
+
+
+def _set_model(name: str, stages: list[PlannedStage], model: str) -> list[PlannedStage]:
+    """--model: every serve stage serves the model at `model` (where the sandbox sees it)."""
+    if not any(isinstance(s.params, ServeParams) for s in stages):
+        raise UsageError(
+            f"a model given (--model, --model-pvc, --model-host-path), but pipeline {name!r} has no serve stage",
+            hint="use a pipeline with a serve stage (probe: serve), or give no model",
+        )
+    return [
+        dataclasses.replace(s, params=s.params.model_copy(update={"model": model}))
+        if isinstance(s.params, ServeParams)
+        else s
+        for s in stages
+    ]
+
+
+# What a serve stage needs after its server is ready: the functional and bad-media requests.
+SERVE_CHECKS_S = 600.0
+
+
+def _set_startup_budget(name: str, stages: list[PlannedStage], budget: float) -> list[PlannedStage]:
+    """--startup-budget: every serve stage waits that long for readiness, and its timeout covers
+    it and the requests after it (so a Job's deadline, the timeouts added up, covers it too)."""
+    if not any(isinstance(s.params, ServeParams) for s in stages):
+        raise UsageError(
+            f"--startup-budget given, but pipeline {name!r} has no serve stage",
+            hint="use a pipeline with a serve stage (probe: serve), or drop --startup-budget",
+        )
+    return [
+        dataclasses.replace(
+            s,
+            params=s.params.model_copy(update={"startup_timeout": budget}),
+            timeout=max(s.timeout, budget + SERVE_CHECKS_S),
+        )
+        if isinstance(s.params, ServeParams)
+        else s
+        for s in stages
+    ]
 
 
 NODE_CHECK = "node_check"

@@ -37,6 +37,8 @@ class RunOptions:
     gpus: str | None = None  # --gpus: the plan starts with the GPU node check
     skip: Sequence[str] = ()  # stage ids the user left out (--skip): SKIPPED, and so are their dependents
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
+    model: str | None = None  # --model: the serve stages' model, where the sandbox sees it
+    startup_budget: float | None = None  # --startup-budget: the serve stages' time to readiness
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,13 @@ class Prepared:
 def prepare(opts: RunOptions) -> Prepared:
     loaded = pipeline.load(opts.pipeline)
     plan = build_plan(
-        loaded, modules=opts.modules, advisory_db=opts.advisory_db, gpus=bool(opts.gpus), skip=opts.skip
+        loaded,
+        modules=opts.modules,
+        advisory_db=opts.advisory_db,
+        gpus=bool(opts.gpus),
+        skip=opts.skip,
+        model=opts.model,
+        startup_budget=opts.startup_budget,
     )
     inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db)
     return Prepared.of(loaded, plan, inputs)

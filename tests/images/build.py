@@ -122,6 +122,16 @@ REAL_RECIPES: dict[str, dict] = {
         "from": "sglang-nixl",
         "run": "python3 -m pip uninstall -q -y --break-system-packages nixl-cu13",
     },
+    # A real OpenAI-compatible server on CPU for the serve stage: `transformers serve` (the vLLM
+    # image carries transformers, torch, fastapi, uvicorn; accelerate is the one wheel it lacks),
+    # a tiny random-weight model made offline at build time, and a test wrapper imitating server
+    # bugs (tests/images/transformers-serve/README.md).
+    "transformers-serve": {
+        "from": "vllm",
+        "wheels": ["accelerate==1.15.0"],
+        "copy": "transformers-serve",
+        "run": "python3 /opt/imagegate-test/tiny_models.py /models && chmod -R a+rX /models",
+    },
 }
 
 

@@ -100,7 +100,7 @@ def test_missing_file_and_unknown_builtin() -> None:
         pipeline.load("./nope.yaml")
     with pytest.raises(UsageError, match="no such built-in pipeline") as e:
         pipeline.load("vlm")
-    assert "python, sglang, sglang-disagg, vllm" in (e.value.hint or "")
+    assert "python, sglang, sglang-disagg, sglang-serve, vllm, vllm-serve" in (e.value.hint or "")
 
 
 def test_builtins_are_valid_and_schema_accepts_them() -> None:

@@ -37,7 +37,7 @@ PIPELINE = Option(
     "--pipeline",
     "-p",
     metavar="NAME|FILE",
-    help="Built-in name (python, vllm, sglang, sglang-disagg) or a YAML file.",
+    help="Built-in name (python, vllm, vllm-serve, sglang, sglang-disagg, sglang-serve) or a YAML file.",
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 TIMEOUT = Option(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from imagegate import accept, runner
+from imagegate import accept, modelpath, runner
 from imagegate.attest import keys
 from imagegate.cli import _accept as o
 from imagegate.cli._app import TRUSTED_KEYS, Format, Option, app
@@ -67,6 +67,13 @@ def complete(
     fmt: Format = o.FORMAT,
     report: list[str] = o.REPORT,
     quiet: bool = o.QUIET,
+    model: Path | None = Option(
+        None,
+        "--model",
+        metavar="PATH",
+        help=f"A deferred serve stage's model: bound read-only at {modelpath.IN_SANDBOX} in the "
+        "container (the plan's path; with --here the plan's own path is used).",
+    ),
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
     from imagegate import complete as completing
@@ -75,6 +82,7 @@ def complete(
     with o.interrupts():
         accept.check_timeout(timeout)
         parse_memory(memory)
+        mounted = modelpath.check(str(model)) if model else None
         outputs = accept.outputs(
             report,
             statement_on_stdout=fmt is Format.json,
@@ -104,6 +112,7 @@ def complete(
                 notify=notify,
                 key=outputs.key,
                 sign_unisolated=sign_unisolated,
+                model=None if name is DriverName.here else mounted,
             )
             opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
             observer = completing.CompletionObserver(earlier, made, opts, notify)

@@ -6,6 +6,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -84,6 +85,28 @@ class PodSpec:
     runtime_class: str | None = Option(
         None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes)."
     )
+    model_pvc: str | None = Option(
+        None,
+        "--model-pvc",
+        metavar="CLAIM[:SUBPATH]",
+        help="The serve stages' model: this PersistentVolumeClaim (a sub-path of it), mounted read-only.",
+    )
+    model_host_path: str | None = Option(
+        None,
+        "--model-host-path",
+        metavar="PATH",
+        help="The serve stages' model: a node's folder (hostPath), read-only.",
+    )
+    startup_budget: str | None = Option(
+        None,
+        "--startup-budget",
+        help="The serve stages' time to readiness, e.g. '35m' (the startupProbe budget); the Job's "
+        "activeDeadlineSeconds grows to cover it.",
+    )
+
+    def plan_words(self) -> dict[str, Any]:
+        """What the model volume and --startup-budget change in the plan."""
+        return render.serve_options(self.model_pvc, self.model_host_path, self.startup_budget)
 
     def render(self, prep: runner.Prepared, image: str, notify: o.Notify) -> render.Rendered:
         rendered = render.render_checked(prep, image, **dataclasses.asdict(self))
@@ -129,7 +152,9 @@ def render_cmd(
     notify = o.notifier(quiet)
     if secret_out is not None:
         render.check_new_file(secret_out, "--secret-out")
-    prep = runner.prepare(runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus)))
+    prep = runner.prepare(
+        runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus), **spec.plan_words())
+    )
     rendered = spec.render(prep, image, notify)
     notify(
         f"configmap/{rendered.name}: {rendered.configmap_bytes()} bytes; validated against Kubernetes {spec.kube_version}"
@@ -221,7 +246,9 @@ def run_cmd(
         accept.check_timeout(timeout)
         accept.check_expect_config(expect_config)
         prep = runner.prepare(
-            a.run_options(gpus=_gpus(spec.gpus), source=source, expect_config=expect_config)
+            a.run_options(
+                gpus=_gpus(spec.gpus), source=source, expect_config=expect_config, **spec.plan_words()
+            )
         )
         accept.check_stage_inputs(prep, expect_config)
         outputs = a.outputs(image, notify)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import typer
 
-from imagegate import accept, runner
+from imagegate import accept, modelpath, runner
 from imagegate.cli import _accept as o
 from imagegate.cli._app import CACHE_DIR, Option, app
 from imagegate.drivers.interface import Driver
@@ -54,9 +55,19 @@ class Placement:
     )
     expect_config: str | None = o.EXPECT_CONFIG
     cache_dir: str | None = CACHE_DIR
+    model: str | None = Option(
+        None,
+        "--model",
+        metavar="PATH",
+        help=f"The serve stages' model: a host folder bound read-only at {modelpath.IN_SANDBOX} "
+        "(--here: used where it is); checked before anything runs.",
+    )
 
-    def run_options(self, a: o.Accepting, gpu: GpuRequest | None) -> runner.RunOptions:
+    def run_options(
+        self, a: o.Accepting, gpu: GpuRequest | None, model: str | None = None
+    ) -> runner.RunOptions:
         return a.run_options(
+            model=model,
             timeout=self.timeout,
             source=self.source,
             expect_config=self.expect_config,
@@ -72,8 +83,10 @@ class Placement:
         outputs: accept.Outputs,
         a: o.Accepting,
         notify: o.Notify,
+        model: Path | None = None,
     ) -> Driver:
         return accept.driver_for(
+            model=model,
             here=False,
             name=name,
             python=self.python,
@@ -116,12 +129,14 @@ def run(
         name = driver_name(p.driver, p.here)
         accept.check_run_input(image, name, p.jobs, p.timeout, p.memory, p.expect_config)
         gpu = gpus_parse(p.gpus)
-        opts = p.run_options(a, gpu)
+        model = modelpath.check(p.model) if p.model else None
+        here = name is DriverName.here
+        opts = p.run_options(a, gpu, modelpath.in_sandbox(model, here) if model else None)
         prep = runner.prepare(opts)
         accept.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
         outputs = a.outputs(image, notify)
         with accept.within(prep, p.timeout):  # the engine is asked from here on
-            driver = p.make_driver(name, gpu, outputs, a, notify)
+            driver = p.make_driver(name, gpu, outputs, a, notify, model)
             accept.check_rootfs_reference(image, name)
             with run_shown(a.silent) as display:
                 observer = runner.DriverObserver(driver, image, opts, notify, display)

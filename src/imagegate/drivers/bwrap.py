@@ -362,6 +362,7 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     extra_env: dict[str, str] = field(default_factory=dict)
     gpus: cdi.Injection | None = None  # GPUs as CDI describes them; None: no GPU device at all
+    ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, sandbox path) under the sandbox's /tmp
 
     def argv(
         self, bwrap: str, command: Sequence[str], seccomp_fd: int | None = None
@@ -387,11 +388,12 @@ class Sandbox:
         argv += ["--as-pid-1"]
         argv += ["--cap-drop", "ALL", "--hostname", SANDBOX_HOSTNAME]
         argv += ["--uid", str(ident.uid), "--gid", str(ident.gid)]
+        binds = [a for host, inside in self.ro_binds for a in ("--ro-bind", host, inside)]
         if self.gpus is None:
             argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]
-            argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+            argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp", *binds]
         else:
-            argv += self._root_with_gpus(self.gpus)
+            argv += self._root_with_gpus(self.gpus, binds)
         argv += ["--chdir", self.config.working_dir or "/", "--clearenv"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
@@ -399,7 +401,7 @@ class Sandbox:
             argv += ["--setenv", k, v]
         return [*argv, "--", *command], ident
 
-    def _root_with_gpus(self, gpus: cdi.Injection) -> list[str]:
+    def _root_with_gpus(self, gpus: cdi.Injection, binds: list[str]) -> list[str]:
         """The image's top-level entries bound read-only onto bwrap's own (tmpfs) root, which can
         then take cdi.DRIVER_DIR; the root made read-only once every mount point is made."""
         top = cdi.DRIVER_DIR.strip("/")
@@ -417,7 +419,7 @@ class Sandbox:
             elif entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
                 argv += ["--ro-bind", entry.path, "/" + entry.name]
         argv += ["--proc", "/proc", "--dev", "/dev", *gpus.bwrap_args()]
-        argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+        argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp", *binds]
         return [*argv, "--remount-ro", "/"]
 
 

@@ -19,12 +19,14 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 import docker.types
 
+from imagegate import modelpath
 from imagegate.drivers.interface import (
     STDERR_CAP,
     STDOUT_CAP,
@@ -112,8 +114,10 @@ class DockerDriver(DriverBase):
         notify: Callable[[str], None] = lambda _m: None,
         gpus: GpuRequest | None = None,
         host: str | None = None,
+        model: Path | None = None,
     ) -> None:
         self.gpus = gpus
+        self.model = model  # bound read-only at modelpath.IN_SANDBOX
         # `host`: an engine address other than DOCKER_HOST's (--driver podman's default socket).
         self.host = host or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         # A bounded /version answers for the engine (the SDK's ping and "auto" read whole bodies).
@@ -378,6 +382,7 @@ class DockerDriver(DriverBase):
             pids_limit=self.pids,
             mem_limit=self.memory,
             device_requests=self._device_requests(),
+            binds={str(self.model): {"bind": modelpath.IN_SANDBOX, "mode": "ro"}} if self.model else None,
         )
         container = api.create_container(
             image.config_digest or image.reference,

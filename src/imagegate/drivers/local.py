@@ -70,9 +70,11 @@ class KeyIsolation:
         gpus: bool,
         bundle: Path | None = None,
         seccomp_fd: int | None = None,
+        also: Sequence[str] = (),
     ) -> list[str]:
         """bwrap and its options around `command`; `bundle` is bound read-only at BUNDLE_IN_SANDBOX;
-        `seccomp_fd` (passed to the process) holds the seccomp filter bwrap applies."""
+        `seccomp_fd` (passed to the process) holds the seccomp filter bwrap applies; `also`:
+        more paths the probes use (a --model folder), bound in when they live under /tmp."""
         assert self.bwrap is not None
         argv = [self.bwrap, "--unshare-user", "--unshare-pid", "--disable-userns", "--die-with-parent"]
         # The command is the pid namespace's init, as in a container: no bwrap process inside.
@@ -83,7 +85,13 @@ class KeyIsolation:
         argv += ["--tmpfs", SANDBOX_TMP]
         # The working directory too: a checkout under /tmp (a CI job's) holds the tools its
         # pipeline names (a venv's python in a cli stage).
-        lives = [command[0], os.getcwd(), env.get("VIRTUAL_ENV", ""), *env.get("PYTHONPATH", "").split(":")]
+        lives = [
+            command[0],
+            os.getcwd(),
+            env.get("VIRTUAL_ENV", ""),
+            *env.get("PYTHONPATH", "").split(":"),
+            *also,
+        ]
         binds = _tmp_folders(lives)
         for folder in binds:
             argv += ["--ro-bind", folder, folder]
@@ -209,9 +217,14 @@ class LocalDriver(DriverBase):
     has_image = False  # this environment is under test, whatever image it may be in
 
     def __init__(
-        self, python: str | None = None, gpus: GpuRequest | None = None, isolation: KeyIsolation | None = None
+        self,
+        python: str | None = None,
+        gpus: GpuRequest | None = None,
+        isolation: KeyIsolation | None = None,
+        model: Path | None = None,
     ) -> None:
         self.python = python
+        self.model = model  # --model: used where it is (bound in when it lives under /tmp)
         self.gpus = gpus
         # Unsigned by default: sandboxed where bubblewrap runs, as it is when signing.
         self.isolation = isolation or key_isolation(signing=False)
@@ -241,7 +254,12 @@ class LocalDriver(DriverBase):
         if self.isolation.bwrap is None:
             return list(command)
         return self.isolation.argv(
-            command, env, gpus=self.gpus is not None, bundle=bundle, seccomp_fd=seccomp_fd
+            command,
+            env,
+            gpus=self.gpus is not None,
+            bundle=bundle,
+            seccomp_fd=seccomp_fd,
+            also=[str(self.model)] if self.model else [],
         )
 
     def _interpreter(self, interpreters: Sequence[str]) -> tuple[str | None, list[str]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from imagegate import modelpath
 from imagegate.drivers import bwrap, cdi, seccomp
 from imagegate.drivers.interface import (
     BundleRequest,
@@ -72,7 +73,10 @@ class RootfsDriver(DriverBase):
         platform: str | None = None,
         insecure: bool = False,
         gpus: cdi.Injection | None = None,
+        model: Path | None = None,
     ) -> None:
+        # --model: bound read-only where the serve stages look for it
+        self.ro_binds = ((str(model), modelpath.IN_SANDBOX),) if model else ()
         self.bwrap = bwrap.check_host()  # before any byte is read: a host that cannot sandbox says so now
         bwrap.check_seccomp()  # the same: no filter, no run (weaker than an engine's default profile)
         self.make_root = make_root
@@ -189,6 +193,7 @@ class RootfsDriver(DriverBase):
             self.limits,
             HIDDEN_GPU_ENV if self.gpus is None else {"TMPDIR": "/tmp"},
             gpus=self.gpus,
+            ro_binds=self.ro_binds,
         )
         payload = loader_payload(req.bundle, req.event_key, req.stages)
 

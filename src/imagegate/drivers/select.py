@@ -74,6 +74,7 @@ class DriverOptions:
     signing_key: Path | None = None  # the key file that signs, masked from the probes of --here
     sign_unisolated: bool = False
     cache_dir: str | None = None  # the rootfs driver's root cache (None: the default folder)
+    model: Path | None = None  # --model: bound read-only at modelpath.IN_SANDBOX (--here: used in place)
 
 
 def make_driver(name: DriverName | None, opts: DriverOptions) -> Driver:
@@ -86,7 +87,7 @@ def make_driver(name: DriverName | None, opts: DriverOptions) -> Driver:
             sign_unisolated=opts.sign_unisolated,
             notify=opts.notify,
         )
-        return LocalDriver(opts.python, gpus=opts.gpus, isolation=isolation)
+        return LocalDriver(opts.python, gpus=opts.gpus, isolation=isolation, model=opts.model)
     if opts.python:
         raise UsageError("--python goes with --here", hint="in a container the image's own python is used")
     if opts.sign_unisolated:
@@ -117,7 +118,12 @@ def _engine(name: DriverName | None, opts: DriverOptions) -> Driver:
     host = podman_host() if name is DriverName.podman else None
     try:
         driver = DockerDriver(
-            memory=opts.memory, pull=opts.pull, notify=opts.notify, gpus=opts.gpus, host=host
+            memory=opts.memory,
+            pull=opts.pull,
+            notify=opts.notify,
+            gpus=opts.gpus,
+            host=host,
+            model=opts.model,
         )
     except EngineError as e:
         if name is None:  # no driver asked for: say that one needs no engine
@@ -161,4 +167,5 @@ def _rootfs(opts: DriverOptions) -> Driver:
         platform=opts.platform,
         insecure=opts.insecure,
         gpus=gpus,
+        model=opts.model,
     )

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from imagegate import protocol
+from imagegate import modelpath, protocol
 from imagegate.errors import UsageError
 from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import check_image
@@ -79,6 +79,47 @@ class PodOptions:
     tmp_size: str = "2Gi"
     gpus: int = 0  # nvidia.com/gpu requested; 0: none, and GPUs hidden
     runtime_class: str | None = None  # e.g. "nvidia" where the GPU runtime is not the default
+    model: ModelVolume | None = None  # the serve stages' model, mounted read-only
+
+
+@dataclass(frozen=True)
+class ModelVolume:
+    """The model's volume: a PersistentVolumeClaim (and a sub-path in it) or a node's hostPath,
+    mounted read-only where the serve stages look for it (modelpath.IN_SANDBOX)."""
+
+    claim: str | None = None
+    sub_path: str | None = None
+    host_path: str | None = None
+
+    def volume(self) -> dict[str, Any]:
+        if self.claim:
+            return {"name": "model", "persistentVolumeClaim": {"claimName": self.claim, "readOnly": True}}
+        return {"name": "model", "hostPath": {"path": self.host_path, "type": "Directory"}}
+
+    def mount(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"name": "model", "mountPath": modelpath.IN_SANDBOX, "readOnly": True}
+        return {**m, "subPath": self.sub_path} if self.sub_path else m
+
+
+def parse_model_volume(pvc: str | None, host_path: str | None) -> ModelVolume | None:
+    """--model-pvc CLAIM[:SUBPATH] or --model-host-path PATH (not both), checked."""
+    if pvc and host_path:
+        raise UsageError("give --model-pvc or --model-host-path, not both")
+    if host_path:
+        if not host_path.startswith("/") or ".." in host_path.split("/"):
+            raise UsageError(f"--model-host-path {host_path!r}: an absolute path on the node, without '..'")
+        return ModelVolume(host_path=host_path)
+    if not pvc:
+        return None
+    claim, _, sub = pvc.partition(":")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", claim):
+        raise UsageError(
+            f"--model-pvc {pvc!r}: {claim!r} is not a claim name",
+            hint="CLAIM[:SUBPATH], e.g. models:llama-3-8b (lower-case letters, digits, '-', '.')",
+        )
+    if sub and (sub.startswith("/") or ".." in sub.split("/")):
+        raise UsageError(f"--model-pvc {pvc!r}: the sub-path is relative to the claim, without '..'")
+    return ModelVolume(claim=claim, sub_path=sub or None)
 
 
 @dataclass(frozen=True)
@@ -162,12 +203,31 @@ def parse_deadline(text: str) -> float:
         raise UsageError(f"--deadline {text!r}: {e}") from e
 
 
+def serve_options(
+    model_pvc: str | None, model_host_path: str | None, startup_budget: str | None
+) -> dict[str, Any]:
+    """What the model volume and --startup-budget change in the plan (runner.RunOptions words):
+    the serve stages' model path, their time to readiness (and so the Job's deadline)."""
+    out: dict[str, Any] = {}
+    if parse_model_volume(model_pvc, model_host_path):
+        out["model"] = modelpath.IN_SANDBOX
+    if startup_budget:
+        try:
+            out["startup_budget"] = parse_duration(startup_budget)
+        except ValueError as e:
+            raise UsageError(f"--startup-budget {startup_budget!r}: {e}") from e
+    return out
+
+
 def options_from_args(
     *,
     node_selector: Sequence[str] = (),
     toleration: Sequence[str] = (),
     deadline: str | None = None,
     image_pull_secret: Sequence[str] = (),
+    model_pvc: str | None = None,
+    model_host_path: str | None = None,
+    startup_budget: str | None = None,  # applied to the plan (model_options), not to the Pod
     **kw: Any,
 ) -> PodOptions:
     """PodOptions from the command line's words (`--node-selector k=v`, `--toleration
@@ -177,6 +237,7 @@ def options_from_args(
         tolerations=[parse_toleration(t) for t in toleration],
         deadline_s=parse_deadline(deadline) if deadline else None,
         image_pull_secrets=image_pull_secret,
+        model=parse_model_volume(model_pvc, model_host_path),
         **kw,
     )
 
@@ -300,6 +361,7 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
         "volumes": [
             {"name": "bundle", "configMap": {"name": name, "defaultMode": 0o444}},
             {"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}},
+            *([opts.model.volume()] if opts.model else []),
         ],
     }
     if opts.node_selector:
@@ -360,5 +422,6 @@ def _container(image: str, python: str, name: str, opts: PodOptions) -> dict[str
         "volumeMounts": [
             {"name": "bundle", "mountPath": MOUNT_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            *([opts.model.mount()] if opts.model else []),
         ],
     }

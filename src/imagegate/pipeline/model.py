@@ -16,6 +16,7 @@ from imagegate.pipeline.params import (
     InventoryParams,
     LayersParams,
     PipCheckParams,
+    ServeParams,
     VulnsParams,
 )
 from imagegate.pipeline.probes import side_of
@@ -137,6 +138,11 @@ class GpuPreflightStage(_StageBase):
     with_: GpuPreflightParams = Field(default_factory=GpuPreflightParams, alias="with")
 
 
+class ServeStage(_StageBase):
+    probe: Literal["serve"]
+    with_: ServeParams = Field(alias="with")
+
+
 Stage = Annotated[
     PipCheckStage
     | FindSpecStage
@@ -145,7 +151,8 @@ Stage = Annotated[
     | LayersStage
     | InventoryStage
     | VulnsStage
-    | GpuPreflightStage,
+    | GpuPreflightStage
+    | ServeStage,
     Field(discriminator="probe"),
 ]
 

@@ -7,7 +7,7 @@ import datetime as dt
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from imagegate import resources
 
@@ -72,18 +72,26 @@ class ArgsByVersion(Params):
     cases: list[VersionCase] = Field(min_length=1)
 
 
-def platform_overrides() -> tuple[str, ...]:
-    """The names of the cli probe's built-in platform overrides, read from their one table,
-    OVERRIDES in probes/platforms.py (a literal: parsed, never imported, as the runner imports
-    nothing of the in-image side)."""
-    path = resources.probes_dir() / "platforms.py"
+def probe_table(module: str, name: str) -> tuple[str, ...]:
+    """The keys of a literal table of the in-image side (probes/MODULE.py's NAME), parsed, never
+    imported, as the runner imports nothing of the in-image side."""
+    path = resources.probes_dir() / f"{module}.py"
     for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["OVERRIDES"]:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
             return tuple(ast.literal_eval(node.value))
-    raise RuntimeError(f"{path}: no OVERRIDES table")
+    raise RuntimeError(f"{path}: no {name} table")
+
+
+def platform_overrides() -> tuple[str, ...]:
+    """The names of the cli probe's built-in platform overrides (OVERRIDES in probes/platforms.py)."""
+    return probe_table("platforms", "OVERRIDES")
 
 
 PLATFORM_OVERRIDES = platform_overrides()
+# The serve probe's built-in engines (ENGINES in probes/serve_engines.py).
+SERVE_ENGINES = probe_table("serve_engines", "ENGINES")
+SERVE_PARSE_ONLY = probe_table("serve_engines", "PARSE_ONLY")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class CliParams(Params):
@@ -132,12 +140,7 @@ class CliParams(Params):
     @field_validator("stdout_regex", "stderr_regex")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:  # not a ValueError: pydantic would let it escape as a traceback
-                raise ValueError(f"{v!r} is not a valid regular expression: {e}") from None
-        return v
+        return None if v is None else check_regex(v)
 
 
 class AvRoundtripParams(Params):
@@ -263,3 +266,83 @@ class GpuPreflightParams(Params):
     max_ecc_uncorrected: int = Field(
         default=0, ge=0, description="Uncorrected ECC errors since the driver loaded above this: not fit."
     )
+
+
+def check_regex(v: str) -> str:
+    try:
+        re.compile(v)
+    except re.error as e:  # not a ValueError: pydantic would let it escape as a traceback
+        raise ValueError(f"{v!r} is not a valid regular expression: {e}") from None
+    return v
+
+
+class ServeParams(Params):
+    """The serve probe (probes/serve.py): the image's server started with a model and judged."""
+
+    command: list[str] = Field(
+        min_length=1,
+        description="The server's argv; {model}, {port} and {host} are replaced (e.g. "
+        "[vllm, serve, '{model}', --host, '{host}', --port, '{port}']).",
+    )
+    model: str | None = Field(
+        default=None,
+        description="The model's path in the sandbox; --model PATH mounts a host path read-only and sets it.",
+    )
+    served_model_name: str = Field(
+        default="{model}", description="The `model` field of each request ({model}: the model path)."
+    )
+    host: str = Field(default="127.0.0.1", description="Loopback only: " + ", ".join(LOOPBACK) + ".")
+    port: int = Field(default=0, ge=0, le=65535, description="0: a free port picked in the sandbox.")
+    ready_path: str = Field(
+        default="/health", pattern=r"^/", description="Answers 200 when the server is ready."
+    )
+    engine: str | None = Field(
+        default=None,
+        description="Built-in start-up phase patterns: " + ", ".join(SERVE_ENGINES) + ".",
+    )
+    phases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Phase name -> regular expression of its log line (adds to engine's).",
+    )
+    startup_timeout: float | None = Field(
+        default=None, gt=0, le=86400, description="Seconds for readiness (default: the stage's deadline)."
+    )
+    request_timeout: float = Field(default=120, gt=0, le=3600, description="Seconds per request.")
+    max_tokens: int = Field(default=4, ge=1, le=4096)
+    media: list[Literal["image", "video"]] = Field(
+        default_factory=list,
+        description="Media the model takes: a valid one is sent, and a corrupt one must not be ignored.",
+    )
+    bad_media: bool = Field(default=True, description="Send the bad-media cases (each expects a 4xx).")
+    startup_probe_period: int = Field(default=10, ge=1, le=3600, description="periodSeconds recommended.")
+    startup_margin: float = Field(
+        default=0.5, ge=0, le=10, description="Start-up margin of the recommended probe."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
+    parse_only: str | None = Field(
+        default=None,
+        description="Only parse the assembled argv with the server's own CLI under a CPU platform, start "
+        "nothing (a bad flag fails before any GPU is used): " + ", ".join(SERVE_PARSE_ONLY) + ".",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _loopback(cls, v: str) -> str:
+        if v not in LOOPBACK:
+            raise ValueError(f"{v!r}: the server listens on loopback only ({', '.join(LOOPBACK)})")
+        return v
+
+    @field_validator("engine", "parse_only")
+    @classmethod
+    def _builtin(cls, v: str | None, info: ValidationInfo) -> str | None:
+        known = {"engine": SERVE_ENGINES, "parse_only": SERVE_PARSE_ONLY}[str(info.field_name)]
+        if v is not None and v not in known:
+            raise ValueError(f"unknown {info.field_name} {v!r}; built-in: {', '.join(known)}")
+        return v
+
+    @field_validator("phases")
+    @classmethod
+    def _phases(cls, v: dict[str, str]) -> dict[str, str]:
+        for rx in v.values():
+            check_regex(rx)
+        return v

@@ -17,6 +17,7 @@ from imagegate.pipeline.params import (
     LayersParams,
     Params,
     PipCheckParams,
+    ServeParams,
     VulnsParams,
 )
 
@@ -45,6 +46,20 @@ PROBES: dict[str, Probe] = {
         Probe("av_roundtrip", "inside", AvRoundtripParams),
         Probe("inventory", "inside", InventoryParams),
         Probe("gpu_preflight", "inside", GpuPreflightParams, helpers=("gpu_worker",)),
+        Probe(
+            "serve",
+            "inside",
+            ServeParams,
+            helpers=(
+                "serve_engines",
+                "serve_http",
+                "serve_media",
+                "serve_process",
+                "cli",
+                "versions",
+                "platforms",
+            ),
+        ),
         Probe("layers", "outside", LayersParams, "imagegate.stages.layers:run_layers_stage"),
         Probe("vulns", "outside", VulnsParams, "imagegate.stages.vulns:run_vulns_stage"),
     )

@@ -1,0 +1,100 @@
+"""The serve probe's pure parts: how a bad-media answer is told (refused, ignored, taken), the
+recommended startupProbe, the argv placeholders, the model path check, the media made."""
+
+from __future__ import annotations
+
+import base64
+import os
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tests.probes.test_parsers import load
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "tokens", "takes", "outcome", "problem"),
+    [
+        (400, None, None, False, "refused", None),
+        (422, None, None, True, "refused", None),
+        (500, None, None, False, "server_error", "answered 500 (a client error, 4xx, expected)"),
+        (None, None, None, False, "no_answer", "no answer"),
+        (200, "", 28, False, "empty", "200 with empty content"),
+        # The same prompt tokens as the text alone: the media never reached the model.
+        (200, "hi", 28, False, "ignored", None),
+        (200, "hi", 28, True, "ignored", "200: the media was ignored, for a model that takes it"),
+        (
+            200,
+            "hi",
+            92,
+            True,
+            "accepted",
+            "200: the corrupt media was taken as valid (92 prompt tokens, 28 without it)",
+        ),
+        (200, "hi", None, False, "unknown", None),
+        (302, None, None, False, "unexpected", "answered 302 (4xx expected)"),
+    ],
+)
+def test_a_bad_media_answer_is_told_apart(
+    status: int | None, text: str | None, tokens: int | None, takes: bool, outcome: str, problem: str | None
+) -> None:
+    assert load("serve").classify(status, text, tokens, 28, takes) == (outcome, problem)
+
+
+def test_the_recommended_startup_probe_covers_the_measured_time_with_its_margin() -> None:
+    probe = load("serve").startup_probe(1545.0, 10, 0.5)  # the 24 min 42 s + 85 s SGLang start
+    assert probe == {
+        "periodSeconds": 10,
+        "failureThreshold": 232,
+        "budget_s": 2320,
+        "measured_s": 1545.0,
+        "margin": 0.5,
+    }
+    assert load("serve").startup_probe(0.2, 10, 0.5)["failureThreshold"] == 1
+
+
+def test_placeholders_are_filled_and_nothing_else_is_formatted() -> None:
+    argv = load("serve").fill(
+        ["s", "{model}", "--port={port}", "{host}", '{"a": 1}'], "/m", "127.0.0.1", 8000
+    )
+    assert argv == ["s", "/m", "--port=8000", "127.0.0.1", '{"a": 1}']
+
+
+def test_a_model_path_that_cannot_be_served_is_named(tmp_path: Path) -> None:
+    serve = load("serve")
+    assert serve.model_problem(None) == ""
+    assert serve.model_problem(str(tmp_path)) == ""
+    missing = tmp_path / "nope"
+    assert serve.model_problem(str(missing)) == (
+        f"model path {missing} does not exist in the sandbox: mount it (--model) or fix `model:`"
+    )
+    if os.getuid() != 0:  # root reads anything
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0)
+        assert serve.model_problem(str(locked)).startswith(f"model path {locked} is not readable by uid ")
+
+
+def test_the_valid_png_is_whole_and_the_truncated_one_is_cut() -> None:
+    media = load("serve_media")
+    png = media.png(8, 4)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png.endswith(b"IEND\xaeB`\x82")
+    idat = png[png.index(b"IDAT") + 4 : png.index(b"IEND") - 8]
+    assert len(zlib.decompress(idat)) == 4 * (1 + 8 * 3)
+    cases = {name: (kind, p) for name, kind, p in media.bad_cases(9)}
+    assert set(cases) == {
+        "truncated_png", "garbage_png", "garbage_jpeg", "empty_payload", "invalid_base64",
+        "unreachable_url", "garbage_mp4",
+    }  # fmt: skip
+    cut = base64.b64decode(cases["truncated_png"][1]["image_url"]["url"].split(",", 1)[1])
+    assert media.png().startswith(cut) and len(cut) < len(media.png())
+    assert (
+        cases["garbage_mp4"] == ("video", cases["garbage_mp4"][1]) and "video_url" in cases["garbage_mp4"][1]
+    )
+    assert cases["unreachable_url"][1]["image_url"]["url"] == "http://127.0.0.1:9/imagegate-missing.png"
+
+
+def test_engine_phases_and_the_pipeline_s_own_are_merged() -> None:
+    phases = dict(load("serve").phases_of({"engine": "sglang", "phases": {"ready": "up!", "mine": "x"}}))
+    assert phases["ready"] == "up!" and phases["mine"] == "x"
+    assert phases["weights_loaded"] == r"Load weight end\. "
