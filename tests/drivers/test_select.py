@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.drivers.test_sandbox import DAEMON, alive_with
-from tests.helpers import PODMAN_SOCK, imagegate
+from tests.helpers import PODMAN_SOCK, default_signals, imagegate
 
 
 @pytest.mark.parametrize(
@@ -83,6 +83,7 @@ def test_unprivileged_user_runs_a_registry_image(pushed_vllm: str, tmp_path: Pat
     assert any("ownership" in n for n in predicate["environment"]["image_source"]["not_applied"])
 
 
+@pytest.mark.signals
 def test_ctrl_c_during_a_rootfs_run_leaves_nothing(
     pushed_vllm: str, root_cache: dict[str, str], tmp_path: Path
 ) -> None:
@@ -96,7 +97,7 @@ def test_ctrl_c_during_a_rootfs_run_leaves_nothing(
         [sys.executable, "-m", "imagegate", "run", f"docker://{pushed_vllm}", "--driver", "rootfs", "-p",
          str(pipeline), "--no-sign", "-o", str(tmp_path / "out")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **root_cache},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_signals,
     )  # fmt: skip
     deadline = time.monotonic() + 300
     while not alive_with(mark):
