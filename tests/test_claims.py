@@ -26,6 +26,7 @@ FIGURE = re.compile(
     r"|\d+(?:\.\d+)? ?(?:s|ms)\b(?!-)"
     r"|~?\d+(?:\.\d+)? ?(?:KB|kB|MB|MiB|GB|GiB)\b"
     r"|\d+ (?:interrupted )?runs\b"
+    r"|\d+ minutes\b"
     r"|(?:vLLM|SGLang|vllm|sglang|nixl) \d+\.\d+(?:\.\d+)?"
     r"|(?<![-\w.])\d+\.\d+\.\d+(?![.\d])"
     r")"
@@ -66,9 +67,14 @@ def problem(fig: dict[str, Any]) -> str | None:
     """Why one figure does not hold, or None."""
     if "real" in fig:
         return stale(*fig["real"])
+    if not (ROOT / fig["source"]).is_file():
+        return f"{fig['figure']!r}: {fig['source']} does not exist"
     value = source_value(fig)
     if value is None:
         return f"{fig['figure']!r}: {fig['regex']!r} is not in {fig['source']} any more"
+    version = re.search(r"\d+\.\d+\.\d+", fig["figure"])
+    if version:  # a version is a string: 0.5.5 is not 0.5.50
+        return None if str(value) == version.group() else f"{fig['figure']!r}: {fig['source']} says {value}"
     want, decimals = number(fig["figure"])
     got = float(value) * fig.get("scale", 1)
     if round(got, decimals) != want:
