@@ -58,7 +58,10 @@ def source_value(fig: dict[str, Any]) -> Any:
     path = ROOT / fig["source"]
     if "expr" in fig:
         record = json.loads(path.read_text())
-        return eval(fig["expr"], {"__builtins__": {"max": max, "min": min, "sum": sum}}, {"r": record})
+        try:
+            return eval(fig["expr"], {"__builtins__": {"max": max, "min": min, "sum": sum}}, {"r": record})
+        except (KeyError, IndexError, TypeError):
+            return None  # the record holds no such value
     m = re.search(fig["regex"], path.read_text(), re.M)
     return m.group(1) if m else None
 
@@ -71,7 +74,7 @@ def problem(fig: dict[str, Any]) -> str | None:
         return f"{fig['figure']!r}: {fig['source']} does not exist"
     value = source_value(fig)
     if value is None:
-        return f"{fig['figure']!r}: {fig['regex']!r} is not in {fig['source']} any more"
+        return f"{fig['figure']!r}: {fig.get('regex') or fig['expr']!r} finds nothing in {fig['source']}"
     version = re.search(r"\d+\.\d+\.\d+", fig["figure"])
     if version:  # a version is a string: 0.5.5 is not 0.5.50
         return None if str(value) == version.group() else f"{fig['figure']!r}: {fig['source']} says {value}"
