@@ -399,7 +399,9 @@ def git_state() -> str:
     """The commit this ran at, and whether the tree held changes (then it is no record of it)."""
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
     changed = subprocess.run(
-        ["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--", ".", ":(exclude)benchmarks/records"],
+        capture_output=True,
+        text=True,
     )
     return f"{head.stdout.strip()} (tree {'dirty' if changed.stdout.strip() else 'clean'})"
 

@@ -47,7 +47,7 @@ def main() -> int:
     path.write_text(
         f"# The README's example run, {now:%Y-%m-%d %H:%M} UTC\n\n"
         f"Command: `{command()}`\n\n"
-        f"Commit: {git('rev-parse', 'HEAD')} (tree {'dirty' if git('status', '--porcelain') else 'clean'}); "
+        f"Commit: {git('rev-parse', 'HEAD')} (tree {'dirty' if git('status', '--porcelain', '--', '.', ':(exclude)benchmarks/records') else 'clean'}); "
         f"{os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} before the run; "
         f"exit {done.returncode}\n\n"
         f"```console\n$ {' '.join(argv)}\n{done.stdout}```\n"

@@ -45,7 +45,12 @@ def command() -> str:
 
 def write(path: Path, benchmark: str, args: dict[str, Any], results: Any, goals: list[Goal]) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    changed = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    # Records written meanwhile (by this or another benchmark) are no change to what ran.
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/records"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     record = {
         "benchmark": benchmark,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
