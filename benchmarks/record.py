@@ -43,14 +43,25 @@ def command() -> str:
     return " ".join(shlex.quote(a) for a in [".venv/bin/python", str(shown), *sys.argv[1:]])
 
 
-def write(path: Path, benchmark: str, args: dict[str, Any], results: Any, goals: list[Goal]) -> None:
+def _git_state() -> tuple[str, str]:
+    """HEAD and the changes to it (records written meanwhile, by this or another benchmark, are no
+    change to what ran)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    # Records written meanwhile (by this or another benchmark) are no change to what ran.
     changed = subprocess.run(
         ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/records"],
         capture_output=True,
         text=True,
     ).stdout.strip()
+    return commit, changed
+
+
+# Read when the benchmark starts (it imports this module first): a long run must not name a
+# commit made while it ran. The load, by contrast, is read when the record is written.
+_AT_START = _git_state()
+
+
+def write(path: Path, benchmark: str, args: dict[str, Any], results: Any, goals: list[Goal]) -> None:
+    commit, changed = _AT_START
     record = {
         "benchmark": benchmark,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

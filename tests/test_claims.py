@@ -81,7 +81,7 @@ def problem(fig: dict[str, Any]) -> str | None:
     want, decimals = number(fig["figure"])
     got = float(value) * fig.get("scale", 1)
     if round(got, decimals) != want:
-        return f"{fig['figure']!r}: {fig['source']} says {got:.{decimals + 2}f}"
+        return f"{fig['figure']!r}: {fig['source']} says {got:.{decimals}f} ({got:.4g} unrounded)"
     return None
 
 
@@ -140,7 +140,8 @@ def test_a_figure_edited_away_from_its_record_fails(table_too: bool) -> None:
             for fig in claim.get("figures", []):
                 fig["figure"] = fig["figure"].replace("0.97x", "0.90x")
     problems = check(normal(readme).replace(old, new), table)
-    expected = "says 0.97" if table_too else "not in README.md any more"
+    record = "benchmarks/records/2026-12-01-1629-bench_root_cache.json"
+    expected = f"'0.90x': {record} says 0.97" if table_too else "not in README.md any more"
     assert any(expected in p for p in problems), problems
 
 

@@ -25,9 +25,10 @@ def runs() -> list[dict[str, Any]]:
             for run in entry["runs"]:
                 out.append(
                     {"framework": entry["framework"], "version": entry["version"], "target": entry["target"],
-                     "commit": entry["imagegate_commit"], "record": path.name, **run}
+                     "commit": entry["imagegate_commit"], "record": path.name,
+                     "recorded": entry.get("recorded", ""), **run}
                 )  # fmt: skip
-    return out
+    return sorted(out, key=lambda r: str(r["recorded"]))  # oldest first (stable: file order)
 
 
 def claimed() -> set[tuple[str, str, str]]:
@@ -52,10 +53,10 @@ def _claim_lines(path: Path) -> list[str]:
     ]
 
 
-def stale(framework: str, version: str, pipeline: str) -> str | None:
+def stale(framework: str, version: str, pipeline: str, verdict: str | None = None) -> str | None:
     """Why the newest recorded run of VERSION under PIPELINE does not back a claim today: none, or
     a file it ran (the pipeline, a probe, an outside stage) changed since, or the tree it ran from
-    held uncommitted changes. None when it holds."""
+    held uncommitted changes, or (given VERDICT) it ended otherwise. None when it holds."""
     found = [
         r for r in runs() if (r["framework"], r["version"], r["pipeline"]) == (framework, version, pipeline)
     ]
@@ -63,6 +64,8 @@ def stale(framework: str, version: str, pipeline: str) -> str | None:
         return f"no recorded run of {framework} {version} with -p {pipeline}"
     last = found[-1]
     where = f"{last['record']} ({last['target']}, commit {last['commit']})"
+    if verdict and last.get("verdict") != verdict:
+        return f"{where} ended {last.get('verdict')}, not {verdict}"
     if "+changes" in last["commit"]:
         return f"{where} ran with uncommitted changes"
     if "inputs_sha256" not in last:
