@@ -32,6 +32,9 @@ def main() -> int:
     ap.add_argument("--image", default="imagegate-test/vllm:latest")
     args = ap.parse_args()
     argv = ["imagegate", "run", args.image, "-p", "vllm", "--no-sign"]
+    # what ran: read at the start, so that a commit made meanwhile is not named
+    commit = git("rev-parse", "HEAD")
+    tree = "dirty" if git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/records") else "clean"
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:  # evidence under ./imagegate-runs, as in a CI job
         done = subprocess.run(
@@ -47,7 +50,7 @@ def main() -> int:
     path.write_text(
         f"# The README's example run, {now:%Y-%m-%d %H:%M} UTC\n\n"
         f"Command: `{command()}`\n\n"
-        f"Commit: {git('rev-parse', 'HEAD')} (tree {'dirty' if git('status', '--porcelain', '--', '.', ':(exclude)benchmarks/records') else 'clean'}); "
+        f"Commit: {commit} (tree {tree}); "
         f"{os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} before the run; "
         f"exit {done.returncode}\n\n"
         f"```console\n$ {' '.join(argv)}\n{done.stdout}```\n"
