@@ -7,7 +7,9 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +35,40 @@ def print_goals(goals: list[Goal]) -> int:
     return 1 if any(g.ok is False for g in goals) else 0
 
 
-def write(path: Path, benchmark: str, args: dict[str, Any], results: Any, goals: list[Goal]) -> None:
+def command() -> str:
+    """The command line that made the record, as typed from the repository's root."""
+    script = Path(sys.argv[0]).resolve()
+    root = Path(__file__).resolve().parents[1]
+    shown = script.relative_to(root) if script.is_relative_to(root) else script.name
+    return " ".join(shlex.quote(a) for a in [".venv/bin/python", str(shown), *sys.argv[1:]])
+
+
+def _git_state() -> tuple[str, str]:
+    """HEAD and the changes to it (records written meanwhile, by this or another benchmark, are no
+    change to what ran)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    changed = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/records"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return commit, changed
+
+
+# Read when the benchmark starts (it imports this module first): a long run must not name a
+# commit made while it ran. The load, by contrast, is read when the record is written.
+_AT_START = _git_state()
+
+
+def write(path: Path, benchmark: str, args: dict[str, Any], results: Any, goals: list[Goal]) -> None:
+    commit, changed = _AT_START
     record = {
         "benchmark": benchmark,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit or None,
         "uncommitted_changes": bool(changed),
+        "tree": "dirty" if changed else "clean",
+        "command": command(),
         "machine": {
             "cores": os.cpu_count(),
             # a loaded machine makes every timing longer: the 1/5/15-minute load when recorded

@@ -24,6 +24,8 @@ command -v skopeo >/dev/null || need_pkgs+=(skopeo)
 command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 command -v pigz >/dev/null || need_pkgs+=(pigz)
+# igzip (ISA-L's own gunzip): the layer benchmarks' second baseline, the inflater imagegate uses
+command -v igzip >/dev/null || need_pkgs+=(isal)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v unshare >/dev/null || need_pkgs+=(util-linux)
 # the rootfs driver's sandbox (run --driver rootfs)

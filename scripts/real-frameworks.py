@@ -33,7 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "images"))
+sys.path.insert(0, str(ROOT / "tests" / "real"))
 import build  # noqa: E402
+from inputs import inputs  # noqa: E402
 
 RECORDS = ROOT / "benchmarks" / "records"
 IMAGEGATE = str(Path(sys.executable).parent / "imagegate")
@@ -110,6 +112,8 @@ def run_pipeline(ref: str, pipeline: str, out: Path) -> dict:
     )
     wall = time.monotonic() - t0
     entry: dict = {"pipeline": pipeline, "exit_code": done.returncode, "wall_seconds": round(wall, 1)}
+    # What this verdict rests on: a later change to any of these files makes the record stale.
+    entry["inputs_sha256"] = inputs(pipeline)
     try:
         pred = json.loads(done.stdout)["predicate"]
     except (ValueError, KeyError):
@@ -272,9 +276,15 @@ def main(argv: list[str]) -> int:
     # Uncommitted changes to what runs are marked: such an entry is no record of a commit.
     dirty = bool(git("status", "--porcelain", "--", "src", "probes", "pipelines"))
     commit = git("rev-parse", "--short=12", "HEAD") + ("+changes" if dirty else "")
+    command = " ".join([".venv/bin/python", "scripts/real-frameworks.py", *argv])
     record.update(date=day, engine=engine(), script="scripts/real-frameworks.py")
     for name in a.targets or list(TARGETS):
         entry = run_target(name, a.remove_old, commit)
+        # records written meanwhile are no change to what ran
+        entry["tree"] = (
+            "dirty" if git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/records") else "clean"
+        )
+        entry["command"] = command
         if path.exists():  # another run may have written meanwhile: keep its entries
             record["entries"] = json.loads(path.read_text())["entries"]
         before = next((e for e in record["entries"] if e["image"] == entry["image"]), None)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +36,15 @@ def own_config_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in this process for the test, as in a terminal, whatever the
+    test runner inherited (started with SIGINT ignored, Python leaves it ignored); restored after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def _engine_ok(host: str) -> bool:

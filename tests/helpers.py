@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,20 @@ from typing import Any
 
 DOCKER_SOCK = "unix:///var/run/docker.sock"
 PODMAN_SOCK = "unix:///run/podman.sock"
+
+
+def default_signals() -> None:
+    """preexec_fn of a child that is interrupted: SIGINT and SIGTERM at their defaults, as in a
+    terminal, whatever the test runner inherited (a CI runner, or `cmd &` in a script, may start
+    it with SIGINT ignored, and an ignored disposition survives exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def ignore_sigint() -> None:
+    """preexec_fn of a child started as such a CI runner starts it: SIGINT ignored."""
+    default_signals()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass

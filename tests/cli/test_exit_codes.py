@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import container_exists, containers_left, imagegate
+from tests.helpers import container_exists, containers_left, default_signals, ignore_sigint, imagegate
 
 NOT_BUILT = "imagegate-test/never-built-here:1"
 
@@ -108,11 +108,7 @@ def _ours(before: set[str], token: str) -> set[str]:
     return found
 
 
-def _ignore_sigint() -> None:
-    # What a CI runner may hand down: SIGINT ignored, inherited across exec.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
+@pytest.mark.signals
 @pytest.mark.parametrize(
     ("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
 )
@@ -129,7 +125,7 @@ def test_interrupt_removes_the_container_and_exits_with_the_signal_code(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_ignore_sigint if inherited == "SIGINT-ignored" else None,
+        preexec_fn=ignore_sigint if inherited == "SIGINT-ignored" else default_signals,
     )
     ours: set[str] = set()
     try:

@@ -23,6 +23,7 @@ import pytest
 from imagegate.drivers import bwrap, seccomp
 from imagegate.drivers.rootfs import PreparedRoot
 from imagegate.errors import UsageError
+from tests.helpers import default_signals
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -265,6 +266,7 @@ RUNNER = textwrap.dedent(
 )
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "runner-killed"])
 def test_an_interrupted_or_killed_runner_leaves_nothing(own_root: Path, how: signal.Signals) -> None:
     mark = f"imagegate-mark-{uuid.uuid4().hex}"
@@ -273,7 +275,7 @@ def test_an_interrupted_or_killed_runner_leaves_nothing(own_root: Path, how: sig
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_signals,
     )
     assert p.stdout is not None
     for line in p.stdout:

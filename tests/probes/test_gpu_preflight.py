@@ -38,9 +38,10 @@ PROC_OPEN = (
 )
 PROC_SHORT = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  515.76  Mon Sep 12 19:21:56 UTC 2022\n"
 
-# `nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version,compute_cap,uuid
-# --format=csv,noheader,nounits` on a 2-GPU H200 node, as scripts/gpu-acceptance.sh logged it on
-# 2026-11-30 (benchmarks/records/2026-11-30-gpu-h200.md).
+# Rows in the form `nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version,
+# compute_cap,uuid --format=csv,noheader,nounits` prints, WRITTEN FROM the facts of a 2-GPU H200
+# node in benchmarks/records/2026-11-30-gpu-h200.md (name, 143771 MiB, driver 580.159.04,
+# capability 9.0): the raw log of that run was not kept, and the free memory and UUIDs are made up.
 SMI_2xH200 = (
     "0, NVIDIA H200, 143771, 143156, 580.159.04, 9.0, GPU-3cf75db2-5cba-bdeb-063d-4cfc6e966eb1\n"
     "1, NVIDIA H200, 143771, 143156, 580.159.04, 9.0, GPU-ed74a9a9-8727-4505-8c06-7199bff5b64a\n"

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import pytest
 
 from imagegate import resources
 from tests.helpers import imagegate

@@ -13,16 +13,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.helpers import DOCKER_SOCK
+import pytest
+
+from tests.helpers import DOCKER_SOCK, default_signals
+
+pytestmark = pytest.mark.signals
 
 RUNS = int(os.environ.get("IMAGEGATE_TEST_INTERRUPTS", "100"))
-
-
-def _default_signals() -> None:
-    # Whatever the test runner inherited (a CI runner may ignore SIGINT), the CLI under test
-    # starts with default dispositions, as in a terminal.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _imagegate_containers() -> dict[str, str]:
@@ -45,7 +42,7 @@ def test_interrupted_runs_leave_no_container(images: dict[str, str], tmp_path: P
         p = subprocess.Popen(
             [sys.executable, "-m", "imagegate", "run", images["python"], "-p", "python", "--no-sign",
              "-o", str(tmp_path / str(i))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
         )  # fmt: skip
         try:
             assert p.stderr is not None

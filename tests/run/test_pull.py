@@ -104,15 +104,16 @@ def test_pull_always_runs_what_the_registry_holds(
         pushed = _docker("image", "inspect", images["python"], "-f", "{{.Id}}").strip()
         stale = _docker("image", "inspect", images["conflict"], "-f", "{{.Id}}").strip()
 
-        def config_of(*extra: str) -> str:
+        def config_of(*extra: str, expect: int) -> str:
             r = imagegate(
                 "run", ref, "-p", "python", "-o", str(tmp_path), "--format", "json", "--no-sign", *extra
             )
-            assert r.returncode in (0, 1), r.stderr
+            assert r.returncode == expect, r.stderr
             return str(r.json()["predicate"]["image"]["configDigest"])
 
-        assert config_of() == stale  # missing (the default): the engine's own copy
-        assert config_of("--pull", "always") == pushed
+        # missing (the default): the engine's own copy, the conflict image, whose pip check FAILs
+        assert config_of(expect=1) == stale
+        assert config_of("--pull", "always", expect=0) == pushed  # the python image: PASS
         assert _docker("image", "inspect", ref, "-f", "{{.Id}}").strip() == pushed  # as docker pull leaves it
     finally:
         subprocess.run(["docker", "rmi", ref], capture_output=True)

@@ -45,8 +45,17 @@ def test_a_package_cannot_forge_other_stages(images: dict[str, str], tmp_path: P
     attempt = attempt_of(tmp_path)
     evil = (attempt / "stages/02-evil/stderr.txt").read_text()
     # Every route to the controller was tried and refused by the kernel.
-    for route in ("write /proc/1/fd/1", "glue /proc/1/fd/1", "read /proc/1/environ", "read /proc/1/mem"):
+    routes = [
+        "write /proc/1/fd/1",
+        "glue /proc/1/fd/1",
+        "read /proc/1/environ",
+        "read /proc/1/mem",
+        "ptrace 1",
+    ]
+    for route in routes:
         assert f"evil: {route}: blocked" in evil, evil
+    # ptrace was really called, and the kernel refused it (a non-dumpable process, no CAP_SYS_PTRACE)
+    assert "evil: ptrace 1: blocked (Operation not permitted)" in evil, evil
     assert "evil: daemon left behind: DONE" in evil
     result = json.loads((attempt / "stages/02-evil/result.json").read_text())
     assert result["data"]["survivors_killed"] >= 1  # the daemon did not outlive its stage

@@ -14,7 +14,10 @@ import pytest
 
 from imagegate import workers
 
+pytestmark = pytest.mark.signals
 
+
+@pytest.mark.usefixtures("sigint_raises")
 def test_an_interrupt_while_threads_start_cancels_and_waits_for_every_call() -> None:
     cancel = threading.Event()
     lock = threading.Lock()
@@ -75,6 +78,7 @@ def test_an_error_in_a_call_is_raised_after_all_calls_finish() -> None:
     assert sorted(done) == [0, 2]
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_a_background_task_is_waited_for_when_an_interrupt_ends_the_block() -> None:
     finished: list[str] = []
 

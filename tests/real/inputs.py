@@ -1,0 +1,27 @@
+"""What a built-in pipeline's verdict on a real image depends on, file by file: the pipeline
+itself, the in-image code its stages run (the controller and every shared module of probes/, and
+the probes it names), and the runner's code for the outside stages it names. scripts/real-frameworks.py records these digests with each run; tests/real/test_records.py
+fails when one changed after the record that backs a version claim."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+# probes/ modules that belong to one probe: another pipeline's probe is not this one's input.
+# Any other module (the controller, capture, versions, ...) is shared by every stage.
+OWN = {"cli": "cli", "find_spec": "find_spec", "pip_check": "pip_check", "av_roundtrip": "av_roundtrip",
+       "inventory": "inventory", "gpu_preflight": "gpu_preflight", "gpu_worker": "gpu_preflight"}  # fmt: skip
+
+
+def inputs(pipeline: str) -> dict[str, str]:
+    """Path (from the repository's root) -> sha256 of each file `-p PIPELINE` runs."""
+    path = ROOT / "pipelines" / f"{pipeline}.yaml"
+    used = {stage["probe"] for stage in yaml.safe_load(path.read_text())["stages"]}
+    probes = sorted((ROOT / "probes").glob("*.py"))
+    files = [path, *(f for f in probes if OWN.get(f.stem) in used | {None})]
+    files += [f for p in sorted(used) if (f := ROOT / "src" / "imagegate" / "stages" / f"{p}.py").is_file()]
+    return {str(f.relative_to(ROOT)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}

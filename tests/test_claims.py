@@ -1,0 +1,159 @@
+"""Every figure and framework version README.md states is backed, and says what its source says
+today. The figures are found in README.md itself (ratios, seconds, sizes, vLLM/SGLang/nixl
+versions, counts of runs), so a new one cannot be written without an entry in docs/claims.yaml:
+a record and the value in it, a file and the constant in it, a real-framework run at today's
+pipeline and probes, or a block copied verbatim from a record. Each record in benchmarks/records
+is listed in its README."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.real.test_records import stale
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "docs" / "claims.yaml"
+# What counts as a figure: a ratio, a duration, a size, a count of runs, a framework version.
+FIGURE = re.compile(
+    r"(?<![\w.])(?:"
+    r"\d+(?:\.\d+)?\s?[x×](?![\w])"
+    r"|\d+(?:\.\d+)? ?(?:s|ms)\b(?!-)"
+    r"|~?\d+(?:\.\d+)? ?(?:KB|kB|MB|MiB|GB|GiB)\b"
+    r"|\d+ (?:interrupted )?runs\b"
+    r"|\d+ minutes\b"
+    r"|(?:vLLM|SGLang|vllm|sglang|nixl) \d+\.\d+(?:\.\d+)?"
+    r"|(?<![-\w.])\d+\.\d+\.\d+(?![.\d])"
+    r")"
+)
+
+
+def normal(text: str) -> str:
+    """Whitespace collapsed: README lines wrap anywhere."""
+    return " ".join(text.split())
+
+
+def readme_text(readme: str | None = None) -> str:
+    """README.md up to the generated command reference (tests/cli/test_help.py checks that)."""
+    text = readme if readme is not None else (ROOT / "README.md").read_text()
+    return normal(text.split("## Command reference")[0])
+
+
+def number(figure: str) -> tuple[float, int]:
+    """The figure's number and its decimals: '0.88×' -> (0.88, 2), '94 s' -> (94.0, 0)."""
+    digits = re.search(r"\d+(?:\.\d+)?", figure)
+    assert digits, figure
+    text = digits.group()
+    return float(text), len(text.partition(".")[2])
+
+
+def source_value(fig: dict[str, Any]) -> Any:
+    """What the source says for one figure: a record's value (`expr` over the JSON as `r`), or
+    group 1 of `regex` in a file."""
+    path = ROOT / fig["source"]
+    if "expr" in fig:
+        record = json.loads(path.read_text())
+        try:
+            return eval(fig["expr"], {"__builtins__": {"max": max, "min": min, "sum": sum}}, {"r": record})
+        except (KeyError, IndexError, TypeError):
+            return None  # the record holds no such value
+    m = re.search(fig["regex"], path.read_text(), re.M)
+    return m.group(1) if m else None
+
+
+def problem(fig: dict[str, Any]) -> str | None:
+    """Why one figure does not hold, or None."""
+    if "real" in fig:
+        return stale(*fig["real"])
+    if not (ROOT / fig["source"]).is_file():
+        return f"{fig['figure']!r}: {fig['source']} does not exist"
+    value = source_value(fig)
+    if value is None:
+        return f"{fig['figure']!r}: {fig.get('regex') or fig['expr']!r} finds nothing in {fig['source']}"
+    version = re.search(r"\d+\.\d+\.\d+", fig["figure"])
+    if version:  # a version is a string: 0.5.5 is not 0.5.50
+        return None if str(value) == version.group() else f"{fig['figure']!r}: {fig['source']} says {value}"
+    want, decimals = number(fig["figure"])
+    got = float(value) * fig.get("scale", 1)
+    if round(got, decimals) != want:
+        return f"{fig['figure']!r}: {fig['source']} says {got:.{decimals}f} ({got:.4g} unrounded)"
+    return None
+
+
+def check(readme: str, table: dict[str, Any]) -> list[str]:
+    """Every problem: a figure of README.md no claim covers, a claim whose text is gone, a
+    figure its source contradicts, a block no longer verbatim in its record."""
+    text = readme_text(readme)
+    covered: list[tuple[int, int, set[str]]] = []
+    problems = []
+    for claim in table["claims"]:
+        said = normal(claim["readme"])
+        at = text.find(said)
+        if at < 0:
+            problems.append(f"not in README.md any more: {said[:90]!r}")
+            continue
+        if "illustration" in claim:
+            covered.append((at, at + len(said), {"*"}))
+            continue
+        if "verbatim" in claim:
+            block = normal(claim["readme"])
+            if block not in normal((ROOT / claim["verbatim"]).read_text()):
+                problems.append(f"not verbatim in {claim['verbatim']}: {said[:90]!r}")
+            covered.append((at, at + len(said), {"*"}))
+            continue
+        figures = claim.get("figures", [])
+        for fig in figures:
+            if fig["figure"] not in said:
+                problems.append(f"{fig['figure']!r} is not in its claim {said[:90]!r}")
+            elif why := problem(fig):
+                problems.append(f"{said[:60]!r}: {why}")
+        covered.append((at, at + len(said), {f["figure"] for f in figures}))
+    for m in FIGURE.finditer(text):
+        if not any(a <= m.start() < b and ("*" in figs or m.group() in figs) for a, b, figs in covered):
+            problems.append(
+                f"a figure docs/claims.yaml does not back: {text[max(0, m.start() - 60) : m.end() + 20]!r}"
+            )
+    return problems
+
+
+def test_every_readme_figure_and_version_holds() -> None:
+    problems = check((ROOT / "README.md").read_text(), yaml.safe_load(TABLE.read_text()))
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("table_too", [False, True], ids=["README alone", "README and table"])
+def test_a_figure_edited_away_from_its_record_fails(table_too: bool) -> None:
+    """0.97x is the root cache record's warm-run ratio: written as 0.90x it fails, whether the
+    table's text is left as it was (the claim is gone) or edited along (the record says 0.97)."""
+    old, new = "the whole warm run 0.97x", "the whole warm run 0.90x"
+    readme = (ROOT / "README.md").read_text()
+    assert old in normal(readme)
+    table = yaml.safe_load(TABLE.read_text())
+    if table_too:
+        for claim in table["claims"]:
+            claim["readme"] = normal(claim["readme"]).replace(old, new)
+            for fig in claim.get("figures", []):
+                fig["figure"] = fig["figure"].replace("0.97x", "0.90x")
+    problems = check(normal(readme).replace(old, new), table)
+    record = "benchmarks/records/2026-12-01-1629-bench_root_cache.json"
+    expected = f"'0.90x': {record} says 0.97" if table_too else "not in README.md any more"
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_new_figure_without_a_source_fails() -> None:
+    readme = (
+        (ROOT / "README.md").read_text().replace("## Reports", "It is 2.5x faster than X.\n\n## Reports", 1)
+    )
+    problems = check(readme, yaml.safe_load(TABLE.read_text()))
+    assert any("2.5x" in p and "does not back" in p for p in problems), problems
+
+
+def test_every_record_is_listed_in_the_records_readme() -> None:
+    listed = (ROOT / "benchmarks" / "records" / "README.md").read_text()
+    records = sorted(p.name for p in (ROOT / "benchmarks" / "records").iterdir() if p.name != "README.md")
+    assert [r for r in records if r not in listed] == []
