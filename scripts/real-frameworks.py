@@ -43,10 +43,10 @@ IMAGEGATE = str(Path(sys.executable).parent / "imagegate")
 # name -> what to build and which built-ins to run on it. The newest releases are the images of
 # tests/images/build.py's REAL_RECIPES (the same recipe, so the same cached image).
 TARGETS: dict[str, dict] = {
-    "vllm": {"framework": "vllm", "pipelines": ["vllm"]},
+    "vllm": {"framework": "vllm", "pipelines": ["vllm", "vllm-serve"]},
     "vllm-0.11.0": {"framework": "vllm", "pip": ["vllm==0.11.0", "av"], "pipelines": ["vllm"]},
     "vllm-0.10.2": {"framework": "vllm", "pip": ["vllm==0.10.2", "av"], "pipelines": ["vllm"]},
-    "sglang": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
+    "sglang": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg", "sglang-serve"]},
     "sglang-nixl": {"framework": "sglang", "pipelines": ["sglang", "sglang-disagg"]},
     "sglang-nixl-cu12-only": {"framework": "sglang", "pipelines": ["sglang-disagg"]},
 }

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # probes/ modules that belong to one probe: another pipeline's probe is not this one's input.
 # Any other module (the controller, capture, versions, ...) is shared by every stage.
 OWN = {"cli": "cli", "find_spec": "find_spec", "pip_check": "pip_check", "av_roundtrip": "av_roundtrip",
-       "inventory": "inventory", "gpu_preflight": "gpu_preflight", "gpu_worker": "gpu_preflight"}  # fmt: skip
+       "inventory": "inventory", "gpu_preflight": "gpu_preflight", "gpu_worker": "gpu_preflight",
+       "serve": "serve", "serve_process": "serve", "serve_http": "serve", "serve_media": "serve",
+       "serve_engines": "serve"}  # fmt: skip
 
 
 def inputs(pipeline: str) -> dict[str, str]:

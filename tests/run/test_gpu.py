@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from imagegate import resources
 from tests.helpers import imagegate
