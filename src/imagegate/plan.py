@@ -13,7 +13,7 @@ from typing import Any
 
 from imagegate.errors import UsageError
 from imagegate.pipeline import LoadedPipeline
-from imagegate.pipeline.model import FindSpecStage, InventoryStage, Pipeline, Stage, VulnsStage
+from imagegate.pipeline.model import Pipeline, Stage
 from imagegate.pipeline.params import (
     DOTTED_NAME,
     FindSpecParams,
@@ -144,7 +144,7 @@ def build_plan(
     stage ids the user leaves out (kept in the plan, marked, so the record says so)."""
     p = loaded.pipeline
     check_modules(modules)
-    if modules and not any(isinstance(s, FindSpecStage) for s in p.stages):
+    if modules and not any(s.probe == "find_spec" for s in p.stages):
         raise UsageError(
             f"--module given, but pipeline {p.name!r} has no find_spec stage",
             hint="use -p python, or add a find_spec stage to your pipeline",
@@ -261,8 +261,8 @@ def _audit_stages(p: Pipeline, taken: set[str], db: Path | None) -> list[Planned
             f"--advisory-db {db}: no such folder",
             hint="give a folder of OSV advisories, e.g. a copy of the PyPA advisory database",
         )
-    inventory = next((s.id for s in p.stages if isinstance(s, InventoryStage)), None)
-    if any(isinstance(s, VulnsStage) for s in p.stages):
+    inventory = next((s.id for s in p.stages if s.probe == "inventory"), None)
+    if any(s.probe == "vulns" for s in p.stages):
         if inventory is None:
             raise UsageError(
                 f"pipeline {p.name!r} has a vulns stage but no inventory stage",

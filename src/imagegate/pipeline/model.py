@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
-
-from imagegate.pipeline.params import (
-    AvRoundtripParams,
-    CliParams,
-    FindSpecParams,
-    GpuPreflightParams,
-    InventoryParams,
-    LayersParams,
-    PipCheckParams,
-    ServeParams,
-    VulnsParams,
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+    model_validator,
 )
-from imagegate.pipeline.probes import side_of
+
+from imagegate.pipeline.params import Params
+from imagegate.pipeline.probes import PROBES, Probe, side_of
 
 API_VERSION = "imagegate/v1"
 Requirement = Literal["gpu"]
@@ -68,6 +67,10 @@ def check_duration(seconds: float) -> float:
 class _StageBase(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    if TYPE_CHECKING:  # each probe's model (_stage_model) declares them, typed by the registry
+        probe: str
+        with_: Params
+
     id: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$", description="Unique; upper-cased in tokens.")
     description: str | None = None
     needs: list[str] = Field(default_factory=list, description="Earlier stages that must PASS first.")
@@ -95,66 +98,33 @@ class _StageBase(BaseModel):
 
     @property
     def side(self) -> Literal["inside", "outside"]:
-        return side_of(self.probe)  # type: ignore[attr-defined]
+        return side_of(self.probe)
 
 
-class PipCheckStage(_StageBase):
-    probe: Literal["pip_check"]
-    with_: PipCheckParams = Field(default_factory=PipCheckParams, alias="with")
+def _stage_model(probe: Probe) -> type[_StageBase]:
+    """A probe's stage: `probe: NAME` and its parameters under `with` (required where the
+    parameters have no defaults). One per registry entry: a new probe adds no class here."""
+    try:
+        probe.params()
+        with_field: Any = Field(default_factory=probe.params, alias="with")
+    except ValidationError:
+        with_field = Field(alias="with")
+    name = "".join(part.title() for part in probe.name.split("_")) + "Stage"
+    return create_model(
+        name,
+        __base__=_StageBase,
+        __module__=__name__,
+        probe=(Literal[probe.name], ...),  # type: ignore[arg-type]  # a Literal made at run time
+        with_=(probe.params, with_field),
+    )
 
 
-class FindSpecStage(_StageBase):
-    probe: Literal["find_spec"]
-    with_: FindSpecParams = Field(default_factory=FindSpecParams, alias="with")
+STAGE_MODELS: dict[str, type[_StageBase]] = {name: _stage_model(p) for name, p in PROBES.items()}
 
-
-class CliStage(_StageBase):
-    probe: Literal["cli"]
-    with_: CliParams = Field(alias="with")
-
-
-class AvRoundtripStage(_StageBase):
-    probe: Literal["av_roundtrip"]
-    with_: AvRoundtripParams = Field(default_factory=AvRoundtripParams, alias="with")
-
-
-class LayersStage(_StageBase):
-    probe: Literal["layers"]
-    with_: LayersParams = Field(default_factory=LayersParams, alias="with")
-
-
-class InventoryStage(_StageBase):
-    probe: Literal["inventory"]
-    with_: InventoryParams = Field(default_factory=InventoryParams, alias="with")
-
-
-class VulnsStage(_StageBase):
-    probe: Literal["vulns"]
-    with_: VulnsParams = Field(default_factory=VulnsParams, alias="with")
-
-
-class GpuPreflightStage(_StageBase):
-    probe: Literal["gpu_preflight"]
-    with_: GpuPreflightParams = Field(default_factory=GpuPreflightParams, alias="with")
-
-
-class ServeStage(_StageBase):
-    probe: Literal["serve"]
-    with_: ServeParams = Field(alias="with")
-
-
-Stage = Annotated[
-    PipCheckStage
-    | FindSpecStage
-    | CliStage
-    | AvRoundtripStage
-    | LayersStage
-    | InventoryStage
-    | VulnsStage
-    | GpuPreflightStage
-    | ServeStage,
-    Field(discriminator="probe"),
-]
+if TYPE_CHECKING:
+    Stage = _StageBase
+else:  # the discriminated union of every probe's stage, from the registry
+    Stage = Annotated[Union[tuple(STAGE_MODELS.values())], Field(discriminator="probe")]  # noqa: UP007
 
 
 class Pipeline(BaseModel):
