@@ -60,7 +60,7 @@ def test_validator_is_not_vacuous() -> None:
         validate.validate(r.objects, "1.7")
 
 
-# README.md ("What `pod render` writes") states this bound for every built-in pipeline's bundle.
+# docs/pod.md ("What `pod render` writes") states this bound for every built-in pipeline's bundle.
 BUNDLE_BUDGET_KB = 36
 
 

@@ -167,7 +167,7 @@ def test_tampered_config_is_digest_mismatch(layout: Layout) -> None:
     assert doc["config"]["status"] == "DIGEST_MISMATCH"
 
 
-# The goal README.md and benchmarks/bench_layers.py state: verification in at most 100 MB.
+# The goal docs/benchmarks.md and benchmarks/bench_layers.py state: verification in at most 100 MB.
 MEMORY_GOAL_BYTES = 100_000_000
 
 

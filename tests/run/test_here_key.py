@@ -1,4 +1,4 @@
-"""`run --here` and the signing key (README, "What an image can and cannot do to the verdict"):
+"""`run --here` and the signing key (docs/how-it-works.md, "What an image can and cannot do to the verdict"):
 the environment under test runs as the runner's user, beside the runner that holds the key. A
 real virtual environment with a hostile `.pth` hook (it runs in every python of the environment:
 every stage, the fingerprint) tries every route to the key and to the runner; it finds nothing,

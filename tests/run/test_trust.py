@@ -1,4 +1,4 @@
-"""What a hostile image can and cannot do to the verdict (README, "What an image can and cannot
+"""What a hostile image can and cannot do to the verdict (docs/how-it-works.md, "What an image can and cannot
 do to the verdict"), with real hostile images (tests/images/hostile/README.md) in the real engine.
 
 The hostile image has a real unmet requirement (pip check fails) and a package that, when the
