@@ -52,7 +52,7 @@ def get_json(
     deadline.check(what)
     try:
         with deadline.waiting(what):  # a stalled engine: the deadline's hard stop names it
-            data = _read(client.api, _api_url(client.api, path, args, versioned), params, what)
+            data = _read(client.api, client.api._url(path, *args, versioned_api=versioned), params, what)
     except DockerException:
         raise  # the SDK's error for the status (its APIError is a requests error too)
     except (requests.exceptions.RequestException, HTTPError, OSError) as e:
@@ -66,10 +66,6 @@ def get_json(
         return untrusted_json.loads(data, max_bytes=MAX_ENGINE_JSON_BYTES)
     except untrusted_json.UntrustedJSONError as e:
         raise EngineError(f"{what} is {e}") from e
-
-
-def _api_url(api: Any, path: str, args: tuple[str, ...], versioned: bool) -> str:
-    return str(api._url(path, *args, versioned_api=versioned))
 
 
 def _read(api: Any, url: str, params: dict[str, str] | None, what: str) -> bytes:

@@ -598,8 +598,11 @@ class BlobStream:
         left = self._length - self._taken
         if left <= 0:
             return b""
-        if deadline.current() is not None:
-            self._set_timeout(self._sock)  # this recv too ends by the deadline
+        read_s, d = self.client._http.timeout.read, deadline.current()
+        if d is not None and (read_s is None or d.remaining() < read_s):
+            # The deadline is nearer than a read timeout: this recv ends by it. Otherwise the
+            # timeout set once (_next_chunk) stands: no syscall per chunk on the 10 GB path.
+            self._set_timeout(self._sock)
         try:
             data = self._sock.recv(min(n, left), self._recv_flags)
         except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO ran out
