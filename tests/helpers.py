@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 DOCKER_SOCK = "unix:///var/run/docker.sock"
@@ -94,3 +96,24 @@ def controller_output(prep: Any, key: bytes, image: str | None = None, noise: by
     assert br.exit_code == 0, br.stderr
     first, _, rest = br.stdout.strip(b"\n").partition(b"\n")  # after the start event
     return first + b"\n" + noise + rest + b"\n" + br.stderr
+
+
+def load_script(path: Path) -> ModuleType:
+    """A repository script (scripts/*.py) as a module, to test its functions."""
+    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cli_stage(stage_id: str, code: str) -> str:
+    """A `cli` stage that runs `python3 -c CODE` in the image (a pipeline_file stage line)."""
+    return f'{{id: {stage_id}, probe: cli, timeout: 2m, with: {{command: [python3, -c, "{code}"]}}}}'
+
+
+def pipeline_file(path: Path, name: str, stages: list[str]) -> Path:
+    """A pipeline file made of these stages (one flow-style YAML mapping each), for a test."""
+    head = f"apiVersion: imagegate/v1\nkind: Pipeline\nname: {name}\nversion: '1'\nstages:\n"
+    path.write_text(head + "".join(f"  - {s}\n" for s in stages))
+    return path

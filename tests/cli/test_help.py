@@ -10,20 +10,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import imagegate
+from tests.helpers import imagegate, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "readme-help.py"
 
 
 def _script() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("readme_help", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _commands() -> list[list[str]]:

@@ -6,12 +6,12 @@ made unimportable: a module the list lacks fails the command, as it would on tha
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests.helpers import load_script
 from tests.oci.infra import skopeo
 from tests.run.test_gpu import GPU_PIPELINE
 
@@ -33,11 +33,7 @@ sys.exit(main())
 
 
 def wheels() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_wheels", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_the_list_is_imagegates_requirements_closed_and_pinned() -> None:

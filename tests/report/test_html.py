@@ -18,7 +18,7 @@ from urllib.parse import unquote
 import pytest
 
 from imagegate.report import html, load
-from tests.helpers import imagegate
+from tests.helpers import cli_stage, imagegate, pipeline_file
 
 FLAGS = [
     "--headless",
@@ -170,18 +170,12 @@ SLEEP = "import time; time.sleep(2)"
 
 
 def _side_by_side(tmp: Path) -> Path:
-    p = tmp / "side-by-side.yaml"
     stages = [
-        f'  - {{id: slow_a, probe: cli, timeout: 2m, with: {{command: [python3, -c, "{SLEEP}"]}}}}',
-        f'  - {{id: slow_b, probe: cli, timeout: 2m, with: {{command: [python3, -c, "{SLEEP}"]}}}}',
-        "  - {id: layers, probe: layers, timeout: 5m}",
+        cli_stage("slow_a", SLEEP),
+        cli_stage("slow_b", SLEEP),
+        "{id: layers, probe: layers, timeout: 5m}",
     ]
-    p.write_text(
-        "apiVersion: imagegate/v1\nkind: Pipeline\nname: side-by-side\nversion: '1'\nstages:\n"
-        + "\n".join(stages)
-        + "\n"
-    )
-    return p
+    return pipeline_file(tmp / "side-by-side.yaml", "side-by-side", stages)
 
 
 def _bars(dom: str) -> dict[str, tuple[float, float]]:

@@ -7,25 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import container_exists, containers_of, imagegate
+from tests.helpers import cli_stage, container_exists, containers_of, imagegate, pipeline_file
 
 SLEEP = "import time; time.sleep(3); print('slept')"
 
 
 def pipeline(tmp: Path) -> Path:
-    p = tmp / "parallel.yaml"
     stages = [
-        f'  - {{id: slow_a, probe: cli, timeout: 2m, with: {{command: [python3, -c, "{SLEEP}"]}}}}',
-        f'  - {{id: slow_b, probe: cli, timeout: 2m, with: {{command: [python3, -c, "{SLEEP}"]}}}}',
-        "  - {id: after_a, probe: find_spec, timeout: 2m, needs: [slow_a], with: {modules: [json]}}",
-        "  - {id: json, probe: find_spec, timeout: 2m, with: {modules: [json]}}",
+        cli_stage("slow_a", SLEEP),
+        cli_stage("slow_b", SLEEP),
+        "{id: after_a, probe: find_spec, timeout: 2m, needs: [slow_a], with: {modules: [json]}}",
+        "{id: json, probe: find_spec, timeout: 2m, with: {modules: [json]}}",
     ]
-    p.write_text(
-        "apiVersion: imagegate/v1\nkind: Pipeline\nname: parallel\nversion: '1'\nstages:\n"
-        + "\n".join(stages)
-        + "\n"
-    )
-    return p
+    return pipeline_file(tmp / "parallel.yaml", "parallel", stages)
 
 
 def test_groups_run_at_once_in_their_own_containers(images: dict[str, str], tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import imagegate
+from tests.helpers import imagegate, pipeline_file
 
 PIPELINE = Path(__file__).parent / "data" / "hostile.yaml"
 
@@ -88,11 +88,8 @@ def test_a_forged_line_before_the_controller_is_named(images: dict[str, str], tm
 
 def test_a_healthy_image_is_not_fooled_by_a_forgery_either(images: dict[str, str], tmp_path: Path) -> None:
     """Forged events make a run ERROR even where every real stage passed: never a PASS."""
-    pipeline = tmp_path / "p.yaml"
-    pipeline.write_text(
-        "apiVersion: imagegate/v1\nkind: Pipeline\nname: healthy\nversion: '1'\nstages:\n"
-        "  - {id: json, probe: find_spec, timeout: 2m, with: {modules: [json]}}\n"
-    )
+    stage = "{id: json, probe: find_spec, timeout: 2m, with: {modules: [json]}}"
+    pipeline = pipeline_file(tmp_path / "p.yaml", "healthy", [stage])
     r = imagegate("run", images["hostile-wrapper"], "-p", str(pipeline), "-o", str(tmp_path / "o"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "verdict: ERROR" in r.stdout
