@@ -46,12 +46,17 @@ def command() -> str:
 def _git_state() -> tuple[str, str]:
     """HEAD and the changes to it (records written meanwhile, by this or another benchmark, are no
     change to what ran)."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    changed = subprocess.run(
-        ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/records"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    if os.environ.get("COMMIT"):  # a copy of the tree with no git (a GPU host): the caller names it
+        return os.environ["COMMIT"], ""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/records"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "", "no git: the tree's state is unknown"
     return commit, changed
 
 

@@ -17,6 +17,7 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
         --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 || { say "wheel install failed"; exit 3; }
 fi
 export PYTHONPATH=$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
+export PATH=$SITE/bin:$PATH  # the carried wheels' programs (e.g. `transformers`) before the machine's own
 
 WORK=$(mktemp -d "/tmp/$WORK_PREFIX.XXXXXX")
 RUNS=$WORK/runs

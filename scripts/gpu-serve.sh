@@ -11,11 +11,12 @@
 # Everything lands under $OUT: log.txt, summary.json, evidence.tar.gz (every attempt), pub.pem.
 #
 # Needs python3 with torch (CUDA), transformers[serving] (>= 5.20: `transformers serve`, fastapi,
-# uvicorn) and accelerate; imagegate runs from src/ with the wheels scripts/gpu-acceptance.sh
+# uvicorn) and accelerate; imagegate runs from src/ with the wheels scripts/gpu-wheels.py
 # lists, installed from .whl/ into $SITE when present (add transformers, accelerate, fastapi,
 # uvicorn and their dependencies there for a machine that lacks them).
-# The one command, on an H200 host from the project root:
-#   OUT=/tmp/gpu-serve bash scripts/gpu-serve.sh
+# The one command, on an H200 host from the project root (COMMIT: the commit the tree is, for the
+# record, where the copy has no git):
+#   COMMIT=$(git rev-parse HEAD) OUT=/tmp/gpu-serve bash scripts/gpu-serve.sh
 # (through the device tool: carry [".whl"], command `bash scripts/gpu-serve.sh`, then keep $OUT's
 # summary.json as benchmarks/records/<date>-gpu-serve-h200.md/.json).
 set -uo pipefail
@@ -93,7 +94,15 @@ def stage(name):
             "timeline": facts.get("timeline"), "phases": facts.get("phases"),
             "startup_probe": facts.get("startup_probe"), "gpu": p["environment"].get("gpu")}
 bench = out / "bench_serve.json"
-summary = {"gpu_run": stage("b.json"), "hidden": stage("c1.json"), "completed": stage("c2-statement.json"),
+import datetime, os, subprocess
+try:
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+except (OSError, subprocess.SubprocessError):
+    gpus = []
+summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": os.environ.get("COMMIT"), "nvidia_smi": gpus,
+           "gpu_run": stage("b.json"), "hidden": stage("c1.json"), "completed": stage("c2-statement.json"),
            "bench_serve": json.loads(bench.read_text()) if bench.exists() else None}
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary, indent=2))
