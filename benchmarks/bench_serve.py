@@ -35,8 +35,10 @@ BY_HAND = r"""
 import subprocess, sys, time, urllib.request
 argv = ["transformers", "serve", "--host", "127.0.0.1", "--port", "8123", "--device", sys.argv[1], sys.argv[2]]
 start = time.monotonic()
-server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=sys.stderr)
 while True:
+    if server.poll() is not None or time.monotonic() - start > 600:  # no endless poll of a dead server
+        sys.exit("the server exited %s before /health answered" % server.returncode)
     try:
         with urllib.request.urlopen("http://127.0.0.1:8123/health", timeout=1) as r:
             if r.status == 200:

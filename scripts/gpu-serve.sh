@@ -73,7 +73,7 @@ ig verify "$SECOND/attestation.dsse.json" --key "$WORK/key.pub" >>"$LOG" 2>&1
 echo "verify exit $?" | tee -a "$LOG"
 
 say "(d) by hand against the stage, interleaved (benchmarks/bench_serve.py --here)"
-python3 "$ROOT/benchmarks/bench_serve.py" --here --model "$MODEL" --device "$DEVICE" "${GPU_ARGS[@]}" \
+timeout --kill-after=10 "$STEP_TIMEOUT" python3 "$ROOT/benchmarks/bench_serve.py" --here --model "$MODEL" --device "$DEVICE" "${GPU_ARGS[@]}" \
     --record "$OUT/bench_serve.json" >>"$LOG" 2>&1
 echo "exit $?" | tee -a "$LOG"
 
