@@ -239,14 +239,16 @@ NODE_CHECK = "node_check"
 def node_check_first(stages: Sequence[PlannedStage]) -> list[PlannedStage]:
     """A GPU run starts with the node check (gpu_preflight), and the image's GPU stages need it:
     a node that is not fit leaves them SKIPPED and the run ERROR, never a FAIL of the image. A
-    pipeline with its own gpu_preflight stage keeps it (then that one is the node check)."""
+    serve stage needs it too, GPU or not: beside the check's sustained load it would time the
+    check, not the server. A pipeline with its own gpu_preflight stage keeps it (then that one is
+    the node check)."""
     if any(s.probe == "gpu_preflight" for s in stages):
         return list(stages)
     sid = _free_id(NODE_CHECK, {s.id for s in stages})
     check = PlannedStage(sid, "gpu_preflight", "inside", GpuPreflightParams(), 900.0, requires=("gpu",))
     out = [check]
     for s in stages:
-        if "gpu" in s.requires and s.side == "inside":
+        if s.side == "inside" and ("gpu" in s.requires or s.probe == "serve"):
             s = dataclasses.replace(s, needs=(sid, *s.needs))
         out.append(s)
     return out

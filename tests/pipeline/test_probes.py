@@ -120,3 +120,16 @@ def test_the_runner_skips_as_the_controller_does(
         assert event is None
     else:
         assert event is not None and (event["status"], event["detail"]) == ("SKIPPED", ours)
+
+
+def test_on_a_gpu_run_the_serve_stage_waits_for_the_node_check() -> None:
+    """The node check loads every GPU for seconds; a serve stage beside it would time the check's
+    load, not the server's start-up (seen on an H200: readiness 1.7 s later than by hand)."""
+    from imagegate.pipeline.params import ServeParams
+    from imagegate.plan import node_check_first
+
+    serve = PlannedStage("serve", "serve", "inside", ServeParams(command=["srv", "{model}"]), 60.0)
+    cpu = PlannedStage("find_spec", "find_spec", "inside", FindSpecParams(modules=["json"]), 60.0)
+    check, *rest = node_check_first([cpu, serve])
+    assert check.probe == "gpu_preflight"
+    assert {s.id: s.needs for s in rest} == {"find_spec": (), "serve": (check.id,)}
