@@ -285,13 +285,22 @@ def valid_medium(r: Run, kind: str, baseline) -> None:
     except ImportError as e:
         r.fail("a valid %s could not be made in the image: %s" % (kind, e), "ERROR")
         return
+    since = r.server.elapsed()
     answer = r.chat([{"type": "text", "text": PROMPT}, serve_media.part(kind, url)])
     text, tokens = serve_http.chat_text(answer)
-    r.data["functional"].append(
-        {"check": kind, "status": answer.status, "text": text, "prompt_tokens": tokens}
-    )
+    check = {"check": kind, "status": answer.status, "text": text, "prompt_tokens": tokens}
+    r.data["functional"].append(check)
     if answer.status != 200 or not text:
-        r.fail("a valid %s: %s" % (kind, "200 with empty content" if answer.status == 200 else answer.said()))
+        # The server's own line says why (a decoder it cannot load, a form it does not read).
+        check["server_line"] = line = r.server.error_line(since, settle=0.5)
+        r.fail(
+            "a valid %s: %s%s"
+            % (
+                kind,
+                "200 with empty content" if answer.status == 200 else answer.said(),
+                "; server: " + line if line else "",
+            )
+        )
     elif tokens is not None and tokens == baseline:
         r.fail("a valid %s was ignored: the prompt counted %s tokens, as the text alone" % (kind, tokens))
 

@@ -76,16 +76,16 @@ class Server:
 
     def error_line(self, since: float, settle: float = 0.0):
         """The server's own error line logged since `since` (seconds after start), the most
-        telling kind, the last of it; waits up to `settle` seconds for the log to catch up."""
+        telling kind, the last of it; waits up to `settle` seconds for the log to catch up.
+        A weaker kind found first is kept only when no stronger one comes within `settle`: a
+        server may log its access line ("... 500") before the exception that caused it."""
         give_up = time.monotonic() + settle
         while True:
             lines = [ln.strip() for ln in self.lines_since(since) if ln.strip()]
-            for rx in ERROR_LINES:
-                hits = [ln for ln in lines if rx.search(ln)]
-                if hits:
-                    return hits[-1][:500]
-            if time.monotonic() >= give_up:
-                return None
+            kinds = [[ln for ln in lines if rx.search(ln)] for rx in ERROR_LINES]
+            best = next((hits[-1][:500] for hits in kinds if hits), None)
+            if kinds[0] or time.monotonic() >= give_up:
+                return best
             time.sleep(0.05)
 
     def log_text(self) -> str:

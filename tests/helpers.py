@@ -117,3 +117,25 @@ def pipeline_file(path: Path, name: str, stages: list[str]) -> Path:
     head = f"apiVersion: imagegate/v1\nkind: Pipeline\nname: {name}\nversion: '1'\nstages:\n"
     path.write_text(head + "".join(f"  - {s}\n" for s in stages))
     return path
+
+
+def run_test_image(
+    name: str, pipeline: dict[str, Any], tmp: Path, timeout: int
+) -> tuple[int, dict[str, Any], Path]:
+    """Test image `name` built (tests/images/build.py) and `pipeline` run on it, unsigned: the
+    exit code, the predicate and the attempt's evidence folder."""
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "images"))
+    import build  # type: ignore[import-not-found]
+
+    image = build.build(name)
+    (tmp / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    r = imagegate(
+        "run", image, "-p", str(tmp / "pipeline.yaml"), "--format", "json", "--no-sign", "-o", str(tmp / "out"),
+        timeout=timeout,
+    )  # fmt: skip
+    assert r.stdout, r.stderr
+    pred = json.loads(r.stdout)["predicate"]
+    (attempt,) = (tmp / "out").glob("*/" + pred["attempt"]["id"])
+    return r.returncode, pred, attempt

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 import zlib
 from pathlib import Path
 
@@ -98,3 +99,17 @@ def test_engine_phases_and_the_pipeline_s_own_are_merged() -> None:
     phases = dict(load("serve").phases_of({"engine": "sglang", "phases": {"ready": "up!", "mine": "x"}}))
     assert phases["ready"] == "up!" and phases["mine"] == "x"
     assert phases["weights_loaded"] == r"Load weight end\. "
+
+
+def test_the_exception_logged_after_the_access_line_is_the_server_line() -> None:
+    # As uvicorn does: the access line with the 500 first, the exception that caused it after.
+    script = (
+        'echo "INFO: POST /v1/chat/completions 500"; sleep 0.3; echo "RuntimeError: decode failed"; sleep 30'
+    )
+    server = load("serve_process").Server(["sh", "-c", script], dict(os.environ), "/", [])
+    try:
+        while not server.lines_since(0.0):
+            time.sleep(0.01)
+        assert server.error_line(0.0, settle=3.0) == "RuntimeError: decode failed"
+    finally:
+        assert server.stop()["left_alive"] == []

@@ -8,19 +8,15 @@ too short. Every stage's evidence must say its server was killed whole."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.helpers import imagegate
+from tests.helpers import run_test_image
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
-ROOT = Path(__file__).resolve().parents[2]
 SERVE = ["transformers", "serve", "--host", "{host}", "--port", "{port}", "{model}"]
 MODEL = "/models/tiny-llama"
 
@@ -56,20 +52,10 @@ PIPELINE = {
 
 @pytest.fixture(scope="module")
 def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
-    sys.path.insert(0, str(ROOT / "tests" / "images"))
-    import build  # type: ignore[import-not-found]
-
-    image = build.build("transformers-serve")
-    tmp = tmp_path_factory.mktemp("serve")
-    (tmp / "serve.yaml").write_text(yaml.safe_dump(PIPELINE))
-    r = imagegate(
-        "run", image, "-p", str(tmp / "serve.yaml"), "--format", "json", "--no-sign", "-o", str(tmp / "out"),
-        timeout=1800,
-    )  # fmt: skip
-    assert r.stdout, r.stderr
-    pred = json.loads(r.stdout)["predicate"]
-    (attempt,) = (tmp / "out").glob("*/" + pred["attempt"]["id"])
-    return r.returncode, {s["id"]: s for s in pred["stages"]}, attempt
+    code, pred, attempt = run_test_image(
+        "transformers-serve", PIPELINE, tmp_path_factory.mktemp("serve"), 1800
+    )
+    return code, {s["id"]: s for s in pred["stages"]}, attempt
 
 
 def test_the_healthy_server_passes_with_its_timeline(served: tuple[int, dict[str, Any], Path]) -> None:

@@ -212,6 +212,7 @@ FACTS: dict[str, FactRules] = {
                 "done",
                 "events",
                 "error",
+                "server_line",
             ),
             "bad_media": ("case", "kind", "status", "outcome", "server_line", "recovery"),
         },
