@@ -8,7 +8,9 @@ REAL_RECIPES), on a host without a GPU.
   failure kept; the model is the tiny offline one of tests/images/transformers-serve, mounted
   with --model;
 - `sglang-serve`: the same for `sglang serve` under SGLang's CPU platform (sglang-cpu), with the
-  checks of ServerArgs.resolve_once that read no model; a bad flag fails there too."""
+  checks of ServerArgs.resolve_once that read no model; a bad flag fails there too, the
+  `python3 -m sglang.launch_server` form is parsed the same way, and a model that makes
+  `sglang serve` pick its diffusion server is an ERROR with nothing started."""
 
 from __future__ import annotations
 
@@ -181,4 +183,51 @@ def test_sglang_checks_that_read_no_model_fail_on_cpu(real: dict[str, str], tmp_
     assert (code, s["serve_argv"]["status"]) == (1, "FAIL"), s
     assert s["serve_argv"]["detail"].endswith(
         "exit 1: ValueError: --prefill-decode-interval must be non-negative."
+    ), s["serve_argv"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "detail_end"),
+    [
+        ([], "PASS", "--port 8000: parsed under platform sglang-cpu"),
+        (["--tp-size", "two"], "FAIL", "argument --tp-size/--tensor-parallel-size: invalid int value: 'two'"),
+    ],
+)
+def test_the_python_m_sglang_launch_server_argv_is_parsed_the_same_way(
+    real: dict[str, str], tmp_path: Path, extra: list[str], status: str, detail_end: str
+) -> None:
+    launch = [
+        {"id": "serve_argv", "probe": "serve", "timeout": "10m", "with": {"parse_only": "sglang", "command": [
+            "python3", "-m", "sglang.launch_server", "--model-path", "{model}", "--port", "{port}", *extra,
+        ]}},
+    ]  # fmt: skip
+    pipeline = {
+        "apiVersion": "imagegate/v1",
+        "kind": "Pipeline",
+        "name": "launch",
+        "version": "1",
+        "stages": launch,
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipeline))
+    _, s = run(real["sglang"], str(tmp_path / "p.yaml"), tmp_path / "out")
+    assert s["serve_argv"]["status"] == status, s
+    assert s["serve_argv"]["detail"].endswith(detail_end), s["serve_argv"]
+    assert s["serve_argv"]["facts"]["how"] == "module sglang.launch_server in-process"
+
+
+def test_sglang_serve_choosing_its_diffusion_backend_is_not_started_and_not_passed(
+    real: dict[str, str], tmp_path: Path
+) -> None:
+    """A Diffusers model folder makes `sglang serve` pick its diffusion server, which the parse-only
+    check does not cover: ERROR, nothing started."""
+    model = tmp_path / "diffusion"
+    model.mkdir()
+    (model / "model_index.json").write_text('{"_class_name": "FluxPipeline", "_diffusers_version": "0.30.0"}')
+    for p in (model, model / "model_index.json"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    code, s = run(real["sglang"], "sglang-serve", tmp_path / "out", "--model", str(model), "--skip", "serve")
+    assert (code, s["verdict"], s["serve_argv"]["status"]) == (2, "ERROR", "ERROR"), s
+    assert s["serve_argv"]["detail"].endswith(
+        "not parsed: backend diffusion was selected, parse_only sglang parses the llm server only;"
+        " nothing was started"
     ), s["serve_argv"]
