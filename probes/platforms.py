@@ -23,4 +23,16 @@ OVERRIDES = {
         " % type(_p._current_platform).__name__)\n"
         "_s.stderr.flush()\n"
     ),
+    # Run on real SGLang 0.5.23 (tests/real/test_serve_builtins.py): sglang.srt.platforms picks
+    # CpuSRTPlatform when SGLANG_USE_CPU_ENGINE=1, ahead of CUDA, and utils.common.is_cpu() reads
+    # the same variable; both are read at first use, so setting it before sglang is imported is
+    # enough. No visible CUDA device keeps torch from touching a GPU the host may have.
+    "sglang-cpu": (
+        "import os as _o, sys as _s\n"
+        "_o.environ['SGLANG_USE_CPU_ENGINE'] = '1'\n"
+        "_o.environ['CUDA_VISIBLE_DEVICES'] = ''\n"
+        "_s.stderr.write('imagegate: platform override sglang-cpu applied: SGLANG_USE_CPU_ENGINE=1,"
+        " no CUDA device visible\\n')\n"
+        "_s.stderr.flush()\n"
+    ),
 }

@@ -103,6 +103,15 @@ def phases_of(params: dict) -> list:
     return sorted(table.items())
 
 
+def launcher(argv: list) -> tuple:
+    """-> (what cli.build runs, its arguments): `python3 -m MODULE ARGS` runs MODULE in-process
+    (how `python3 -m sglang.launch_server` is started), anything else the console script that
+    argv[0] names (`vllm serve`, `sglang serve`)."""
+    if len(argv) > 2 and os.path.basename(argv[0]).startswith("python") and argv[1] == "-m":
+        return {"module": argv[2]}, argv[3:]
+    return {"command": argv[:1]}, argv[1:]
+
+
 def parse_only(params: dict) -> dict:
     """The assembled argv parsed by the server's own CLI under a CPU platform, nothing started:
     a bad flag fails here, before any GPU is used."""
@@ -114,31 +123,40 @@ def parse_only(params: dict) -> dict:
     argv = fill(params["command"], model, params.get("host", "127.0.0.1"), int(params.get("port") or 8000))
     data = {"argv": argv, "parse_only": params["parse_only"], "platform": check["platform"]}
     try:
-        run_argv, how = cli.build(
-            {"command": argv[:1]}, argv[1:], OVERRIDES[check["platform"]] + check["code"]
-        )
+        target, args = launcher(argv)
+        run_argv, how = cli.build(target, args, OVERRIDES[check["platform"]] + check["code"])
     except LookupError as e:
         return {"status": "FAIL", "detail": str(e), "data": data}
     done = capture.run(run_argv, timeout=capture.child_timeout(), env=dict(os.environ), new_group=False)
     err = done.err.text()
     sys.stderr.write(err)
     data.update(how=how, returncode=done.returncode, timed_out=done.timed_out)
-    shown = " ".join(argv)
-    if done.timed_out:
-        return {"status": "ERROR", "detail": "%s: parsing timed out (killed)" % shown, "data": data}
-    if done.returncode != 0:
-        lines = [ln.strip() for ln in err.splitlines() if ln.strip()] or ["no output"]
-        why = cli.last_exception(err) or lines[-1]
-        return {
-            "status": "FAIL",
-            "detail": "%s: exit %s: %s" % (shown, done.returncode, why[:300]),
-            "data": data,
-        }
-    return {
-        "status": "PASS",
-        "detail": "%s: parsed under platform %s" % (shown, check["platform"]),
-        "data": data,
-    }
+    status, why = parse_verdict(done.returncode, done.timed_out, err, check["platform"])
+    return {"status": status, "detail": "%s: %s" % (" ".join(argv), why), "data": data}
+
+
+# Lines the PARSE_ONLY code writes: the parse ran to its end, or the argv was left unparsed
+# (a server part the check does not cover was selected); either way nothing was started.
+PARSED = "imagegate: parsed, not started"
+NOT_PARSED = "imagegate: not parsed: "
+
+
+def parse_verdict(returncode, timed_out: bool, err: str, platform: str) -> tuple:
+    """-> (status, why) of a parse-only run from its exit and its stderr."""
+    from .cli import last_exception
+
+    if timed_out:
+        return "ERROR", "parsing timed out (killed)"
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    unparsed = [ln for ln in lines if ln.startswith(NOT_PARSED)]
+    if unparsed:
+        return "ERROR", unparsed[-1][len("imagegate: ") :][:300]
+    if returncode != 0:
+        why = last_exception(err) or (lines or ["no output"])[-1]
+        return "FAIL", "exit %s: %s" % (returncode, why[:300])
+    if not any(ln.startswith(PARSED) for ln in lines):
+        return "ERROR", "exit 0 without an %r line: the CLI ended before its parse" % PARSED
+    return "PASS", "parsed under platform %s" % platform
 
 
 def run(params: dict) -> dict:

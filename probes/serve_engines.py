@@ -52,4 +52,48 @@ PARSE_ONLY = {
             "_v.ServeSubcommand.cmd = staticmethod(_parsed)\n"
         ),
     },
+    # SGLang (0.5.23, read in sglang/cli/serve.py, launch_server.py, srt/server_args.py): both
+    # `sglang serve` (its llm backend) and `python -m sglang.launch_server` look up
+    # srt.server_args.prepare_server_args when they run, parse with argparse there (a bad flag
+    # exits 2 with its message), then start the server; wrapping it ends the process after the
+    # parse. ServerArgs.__post_init__ checks nothing in this release: resolve_once() does, and it
+    # reads the model's config and the device past the checks that need neither, where a
+    # model_path of "dummy" stops it. Any other backend (diffusion, a plugin's) is refused, not
+    # started (ERROR: not checked); HF_HUB_OFFLINE keeps the backend detection from asking the hub
+    # about a model id. The lines written are the ones serve.parse_verdict reads.
+    "sglang": {
+        "platform": "sglang-cpu",
+        "code": (
+            "import os as _o, sys as _s, dataclasses as _d\n"
+            "_o.environ.setdefault('HF_HUB_OFFLINE', '1')\n"
+            "import sglang.srt.server_args as _a\n"
+            "_prepare = _a.prepare_server_args\n"
+            "def _parsed(argv):\n"
+            "    args = _prepare(argv)\n"
+            "    model = args.model_path\n"
+            "    if hasattr(args, 'resolve_once'):\n"
+            "        args.model_path = 'dummy'\n"
+            "        args.resolve_once()\n"
+            "    from sglang.srt.platforms import current_platform as _p\n"
+            "    _s.stderr.write('imagegate: parsed, not started: model=%s platform=%s"
+            " (the checks that read no model ran)\\n' % (model, type(_p).__name__))\n"
+            "    _s.exit(0)\n"
+            "_a.prepare_server_args = _parsed\n"
+            "try:\n"
+            "    import sglang.cli.serve_backends as _b\n"
+            "except ImportError:\n"
+            "    _b = None\n"
+            "def _llm_only(self, name, _get=_b and _b.ServeBackendRegistry.get):\n"
+            "    r = _get(self, name)\n"
+            "    if r.name == 'llm':\n"
+            "        return r\n"
+            "    def _refuse(request):\n"
+            "        _s.stderr.write('imagegate: not parsed: backend %s was selected, parse_only sglang"
+            " parses the llm server only; nothing was started\\n' % r.name)\n"
+            "        _s.exit(3)\n"
+            "    return _d.replace(r, backend=_d.replace(r.backend, run=_refuse))\n"
+            "if _b is not None:\n"
+            "    _b.ServeBackendRegistry.get = _llm_only\n"
+        ),
+    },
 }

@@ -3,6 +3,7 @@ recommended startupProbe, the argv placeholders, the model path check, the media
 
 from __future__ import annotations
 
+import ast
 import base64
 import os
 import time
@@ -113,3 +114,85 @@ def test_the_exception_logged_after_the_access_line_is_the_server_line() -> None
         assert server.error_line(0.0, settle=3.0) == "RuntimeError: decode failed"
     finally:
         assert server.stop()["left_alive"] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "target", "args"),
+    [
+        (["sglang", "serve", "--port", "8000"], {"command": ["sglang"]}, ["serve", "--port", "8000"]),
+        (
+            ["/usr/bin/python3.11", "-m", "sglang.launch_server", "--port", "8000"],
+            {"module": "sglang.launch_server"},
+            ["--port", "8000"],
+        ),
+        (["python3", "-c", "x"], {"command": ["python3"]}, ["-c", "x"]),
+    ],
+)
+def test_a_python_m_argv_runs_its_module_and_any_other_its_console_script(
+    argv: list[str], target: dict[str, object], args: list[str]
+) -> None:
+    assert load("serve").launcher(argv) == (target, args)
+
+
+USAGE = "usage: sglang serve [-h] [--model-path MODEL_PATH]\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "timed_out", "err", "verdict"),
+    [
+        (
+            0,
+            False,
+            "imagegate: parsed, not started: model=/m platform=CpuSRTPlatform\n",
+            ("PASS", "parsed under platform sglang-cpu"),
+        ),
+        # argparse's own message is the reason, after its whole usage text
+        (
+            2,
+            False,
+            USAGE + "sglang serve: error: unrecognized arguments: --no-such-flag\n",
+            ("FAIL", "exit 2: sglang serve: error: unrecognized arguments: --no-such-flag"),
+        ),
+        (
+            1,
+            False,
+            'Traceback (most recent call last):\n  File "x", line 1\n'
+            "ValueError: --prefill-decode-interval must be non-negative.\n[log] kill_process_tree called\n",
+            ("FAIL", "exit 1: ValueError: --prefill-decode-interval must be non-negative."),
+        ),
+        # exit 0 that never reached the parse (a --help in the argv, a wrapper): nothing checked
+        (
+            0,
+            False,
+            USAGE,
+            (
+                "ERROR",
+                "exit 0 without an 'imagegate: parsed, not started' line: the CLI ended before its parse",
+            ),
+        ),
+        (
+            3,
+            False,
+            "imagegate: not parsed: backend diffusion was selected, parse_only sglang parses the llm"
+            " server only; nothing was started\n",
+            (
+                "ERROR",
+                "not parsed: backend diffusion was selected, parse_only sglang parses the llm server only;"
+                " nothing was started",
+            ),
+        ),
+        (None, True, "", ("ERROR", "parsing timed out (killed)")),
+    ],
+)
+def test_a_parse_only_run_passes_only_when_the_parse_ran_to_its_end(
+    code: int | None, timed_out: bool, err: str, verdict: tuple[str, str]
+) -> None:
+    assert load("serve").parse_verdict(code, timed_out, err, "sglang-cpu") == verdict
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_each_parse_only_check_says_it_parsed_and_runs_on_python_3_8(engine: str) -> None:
+    check = load("serve_engines").PARSE_ONLY[engine]
+    code = load("platforms").OVERRIDES[check["platform"]] + check["code"]
+    assert load("serve").PARSED in code
+    ast.parse(code, feature_version=(3, 8))

@@ -6,7 +6,11 @@ REAL_RECIPES), on a host without a GPU.
 - `vllm-serve`: the assembled `vllm serve` argv is parsed by vLLM's own CLI under its
   CpuPlatform (PASS), a bad flag fails there, and the serve stage is DEFERRED with vLLM's own
   failure kept; the model is the tiny offline one of tests/images/transformers-serve, mounted
-  with --model."""
+  with --model;
+- `sglang-serve`: the same for `sglang serve` under SGLang's CPU platform (sglang-cpu), with the
+  checks of ServerArgs.resolve_once that read no model; a bad flag fails there too, the
+  `python3 -m sglang.launch_server` form is parsed the same way, and a model that makes
+  `sglang serve` pick its diffusion server is an ERROR with nothing started."""
 
 from __future__ import annotations
 
@@ -111,6 +115,11 @@ def run(image: str, pipeline: str, out: Path, *extra: str) -> tuple[int, dict[st
     return r.returncode, {s["id"]: s for s in pred["stages"]} | {"verdict": pred["verdict"]}
 
 
+def stage_stderr(out: Path, stage: str) -> str:
+    """The stage's stderr as the evidence folder keeps it."""
+    return next(out.glob(f"*/*/stages/*-{stage}/stderr.txt")).read_text()
+
+
 def test_vllm_serve_parses_on_cpu_and_defers_the_server_with_its_failure(
     real: dict[str, str], tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -128,24 +137,97 @@ def test_vllm_serve_parses_on_cpu_and_defers_the_server_with_its_failure(
     assert serve["facts"]["stopped"]["left_alive"] == []
 
 
-def test_vllm_serve_argv_with_a_bad_flag_fails_before_any_gpu(real: dict[str, str], tmp_path: Path) -> None:
-    pipeline = yaml.safe_load((ROOT / "pipelines" / "vllm-serve.yaml").read_text())
+def argv_stage_with(builtin: str, tmp_path: Path, *extra: str) -> str:
+    """A pipeline of the built-in's serve_argv stage alone, its argv with `extra` added."""
+    pipeline = yaml.safe_load((ROOT / "pipelines" / f"{builtin}.yaml").read_text())
     stage = next(st for st in pipeline["stages"] if st["id"] == "serve_argv")
-    stage["with"]["command"] = [*stage["with"]["command"], "--no-such-flag"]
+    stage["with"]["command"] = [*stage["with"]["command"], *extra]
     pipeline["stages"] = [stage]
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipeline))
-    code, s = run(real["vllm"], str(tmp_path / "p.yaml"), tmp_path / "out")
+    return str(tmp_path / "p.yaml")
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_a_serve_argv_with_a_bad_flag_fails_before_any_gpu(
+    real: dict[str, str], name: str, tmp_path: Path
+) -> None:
+    code, s = run(real[name], argv_stage_with(f"{name}-serve", tmp_path, "--no-such-flag"), tmp_path / "out")
     assert (code, s["serve_argv"]["status"]) == (1, "FAIL"), s
     assert s["serve_argv"]["detail"].endswith("unrecognized arguments: --no-such-flag"), s["serve_argv"]
 
 
-def test_sglang_serve_defers_the_server_with_its_failure(
+def test_sglang_serve_parses_on_cpu_and_defers_the_server_with_its_failure(
     real: dict[str, str], tiny_model: Path, tmp_path: Path
 ) -> None:
     code, s = run(real["sglang"], "sglang-serve", tmp_path, "--model", str(tiny_model))
     assert (code, s["verdict"]) == (0, "CPU_PASS_SERVE_DEFERRED"), s
+    argv = s["serve_argv"]
+    assert argv["status"] == "PASS"
+    assert argv["detail"] == (
+        "sglang serve --model-path /tmp/imagegate-model --host 127.0.0.1 --port 8000: parsed under platform sglang-cpu"
+    )
+    err = stage_stderr(tmp_path, "serve_argv")
+    assert "platform override sglang-cpu applied" in err
+    assert "imagegate: parsed, not started: model=/tmp/imagegate-model platform=CpuSRTPlatform" in err
     assert s["serve"]["facts"]["argv"] == [
         "sglang", "serve", "--model-path", "/tmp/imagegate-model", "--host", "127.0.0.1",
         "--port", str(s["serve"]["facts"]["argv"][-1]),
     ]  # fmt: skip
     assert "RuntimeError: No accelerator" in s["serve"]["detail"], s["serve"]
+
+
+def test_sglang_checks_that_read_no_model_fail_on_cpu(real: dict[str, str], tmp_path: Path) -> None:
+    """A value argparse takes but SGLang's own resolution rejects, without a model or a GPU."""
+    pipeline = argv_stage_with("sglang-serve", tmp_path, "--prefill-decode-interval", "-1")
+    code, s = run(real["sglang"], pipeline, tmp_path / "out")
+    assert (code, s["serve_argv"]["status"]) == (1, "FAIL"), s
+    assert s["serve_argv"]["detail"].endswith(
+        "exit 1: ValueError: --prefill-decode-interval must be non-negative."
+    ), s["serve_argv"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "detail_end"),
+    [
+        ([], "PASS", "--port 8000: parsed under platform sglang-cpu"),
+        (["--tp-size", "two"], "FAIL", "argument --tp-size/--tensor-parallel-size: invalid int value: 'two'"),
+    ],
+)
+def test_the_python_m_sglang_launch_server_argv_is_parsed_the_same_way(
+    real: dict[str, str], tmp_path: Path, extra: list[str], status: str, detail_end: str
+) -> None:
+    launch = [
+        {"id": "serve_argv", "probe": "serve", "timeout": "10m", "with": {"parse_only": "sglang", "command": [
+            "python3", "-m", "sglang.launch_server", "--model-path", "{model}", "--port", "{port}", *extra,
+        ]}},
+    ]  # fmt: skip
+    pipeline = {
+        "apiVersion": "imagegate/v1",
+        "kind": "Pipeline",
+        "name": "launch",
+        "version": "1",
+        "stages": launch,
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipeline))
+    _, s = run(real["sglang"], str(tmp_path / "p.yaml"), tmp_path / "out")
+    assert s["serve_argv"]["status"] == status, s
+    assert s["serve_argv"]["detail"].endswith(detail_end), s["serve_argv"]
+    assert s["serve_argv"]["facts"]["how"] == "module sglang.launch_server in-process"
+
+
+def test_sglang_serve_choosing_its_diffusion_backend_is_not_started_and_not_passed(
+    real: dict[str, str], tmp_path: Path
+) -> None:
+    """A Diffusers model folder makes `sglang serve` pick its diffusion server, which the parse-only
+    check does not cover: ERROR, nothing started."""
+    model = tmp_path / "diffusion"
+    model.mkdir()
+    (model / "model_index.json").write_text('{"_class_name": "FluxPipeline", "_diffusers_version": "0.30.0"}')
+    for p in (model, model / "model_index.json"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    code, s = run(real["sglang"], "sglang-serve", tmp_path / "out", "--model", str(model), "--skip", "serve")
+    assert (code, s["verdict"], s["serve_argv"]["status"]) == (2, "ERROR", "ERROR"), s
+    assert s["serve_argv"]["detail"].endswith(
+        "not parsed: backend diffusion was selected, parse_only sglang parses the llm server only;"
+        " nothing was started"
+    ), s["serve_argv"]
