@@ -25,10 +25,12 @@ from tests.probes.test_parsers import load
 PROBES_DIR = Path(__file__).resolve().parents[2] / "probes"
 
 
-def test_inside_probes_are_the_ones_the_image_side_dispatches() -> None:
-    dispatched = re.findall(r'name == "([a-z_]+)"', (PROBES_DIR / "stage.py").read_text())
-    assert sorted(dispatched) == sorted(INSIDE_PROBES)
-    assert all((PROBES_DIR / f"{name}.py").is_file() for name in INSIDE_PROBES)
+def test_every_inside_probe_is_a_module_with_run() -> None:
+    """The image side takes a probe's module by its name (probes/stage.py): a registered inside
+    probe is probes/NAME.py with a top-level run(params)."""
+    for name in INSIDE_PROBES:
+        source = (PROBES_DIR / f"{name}.py").read_text()
+        assert re.search(r"^def run\(params", source, re.M), f"probes/{name}.py has no run(params)"
 
 
 def test_every_pipeline_stage_model_matches_the_registry() -> None:
@@ -133,3 +135,11 @@ def test_on_a_gpu_run_the_serve_stage_waits_for_the_node_check() -> None:
     check, *rest = node_check_first([cpu, serve])
     assert check.probe == "gpu_preflight"
     assert {s.id: s.needs for s in rest} == {"find_spec": (), "serve": (check.id,)}
+
+
+@pytest.mark.parametrize("name", ["no_such_probe", "../controller", "controller", "_x", "os.path"])
+def test_the_image_side_refuses_a_name_that_is_no_probe(name: str) -> None:
+    stage = load("stage")
+    with pytest.raises(ValueError, match="unknown in-image probe"):
+        stage._probe(name)
+    assert stage._probe("find_spec").run is load("find_spec").run

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imagegate.errors import InternalError
 from imagegate.evidence import sha256_file
 from imagegate.model import EvidenceFile, RunRecord, Side, StageResult, Status
+from imagegate.pipeline.probes import PROBES, FactRules
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
@@ -87,19 +87,6 @@ def environment(record: RunRecord) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class FactRules:
-    """How one probe's `data` enters the predicate. `carried`: keys copied as facts; `items`: keys
-    whose value is a list of records, with the keys a record may have; `evidence_only`: keys left,
-    on purpose, to the stage's result.json (an evidence file whose sha256 the predicate lists):
-    bulky lists (sys.path, the full inventory) and byte counts. A key in none of them is a fact
-    this module does not know: building the statement fails rather than drop it."""
-
-    carried: tuple[str, ...] = ()
-    items: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    evidence_only: tuple[str, ...] = ()
-
-
 # What the runner and the in-image controller add to any stage's data.
 COMMON_EVIDENCE_ONLY = ("stdout_bytes", "stderr_bytes", "traceback")
 COMMON_CARRIED = ("ran_for_record", "survivors_killed")
@@ -107,163 +94,8 @@ COMMON_CARRIED = ("ran_for_record", "survivors_killed")
 # the earlier (verified) statement says them, already in the predicate's form.
 COMMON_ELSEWHERE = ("from_attempt", "carried_facts")
 
-FACTS: dict[str, FactRules] = {
-    "pip_check": FactRules(
-        carried=("returncode", "unparsed"),
-        items={
-            "problems": (
-                "kind",
-                "project",
-                "version",
-                "requirement",
-                "dependency",
-                "installed",
-                "ignored",
-                "line",
-            ),
-        },
-        evidence_only=("python",),
-    ),
-    "find_spec": FactRules(
-        items={
-            "modules": (
-                "module",
-                "found",
-                "namespace",
-                "distribution",
-                "version",
-                "distributions",
-                "origin",
-                "search_locations",
-                "reason",
-                "error",
-            ),
-        },
-        evidence_only=("cwd", "sys_path"),
-    ),
-    "cli": FactRules(
-        carried=(
-            "argv",
-            "how",
-            "platform",
-            "platform_checked_against",
-            "returncode",
-            "timed_out",
-            "version_choice",
-            "raw",
-        ),
-        evidence_only=("command_stdout_bytes", "command_stderr_bytes"),
-    ),
-    # The node check: the GPUs and the image's torch (facts), BF16 matmul per GPU, the
-    # all-reduce per rank, HBM / host<->GPU / peer copies, each figure as a fraction of the GPU's
-    # limit, whose fault a failure is (unfit: image or node), what the host showed.
-    "gpu_preflight": FactRules(
-        carried=(
-            "facts",
-            "matmul",
-            "allreduce",
-            "bandwidth",
-            "fraction_of_limit",
-            "unfit",
-            "torch",
-            "facts_error",
-            "host",
-        ),
-        evidence_only=("params",),
-    ),
-    "av_roundtrip": FactRules(
-        carried=(
-            "av_version",
-            "codec",
-            "width",
-            "height",
-            "mp4_bytes",
-            "decoded_frames",
-            "decoded_widths",
-            "decoded_heights",
-        ),
-    ),
-    # The serve stage: how its server started (timeline, phases, the recommended startupProbe),
-    # whether readiness told the truth, each functional check and bad-media case, how it ended.
-    "serve": FactRules(
-        carried=(
-            "argv",
-            "model",
-            "served_model_name",
-            "timeline",
-            "phases",
-            "startup_probe",
-            "readiness",
-            "baseline_prompt_tokens",
-            "stopped",
-            "parse_only",
-            "platform",
-            "how",
-            "returncode",
-            "timed_out",
-        ),
-        items={
-            "functional": (
-                "check",
-                "status",
-                "text",
-                "prompt_tokens",
-                "first_token_s",
-                "done",
-                "events",
-                "error",
-                "server_line",
-            ),
-            "bad_media": ("case", "kind", "status", "outcome", "server_line", "recovery"),
-        },
-        evidence_only=("host", "port"),
-    ),
-    "inventory": FactRules(
-        carried=("python_version",),
-        items={"broken": ("location", "error")},
-        evidence_only=("python", "sys_path", "distributions"),
-    ),
-    "vulns": FactRules(
-        carried=(
-            "source",
-            "fail_on",
-            "counted",
-            "advisories",
-            "advisories_as_of",
-            "packages",
-            "expired_ignores",
-            "problems",
-            "where",
-        ),
-        items={
-            "findings": (
-                "id",
-                "aliases",
-                "package",
-                "version",
-                "fixed",
-                "severity",
-                "score",
-                "summary",
-                "locations",
-                "state",
-                "ignore",
-            ),
-        },
-    ),
-    "layers": FactRules(
-        carried=(
-            "config_digest",
-            "manifest_digest",
-            "layers",
-            "verified",
-            "failed",
-            "error",
-            "hint",
-            "source",
-            "source_choice",
-        ),
-    ),
+# The runner's own stages, beside the registry's probes (pipeline/probes.py names each probe's).
+RUNNER_FACTS: dict[str, FactRules] = {
     "image_id": FactRules(carried=("image_id", "expected")),
     # The runner's own stage for an image refused before it could run (runner.refused_stage).
     "refusal": FactRules(
@@ -281,6 +113,7 @@ FACTS: dict[str, FactRules] = {
         ),
     ),
 }
+FACTS: dict[str, FactRules] = {**{n: p.facts for n, p in PROBES.items()}, **RUNNER_FACTS}
 
 
 def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -294,7 +127,7 @@ def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, An
         raise InternalError(
             f"stage {stage_id}: probe {probe!r} reported facts ({', '.join(sorted(data))}) that the "
             "attestation has no rules for",
-            hint="this is a bug in imagegate: add the probe to attest/statement.py FACTS",
+            hint="this is a bug in imagegate: give the probe its facts in pipeline/probes.py",
         )
     carried = (*COMMON_CARRIED, *rules.carried)
     out: dict[str, Any] = {}
@@ -307,7 +140,7 @@ def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, An
             raise InternalError(
                 f"stage {stage_id}: probe {probe} reported the fact {key!r}, which the attestation "
                 "does not know: it would be dropped",
-                hint="this is a bug in imagegate: carry it or name it evidence-only in attest/statement.py FACTS",
+                hint="this is a bug in imagegate: carry it or name it evidence-only in the probe's facts (pipeline/probes.py)",
             )
     return out
 
@@ -323,7 +156,7 @@ def _record(stage_id: str, probe: str, key: str, known: tuple[str, ...], item: A
         raise InternalError(
             f"stage {stage_id}: probe {probe} reported {key} with {', '.join(map(repr, unknown))}, which the "
             "attestation does not know: it would be dropped",
-            hint="this is a bug in imagegate: add it to attest/statement.py FACTS",
+            hint="this is a bug in imagegate: add it to the probe's facts (pipeline/probes.py)",
         )
     return dict(item)
 
