@@ -25,6 +25,7 @@ from imagegate.drivers.interface import Driver
 from imagegate.errors import NotVerified, UsageError
 from imagegate.evidence import Attempt
 from imagegate.model import ImageFacts, StageResult, Status
+from imagegate.pipeline.params import ServeParams
 from imagegate.plan import Plan
 
 LINK_COPY = "completes/" + DSSE_FILE  # the earlier envelope, kept as evidence of the completion
@@ -92,9 +93,9 @@ def load_earlier(target: Path, trusted: Sequence[PublicKey]) -> Earlier:
     return Earlier(folder, rep.statement, data, rep.signer.fingerprint)
 
 
-def check_same_subject(earlier: Earlier, image: ImageFacts, env: dict[str, Any]) -> None:
-    """Refuse (exit 3) when the image or environment found now is not the one the earlier attempt
-    judged, naming both."""
+def check_same_subject(earlier: Earlier, image: ImageFacts, now_fp: str | None) -> None:
+    """Refuse (exit 3) when the image or environment found now (`now_fp`: the driver's
+    environment fingerprint, --here) is not the one the earlier attempt judged, naming both."""
     was = earlier.predicate.get("image") or {}
     if was.get("configDigest") or was.get("manifestDigest"):
         pairs = [("image ID", was.get("configDigest"), image.config_digest)]
@@ -109,7 +110,6 @@ def check_same_subject(earlier: Earlier, image: ImageFacts, env: dict[str, Any])
                 )
         return
     then_fp = ((earlier.predicate.get("environment") or {}).get("fingerprint") or {}).get("sha256")
-    now_fp = (env.get("fingerprint") or {}).get("sha256")
     if not then_fp:
         raise UsageError(
             f"attempt {earlier.attempt_id} records no image ID and no environment fingerprint: "
@@ -124,9 +124,11 @@ def check_same_subject(earlier: Earlier, image: ImageFacts, env: dict[str, Any])
         )
 
 
-def completion_plan(earlier: Earlier, gpus: str | None) -> Plan:
+def completion_plan(earlier: Earlier, gpus: str | None, model: str | None = None) -> Plan:
     """The earlier plan with every stage that is not deferred marked as done earlier; a deferred
-    stage's needs on those are dropped (they passed then, or it would not have been deferred)."""
+    stage's needs on those are dropped (they passed then, or it would not have been deferred).
+    `model`: where a deferred serve stage's server finds the model now (--model), which on a GPU
+    node is seldom the path the first run was given."""
     try:
         plan = Plan.from_json(earlier.predicate.get("plan") or {})
     except (ValueError, KeyError, TypeError) as e:
@@ -134,10 +136,20 @@ def completion_plan(earlier: Earlier, gpus: str | None) -> Plan:
             f"attempt {earlier.attempt_id}: its recorded plan is not one this imagegate reads ({e})"
         ) from e
     again = set(earlier.deferred)
+    if model is not None and not any(
+        s.id in again and isinstance(s.params, ServeParams) for s in plan.stages
+    ):
+        raise UsageError(
+            f"--model given, but attempt {earlier.attempt_id} deferred no serve stage "
+            f"(deferred: {', '.join(earlier.deferred)})",
+            hint="give --model only to complete a deferred serve stage",
+        )
     stages = []
     for s in plan.stages:
         if s.id in again:
             s = dataclasses.replace(s, skipped=None, needs=tuple(n for n in s.needs if n in again))
+            if model is not None and isinstance(s.params, ServeParams):
+                s = dataclasses.replace(s, params=s.params.model_copy(update={"model": model}))
         else:
             s = dataclasses.replace(s, skipped=f"completed earlier, in attempt {earlier.attempt_id}")
         stages.append(s)
@@ -160,9 +172,11 @@ def earlier_results(earlier: Earlier) -> list[StageResult]:
     return out
 
 
-def prepare(target: Path, gpus: str | None, trusted: Sequence[PublicKey]) -> tuple[Earlier, runner.Prepared]:
+def prepare(
+    target: Path, gpus: str | None, trusted: Sequence[PublicKey], model: str | None = None
+) -> tuple[Earlier, runner.Prepared]:
     """The earlier attempt, verified with the `trusted` keys, and the run that completes it: its
-    own pipeline, its deferred stages."""
+    own pipeline, its deferred stages (a serve stage's model at `model` when given)."""
     earlier = load_earlier(target, trusted)
     deferred = earlier.deferred
     if not deferred:
@@ -183,7 +197,7 @@ def prepare(target: Path, gpus: str | None, trusted: Sequence[PublicKey]) -> tup
             "(it changed after the attempt verified)",
             hint="leave the earlier attempt as it is while it is completed, and complete it again",
         )
-    return earlier, runner.Prepared.of(loaded, completion_plan(earlier, gpus))
+    return earlier, runner.Prepared.of(loaded, completion_plan(earlier, gpus, model))
 
 
 class CompletionObserver:
@@ -206,7 +220,7 @@ class CompletionObserver:
 
     def subject(self, prep: runner.Prepared) -> ImageFacts:
         image = self.inner.subject(prep)
-        check_same_subject(self.earlier, image, dict(self.inner.driver.environment()))
+        check_same_subject(self.earlier, image, self.inner.driver.environment_fingerprint())
         return image
 
     def left_behind(self) -> str | None:

@@ -152,3 +152,40 @@ def test_complete_mounts_the_model_for_a_deferred_serve_stage(
         statement = json.loads(sorted((tmp_path / "again").glob("*/*/statement.json"))[-1].read_text())
         (stage,) = [s for s in statement["predicate"]["stages"] if s["id"] == "serve"]
         assert stage["status"] == "DEFERRED" and seen in stage["detail"], stage["detail"]
+
+
+def test_complete_here_serves_the_model_given_now_not_the_first_runs_path(
+    model: Path, tmp_path: Path
+) -> None:
+    """On the GPU node the model is seldom where the first run saw it: `complete --here --model`
+    serves the path given now, and says so in the completion's plan and facts."""
+    assert imagegate("keygen", "--out", str(tmp_path / "k")).returncode == 0
+    pipeline = json.loads(json.dumps(PIPELINE))
+    pipeline["stages"][0]["requires"] = ["gpu"]
+    pipeline["stages"][0]["with"]["command"][0] = sys.executable
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipeline))
+    key = ["--key", str(tmp_path / "k.key")]
+    first = imagegate("run", "--here", "-p", str(tmp_path / "p.yaml"), "--model", str(model), *key,
+                      "-o", str(tmp_path / "out"), "--format", "json")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    attempt = next((tmp_path / "out").glob("*/" + first.json()["predicate"]["attempt"]["id"]))
+    moved = tmp_path / "node" / "models" / "tiny"
+    moved.mkdir(parents=True)
+    (moved / "weights.txt").write_text("the node's copy\n")
+    done = imagegate("complete", str(attempt), "--here", *key, "--model", str(moved),
+                     "-o", str(tmp_path / "again"), "--format", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    predicate = done.json()["predicate"]
+    (stage,) = [s for s in predicate["stages"] if s["id"] == "serve"]
+    assert stage["status"] == "DEFERRED", stage["detail"]  # no GPU here either: ran for the record
+    assert stage["facts"]["model"] == str(moved), stage
+    assert stage["facts"]["functional"][0]["text"].startswith("the node's copy ")
+    (planned,) = [s for s in predicate["plan"]["stages"] if s["id"] == "serve"]
+    assert planned["params"]["model"] == str(moved)
+    # --model for an attempt that deferred no serve stage: refused, naming what it deferred
+    gpu = imagegate("run", "--here", "-p", "gpu", *key, "-o", str(tmp_path / "gpu"), "--format", "json")
+    assert gpu.returncode == 0, gpu.stderr
+    gpu_attempt = next((tmp_path / "gpu").glob("*/" + gpu.json()["predicate"]["attempt"]["id"]))
+    refused = imagegate("complete", str(gpu_attempt), "--here", *key, "--model", str(moved))
+    assert refused.returncode == 3, refused.stderr
+    assert "deferred no serve stage (deferred: " in refused.stderr, refused.stderr

@@ -71,8 +71,8 @@ def complete(
         None,
         "--model",
         metavar="PATH",
-        help=f"A deferred serve stage's model: bound read-only at {modelpath.IN_SANDBOX} in the "
-        "container (the plan's path; with --here the plan's own path is used).",
+        help=f"A deferred serve stage's model, a host path: bound read-only at {modelpath.IN_SANDBOX} "
+        "in the sandbox, used where it is with --here; without it the stage keeps the earlier plan's path.",
     ),
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
@@ -94,9 +94,10 @@ def complete(
         )
         trusted = _trusted(trust, trusted_keys, outputs.key)
         gpu = gpus_parse(gpus)
-        earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted)
-        notify(f"{earlier.dir.name} verified with key {earlier.signer}")
         name = driver_name(driver, here)
+        seen_at = modelpath.in_sandbox(mounted, name is DriverName.here) if mounted else None
+        earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted, seen_at)
+        notify(f"{earlier.dir.name} verified with key {earlier.signer}")
         rootfs = name is DriverName.rootfs
         was = earlier.predicate.get("image") or {}
         with accept.within(prep, timeout):  # the earlier attempt is verified: now the clock runs
@@ -112,7 +113,7 @@ def complete(
                 notify=notify,
                 key=outputs.key,
                 sign_unisolated=sign_unisolated,
-                model=None if name is DriverName.here else mounted,
+                model=mounted,  # --here: bound in where it is, when it lives under /tmp
             )
             opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
             observer = completing.CompletionObserver(earlier, made, opts, notify)

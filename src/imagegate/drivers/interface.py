@@ -107,6 +107,11 @@ class Driver(Protocol):
         """Raise UsageError when the image does not exist."""
         ...
 
+    def environment_fingerprint(self) -> str | None:
+        """Where there is no image (local): the sha256 of the interpreter and its distributions as
+        the probes see them, the identity `complete` compares; None where an image is the subject."""
+        ...
+
     def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
         """How the outside stages read the bytes of the image this driver ran (the docker driver:
         its engine's export, by image ID, read within `timeout` seconds; None: no limit), or None
@@ -151,6 +156,9 @@ class DriverBase:
         return None
 
     def refusal(self, image: ImageFacts) -> Refusal | None:
+        return None
+
+    def environment_fingerprint(self) -> str | None:
         return None
 
 

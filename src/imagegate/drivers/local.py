@@ -287,6 +287,10 @@ class LocalDriver(DriverBase):
                     self._fingerprint = environment_fingerprint(argv, env, () if fd is None else (fd,))
         return self._fingerprint or None
 
+    def environment_fingerprint(self) -> str | None:
+        sha = (self.fingerprint() or {}).get("sha256")
+        return sha if isinstance(sha, str) else None
+
     def environment(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint(),
