@@ -11,9 +11,9 @@
 # Everything lands under $OUT: log.txt, summary.json, evidence.tar.gz (every attempt), pub.pem.
 #
 # Needs python3 with torch (CUDA), transformers[serving] (>= 5.20: `transformers serve`, fastapi,
-# uvicorn) and accelerate; imagegate runs from src/ with the wheels scripts/gpu-wheels.py
-# lists, installed from .whl/ into $SITE when present (add transformers, accelerate, fastapi,
-# uvicorn and their dependencies there for a machine that lacks them).
+# uvicorn) and accelerate; imagegate runs from src/ with the wheels `scripts/gpu-wheels.py --serve
+# --download .whl` fetches (imagegate's own and transformers serve's), installed from .whl/ into
+# $SITE when present.
 # The one command, on an H200 host from the project root (COMMIT: the commit the tree is, for the
 # record, where the copy has no git):
 #   COMMIT=$(git rev-parse HEAD) OUT=/tmp/gpu-serve bash scripts/gpu-serve.sh

@@ -5,6 +5,7 @@ installed here (the versions pinned), without the distributions those commands n
 
     python scripts/gpu-wheels.py                    # NAME==VERSION, one a line
     python scripts/gpu-wheels.py --download .whl    # the cp312 manylinux x86_64 wheels, into .whl
+    python scripts/gpu-wheels.py --serve --download .whl   # and what scripts/gpu-serve.sh needs
 
 tests/drivers/test_gpu_wheels.py runs those commands with every other installed distribution
 made unimportable.
@@ -25,6 +26,14 @@ NOT_IMPORTED = {
     "pip-audit": "the vulnerability audit stage",
     "kubernetes-validate": "pod render",
 }
+# scripts/gpu-serve.sh: `transformers serve` as the vLLM 0.33.0 test image carries it, less what
+# the GPU machine's own Python already holds (torch, tokenizers, huggingface-hub, accelerate, anyio,
+# httpx, h11, click, idna, ...): the set its 2026-12-01 record ran with (pinned, no resolver there).
+SERVE = (
+    "transformers==5.20.2", "openai==3.57.0", "fastapi==0.136.3", "starlette==1.10.0", "uvicorn==0.54.0",
+    "jiter==0.19.0", "distro==1.9.0", "sniffio==1.3.1", "python-multipart==0.0.34", "httpx2==2.16.2",
+    "httpcore2==2.16.2", "truststore==0.10.5",
+)  # fmt: skip
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -69,8 +78,9 @@ def main() -> int:
     ap.add_argument(
         "--download", metavar="DIR", help="fetch the wheels for CPython 3.12 on x86_64 Linux into DIR"
     )
+    ap.add_argument("--serve", action="store_true", help="add what scripts/gpu-serve.sh needs (SERVE)")
     args = ap.parse_args()
-    pins = ["%s==%s" % kv for kv in closure().items()]
+    pins = ["%s==%s" % kv for kv in closure().items()] + (list(SERVE) if args.serve else [])
     if not args.download:
         print("\n".join(pins))
         return 0
