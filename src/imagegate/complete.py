@@ -148,8 +148,8 @@ def completion_plan(earlier: Earlier, gpus: str | None, model: str | None = None
     for s in plan.stages:
         if s.id in again:
             s = dataclasses.replace(s, skipped=None, needs=tuple(n for n in s.needs if n in again))
-            if model is not None and isinstance(s.params, ServeParams):
-                s = dataclasses.replace(s, params=s.params.model_copy(update={"model": model}))
+            if model is not None:
+                s = planning.with_model(s, model)
         else:
             s = dataclasses.replace(s, skipped=f"completed earlier, in attempt {earlier.attempt_id}")
         stages.append(s)

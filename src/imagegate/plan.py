@@ -201,12 +201,14 @@ def _set_model(name: str, stages: list[PlannedStage], model: str) -> list[Planne
             f"a model given (--model, --model-pvc, --model-host-path), but pipeline {name!r} has no serve stage",
             hint="use a pipeline with a serve stage (probe: serve), or give no model",
         )
-    return [
-        dataclasses.replace(s, params=s.params.model_copy(update={"model": model}))
-        if isinstance(s.params, ServeParams)
-        else s
-        for s in stages
-    ]
+    return [with_model(s, model) for s in stages]
+
+
+def with_model(stage: PlannedStage, model: str) -> PlannedStage:
+    """`stage` serving the model at `model` when it is a serve stage; any other stage as it is."""
+    if not isinstance(stage.params, ServeParams):
+        return stage
+    return dataclasses.replace(stage, params=stage.params.model_copy(update={"model": model}))
 
 
 # What a serve stage needs after its server is ready: the functional and bad-media requests.
