@@ -24,7 +24,7 @@ from imagegate.attest.statement import evidence_files, read_stage
 from imagegate.drivers.interface import Driver
 from imagegate.errors import NotVerified, UsageError
 from imagegate.evidence import Attempt
-from imagegate.model import ImageFacts, StageResult, Status
+from imagegate.model import ImageFacts, StageResult, Status, waiting_on_deferred
 from imagegate.pipeline.params import ServeParams
 from imagegate.plan import Plan
 
@@ -55,6 +55,20 @@ class Earlier:
         return [
             s["id"] for s in self.predicate.get("stages") or [] if s.get("status") == Status.DEFERRED.value
         ]
+
+    @property
+    def to_run(self) -> list[str]:
+        """What a completion runs: the deferred stages (no GPU then, or --skip) and those that
+        never ran for want of them (SKIPPED, waiting on one): a stage carried over as SKIPPED
+        would leave a completed verdict naming as passed what never ran. Plan order."""
+        stages = [read_stage(raw) for raw in self.predicate.get("stages") or []]
+        needs = {
+            str(st.get("id")): [str(n) for n in st.get("needs") or []]
+            for st in (self.predicate.get("plan") or {}).get("stages") or []
+            if isinstance(st, dict)
+        }
+        waiting = waiting_on_deferred(stages, needs)
+        return [s.id for s in stages if s.status is Status.DEFERRED or s.id in waiting]
 
     def evidence_sha256(self, path: str) -> str | None:
         return next(
@@ -135,7 +149,7 @@ def completion_plan(earlier: Earlier, gpus: str | None, model: str | None = None
         raise UsageError(
             f"attempt {earlier.attempt_id}: its recorded plan is not one this imagegate reads ({e})"
         ) from e
-    again = set(earlier.deferred)
+    again = set(earlier.to_run)
     if model is not None and not any(
         s.id in again and isinstance(s.params, ServeParams) for s in plan.stages
     ):
@@ -153,6 +167,7 @@ def completion_plan(earlier: Earlier, gpus: str | None, model: str | None = None
         else:
             s = dataclasses.replace(s, skipped=f"completed earlier, in attempt {earlier.attempt_id}")
         stages.append(s)
+    planning.check_serve_models(stages, gpus=bool(gpus))
     return plan.with_stages(planning.node_check_first(stages) if gpus else stages)
 
 
@@ -160,7 +175,7 @@ def earlier_results(earlier: Earlier) -> list[StageResult]:
     """The earlier results of the stages that ran then, each with the attempt it ran in (an
     earlier completion's carried results keep theirs) and its facts: the completion's statement
     alone says every stage's result."""
-    again = set(earlier.deferred)
+    again = set(earlier.to_run)
     out = []
     for raw in earlier.predicate.get("stages") or []:
         s = read_stage(raw)
@@ -229,7 +244,7 @@ class CompletionObserver:
     def observe(self, prep: runner.Prepared, attempt: Attempt) -> runner.Observation:
         earlier = self.earlier
         attempt.write(LINK_COPY, earlier.envelope)
-        self.notify(f"completing {earlier.attempt_id} ({', '.join(earlier.deferred)})")
+        self.notify(f"completing {earlier.attempt_id} ({', '.join(earlier.to_run)})")
         obs = self.inner.observe(prep, attempt)
         obs.given = earlier_results(earlier)
         obs.completes = {
@@ -237,7 +252,7 @@ class CompletionObserver:
             "envelopeSha256": hashlib.sha256(earlier.envelope).hexdigest(),
             "envelope": os.path.relpath(earlier.dir / DSSE_FILE, attempt.dir),
             "verdict": earlier.predicate.get("verdict"),
-            "stages": earlier.deferred,
+            "stages": earlier.to_run,
             "verifiedWith": earlier.signer,
         }
         return obs

@@ -14,8 +14,8 @@ class Status(str, enum.Enum):
     PASS = "PASS"
     FAIL = "FAIL"  # the check ran and the image is wrong
     ERROR = "ERROR"  # the check could not run (timeout, crash, missing interpreter)
-    DEFERRED = "DEFERRED"  # needs something this environment lacks (e.g. a GPU)
-    SKIPPED = "SKIPPED"  # a stage it needs did not pass
+    DEFERRED = "DEFERRED"  # not run here: needs what this environment lacks (a GPU), or --skip
+    SKIPPED = "SKIPPED"  # a stage it needs did not pass, or nothing here to check (no image)
 
     def __str__(self) -> str:
         return self.value
@@ -55,8 +55,11 @@ def token(stage_id: str, status: Status) -> str:
 
 def verdict(stages: Iterable[StageResult]) -> str:
     """FAIL > ERROR > PASS; deferred stages (none failed or errored) give
-    CPU_PASS_<IDS>_DEFERRED, e.g. CPU_PASS_GPU_CLI_DEFERRED. A run where nothing ran is ERROR:
-    an empty pipeline proves nothing."""
+    CPU_PASS_<IDS>_DEFERRED, e.g. CPU_PASS_GPU_CLI_DEFERRED: every stage that ran passed, and
+    those named did not run (no GPU here, or left out with --skip), so `complete` can run them.
+    A stage the user skipped is DEFERRED, never counted as passed. What a verdict earns for
+    admission is its levels (`levels`), decided by which stages ran and passed. A run where
+    nothing ran is ERROR: an empty pipeline proves nothing."""
     stages = list(stages)
     if not stages:
         return "ERROR"
@@ -71,6 +74,59 @@ def verdict(stages: Iterable[StageResult]) -> str:
             return "ERROR"
         return "PASS"
     return "CPU_PASS_" + "_".join(deferred) + "_DEFERRED"
+
+
+def waiting_on_deferred(
+    stages: Iterable[StageResult], needs: Mapping[str, Iterable[str]]
+) -> dict[str, list[str]]:
+    """SKIPPED stage id -> the DEFERRED stages it waited on, directly or through another stage
+    skipped the same way: checks that never ran for want of a deferred one (`complete` runs
+    them with it). `needs`: stage id -> the ids it needs; `stages` in plan order."""
+    stages = list(stages)
+    status = {s.id: s.status for s in stages}
+    causes: dict[str, list[str]] = {}
+    for s in stages:  # plan order: what a stage needs comes before it
+        if s.status is not Status.SKIPPED:
+            continue
+        unmet = [n for n in needs.get(s.id, ()) if status.get(n) is not Status.PASS]
+        found: list[str] = []
+        for n in unmet:
+            if status.get(n) is Status.DEFERRED:
+                found.append(n)
+            elif n in causes:
+                found += causes[n]
+            else:
+                break  # skipped for another reason too (a FAIL, stop_on_fail): not deferral's doing
+        else:
+            if found:
+                causes[s.id] = list(dict.fromkeys(found))
+    return causes
+
+
+# The levels a signed verdict reaches (SLSA reserves the SLSA_ prefix), decided by what ran:
+# CPU = the verdict is accepted, at least one stage that needs no GPU ran, and every such stage
+# ran and passed; GPU = CPU, and the pipeline has GPU stages (`requires: [gpu]`), every one of
+# which ran on a GPU and passed (in this attempt or, carried, in the one it completes).
+LEVEL_CPU = "IMAGEGATE_CPU"
+LEVEL_GPU = "IMAGEGATE_GPU"
+
+
+def levels(verdict_token: str, stages: Iterable[tuple[Status, bool]]) -> list[str]:
+    """`stages`: each stage's (status, whether it is a GPU stage). A stage skipped (--skip, a
+    stage it needs not passing, nothing to check here) or deferred never counts as passed."""
+    try:
+        if exit_code(verdict_token) != EXIT_ACCEPTED:
+            return []
+    except ValueError:
+        return []
+    stages = list(stages)
+    cpu = [st for st, gpu in stages if not gpu]
+    gpu = [st for st, gpu in stages if gpu]
+    if not cpu or any(st is not Status.PASS for st in cpu):
+        return []
+    if gpu and all(st is Status.PASS for st in gpu):
+        return [LEVEL_CPU, LEVEL_GPU]
+    return [LEVEL_CPU]
 
 
 EXIT_ACCEPTED = 0

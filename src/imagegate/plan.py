@@ -26,6 +26,7 @@ from imagegate.pipeline.params import (
 from imagegate.pipeline.probes import PROBES, Side
 
 API_VERSION = "imagegate/v1"
+USER_SKIP = "--skip "  # how a plan records a stage the user left out
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,12 @@ class PlannedStage:
     needs: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     skipped: str | None = None  # why the stage is left out (--skip, completed earlier)
+
+    @property
+    def user_skipped(self) -> bool:
+        """Left out with --skip: it did not run, so it is DEFERRED (never passed), for
+        `complete` to run later."""
+        return (self.skipped or "").startswith(USER_SKIP)
 
     @classmethod
     def of(cls, s: Stage) -> PlannedStage:
@@ -166,7 +173,8 @@ def build_plan(
             f"--skip {', '.join(unknown)}: no such stage in pipeline {p.name!r}",
             hint=f"its stages: {', '.join(ids)}",
         )
-    stages = [dataclasses.replace(s, skipped="--skip " + s.id) if s.id in skip else s for s in stages]
+    stages = [dataclasses.replace(s, skipped=USER_SKIP + s.id) if s.id in skip else s for s in stages]
+    check_serve_models(stages, gpus=gpus)
     ref = PipelineRef(p.name, p.version, loaded.sha256, loaded.source)
     return Plan(ref, p.python, p.stop_on_fail, tuple(stages))
 
@@ -209,6 +217,23 @@ def with_model(stage: PlannedStage, model: str) -> PlannedStage:
     if not isinstance(stage.params, ServeParams):
         return stage
     return dataclasses.replace(stage, params=stage.params.model_copy(update={"model": model}))
+
+
+def check_serve_models(stages: Iterable[PlannedStage], *, gpus: bool) -> None:
+    """Before any work: a serve stage that will start its server here (it needs no GPU, or the
+    run has GPUs) and whose command names {model} needs a model. Without GPUs a GPU serve stage
+    is DEFERRED and `complete --model` gives it one then; a parse-only stage starts nothing."""
+    for s in stages:
+        if not isinstance(s.params, ServeParams) or s.skipped or s.params.parse_only:
+            continue
+        runs_here = gpus or "gpu" not in s.requires
+        if runs_here and s.params.model is None and any("{model}" in a for a in s.params.command):
+            where = "on the GPUs given (--gpus)" if "gpu" in s.requires else "here"
+            raise UsageError(
+                f"stage {s.id} would start its server {where}, and no model was given: its command "
+                "names {model}",
+                hint=f"give --model PATH (or --model-pvc / --model-host-path for a Pod), or --skip {s.id}",
+            )
 
 
 # What a serve stage needs after its server is ready: the functional and bad-media requests.

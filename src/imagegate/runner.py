@@ -35,7 +35,7 @@ class RunOptions:
     expect_config: str | None = None
     advisory_db: Path | None = None  # --advisory-db: adds the audit, overrides a stage's own folder
     gpus: str | None = None  # --gpus: the plan starts with the GPU node check
-    skip: Sequence[str] = ()  # stage ids the user left out (--skip): SKIPPED, and so are their dependents
+    skip: Sequence[str] = ()  # stage ids the user left out (--skip): DEFERRED; their dependents SKIPPED
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
     model: str | None = None  # --model: the serve stages' model, where the sandbox sees it
     startup_budget: float | None = None  # --startup-budget: the serve stages' time to readiness
@@ -355,6 +355,15 @@ def refused_skips(prep: Prepared, obs: Observation, done: set[str]) -> list[Stag
     ]
 
 
+def left_out(stage: PlannedStage) -> StageResult:
+    """A stage the plan leaves out. One the user skipped did not run: DEFERRED, so that no
+    verdict or level counts it as passed and `complete` can run it."""
+    if stage.user_skipped:
+        why = f"not run: left out with {stage.skipped}; `imagegate complete` runs it"
+        return StageResult(stage.id, stage.probe, stage.side, Status.DEFERRED, why)
+    return StageResult(stage.id, stage.probe, stage.side, Status.SKIPPED, f"skipped: {stage.skipped}")
+
+
 class DriverObserver:
     """A driver (docker, local) as the acceptance use case's observer."""
 
@@ -402,11 +411,7 @@ def conclude(
     if obs.runs:
         results += inside_results(prep, obs.runs, attempt, obs.clock)
     given = {r.id for r in obs.given}  # a completion's earlier results stand for their stages
-    results += [
-        StageResult(s.id, s.probe, s.side, Status.SKIPPED, f"skipped: {s.skipped}")
-        for s in prep.plan.stages
-        if s.skipped and s.id not in given
-    ]
+    results += [left_out(s) for s in prep.plan.stages if s.skipped and s.id not in given]
     done_ids = {r.id for r in obs.outside_done}
     if obs.refused is not None:
         results = [obs.refused, *results]

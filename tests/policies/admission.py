@@ -42,9 +42,34 @@ def _filled_key(text: str, pem: str) -> str:
     return pem
 
 
-def kyverno(pod: dict[str, Any], attempt: Path, pem: str, now: dt.datetime, work: Path) -> list[str]:
-    """What Kyverno's ClusterPolicy refuses, per rule; empty: admitted."""
+def _pinned_kyverno(policy: dict[str, Any], pin: tuple[str, str]) -> dict[str, Any]:
+    """The policy with its pipeline lists pinned as docs/attestations.md says: "*" replaced by
+    the pipeline's name (or file) and by its sha256."""
+    for rule in policy["spec"]["rules"]:
+        for check in rule["verifyImages"]:
+            for att in check["attestations"]:
+                for block in att["conditions"]:
+                    for cond in block["all"]:
+                        for path, value in zip(("policy.uri", "policy.digest.sha256"), pin, strict=True):
+                            if cond["key"] == "{{ " + path + " }}":
+                                assert cond["value"] == ["*"], "the shipped policy admits any pipeline"
+                                cond["value"] = [value]
+    return policy
+
+
+def kyverno(
+    pod: dict[str, Any],
+    attempt: Path,
+    pem: str,
+    now: dt.datetime,
+    work: Path,
+    pin: tuple[str, str] | None = None,
+) -> list[str]:
+    """What Kyverno's ClusterPolicy refuses, per rule; empty: admitted. `pin`: the pipeline
+    (name or file, sha256) the policy is pinned to; None: as shipped."""
     policy = yaml.safe_load(KYVERNO.read_text())
+    if pin is not None:
+        policy = _pinned_kyverno(policy, pin)
     refused = []
     request = {"request": {"object": pod, "operation": "CREATE"}}
     for rule in policy["spec"]["rules"]:
@@ -68,12 +93,17 @@ def not_before(now: dt.datetime, days: int = 7) -> str:
 
 
 def policy_controller(
-    pod: dict[str, Any], attempt: Path, pem: str, floor: str | None, work: Path
+    pod: dict[str, Any],
+    attempt: Path,
+    pem: str,
+    floor: str | None,
+    work: Path,
+    pin: tuple[str, str] | None = None,
 ) -> tuple[bool, list[str]]:
     """Each authority matches when the VSA's signature verifies with its key and every one of its
     attestation policies holds (the CUE engine on the statement); the ClusterImagePolicy's own
     policy then judges {spec, authorityMatches} (the CUE engine again). `floor`: what NOT_BEFORE
-    is rendered to (None: the file as shipped)."""
+    is rendered to (None: the file as shipped); `pin`: as for `kyverno`."""
     cip = yaml.safe_load(POLICY_CONTROLLER.read_text())["spec"]
     statement = vsa(attempt)
     matches: dict[str, Any] = {}
@@ -89,6 +119,10 @@ def policy_controller(
             cue = att["policy"]["data"]
             if floor is not None:
                 cue = cue.replace("NOT_BEFORE", floor)
+            if pin is not None:  # as docs/attestations.md says: `string` replaced by the value
+                for name, value in zip(("_pipelines", "_pipelineDigests"), pin, strict=True):
+                    assert f"{name}: string\n" in cue, "the shipped policy admits any pipeline"
+                    cue = cue.replace(f"{name}: string\n", f"{name}: {json.dumps(value)}\n")
             ok, why = engines.cue_vet(cue, statement, work / f"a{n}-{m}")
             if ok:
                 held[att["name"]] = [{"subject": "", "issuer": ""}]

@@ -1,6 +1,9 @@
 """Attempts signed by the real runner (`run --here`, real keys) for every verdict a policy must
-tell apart: PASS, FAIL, ERROR, a deferred GPU stage, PASS signed by another key, and a completion
-of the deferred attempt (no GPU here: it stays deferred). Nothing is mocked; each is made once."""
+tell apart: PASS (a pipeline without GPU stages), FAIL, ERROR, a deferred GPU stage, a stage
+left out with --skip, PASS signed by another key, and a completion of the deferred attempt (no
+GPU here: it stays deferred). One stand-in, named: a GPU cannot start here, so `gpu_pass` is the
+deferred attempt's statement with its GPU stage PASS, as a GPU node's completion says it, signed
+by the real signer (attest/sign.py). Each is made once."""
 
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ import pytest
 
 from imagegate.attest import keys, sign
 from tests.helpers import imagegate
+
+# A CPU stage and a GPU stage: deferred here (no GPU), the GPU level only once the GPU one passed.
+from tests.run.test_gpu import GPU_PIPELINE
 
 # A stage whose command outlives its timeout: the runner's ERROR (the check could not run).
 ERROR_PIPELINE = """\
@@ -54,16 +60,19 @@ def _run(out: Path, key: Path, *args: str) -> Path:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory, policy_keys: Keys) -> dict[str, Path]:
-    """name -> attempt folder: pass, fail, error, deferred, other_key, completion."""
+    """name -> attempt folder: pass, fail, error, deferred, skipped, other_key, completion,
+    gpu_pass (the stand-in)."""
     tmp = tmp_path_factory.mktemp("policy-runs")
     py = ("--python", sys.executable, "-p", "python")
-    error_pipe = tmp / "error.yaml"
+    error_pipe, gpu_pipe = tmp / "error.yaml", tmp / "gpu.yaml"
     error_pipe.write_text(ERROR_PIPELINE.format(python=sys.executable))
+    gpu_pipe.write_text(GPU_PIPELINE.format(python=sys.executable))
     made = {
         "pass": _run(tmp / "pass", policy_keys.key, *py, "-m", "json"),
         "fail": _run(tmp / "fail", policy_keys.key, *py, "-m", "no_such_module_anywhere"),
         "error": _run(tmp / "error", policy_keys.key, "-p", str(error_pipe)),
-        "deferred": _run(tmp / "deferred", policy_keys.key, "-p", "gpu", "--gpus", "all"),
+        "deferred": _run(tmp / "deferred", policy_keys.key, "-p", str(gpu_pipe)),
+        "skipped": _run(tmp / "skipped", policy_keys.key, *py, "-m", "json", "--skip", "pip_check"),
         "other_key": _run(tmp / "other", policy_keys.other_key, *py, "-m", "json"),
     }
     done = imagegate("complete", str(made["deferred"]), "--here", "--key", str(policy_keys.key), "-q")
@@ -71,7 +80,22 @@ def runs(tmp_path_factory: pytest.TempPathFactory, policy_keys: Keys) -> dict[st
     (made["completion"],) = [
         p.parent for p in (tmp / "deferred").glob("*/*/statement.json") if p.parent != made["deferred"]
     ]
+    made["gpu_pass"] = _gpu_stand_in(made["deferred"], tmp / "gpu_pass", policy_keys.key)
     return made
+
+
+def _gpu_stand_in(deferred: Path, folder: Path, key: Path) -> Path:
+    """The stand-in for a GPU node's completion (no GPU here): the deferred statement with its
+    GPU stage PASS and the verdict PASS, signed as the runner signs (attest/sign.py)."""
+    statement = json.loads((deferred / "statement.json").read_text())
+    pred = statement["predicate"]
+    for stage in pred["stages"]:
+        if stage["status"] == "DEFERRED":
+            stage["status"], stage["token"] = "PASS", stage["token"].replace("_DEFERRED", "_PASS")
+    pred["verdict"] = "PASS"
+    folder.mkdir()
+    sign.sign_attempt(folder, statement, keys.load_signing_key(key))
+    return folder
 
 
 def payload(path: Path) -> dict[str, Any]:

@@ -146,6 +146,12 @@ def _compare(key: Any, value: Any) -> float:
     return float(key) - float(value)
 
 
+def _wildcard(pattern: str, text: str) -> bool:
+    """Kyverno's wildcard.Match: `*` any run of characters, `?` one, everything else itself."""
+    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(rx, text, re.DOTALL) is not None
+
+
 def condition_holds(cond: dict[str, Any], context: dict[str, Any], now: dt.datetime) -> bool:
     key = substitute(cond["key"], context, now)
     value = substitute(cond.get("value"), context, now)
@@ -153,8 +159,10 @@ def condition_holds(cond: dict[str, Any], context: dict[str, Any], now: dt.datet
     if op == "Equals":
         return bool(key == value or str(key) == str(value))
     if op == "AnyIn":
+        # Kyverno's anyin.go (pkg/engine/variables/operator): a string key is in a list when a
+        # value, as a wildcard pattern (* and ?), matches it, or it matches the value.
         keys = key if isinstance(key, list) else [key]
-        return any(k in value for k in keys)
+        return any(_wildcard(str(v), str(k)) or _wildcard(str(k), str(v)) for k in keys for v in value)
     if op == "GreaterThan":
         return _compare(key, value) > 0
     if op == "LessThanOrEquals":

@@ -36,10 +36,25 @@ def _both(runs: dict[str, Path], keys: Keys, name: str, tmp: Path) -> dict[str, 
     return {kind: _judge(runs, keys, name, gpu=kind == "gpu", tmp=tmp) for kind in ("cpu", "gpu")}
 
 
-def test_pass_is_admitted_with_and_without_gpus(
+def test_the_gpu_level_is_admitted_with_and_without_gpus(
     runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
 ) -> None:
-    assert _both(runs, policy_keys, "pass", tmp_path) == {"cpu": [], "gpu": []}
+    assert _both(runs, policy_keys, "gpu_pass", tmp_path) == {"cpu": [], "gpu": []}
+
+
+def test_a_pass_without_gpu_stages_admits_only_pods_without_gpus(
+    runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
+) -> None:
+    """`-p python` ran no GPU stage: its PASS says nothing about a GPU."""
+    assert _both(runs, policy_keys, "pass", tmp_path) == {"cpu": [], "gpu": [f"{GPU_RULE}: conditions"]}
+
+
+def test_a_skipped_stage_admits_nothing(runs: dict[str, Path], policy_keys: Keys, tmp_path: Path) -> None:
+    """--skip pip_check: pip check never ran, so no level is reached, neither Pod is admitted."""
+    assert _both(runs, policy_keys, "skipped", tmp_path) == {
+        "cpu": [f"{CPU_RULE}: conditions"],
+        "gpu": [f"{GPU_RULE}: conditions"],
+    }
 
 
 def test_fail_and_error_are_refused(runs: dict[str, Path], policy_keys: Keys, tmp_path: Path) -> None:
@@ -81,3 +96,21 @@ def test_each_pod_meets_exactly_one_rule() -> None:
         assert applies == [
             "pods-with-gpus-need-imagegate-gpu" if gpu else "pods-without-gpus-need-imagegate-cpu"
         ]
+
+
+def test_pinned_pipelines_admit_their_own_vsa_only(
+    runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
+) -> None:
+    """The policy pinned to the `-p python` pipeline (its name and sha256, as the VSA names them):
+    that run is admitted, a deferred run of another pipeline is not, though its level would be;
+    pinned to a digest the pipeline does not have, nothing is."""
+    pipeline = vsa(runs["pass"])["predicate"]["policy"]
+    pin = (pipeline["uri"], pipeline["digest"]["sha256"])
+    pem = policy_keys.pub.read_text()
+    for name, refused in (("pass", []), ("deferred", [f"{CPU_RULE}: conditions"])):
+        attempt = runs[name]
+        assert admission.kyverno(pod(gpu=False), attempt, pem, _now(attempt), tmp_path, pin) == refused, name
+    wrong = (pin[0], "0" * 64)
+    assert admission.kyverno(pod(gpu=False), runs["pass"], pem, _now(runs["pass"]), tmp_path, wrong) == [
+        f"{CPU_RULE}: conditions"
+    ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.policies import admission
 from tests.policies.admission import not_before, pod
-from tests.policies.conftest import Keys
+from tests.policies.conftest import Keys, vsa
 
 
 def _judge(
@@ -21,12 +21,26 @@ def _judge(
     return admission.policy_controller(pod(gpu=gpu), runs[name], keys.pub.read_text(), not_before(today), tmp)
 
 
-def test_pass_is_admitted_with_and_without_gpus(
+def test_the_gpu_level_is_admitted_with_and_without_gpus(
     runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
 ) -> None:
     for gpu in (False, True):
-        ok, said = _judge(runs, policy_keys, "pass", gpu=gpu, tmp=tmp_path / str(gpu))
+        ok, said = _judge(runs, policy_keys, "gpu_pass", gpu=gpu, tmp=tmp_path / str(gpu))
         assert ok, said
+
+
+def test_a_pass_without_gpu_stages_or_with_a_skip_is_no_gpu_level(
+    runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
+) -> None:
+    """`-p python` ran no GPU stage: a Pod without GPUs only. --skip pip_check: pip check never
+    ran, so neither Pod is admitted."""
+    ok, said = _judge(runs, policy_keys, "pass", gpu=False, tmp=tmp_path / "pass-cpu")
+    assert ok, said
+    ok, said = _judge(runs, policy_keys, "pass", gpu=True, tmp=tmp_path / "pass-gpu")
+    assert not ok and 'authorityMatches."imagegate-gpu"' in said[-1], said
+    for gpu in (False, True):
+        ok, said = _judge(runs, policy_keys, "skipped", gpu=gpu, tmp=tmp_path / f"skipped-{gpu}")
+        assert not ok, said
 
 
 def test_fail_and_error_are_refused(runs: dict[str, Path], policy_keys: Keys, tmp_path: Path) -> None:
@@ -68,3 +82,18 @@ def test_an_attestation_signed_by_another_key_is_refused(
 ) -> None:
     ok, said = _judge(runs, policy_keys, "other_key", gpu=False, tmp=tmp_path)
     assert not ok and said == ["imagegate-cpu: signature", "imagegate-gpu: signature"], said
+
+
+def test_pinned_pipelines_admit_their_own_vsa_only(
+    runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
+) -> None:
+    """Pinned to the `-p python` pipeline (name and sha256 as its VSA names them): that run is
+    admitted, a deferred run of another pipeline is not."""
+    pipeline = vsa(runs["pass"])["predicate"]["policy"]
+    pin = (pipeline["uri"], pipeline["digest"]["sha256"])
+    today = not_before(dt.datetime.now(dt.timezone.utc))
+    pem = policy_keys.pub.read_text()
+    ok, said = admission.policy_controller(pod(gpu=False), runs["pass"], pem, today, tmp_path / "p", pin)
+    assert ok, said
+    ok, said = admission.policy_controller(pod(gpu=False), runs["deferred"], pem, today, tmp_path / "d", pin)
+    assert not ok and "imagegate-cpu/accepted-cpu" in said[0], said

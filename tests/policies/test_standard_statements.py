@@ -13,9 +13,15 @@ from tests.policies.conftest import Keys, payload, result_statement, vsa
 
 
 def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
+    """A level names what ran and passed: the GPU level only from a pipeline whose GPU stages all
+    passed (the stand-in: a GPU cannot start here); a pipeline without GPU stages reaches the CPU
+    level alone; a stage left out with --skip is deferred and no level is reached."""
+    cpu, gpu = ["IMAGEGATE_CPU"], ["IMAGEGATE_CPU", "IMAGEGATE_GPU"]
     expect = {
-        "pass": ("PASS", "PASSED", ["IMAGEGATE_CPU", "IMAGEGATE_GPU"], "PASSED"),
-        "deferred": ("CPU_PASS_NODE_CHECK_DEFERRED", "PASSED", ["IMAGEGATE_CPU"], "WARNED"),
+        "pass": ("PASS", "PASSED", cpu, "PASSED"),
+        "gpu_pass": ("PASS", "PASSED", gpu, "PASSED"),
+        "deferred": ("CPU_PASS_GPU_ENV_DEFERRED", "PASSED", cpu, "WARNED"),
+        "skipped": ("CPU_PASS_PIP_CHECK_DEFERRED", "FAILED", [], "WARNED"),
         "fail": ("FAIL", "FAILED", [], "FAILED"),
         "error": ("ERROR", "FAILED", [], "FAILED"),
     }
@@ -29,10 +35,26 @@ def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
         )
         assert t["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
         assert t["predicate"]["result"] == tested, name
-    assert result_statement(runs["deferred"])["predicate"]["warnedTests"] == ["node_check"]
+    assert result_statement(runs["deferred"])["predicate"]["warnedTests"] == ["gpu_env"]
+    assert result_statement(runs["skipped"])["predicate"]["warnedTests"] == ["pip_check"]
     assert result_statement(runs["fail"])["predicate"]["failedTests"] == ["find_spec"]
     assert result_statement(runs["error"])["predicate"]["failedTests"] == ["slow"]
     assert result_statement(runs["pass"])["predicate"]["passedTests"] == ["pip_check", "find_spec"]
+
+
+def test_the_vsa_lists_what_ran_was_deferred_and_left_out(runs: dict[str, Path]) -> None:
+    stages = {name: vsa(runs[name])["predicate"]["imagegate"]["stages"] for name in runs}
+    assert stages["skipped"] == {
+        "passed": ["find_spec"],
+        "failed": [],
+        "deferred": ["pip_check"],
+        "skipped": [],
+        "userSkipped": ["pip_check"],
+        "gpuStages": [],
+    }
+    assert stages["deferred"]["deferred"] == ["gpu_env"] and stages["deferred"]["gpuStages"] == ["gpu_env"]
+    assert stages["deferred"]["userSkipped"] == [] and stages["pass"]["passed"] == ["pip_check", "find_spec"]
+    assert vsa(runs["skipped"])["predicate"]["imagegate"]["verdict"] == "CPU_PASS_PIP_CHECK_DEFERRED"
 
 
 def test_test_result_names_pipeline_and_probes_bundle_by_digest(runs: dict[str, Path]) -> None:
@@ -65,7 +87,7 @@ def test_a_completion_repeats_the_final_verdict_and_names_what_it_completes(runs
     assert pred["completes"]["attempt"] == earlier.name
     v, t = vsa(done)["predicate"], result_statement(done)["predicate"]
     assert (v["verificationResult"], v["verifiedLevels"]) == ("PASSED", ["IMAGEGATE_CPU"])  # no GPU here
-    assert t["result"] == "WARNED" and t["warnedTests"] == ["node_check"]
+    assert t["result"] == "WARNED" and t["warnedTests"] == ["gpu_env"]
     assert sorted(t["passedTests"] + t["warnedTests"] + t["failedTests"]) == sorted(
         s["id"] for s in pred["stages"]
     )

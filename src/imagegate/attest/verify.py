@@ -558,3 +558,41 @@ def verify_image(
     chosen = choose(reports, predicate_type)
     assert chosen is not None
     return chosen
+
+
+def accepts(
+    report: Report, *, expect_verdict: str | None = None, require_complete: bool = False
+) -> tuple[bool, str]:
+    """Whether `imagegate verify` accepts what it verified, and the sentence that says why: a
+    signature is not an acceptance. Our acceptance statement: its verdict by `run`'s exit-code
+    rule (PASS and a deferred verdict accepted, the levels named; FAIL and ERROR not;
+    --require-complete refuses a deferred one), or, with --expect-verdict, that verdict alone.
+    An SLSA VSA: its verificationResult. Any other predicate: the checks alone."""
+    from imagegate.attest.vsa import VSA_PREDICATE_TYPE, levels
+    from imagegate.model import EXIT_ACCEPTED, exit_code
+
+    if not report.ok:
+        return False, "NOT verified: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
+    statement = report.statement or {}
+    raw = statement.get("predicate")
+    pred: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    verdict = report.verdict
+    if verdict is not None:
+        if expect_verdict is not None:  # its check is in the report, and passed
+            return True, f"verified: verdict {verdict}, as expected"
+        try:
+            code = exit_code(verdict, require_complete=require_complete)
+        except ValueError:
+            return False, f"verified, but verdict {verdict!r} is not one imagegate writes: not accepted"
+        reached = ", ".join(levels(statement)) or "no level"
+        if code == EXIT_ACCEPTED:
+            return True, f"verified: verdict {verdict}, accepted (levels: {reached})"
+        why = "--require-complete refuses a deferred verdict" if verdict.endswith("_DEFERRED") else "rejected"
+        return False, f"verified, but verdict {verdict} is not accepted ({why}; levels: {reached})"
+    if report.predicate_type == VSA_PREDICATE_TYPE:
+        result = pred.get("verificationResult")
+        named = ", ".join(str(x) for x in pred.get("verifiedLevels") or []) or "no level"
+        if result == "PASSED":
+            return True, f"verified: verification summary PASSED (levels: {named})"
+        return False, f"verified, but the verification summary says {result}: not accepted"
+    return True, f"verified: {report.predicate_type} (no verdict to judge)"

@@ -12,28 +12,72 @@ import hashlib
 from typing import Any
 
 from imagegate.attest.statement import STATEMENT_TYPE
-from imagegate.model import EXIT_ACCEPTED, exit_code
+from imagegate.model import EXIT_ACCEPTED, Status, exit_code
+from imagegate.model import LEVEL_CPU as LEVEL_CPU  # where policies' tests and reports find them
+from imagegate.model import LEVEL_GPU as LEVEL_GPU
+from imagegate.model import levels as levels_of
 
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 TEST_RESULT_PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
 VERIFIER_ID = "https://imagegate.dev/verifier"
-# imagegate's own levels (SLSA reserves the SLSA_ prefix): CPU = every stage that runs without
-# a GPU passed and the rest is at most deferred; GPU = every stage passed, the GPU ones included.
-LEVEL_CPU = "IMAGEGATE_CPU"
-LEVEL_GPU = "IMAGEGATE_GPU"
 COMPLETION_LINK = "completes/attestation.dsse.json"  # where `complete` keeps the earlier envelope
 
 
-def levels(verdict: str) -> list[str]:
-    """The levels a verdict reaches: never the verdict string itself, so that a policy names a
-    level and not one of the many CPU_PASS_<stages>_DEFERRED spellings."""
+def _gpu_stage_ids(pred: dict[str, Any]) -> set[str]:
+    plan = pred.get("plan")
+    if not isinstance(plan, dict):
+        return set()
+    return {
+        str(st.get("id"))
+        for st in plan.get("stages") or []
+        if isinstance(st, dict) and "gpu" in (st.get("requires") or [])
+    }
+
+
+def _status(raw: Any) -> Status | None:
     try:
-        accepted = exit_code(verdict) == EXIT_ACCEPTED
+        return Status(raw)
     except ValueError:
-        return []
-    if not accepted:
-        return []
-    return [LEVEL_CPU, LEVEL_GPU] if verdict == "PASS" else [LEVEL_CPU]
+        return None
+
+
+def levels(statement: dict[str, Any]) -> list[str]:
+    """The levels a signed acceptance reaches, from what ran (model.levels): never the verdict
+    string itself, so that a policy names a level and not one of the many
+    CPU_PASS_<stages>_DEFERRED spellings. A GPU stage is one whose planned `requires` names gpu."""
+    pred = statement.get("predicate") or {}
+    gpu = _gpu_stage_ids(pred)
+    stages = []
+    for st in pred.get("stages") or []:
+        status = _status(st.get("status")) if isinstance(st, dict) else None
+        if status is None:
+            return []  # a stage this imagegate cannot read earns nothing
+        stages.append((status, str(st.get("id")) in gpu))
+    return levels_of(str(pred.get("verdict")), stages)
+
+
+def stage_outcomes(pred: dict[str, Any]) -> dict[str, list[str]]:
+    """The stages by what happened to them, as the VSA lists them: ran (passed, failed, errored),
+    did not run (deferred: no GPU here or --skip; skipped: a stage it needs did not pass), and
+    which of them are GPU stages."""
+    out: dict[str, list[str]] = {k: [] for k in ("passed", "failed", "deferred", "skipped")}
+    key = {
+        "PASS": "passed",
+        "FAIL": "failed",
+        "ERROR": "failed",
+        "DEFERRED": "deferred",
+        "SKIPPED": "skipped",
+    }
+    for st in pred.get("stages") or []:
+        if isinstance(st, dict) and str(st.get("status")) in key:
+            out[key[str(st.get("status"))]].append(str(st.get("id")))
+    out["userSkipped"] = [
+        str(st.get("id"))
+        for st in (pred.get("plan") or {}).get("stages") or []
+        if isinstance(st, dict) and str(st.get("skipped") or "").startswith("--skip")
+    ]
+    out["gpuStages"] = sorted(_gpu_stage_ids(pred))
+    return out
 
 
 def resource_uri(statement: dict[str, Any]) -> str:
@@ -73,7 +117,7 @@ def build_vsa(statement: dict[str, Any], acceptance_uri: str, acceptance_bytes: 
     """`acceptance_bytes` are the signed acceptance attestation as written (its DSSE file), the
     input attestation this summary rests on."""
     pred = statement["predicate"]
-    reached = levels(str(pred["verdict"]))
+    reached = levels(statement)
     return {
         "_type": STATEMENT_TYPE,
         "subject": statement["subject"],
@@ -90,19 +134,31 @@ def build_vsa(statement: dict[str, Any], acceptance_uri: str, acceptance_bytes: 
             "verificationResult": "PASSED" if reached else "FAILED",
             "verifiedLevels": reached,
             "slsaVersion": "1.0",
+            # An extension (SLSA's parsing rules: consumers ignore fields they do not know): what
+            # ran, so that a level can be read back to the stages that earned it.
+            "imagegate": {"verdict": pred.get("verdict"), "stages": stage_outcomes(pred)},
         },
     }
 
 
-def _result(verdict: str) -> str:
-    if verdict == "PASS":
-        return "PASSED"
-    return "WARNED" if LEVEL_CPU in levels(verdict) else "FAILED"
+def _result(pred: dict[str, Any]) -> str:
+    """PASSED: every stage ran and passed; FAILED: the verdict is not accepted; WARNED otherwise
+    (stages deferred or skipped: the tests that did not run are not passed ones)."""
+    verdict = str(pred.get("verdict"))
+    try:
+        accepted = exit_code(verdict) == EXIT_ACCEPTED
+    except ValueError:
+        return "FAILED"
+    if not accepted:
+        return "FAILED"
+    every = all(isinstance(s, dict) and s.get("status") == "PASS" for s in pred.get("stages") or [])
+    return "PASSED" if verdict == "PASS" and every else "WARNED"
 
 
 def build_test_result(statement: dict[str, Any]) -> dict[str, Any]:
-    """in-toto test-result v0.1: PASSED for PASS, WARNED for a deferred verdict (the deferred
-    stages are the warned tests), FAILED otherwise; failed tests are the stages that failed or
+    """in-toto test-result v0.1 (`_result`): PASSED when every stage passed, WARNED for an
+    accepted verdict with stages that did not run (the deferred ones are the warned tests),
+    FAILED otherwise; failed tests are the stages that failed or
     errored. `configuration`: the pipeline file and the probes' bundle, by digest."""
     pred = statement["predicate"]
     by_status: dict[str, list[str]] = {}
@@ -119,7 +175,7 @@ def build_test_result(statement: dict[str, Any]) -> dict[str, Any]:
         "subject": statement["subject"],
         "predicateType": TEST_RESULT_PREDICATE_TYPE,
         "predicate": {
-            "result": _result(str(pred["verdict"])),
+            "result": _result(pred),
             "configuration": configuration,
             "passedTests": by_status.get("PASS", []),
             "warnedTests": by_status.get("DEFERRED", []),

@@ -56,9 +56,11 @@ def keygen(
     "Checks: the signature (with any of the keys given; the report names which verified each "
     "envelope, the completion's and, for a completion, each earlier one it links), the subject against the image's digest (with --image), every evidence "
     "file the statement lists, by sha256, in the attestation's folder or --evidence DIR (a missing "
-    "file fails, named; --signature-only skips them), the verdict (with --expect-verdict). "
-    "Exit 0 when all pass, 1 naming what differs, 2 when the registry could not be read "
-    "(or --timeout passed), 3 for unreadable input."
+    "file fails, named; --signature-only skips them), then the verdict: accepted as `run` "
+    "exits on it (PASS, or a deferred verdict, whose levels are named; FAIL and ERROR are not; "
+    "--require-complete refuses a deferred one; --expect-verdict V accepts V alone). "
+    "Exit 0 when it verifies and is accepted, 1 naming what differs or the verdict refused, 2 "
+    "when the registry could not be read (or --timeout passed), 3 for unreadable input."
 )
 def verify(
     attestation: Path | None = Argument(
@@ -77,7 +79,12 @@ def verify(
         None, "--image", help="The image the subject must be: a registry reference or a sha256: digest."
     ),
     expect_verdict: str | None = Option(
-        None, "--expect-verdict", help="Fail unless the verdict is this (e.g. PASS)."
+        None,
+        "--expect-verdict",
+        help="Accept only this verdict, in place of the rule (e.g. PASS: a deferred one fails; FAIL: check a rejection was signed).",
+    ),
+    require_complete: bool = Option(
+        False, "--require-complete", help="A deferred verdict (CPU_PASS_…_DEFERRED) is not accepted: exit 1."
     ),
     evidence: Path | None = Option(
         None,
@@ -95,7 +102,8 @@ def verify(
     timeout: float = _app.VERIFY_TIMEOUT,
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
-    from imagegate.attest.verify import verify as verify_attestation  # lazy: keeps CLI start-up fast
+    from imagegate.attest.verify import accepts  # lazy: keeps CLI start-up fast
+    from imagegate.attest.verify import verify as verify_attestation
 
     trusted = keys.trusted_keys(key, trusted_keys)
     if not trusted:
@@ -113,8 +121,9 @@ def verify(
             predicate_type=predicate_type,
             insecure=insecure,
         )
-    console_attest.render_verify(report)
-    raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
+    ok, conclusion = accepts(report, expect_verdict=expect_verdict, require_complete=require_complete)
+    console_attest.render_verify(report, conclusion)
+    raise typer.Exit(EXIT_ACCEPTED if ok else EXIT_REJECTED)
 
 
 @app.command(

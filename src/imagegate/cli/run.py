@@ -35,7 +35,7 @@ class Placement:
         [],
         "--skip",
         metavar="ID",
-        help="Leave stage ID out (repeatable): SKIPPED, and so are the stages that need it.",
+        help="Leave stage ID out (repeatable): it does not run, so it is DEFERRED (never PASS; `complete` runs it), and the stages that need it SKIPPED.",
     )
     pull: str = Option(
         "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."

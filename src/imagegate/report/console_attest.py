@@ -23,14 +23,12 @@ def render_keypair(private: Path, public: Path, key: SigningKey, *, passphrase: 
     print(f"fingerprint: {key.public.fingerprint} ({key.algorithm})")
 
 
-def render_verify(report: Report) -> None:
+def render_verify(report: Report, conclusion: str) -> None:
+    """`conclusion`: attest.verify.accepts's sentence."""
     print(f"attestation: {report.source}")
     for c in report.checks:
         print(f"  {_MARK[c.outcome]} {c.name}: {c.detail}")
-    if report.ok:
-        print(f"verified: verdict {report.verdict}")
-    else:
-        print("NOT verified: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failures))
+    print(conclusion)
 
 
 def render_attached(done: Attached, referred: Referred) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagegate.model import RunRecord, StageResult, Status
+from imagegate.model import RunRecord, StageResult, Status, waiting_on_deferred
 
 OUTPUT_CAP = 64 * 1024  # per stream and stage in a report: the evidence folder keeps it all
 
@@ -78,32 +78,14 @@ def reasons(stage: StageResult) -> list[str]:
 
 
 def deferred_skips(record: RunRecord) -> dict[str, list[str]]:
-    """SKIPPED stage id -> the DEFERRED stages it waited on, directly or through another stage
-    skipped the same way: checks that never ran, though the verdict token names only the
-    deferred ones."""
-    status = {s.id: s.status for s in record.stages}
+    """SKIPPED stage id -> the DEFERRED stages it waited on (model.waiting_on_deferred): checks
+    that never ran, though the verdict token names only the deferred ones."""
     needs = {
         str(st.get("id")): [str(n) for n in st.get("needs") or []]
         for st in record.plan.get("stages") or []
         if isinstance(st, dict)
     }
-    causes: dict[str, list[str]] = {}
-    for s in record.stages:  # plan order: what a stage needs comes before it
-        if s.status is not Status.SKIPPED:
-            continue
-        unmet = [n for n in needs.get(s.id, []) if status.get(n) is not Status.PASS]
-        found: list[str] = []
-        for n in unmet:
-            if status.get(n) is Status.DEFERRED:
-                found.append(n)
-            elif n in causes:
-                found += causes[n]
-            else:
-                break  # skipped for another reason too (a FAIL, stop_on_fail): not deferral's doing
-        else:
-            if found:
-                causes[s.id] = list(dict.fromkeys(found))
-    return causes
+    return waiting_on_deferred(record.stages, needs)
 
 
 def deferred_note(record: RunRecord) -> str:
