@@ -75,7 +75,7 @@ def _run(ref: str, out: Path, key: Path, *extra: str, env: dict[str, str] | None
 
 
 def test_the_docker_driver_signs_the_amd64_manifest_of_an_index(
-    two: TwoPlatforms, key: Path, tmp_path: Path
+    two: TwoPlatforms, images: dict[str, str], key: Path, tmp_path: Path
 ) -> None:
     """Docker pulls through the index and lists only the index digest in RepoDigests: the
     driver reads the index and signs the entry whose config is the image ID it ran."""
@@ -90,6 +90,10 @@ def test_the_docker_driver_signs_the_amd64_manifest_of_an_index(
         pinned = f"{repository}@{two.amd64_digest}"
         found = imagegate("verify", "--image", pinned, "--key", f"{key}.pub", "--expect-verdict", "PASS")
         assert found.returncode == 0, found.stdout + found.stderr
+        # a local name of the image: the engine knows it by the index; verify finds the manifest
+        (envelope,) = out.glob("sha256-*/*/attestation.dsse.json")
+        local = imagegate("verify", str(envelope), "--key", f"{key}.pub", "--image", images["python"])
+        assert local.returncode == 0, local.stdout + local.stderr
     finally:
         subprocess.run(["docker", "rmi", two.ref], capture_output=True)
 
