@@ -292,7 +292,7 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         signed = sign_attempt(attempt.dir, statement, outputs.key)
         notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
     if signed is not None and outputs.attach and observer.reference is not None:
-        _attach(signed, observer.reference, outputs.insecure, notify)
+        _attach(signed, observer.reference, image, outputs.insecure, notify)
     from imagegate.report import formats
 
     provenance = _provenance(attempt.dir, outputs.key) if outputs.reports else None
@@ -353,10 +353,16 @@ def driver_for(
         return make_driver(chosen, opts)
 
 
-def _attach(signed: Signed, reference: str, insecure: bool, notify: Notify) -> None:
+def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, notify: Notify) -> None:
     from imagegate.attest import attach, referrers
 
     ref = attach.parse_image(reference)
+    if image.index_digest and image.manifest_digest and image.repository:
+        # The reference names an index: the statements are about the platform's manifest that
+        # ran, and attach to it (the index is no subject of theirs).
+        ran = attach.parse_image(image.repository)
+        if (ran.registry, ran.repository) == (ref.registry, ref.repository):
+            ref = ref.with_digest(image.manifest_digest)
     with attach.client_for(ref, insecure=insecure) as client:
         # The standard statements too: admission policies are written against them.
         for envelope in (signed.envelope, *signed.standard):

@@ -150,7 +150,10 @@ def exit_code(verdict_token: str, *, require_complete: bool = False) -> int:
 @dataclass(frozen=True)
 class ImageFacts:
     """What the driver learned about the image it ran. `config_digest` is the image ID
-    (sha256 of the config blob); `manifest_digest` is known only for pushed/pulled images."""
+    (sha256 of the config blob); `manifest_digest` is known only for pushed/pulled images, and
+    is the manifest whose config ran, never an index; `index_digest` is the index it was chosen
+    from, when the reference named one; `subject_note` says why no manifest digest is known
+    for an image the engine knows from a registry."""
 
     reference: str
     config_digest: str | None
@@ -158,6 +161,8 @@ class ImageFacts:
     repo_digests: tuple[str, ...] = ()
     platform: str | None = None
     repository: str | None = None
+    index_digest: str | None = None
+    subject_note: str | None = None
 
 
 @dataclass

@@ -386,3 +386,78 @@ def _shut(s: socket.socket) -> None:
     with contextlib.suppress(OSError):
         s.shutdown(socket.SHUT_RDWR)
     s.close()
+
+
+# -- a two-platform index -----------------------------------------------------------------
+
+DOCKER_MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+
+
+@dataclass(frozen=True)
+class TwoPlatforms:
+    """An OCI image index in a registry: the engine's real image for linux/amd64, and for
+    linux/arm64 a manifest of the same layers with another config (its `architecture` arm64)."""
+
+    ref: str  # registry/repository:tag, the tag naming the index
+    index_digest: str
+    amd64_digest: str  # the manifest the engine pushed: its config is the image's ID
+    arm64_digest: str
+    config_digest: str
+
+
+def push_two_platforms(registry: Registry, image: str, repository: str, tag: str = "1") -> TwoPlatforms:
+    """`image` (in the engine) pushed by the engine, then an arm64 manifest and the index written
+    through the registry's API."""
+    base = f"http://{registry.host}/v2/{repository}"
+    amd64_ref = f"{registry.host}/{repository}:amd64"
+    sh("docker", "tag", image, amd64_ref)
+    try:
+        sh("docker", "push", "-q", amd64_ref)
+    finally:
+        subprocess.run(["docker", "rmi", amd64_ref], capture_output=True)  # the tag only
+    with httpx.Client(timeout=60) as http:
+        got = http.get(f"{base}/manifests/amd64", headers={"Accept": DOCKER_MANIFEST_TYPE})
+        got.raise_for_status()
+        amd64 = got.content
+        manifest = json.loads(amd64)
+        config = json.loads(http.get(f"{base}/blobs/{manifest['config']['digest']}").content)
+        arm_config = json.dumps({**config, "architecture": "arm64", "variant": "v8"}).encode()
+        upload = http.post(f"{base}/blobs/uploads/")
+        upload.raise_for_status()
+        location = urljoin_registry(registry, upload.headers["Location"])
+        sep = "&" if "?" in location else "?"
+        http.put(f"{location}{sep}digest={sha(arm_config)}", content=arm_config).raise_for_status()
+        arm_manifest = {
+            **manifest,
+            "config": {**manifest["config"], "digest": sha(arm_config), "size": len(arm_config)},
+        }
+        arm64 = json.dumps(arm_manifest).encode()
+        headers = {"Content-Type": DOCKER_MANIFEST_TYPE}
+        http.put(f"{base}/manifests/arm64", content=arm64, headers=headers).raise_for_status()
+        index = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI_INDEX_TYPE,
+                "manifests": [
+                    {"mediaType": DOCKER_MANIFEST_TYPE, "digest": sha(amd64), "size": len(amd64),
+                     "platform": {"os": "linux", "architecture": "amd64"}},
+                    {"mediaType": DOCKER_MANIFEST_TYPE, "digest": sha(arm64), "size": len(arm64),
+                     "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
+                ],
+            }
+        ).encode()  # fmt: skip
+        headers = {"Content-Type": OCI_INDEX_TYPE}
+        http.put(f"{base}/manifests/{tag}", content=index, headers=headers).raise_for_status()
+    return TwoPlatforms(
+        f"{registry.host}/{repository}:{tag}",
+        sha(index),
+        sha(amd64),
+        sha(arm64),
+        manifest["config"]["digest"],
+    )
+
+
+def urljoin_registry(registry: Registry, location: str) -> str:
+    """An upload's Location header, relative or absolute, as a URL."""
+    return location if location.startswith("http") else f"http://{registry.host}{location}"

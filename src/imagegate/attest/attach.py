@@ -110,6 +110,15 @@ class EngineImage:
         and the manifest digests it carries from registries."""
         return (self.image_id, *dict.fromkeys(d.partition("@")[2] for d in self.repo_digests))
 
+    def ran_manifest(self, *, insecure: bool = False) -> str | None:
+        """The manifest whose config is this image (a repo digest may name an index, which is no
+        statement's subject: oci.ran); None when no registry shows one."""
+        from imagegate.oci.ran import ran_manifest
+
+        return ran_manifest(
+            self.repo_digests, self.image_id, named=self.name, insecure=insecure
+        ).manifest_digest
+
 
 def engine_image(text: str) -> EngineImage | None:
     """The image a bare name (no registry host) names in the local engine (DOCKER_HOST), or None

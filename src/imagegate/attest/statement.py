@@ -32,10 +32,13 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def subject(record: RunRecord) -> tuple[list[dict[str, Any]], str]:
-    """Subject: the repository name and the manifest digest; an image never pushed has only its
-    config digest, and then the subject uses it; a run in an environment without an image (the
-    local driver) names the environment and uses the digest of its recorded facts. The
-    predicate's `image.subjectDigest` says which."""
+    """Subject: the repository name and the digest of the manifest whose config ran (for a
+    reference that names an index, the platform's manifest: the index digest is only recorded in
+    the predicate, since admission would read it as covering every platform); an image never
+    pushed, or whose manifest could not be found, has only its config digest, and then the
+    subject uses it; a run in an environment without an image (the local driver) names the
+    environment and uses the digest of its recorded facts. The predicate's `image.subjectDigest`
+    says which."""
     img = record.image
     name = img.repository or img.reference
     for kind, value in (("manifest", img.manifest_digest), ("config", img.config_digest)):
@@ -174,7 +177,9 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
             "configDigest": img.config_digest,
             "repoDigests": list(img.repo_digests),
             "platform": img.platform,
+            "indexDigest": img.index_digest,
             "subjectDigest": subject_kind,
+            **({"subjectNote": img.subject_note} if img.subject_note else {}),
         },
         "environment": environment(record),
         "stages": [

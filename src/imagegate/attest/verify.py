@@ -480,8 +480,9 @@ def verify(
 
 def image_digests(image: str, *, insecure: bool = False) -> tuple[str, list[str]]:
     """(name, digests) of `--image` that the subject may name: a digest as written
-    (`sha256:...`); a bare name the local engine holds: its ID and the manifest digests it carries;
-    otherwise a registry reference resolved now (its manifest digest)."""
+    (`sha256:...`); a bare name the local engine holds: its ID, the digests it carries and, where
+    those name an index, the manifest whose config it is; otherwise a registry reference
+    resolved now (its manifest digest)."""
     from imagegate.attest import attach
     from imagegate.oci.registry import RegistryError
 
@@ -490,7 +491,8 @@ def image_digests(image: str, *, insecure: bool = False) -> tuple[str, list[str]
     ref = attach.parse_image(image)
     local = attach.engine_image(image)
     if local is not None:
-        return f"{image} (local engine)", list(local.digests)
+        ran = local.ran_manifest(insecure=insecure) if local.repo_digests else None
+        return f"{image} (local engine)", list(dict.fromkeys([*local.digests, *([ran] if ran else [])]))
     try:
         with attach.client_for(ref, insecure=insecure) as client:
             remote = attach.resolve(client, ref)

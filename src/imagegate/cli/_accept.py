@@ -115,7 +115,8 @@ class Accepting:
     insecure: bool = Option(
         False,
         "--insecure",
-        help="Registries: skip TLS verification, fall back to HTTP (--attach; IMAGE with --driver rootfs).",
+        help="Registries: skip TLS verification, fall back to HTTP (--attach; IMAGE with --driver rootfs; "
+        "the registry an engine pulled IMAGE from, read to name the manifest that ran).",
     )
     quiet: bool = QUIET
 

@@ -45,6 +45,8 @@ from imagegate.gpus import HIDING_ENV, GpuRequest
 from imagegate.model import ImageFacts, Status
 from imagegate.oci import engineapi
 from imagegate.oci.digest import is_digest
+from imagegate.oci.manifest import Platform
+from imagegate.oci.ran import RanManifest, ran_manifest
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.interface import Source
 from imagegate.oci.verify import VerifyReport
@@ -115,8 +117,10 @@ class DockerDriver(DriverBase):
         gpus: GpuRequest | None = None,
         host: str | None = None,
         model: Path | None = None,
+        insecure: bool = False,
     ) -> None:
         self.gpus = gpus
+        self.insecure = insecure  # reading the registry's copy of what the engine pulled
         self.model = model  # bound read-only at modelpath.IN_SANDBOX
         # `host`: an engine address other than DOCKER_HOST's (--driver podman's default socket).
         self.host = host or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -190,6 +194,7 @@ class DockerDriver(DriverBase):
             repo_digests=(f"{repository}@{report.manifest_digest}",) if repository else (),
             platform=report.platform,
             repository=repository,
+            index_digest=report.index_digest,
         )
         failed = report.failed_layers
         why = (
@@ -282,23 +287,38 @@ class DockerDriver(DriverBase):
             raise EngineError(f"inspecting image {reference}: {e}") from e
         image_id = attrs["Id"] if attrs["Id"].startswith("sha256:") else "sha256:" + attrs["Id"]
         _check_engine_digest(image_id, f"image {reference}: the engine's image ID")
-        repo_digests = tuple(attrs.get("RepoDigests") or ())
-        manifest_digest = None
-        repository = None
-        if repo_digests:
-            repository, _, manifest_digest = repo_digests[0].partition("@")
-            _check_engine_digest(manifest_digest, f"image {reference}: the engine's repo digest")
-        else:
-            repository = name.repository
-        plat = "/".join(x for x in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if x)
+        repo_digests = tuple(str(d) for d in attrs.get("RepoDigests") or ())
+        os_, arch, variant = (str(attrs.get(k) or "") for k in ("Os", "Architecture", "Variant"))
+        ran = self._ran(name, image_id, repo_digests, Platform(os_, arch, variant or None))
         return ImageFacts(
             reference=reference,
             config_digest=image_id,
-            manifest_digest=manifest_digest,
+            manifest_digest=ran.manifest_digest,
             repo_digests=repo_digests,
-            platform=plat or None,
-            repository=repository,
+            platform="/".join(x for x in (os_, arch, variant) if x) or None,
+            repository=ran.repository or name.repository,
+            index_digest=ran.index_digest,
+            subject_note=ran.why,
         )
+
+    def _ran(
+        self, name: ImageName, image_id: str, repo_digests: tuple[str, ...], platform: Platform
+    ) -> RanManifest:
+        """The manifest whose config the engine runs. Its repo digests name what it was pulled
+        by, which for an image pulled through an index is the index (Docker lists only that;
+        Podman lists the index and the platform manifest): each is read from its registry."""
+        if not repo_digests:
+            return RanManifest(None, None)
+        ran = ran_manifest(
+            repo_digests,
+            image_id,
+            named=name.repository,
+            platform=platform if platform.os and platform.architecture else None,
+            insecure=self.insecure,
+        )
+        if ran.manifest_digest is None:
+            self.notify(f"the subject is the image's config digest: {ran.why}")
+        return ran
 
     def run_bundle(self, req: BundleRequest) -> BundleRun:
         deadline = time.monotonic() + req.deadline_s

@@ -43,9 +43,10 @@ class PreparedRoot:
     path: Path
     config: dict[str, Any]  # the image config's `config` object (Env, WorkingDir, User, ...)
     config_digest: str
-    manifest_digest: str | None
+    manifest_digest: str | None  # the platform's manifest where the source is an index
     source: str  # the transport string the bytes were read from
     platform: str | None = None
+    index_digest: str | None = None  # the index the platform's manifest was chosen from
     repository: str | None = None  # a registry's repository, where the source is one
     chain_id: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)  # unpacking: cache hit, layers, seconds
@@ -154,6 +155,7 @@ class RootfsDriver(DriverBase):
             repo_digests=repo_digests,
             platform=root.platform,
             repository=root.repository,
+            index_digest=root.index_digest,
         )
 
     def verified_report(self, image: ImageFacts) -> VerifyReport | None:
@@ -244,6 +246,7 @@ class Refused:
             repo_digests=(f"{repository}@{manifest}",) if repository and manifest else (),
             platform=report.platform,
             repository=repository,
+            index_digest=report.index_digest,
         )
         return cls(image, error, report, report.source or reference)
 
@@ -366,6 +369,7 @@ def prepared(root: Any, reference: str, seconds: float, notes: Sequence[str] = (
         manifest_digest=root.manifest_digest,
         source=reference,
         platform=root.report.platform,
+        index_digest=root.report.index_digest,
         repository=_repository(reference),
         chain_id=root.chain_id,
         facts={

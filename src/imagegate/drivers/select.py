@@ -124,6 +124,7 @@ def _engine(name: DriverName | None, opts: DriverOptions) -> Driver:
             gpus=opts.gpus,
             host=host,
             model=opts.model,
+            insecure=opts.insecure,
         )
     except EngineError as e:
         if name is None:  # no driver asked for: say that one needs no engine

@@ -162,6 +162,8 @@ def _record(statement: dict[str, Any], attempt_dir: Path, differs: list[str]) ->
             repo_digests=tuple(img.get("repoDigests") or ()),
             platform=img.get("platform"),
             repository=img.get("repository"),
+            index_digest=img.get("indexDigest"),
+            subject_note=img.get("subjectNote"),
         ),
         environment=dict(env if isinstance(env, dict) else pred.get("environment") or {}),
         stages=[_stage(s, attempt_dir, differs) for s in pred.get("stages") or []],
