@@ -64,13 +64,18 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     reg.stop()
 
 
-@pytest.fixture(scope="session")
-def pushed_vllm(images: dict[str, str], registry: Registry) -> str:
-    """The vllm-like test image pushed by the engine into a registry on 127.0.0.1."""
-    ref = f"{registry.host}/team/vllm:0.11"
-    sh("docker", "tag", images["vllm-like"], ref)
+def push(image: str, ref: str) -> str:
+    """`image` of the engine pushed by the engine as `ref`; the tag is dropped again (the image
+    stays)."""
+    sh("docker", "tag", image, ref)
     try:
         sh("docker", "push", "-q", ref)
     finally:
-        subprocess.run(["docker", "rmi", ref], capture_output=True)  # the tag only: the image stays
+        subprocess.run(["docker", "rmi", ref], capture_output=True)
     return ref
+
+
+@pytest.fixture(scope="session")
+def pushed_vllm(images: dict[str, str], registry: Registry) -> str:
+    """The vllm-like test image pushed by the engine into a registry on 127.0.0.1."""
+    return push(images["vllm-like"], f"{registry.host}/team/vllm:0.11")

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.drivers.conftest import push
 from tests.helpers import imagegate
-from tests.oci.infra import sh, skopeo, start_registry
+from tests.oci.infra import Registry, sh, skopeo, start_registry
+from tests.oci.moving_tag_front import moving_tag_front
 
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent"}
 
@@ -125,16 +128,15 @@ def test_tampered_mirror_is_refused(
     assert all(x["pair_recorded_at"] for x in evidence["layers"])
 
 
-def test_the_driver_reopens_its_source_for_outside_stages(
-    pushed_vllm: str, root_cache: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A cached root was unpacked from an earlier source: outside stages read the one given now.
+def _reopened(reference: str, cache: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, str]:
+    """The image the rootfs driver resolves `reference` to, the report of verifying the source
+    it reopens for outside stages, and that source's description."""
     from imagegate.drivers.rootfs import RootfsDriver, materializer
     from imagegate.oci.verify import verify_source
 
-    monkeypatch.setenv("XDG_CACHE_HOME", root_cache["XDG_CACHE_HOME"])
+    monkeypatch.setenv("XDG_CACHE_HOME", cache["XDG_CACHE_HOME"])
     driver = RootfsDriver(materializer(expect_config=None, platform=None, insecure=False))
-    image = driver.resolve(f"docker://{pushed_vllm}")
+    image = driver.resolve(reference)
     source = driver.image_source(image, None)
     assert source is not None
     try:
@@ -143,6 +145,32 @@ def test_the_driver_reopens_its_source_for_outside_stages(
         source.close()
     assert report.ok and report.config.actual_digest == image.config_digest
     assert report.manifest_digest == image.manifest_digest
+    return image, report, source.description
+
+
+def test_the_driver_reopens_its_source_for_outside_stages(
+    pushed_vllm: str, root_cache: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cached root was unpacked from an earlier source: outside stages read the one given now.
+    _reopened(f"docker://{pushed_vllm}", root_cache, monkeypatch)
+
+
+def test_the_driver_reopens_the_digest_its_tag_named(
+    pushed_vllm: str,
+    images: dict[str, str],
+    registry: Registry,
+    root_cache: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tag names the image unpacked at its one read and another image after (a front before
+    the real registry): the outside stages reopen the digest read, never the tag again."""
+    push(images["nopython"], f"{registry.host}/team/vllm:other")
+    with moving_tag_front(registry.host, "team/vllm", "moving", "0.11", "other") as front:
+        image, _, reopened = _reopened(
+            f"docker://{front.ref('team/vllm', 'moving')}", root_cache, monkeypatch
+        )
+        reads = front.reads
+    assert reads == 1 and reopened.endswith(f":moving@{image.manifest_digest}"), (reads, reopened)
 
 
 def test_an_oci_layout_and_a_docker_archive_run_without_an_engine(

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.drivers.conftest import push
 from tests.helpers import imagegate
-from tests.oci.infra import Layout, Registry, sh, skopeo, start_registry
+from tests.oci.infra import Layout, Registry, skopeo, start_registry
 
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent"}
 # A stage whose outcome depends on the image config's Env, as a real one would on PATH or
@@ -41,13 +42,7 @@ stages:
 @pytest.fixture(scope="module")
 def pushed_python(images: dict[str, str], registry: Registry) -> str:
     """The python test image pushed by the engine: docker://REF."""
-    ref = f"{registry.host}/team/python:1"
-    sh("docker", "tag", images["python"], ref)
-    try:
-        sh("docker", "push", "-q", ref)
-    finally:
-        subprocess.run(["docker", "rmi", ref], capture_output=True)
-    return f"docker://{ref}"
+    return "docker://" + push(images["python"], f"{registry.host}/team/python:1")
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from imagegate.attest import keys, sign
+from imagegate.oci.registry import RegistryClient
 from tests.helpers import imagegate
 from tests.oci.conftest import Pushed
 from tests.oci.infra import Registry
+from tests.oci.moving_tag_front import moving_tag_front
 from tests.oci.test_compare import push_tampered
 from tests.policies import admission
 from tests.policies.admission import not_before, pod
@@ -137,3 +139,54 @@ def test_carry_refuses_an_acceptance_of_another_image_or_key(
     )
     assert r.returncode == 3 and "does not verify for the official image" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
+def test_nothing_is_signed_for_a_mirror_whose_tag_moved(
+    pushed: Pushed,
+    recompressed: str,
+    zstd_mirror: str,
+    mirror: Registry,
+    acceptance: Path,
+    gate_key: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    """The mirror's tag names the recompressed copy (same content) at its first read and another
+    image (other config, other layers) after: the copy read is compared, and since the tag no
+    longer names it nothing is signed, carried or concluded (exit 2), the digests named; pinned
+    to the digest read, the same copy is signed under that digest."""
+    with RegistryClient(mirror.host) as c:
+        first, then = (c.get_manifest("team/app", t).digest for t in ("gzip9", "zstd"))
+    key = str(gate_key[0])
+    with moving_tag_front(mirror.host, "team/app", "moving", "gzip9", "zstd") as front:
+        moving = front.ref("team/app", "moving")
+        out = tmp_path / "moved"
+        r = imagegate(
+            "compare", pushed.ref, moving, "--attest", key, "-o", str(out), "--carry", str(acceptance)
+        )
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert (
+            f"docker://{moving}: the tag named {first} when it was read and names {then} now: it "
+            "changed between reads" in r.stderr
+        ), r.stderr
+        assert f"(the one read: {front.host}/team/app@{first})" in r.stderr and "Traceback" not in r.stderr
+        assert not out.exists()
+        pinned = tmp_path / "pinned"
+        r = imagegate(
+            "compare", pushed.ref, f"{front.host}/team/app@{first}", "--attest", key, "-o", str(pinned),
+            "--carry", str(acceptance),
+        )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _payload(pinned / "mirror.dsse.json")["subject"][1]["digest"] == {"sha256": first.split(":")[1]}
+    assert _payload(pinned / sign.VSA_FILE)["subject"][0]["digest"] == {"sha256": first.split(":")[1]}
+    # attach and verify --image read the tag once and stay on the digest it named then: the
+    # VSA of the copy read is attached to it and found for it, though the tag moves right after.
+    vsa = _payload(pinned / sign.VSA_FILE)["predicateType"]
+    for args in (
+        ("attach", str(pinned / sign.VSA_FILE)),
+        ("verify", "--key", str(gate_key[1]), "--type", vsa, "--signature-only", "--image"),
+    ):
+        with moving_tag_front(mirror.host, "team/app", "moving", "gzip9", "zstd") as front:
+            r = imagegate(*args, front.ref("team/app", "moving"))
+            reads = front.reads
+        assert r.returncode == 0 and reads == 1, (reads, r.stdout + r.stderr)
+        assert first in r.stdout + r.stderr and then not in r.stdout + r.stderr, r.stdout + r.stderr

@@ -92,8 +92,10 @@ TRUST = Option(
     "With --attest KEY, same content between two registry images is signed as one statement "
     "naming both manifests (mirror.dsse.json); --carry ACCEPTANCE adds a VSA and a test-result "
     "for MIRROR resting on it. Nothing is signed for a different or corrupt image.\n\n"
+    "Each tag is read once and everything after by the digest it named; a tag that names "
+    "another manifest by the end is undecided (exit 2, nothing signed): pin REPO@sha256:...\n\n"
     "Exit codes: 0 same content, 1 different or corrupt, 2 could not decide (or --timeout "
-    "passed), 3 usage error.",
+    "passed, or a tag moved), 3 usage error.",
 )
 def compare_cmd(
     official: str = Argument(..., help="The official image. " + _app.SOURCES_HELP),

@@ -44,7 +44,7 @@ class PreparedRoot:
     config: dict[str, Any]  # the image config's `config` object (Env, WorkingDir, User, ...)
     config_digest: str
     manifest_digest: str | None  # the platform's manifest where the source is an index
-    source: str  # the transport string the bytes were read from
+    source: str  # the transport string the bytes were read from (a tag: pinned to its digest then)
     platform: str | None = None
     index_digest: str | None = None  # the index the platform's manifest was chosen from
     repository: str | None = None  # a registry's repository, where the source is one
@@ -328,6 +328,7 @@ def materializer(
     the default folder). A layer that fails verification raises (rootfs.LayerRefused, exit 1)
     before anything runs, also when the root of the same layers is in the cache."""
     from imagegate import rootfs
+    from imagegate.oci.sources.interface import ImageSource
     from imagegate.oci.transports import open_source
 
     def make(reference: str) -> PreparedRoot:
@@ -345,7 +346,10 @@ def materializer(
         finally:
             if source is not None:
                 source.close()
-        return prepared(root, reference, time.monotonic() - t0, cache.notes)
+        # A tag is kept as the digest it named when read: the outside stages reopen this very
+        # image, whatever the tag names by then.
+        pinned = source.pinned() if isinstance(source, ImageSource) else None
+        return prepared(root, pinned or reference, time.monotonic() - t0, cache.notes)
 
     return make
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED
-from imagegate.oci.sources.interface import ArchiveStream, ImageSource, Source
+from imagegate.oci.sources.interface import ArchiveStream, ImageSource, Source, SourceError
 from imagegate.oci.verify import (
     LayerStatus,
     Progress,
@@ -193,7 +193,19 @@ def compare(
     max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
     progress: Progress | None = None,
 ) -> CompareResult:
+    """The verdict about the two images. Each source is resolved once (a registry tag to the
+    digest it names then) and read by that digest after; the manifests named in the result are
+    the ones whose bytes were compared. A tag that names another manifest when asked again at
+    the end raises ReferenceMoved (exit 2): the verdict would be about bytes it no longer names."""
     kw: dict[str, Any] = {"jobs": jobs, "max_uncompressed": max_uncompressed, "progress": progress}
+    result = _compare(official, mirror, deep, kw)
+    for source in (official, mirror):
+        if isinstance(source, ImageSource):
+            source.confirm_unmoved()
+    return result
+
+
+def _compare(official: Source, mirror: Source, deep: bool, kw: dict[str, Any]) -> CompareResult:
     # Step 1: manifests only (no blob read) where the source allows it.
     if not deep and isinstance(official, ImageSource) and isinstance(mirror, ImageSource):
         o_img, m_img = official.resolve(), mirror.resolve()
@@ -213,11 +225,26 @@ def compare(
     return _different(o, m, mirror, deep, kw)
 
 
+def _blobs_of(mirror: Source, first: ComparedImage, kw: dict[str, Any]) -> ComparedImage:
+    """The mirror read again, its blobs this time: the very image compared first (its source
+    pinned it), or a SourceError where the source answered another one."""
+    again = _side(mirror, read_blobs=True, **kw)
+    if (again.manifest_digest, again.config_digest) != (first.manifest_digest, first.config_digest):
+        raise SourceError(
+            f"{mirror.description}: named manifest {first.manifest_digest} (config "
+            f"{first.config_digest}) when first read and {again.manifest_digest} (config "
+            f"{again.config_digest}) when its blobs were read: it changed between reads; nothing "
+            "was concluded",
+            hint="name the image by its digest (or a file that does not change) and run again",
+        )
+    return again
+
+
 def _same_config(
     o: ComparedImage, mirror: Source, m: ComparedImage, deep: bool, kw: dict[str, Any]
 ) -> CompareResult:
     if m.report is None:
-        m = _side(mirror, read_blobs=True, **kw)
+        m = _blobs_of(mirror, m, kw)
     assert m.report is not None
     failures = _named_failures(m.report) + (_named_failures(o.report) if o.report else [])
     n = len(m.report.layers)
@@ -288,6 +315,17 @@ def _same_content(
     )
 
 
+def _layers_read(o: ComparedImage, m: ComparedImage) -> str:
+    """Where the diffIDs compared come from: equal diffIDs in two configs say nothing about the
+    layers' bytes unless those were read and hashed."""
+    unread = [s for s in (o, m) if s.report is None]
+    if not unread:
+        return "recomputed from the layers' bytes"
+    if len(unread) == 2:
+        return "as the configs list them; no layer read"
+    return f"as the configs list them; only the layers of {_names(s for s in (o, m) if s.report)[0]} read"
+
+
 def _uncompressed(side: ComparedImage) -> bool:
     """Its layer blobs are the uncompressed tars (digest = diffID), as `docker save` writes them."""
     return bool(side.layer_digests) and tuple(side.layer_digests) == tuple(side.diff_ids)
@@ -301,7 +339,7 @@ def _different(
     o: ComparedImage, m: ComparedImage, mirror: Source, deep: bool, kw: dict[str, Any]
 ) -> CompareResult:
     if deep and m.report is None:
-        m = _side(mirror, read_blobs=True, **kw)
+        m = _blobs_of(mirror, m, kw)
     layer_diffs = [
         LayerDiff(i, a, b)
         for i, (a, b) in enumerate(
@@ -318,13 +356,15 @@ def _different(
     fields, others = config_differences(o.config_doc, m.config_doc)
     n = max(len(o.diff_ids), len(m.diff_ids))
     parts = [f"different image: config digests differ ({o.config_digest} vs {m.config_digest})"]
+    read = _layers_read(o, m)
     if layer_diffs:
         parts.append(
             f"diffIDs differ for {len(layer_diffs)} of {n} layers: "
             + ", ".join(str(d.index + 1) for d in layer_diffs)
+            + f" ({read})"
         )
     else:
-        parts.append(f"all {n} diffIDs equal (same filesystem layers)")
+        parts.append(f"all {n} diffIDs equal ({read})")
     if fields:
         parts.append("config fields that differ: " + ", ".join(f.field for f in fields))
     else:

@@ -65,6 +65,16 @@ class ImageSource(ABC):
         names layers by path, without sizes): a source that can tell cheaply does."""
         return None
 
+    def pinned(self) -> str | None:
+        """After `resolve()`: a source string naming the very image read, where this source's
+        own name may come to name another (a registry tag: pinned to the digest read); None
+        where it cannot move, or nothing was read yet."""
+        return None
+
+    def confirm_unmoved(self) -> None:  # noqa: B027  (a file or a digest cannot move)
+        """After everything was read: ask the name once more and raise (exit 2) if it names
+        another image now, for a conclusion about the name rather than about the bytes read."""
+
     def close(self) -> None:  # noqa: B027  (most sources hold nothing)
         """Release connections and files."""
 

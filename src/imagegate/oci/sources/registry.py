@@ -16,11 +16,20 @@ from imagegate.oci.manifest import (
     select_platform,
 )
 from imagegate.oci.reference import Reference
-from imagegate.oci.registry import NotFound, RegistryClient
+from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
 from imagegate.oci.sources.interface import BlobNotFound, BlobReader, ImageSource, ResolvedImage
 
 
+class ReferenceMoved(RegistryError):
+    """A tag named one manifest when it was read and another when asked again in the same
+    command: what was read is no longer what the tag names, so nothing is concluded (exit 2)."""
+
+
 class RegistrySource(ImageSource):
+    """One image of a registry, read once: the reference is resolved to a digest at the first
+    `resolve()`, and everything after it (the same image again, its blobs, a reopening through
+    `pinned()`) is read by that digest, so a tag moved mid-way cannot mix two images."""
+
     def __init__(
         self,
         ref: Reference,
@@ -32,8 +41,33 @@ class RegistrySource(ImageSource):
         self.ref, self.platform = ref, platform
         self.description = f"docker://{ref}"
         self.client = client or RegistryClient(ref.endpoint, insecure=insecure)
+        self._resolved: ResolvedImage | None = None
+        self._top: str | None = None  # the digest the reference named at its one read
 
     def resolve(self) -> ResolvedImage:
+        if self._resolved is None:
+            self._resolved = self._read()
+        return self._resolved
+
+    def pinned(self) -> str | None:
+        if self._top is None or self.ref.digest is not None:
+            return None
+        return f"docker://{self.ref.with_digest(self._top)}"
+
+    def confirm_unmoved(self) -> None:
+        if self._top is None or self.ref.digest is not None:
+            return
+        now = self.client.get_manifest(self.ref.repository, self.ref.ref).digest
+        if now != self._top:
+            raise ReferenceMoved(
+                f"{self.description}: the tag named {self._top} when it was read and names {now} "
+                "now: it changed between reads, so what was read is not what it names; nothing "
+                "was concluded about it",
+                hint="name the image by its digest and run again (the one read: "
+                f"{self.ref.registry}/{self.ref.repository}@{self._top})",
+            )
+
+    def _read(self) -> ResolvedImage:
         repo = self.ref.repository
         try:
             top = self.client.get_manifest(repo, self.ref.ref)
@@ -44,6 +78,7 @@ class RegistrySource(ImageSource):
                 f"{self.description}: image not found in the registry ({e})",
                 hint="check the repository and tag (or digest); push the image first",
             ) from e
+        self._top = top.digest  # of the bytes read: what every later step is pinned to
         doc = parse_manifest(top.raw, top.media_type, self.description)
         index_digest, digest, media_type, platform = None, top.digest, top.media_type, None
         if isinstance(doc, Index):
