@@ -141,13 +141,37 @@ def test_pulled_image_is_verified_from_its_registry(pulled: tuple[str, str], tmp
     assert evidence["manifest_digest"] == facts.manifest_digest  # the registry's own manifest
 
 
+def test_a_tag_that_moved_since_the_run_is_not_read_again(
+    pulled: tuple[str, str], oci_image: str, tmp_path: Path
+) -> None:
+    """The driver knows the manifest that ran (its digest, from the registry's copy): the stage
+    reads that, by digest, even where the image was named by a tag that names another image now."""
+    ref, image_id = pulled
+    facts = _facts(ref)
+    assert facts.manifest_digest is not None and facts.repository is not None
+    sh("docker", "tag", oci_image, ref)  # the tag now names another image (another config)
+    sh("docker", "push", "-q", ref)
+    ctx = OutsideContext(
+        image=dataclasses.replace(facts, reference=f"docker://{ref}"),
+        driver="docker",
+        stage_dir=tmp_path,
+        image_source=_engine(facts.config_digest),
+    )
+    out = run_layers_stage(ctx, LayersParams())
+    assert out.status is Status.PASS and f"config={image_id}" in out.detail, out.detail
+    choice = json.loads((tmp_path / "layers.json").read_text())["source_choice"]
+    assert choice["source"] == f"docker://{facts.repository}@{facts.manifest_digest}", choice
+    assert choice["notes"] == []  # the moved tag was never asked
+
+
 def test_unreachable_registry_falls_back_to_the_engine_with_a_note(
     pulled: tuple[str, str], official: Registry, tmp_path: Path
 ) -> None:
     ref, image_id = pulled
     facts = _facts(ref)
     gone = facts.repo_digests[0].replace(official.host, f"127.0.0.1:{free_port()}")
-    facts = dataclasses.replace(facts, repo_digests=(gone,))
+    # The registry that knew the image (its repo digest and the manifest that ran) is gone.
+    facts = dataclasses.replace(facts, repo_digests=(gone,), repository=gone.partition("@")[0])
     ctx = OutsideContext(
         image=facts,
         driver="docker",

@@ -65,8 +65,13 @@ def _run(layout: Path, tmp_path: Path, key: Path, *args: str, pipeline: str = "p
 def _signed_attempt(tmp_path: Path, pub: Path) -> tuple[Path, dict[str, Any]]:
     """The one attempt, its envelope verified by `imagegate verify`; its statement."""
     (attempt,) = [p.parent for p in (tmp_path / "out").glob("*/*/statement.json")]
+    # A signed rejection: verify exits 1 on it, and 0 when asked to check that it is one.
     v = imagegate("verify", str(attempt / "attestation.dsse.json"), "--key", str(pub))
-    assert v.returncode == 0 and "verified: verdict FAIL" in v.stdout, v.stdout + v.stderr
+    assert v.returncode == 1 and "verified, but verdict FAIL is not accepted" in v.stdout, v.stdout + v.stderr
+    v = imagegate(
+        "verify", str(attempt / "attestation.dsse.json"), "--key", str(pub), "--expect-verdict", "FAIL"
+    )
+    assert v.returncode == 0 and "verified: verdict FAIL, as expected" in v.stdout, v.stdout + v.stderr
     return attempt, json.loads((attempt / "statement.json").read_text())
 
 

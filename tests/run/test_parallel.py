@@ -64,9 +64,15 @@ def test_skip_leaves_a_stage_and_its_dependents_out(images: dict[str, str], tmp_
         "-o", str(tmp_path / "o"), "--no-sign", "--format", "json",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    stages = {s["id"]: (s["status"], s["detail"]) for s in r.json()["predicate"]["stages"]}
-    assert stages["slow_a"] == ("SKIPPED", "skipped: --skip slow_a")
+    pred = r.json()["predicate"]
+    stages = {s["id"]: (s["status"], s["detail"]) for s in pred["stages"]}
+    # Left out, so not run: DEFERRED (never PASS), for `complete` to run; what needs it waits.
+    assert stages["slow_a"] == (
+        "DEFERRED",
+        "not run: left out with --skip slow_a; `imagegate complete` runs it",
+    )
     assert stages["after_a"][0] == "SKIPPED" and "slow_a" in stages["after_a"][1]
     assert stages["json"][0] == "PASS"
+    assert pred["verdict"] == "CPU_PASS_SLOW_A_SLOW_B_DEFERRED"
     bad = imagegate("run", images["python"], "-p", "python", "--skip", "nope", "-o", str(tmp_path / "b"))
     assert bad.returncode == 3 and "--skip nope: no such stage" in bad.stderr

@@ -47,8 +47,13 @@ def test_a_tampered_registry_copy_the_engine_will_not_pull_is_a_signed_fail(
         subprocess.run(["docker", "-H", host, "rmi", ref], capture_output=True)
     assert r.returncode == 1, r.stdout + r.stderr
     (attempt,) = [p.parent for p in (tmp_path / "out").glob("*/*/statement.json")]
+    # A signed rejection: verify exits 1 on it, and 0 when asked to check that it is one.
     v = imagegate("verify", str(attempt / "attestation.dsse.json"), "--key", str(pub))
-    assert v.returncode == 0 and "verified: verdict FAIL" in v.stdout, v.stdout + v.stderr
+    assert v.returncode == 1 and "verified, but verdict FAIL is not accepted" in v.stdout, v.stdout + v.stderr
+    v = imagegate(
+        "verify", str(attempt / "attestation.dsse.json"), "--key", str(pub), "--expect-verdict", "FAIL"
+    )
+    assert v.returncode == 0 and "verified: verdict FAIL, as expected" in v.stdout, v.stdout + v.stderr
     statement = json.loads((attempt / "statement.json").read_text())
     stages = {s["id"]: s for s in statement["predicate"]["stages"]}
     pull = stages["pull"]

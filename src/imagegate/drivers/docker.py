@@ -288,6 +288,8 @@ class DockerDriver(DriverBase):
         image_id = attrs["Id"] if attrs["Id"].startswith("sha256:") else "sha256:" + attrs["Id"]
         _check_engine_digest(image_id, f"image {reference}: the engine's image ID")
         repo_digests = tuple(str(d) for d in attrs.get("RepoDigests") or ())
+        for d in repo_digests:  # the engine's answer is untrusted: a digest, or nothing is read by it
+            _check_engine_digest(d.partition("@")[2], f"image {reference}: the engine's repo digest")
         os_, arch, variant = (str(attrs.get(k) or "") for k in ("Os", "Architecture", "Variant"))
         ran = self._ran(name, image_id, repo_digests, Platform(os_, arch, variant or None))
         return ImageFacts(

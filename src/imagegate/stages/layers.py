@@ -52,7 +52,12 @@ class Choice:
 
 
 def _registry_candidates(ctx: OutsideContext) -> list[str]:
+    """Registry copies to try, the manifest that ran first, by its digest: a tag is read again
+    only where that is unknown or unreadable (and then its config must be the probed one)."""
     refs = []
+    img = ctx.image
+    if img.repository and img.manifest_digest and "/" in img.repository:
+        refs.append(f"{img.repository}@{img.manifest_digest}")
     if ctx.image.reference.startswith("docker://"):
         refs.append(ctx.image.reference[len("docker://") :])
     refs += [r for r in ctx.image.repo_digests if r not in refs]
