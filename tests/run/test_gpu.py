@@ -243,3 +243,35 @@ def test_complete_refuses_another_image_naming_both(images: dict[str, str], tmp_
         assert len(_attempts(tmp_path / "out")) == 1
     finally:
         subprocess.run(["docker", "rmi", tag], capture_output=True)
+
+
+def test_complete_runs_what_waited_on_a_deferred_or_skipped_stage(tmp_path: Path) -> None:
+    """A stage that needs a deferred one never ran; one left out with --skip neither: `complete`
+    runs them all, never carries them over as if their earlier result stood."""
+    key, _ = _key(tmp_path)
+    pipe = tmp_path / "chain.yaml"
+    pipe.write_text(
+        GPU_PIPELINE.format(python=sys.executable)
+        + "  - id: after_gpu\n    probe: find_spec\n    needs: [gpu_env]\n    with:\n      modules: [json]\n"
+    )
+    out = tmp_path / "out"
+    first = imagegate(
+        "run", "--here", "-p", str(pipe), "-o", str(out), "--key", str(key), "--skip", "find_spec"
+    )
+    assert first.returncode == 0, first.stderr
+    earlier = _attempts(out)[0]
+    stages = {s["id"]: s["status"] for s in _statement(earlier)["stages"]}
+    assert stages == {"find_spec": "DEFERRED", "gpu_env": "DEFERRED", "after_gpu": "SKIPPED"}
+    assert _statement(earlier)["verdict"] == "CPU_PASS_FIND_SPEC_GPU_ENV_DEFERRED"
+    done = imagegate("complete", str(earlier), "--here", "--key", str(key))
+    assert done.returncode == 0, done.stderr
+    later = next(a for a in _attempts(out) if a != earlier)
+    pred = _statement(later)
+    assert pred["completes"]["stages"] == ["find_spec", "gpu_env", "after_gpu"]
+    got = {s["id"]: (s["status"], "fromAttempt" in s) for s in pred["stages"]}
+    # find_spec ran now; the GPU stage is deferred again (no GPU here) and what needs it waits again.
+    assert got == {
+        "find_spec": ("PASS", False),
+        "gpu_env": ("DEFERRED", False),
+        "after_gpu": ("SKIPPED", False),
+    }
