@@ -99,7 +99,7 @@ summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timesp
 for key, folder, name in (("hidden", sys.argv[2], "a"), ("completed", sys.argv[3], "b"), ("skipped", sys.argv[4], "c")):
     v = vsa(f"{name}-vsa.dsse.json") or {}
     summary[key] = {**(attempt(folder) or {}), "vsa": {"verificationResult": v.get("verificationResult"),
-                    "verifiedLevels": v.get("verifiedLevels"), "stages": (v.get("imagegate") or {}).get("stages")},
+                    "verifiedLevels": v.get("verifiedLevels"), "stages": (v.get("https://imagegate.dev/attestations/vsa/run") or {}).get("stages")},
                     "verify": said(name)}
 summary["hidden"]["verify_require_complete"] = said("a-require-complete")
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -128,7 +128,8 @@ def test_failed_verdicts_give_a_failed_vsa(tmp_path: Path, key: keys.SigningKey)
     (tmp_path / "a").mkdir()
     signed = sign.sign_attempt(tmp_path / "a", st.build_statement(rec), key)
     vsa = json.loads(dsse.from_json(signed.files[3].read_bytes()).payload)["predicate"]
-    assert vsa["verificationResult"] == "FAILED" and vsa["verifiedLevels"] == []
+    # The VSA v1 spec: verifiedLevels is "FAILED" when policy verification failed.
+    assert vsa["verificationResult"] == "FAILED" and vsa["verifiedLevels"] == ["FAILED"]
 
 
 def test_signing_never_overwrites(signed: sign.Signed, attempt: Path, key: keys.SigningKey) -> None:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from imagegate.attest import dsse, keys, sign
+from imagegate.attest.vsa import RUN_FIELD
 from tests.policies.conftest import Keys, payload, result_statement, vsa
 
 
@@ -21,9 +22,9 @@ def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
         "pass": ("PASS", "PASSED", cpu, "PASSED"),
         "gpu_pass": ("PASS", "PASSED", gpu, "PASSED"),
         "deferred": ("CPU_PASS_GPU_ENV_DEFERRED", "PASSED", cpu, "WARNED"),
-        "skipped": ("CPU_PASS_PIP_CHECK_DEFERRED", "FAILED", [], "WARNED"),
-        "fail": ("FAIL", "FAILED", [], "FAILED"),
-        "error": ("ERROR", "FAILED", [], "FAILED"),
+        "skipped": ("CPU_PASS_PIP_CHECK_DEFERRED", "FAILED", ["FAILED"], "WARNED"),
+        "fail": ("FAIL", "FAILED", ["FAILED"], "FAILED"),
+        "error": ("ERROR", "FAILED", ["FAILED"], "FAILED"),
     }
     for name, (verdict, result, levels, tested) in expect.items():
         acceptance = payload(runs[name] / sign.DSSE_FILE)
@@ -43,7 +44,7 @@ def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
 
 
 def test_the_vsa_lists_what_ran_was_deferred_and_left_out(runs: dict[str, Path]) -> None:
-    stages = {name: vsa(runs[name])["predicate"]["imagegate"]["stages"] for name in runs}
+    stages = {name: vsa(runs[name])["predicate"][RUN_FIELD]["stages"] for name in runs}
     assert stages["skipped"] == {
         "passed": ["find_spec"],
         "failed": [],
@@ -54,7 +55,7 @@ def test_the_vsa_lists_what_ran_was_deferred_and_left_out(runs: dict[str, Path])
     }
     assert stages["deferred"]["deferred"] == ["gpu_env"] and stages["deferred"]["gpuStages"] == ["gpu_env"]
     assert stages["deferred"]["userSkipped"] == [] and stages["pass"]["passed"] == ["pip_check", "find_spec"]
-    assert vsa(runs["skipped"])["predicate"]["imagegate"]["verdict"] == "CPU_PASS_PIP_CHECK_DEFERRED"
+    assert vsa(runs["skipped"])["predicate"][RUN_FIELD]["verdict"] == "CPU_PASS_PIP_CHECK_DEFERRED"
 
 
 def test_test_result_names_pipeline_and_probes_bundle_by_digest(runs: dict[str, Path]) -> None:

@@ -20,6 +20,11 @@ from imagegate.model import levels as levels_of
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 TEST_RESULT_PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
 VERIFIER_ID = "https://imagegate.dev/verifier"
+# SLSA's VSA v1: producers may add extension fields "using field names that are URIs".
+RUN_FIELD = "https://imagegate.dev/attestations/vsa/run"
+# verifiedLevels when verification failed, as the VSA v1 spec says it ("or FAILED if policy
+# verification failed"): never an empty list.
+FAILED_LEVELS = ["FAILED"]
 COMPLETION_LINK = "completes/attestation.dsse.json"  # where `complete` keeps the earlier envelope
 
 
@@ -132,11 +137,11 @@ def build_vsa(statement: dict[str, Any], acceptance_uri: str, acceptance_bytes: 
             "policy": _policy(pred),
             "inputAttestations": input_attestations(pred, acceptance_uri, acceptance_bytes),
             "verificationResult": "PASSED" if reached else "FAILED",
-            "verifiedLevels": reached,
+            "verifiedLevels": reached or FAILED_LEVELS,
             "slsaVersion": "1.0",
-            # An extension (SLSA's parsing rules: consumers ignore fields they do not know): what
-            # ran, so that a level can be read back to the stages that earned it.
-            "imagegate": {"verdict": pred.get("verdict"), "stages": stage_outcomes(pred)},
+            # An extension (consumers ignore fields they do not know): what ran, so that a level
+            # can be read back to the stages that earned it.
+            RUN_FIELD: {"verdict": pred.get("verdict"), "stages": stage_outcomes(pred)},
         },
     }
 
