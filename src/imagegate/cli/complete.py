@@ -32,7 +32,9 @@ from imagegate.sizes import parse_memory
     "with its own pipeline and plan, against the same image (refused, exit 3, when its ID or "
     "digest differs; with --here, the same interpreter and distributions). Writes a new attempt "
     "beside the earlier one whose signed statement links it and whose verdict covers both; the "
-    "earlier attempt is never changed. Exit codes as for run."
+    "earlier attempt is never changed. --attach pushes the completion's acceptance, VSA and "
+    "test-result to the image the earlier attempt judged in its registry, as run --attach does, "
+    "replacing the deferred statements of the same pipeline there. Exit codes as for run."
 )
 def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
