@@ -20,7 +20,7 @@ from imagegate.drivers.select import DriverName, DriverOptions, make_driver, nee
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.gpus import GpuRequest
-from imagegate.model import ImageFacts, RunRecord, exit_code
+from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, RunRecord, exit_code
 from imagegate.runner import Notify, Observation, Prepared, conclude, new_attempt
 
 if TYPE_CHECKING:
@@ -291,8 +291,9 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     if outputs.key is not None:
         signed = sign_attempt(attempt.dir, statement, outputs.key)
         notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
+    left = None
     if signed is not None and outputs.attach and observer.reference is not None:
-        _attach(signed, observer.reference, image, outputs.insecure, notify)
+        left = _attach(signed, observer.reference, image, outputs.insecure, notify)
     from imagegate.report import formats
 
     provenance = _provenance(attempt.dir, outputs.key) if outputs.reports else None
@@ -304,6 +305,9 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
     code = exit_code(record.verdict, require_complete=outputs.require_complete)
     rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
+    if left is not None and code == EXIT_ACCEPTED:
+        # Attached, but beside earlier statements a controller still reads: not admitted as it is.
+        code, rejected_by = EXIT_REJECTED, "--attach left earlier statements (named above)"
     return Accepted(record, statement, signed, used_stdout, code, rejected_by)
 
 
@@ -353,8 +357,11 @@ def driver_for(
         return make_driver(chosen, opts)
 
 
-def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, notify: Notify) -> None:
+def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, notify: Notify) -> str | None:
+    """Attach the acceptance, the VSA and the test-result; each replaces the earlier ones of its
+    type and pipeline. Returns what a registry refused to delete, as a message; None otherwise."""
     from imagegate.attest import attach, referrers
+    from imagegate.report import console_attest
 
     ref = attach.parse_image(reference)
     if image.index_digest and image.manifest_digest and image.repository:
@@ -365,8 +372,18 @@ def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, n
             ref = ref.with_digest(image.manifest_digest)
     with attach.client_for(ref, insecure=insecure) as client:
         # The standard statements too: admission policies are written against them.
-        for envelope in (signed.envelope, *signed.standard):
-            done, referred = referrers.attach_and_refer(client, ref, envelope)
+        pairs = [
+            referrers.attach_and_refer(client, ref, envelope)
+            for envelope in (signed.envelope, *signed.standard)
+        ]
+    done, referred = pairs[-1]
     notify(
         f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s); referrers via {referred.via})"
     )
+    gone = [g.describe() for d, r in pairs for g in (*d.replaced, *r.replaced)]
+    if gone:
+        notify(f"replaced {', '.join(gone)}: {console_attest.REPLACED_KEPT}")
+    left = console_attest.remaining(pairs, ref.repository)
+    if left is not None:
+        print(f"imagegate: {left}", file=sys.stderr)
+    return left

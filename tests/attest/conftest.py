@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -106,18 +107,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def start_registry(root: Path, *, delete: bool = True) -> Iterator[str]:
+    """`delete`: whether the registry allows manifest deletion (distribution's default is off)."""
     exe = shutil.which("docker-registry")
     if exe is None:
         pytest.fail("docker-registry is not installed (Debian package docker-registry)")
-    root = tmp_path_factory.mktemp("registry")
     port = free_port()
     cfg = root / "config.yml"
     cfg.write_text(
         "version: 0.1\n"
         "log: {level: warn}\n"
-        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}\n"
+        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: {str(delete).lower()}}}}}\n"
         f"http: {{addr: '127.0.0.1:{port}'}}\n"
     )
     log = open(root / "registry.log", "wb")  # noqa: SIM115  (closed after the process stops)
@@ -142,6 +143,12 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with start_registry(tmp_path_factory.mktemp("registry")) as host:
+        yield host
 
 
 def docker(*args: str, stdin: bytes | None = None) -> str:

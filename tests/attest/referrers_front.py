@@ -2,7 +2,7 @@
 Debian's docker-registry (distribution 2.8) does not and no registry that does installs here.
 It passes every request to the real registry and adds only the API: a pushed manifest with a
 `subject` is indexed (and answered with `OCI-Subject`), `GET /v2/NAME/referrers/DIGEST` lists
-them. Named as a fake; everything else is the real registry's answer."""
+them, and a manifest the registry deleted is unlisted. Named as a fake; everything else is the real registry's answer."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def referrers_front(upstream: str) -> Iterator[str]:
             m = _MANIFEST.match(self.path)
             if m and self.command == "PUT" and resp.status_code == 201:
                 extra = self._index(m["repo"], body)
+            if m and self.command == "DELETE" and resp.status_code == 202:
+                # A deleted manifest is no longer a referrer (what a registry with the API does).
+                for listed in index.values():
+                    listed[:] = [e for e in listed if e["digest"] != m["ref"]]
             self._send(resp.status_code, {**dict(resp.headers), **extra}, resp.content)
 
         def _index(self, repo: str, body: bytes) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Attach and fetch against a real registry (Debian's docker-registry on 127.0.0.1, no auth),
-with an image pushed by the real Docker engine: the `.att` layout cosign reads, an earlier
-attestation preserved, `verify --image` from the registry."""
+with an image pushed by the real Docker engine: the `.att` layout cosign reads, another
+pipeline's attestation preserved, `verify --image` from the registry."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 from imagegate.attest import attach, keys, sign
 from imagegate.attest import statement as st
+from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
 from tests.attest.conftest import cli, docker
 
@@ -22,16 +23,24 @@ pytestmark = pytest.mark.engine
 
 
 def _signed(
-    tmp_path: Path, ref: str, key: keys.SigningKey, verdict: str, name: str, *, pushed: bool = True
+    tmp_path: Path,
+    ref: str,
+    key: keys.SigningKey,
+    verdict: str,
+    name: str,
+    *,
+    pushed: bool = True,
+    pipeline: str = "python",
 ) -> Path:
-    """An attestation of `ref`; `pushed=False`: made before the push, its subject the config digest."""
+    """An attestation of `ref` by `pipeline` (its VSA and test-result beside it); `pushed=False`:
+    made before the push, its subject the config digest."""
     parsed = attach.parse_image(ref)
     with attach.client_for(parsed) as client:
         remote = attach.resolve(client, parsed)
     rec = RunRecord(
         attempt_id=name,
         attempt_dir=str(tmp_path / name),
-        pipeline={"name": "python", "version": "1", "sha256": "a" * 64, "source": "builtin:python"},
+        pipeline={"name": pipeline, "version": "1", "sha256": "a" * 64, "source": f"builtin:{pipeline}"},
         plan={"apiVersion": "imagegate/v1", "pipeline": {}, "stages": []},
         image=ImageFacts(
             reference=ref,
@@ -69,7 +78,7 @@ def _att(registry: str, ref: str) -> tuple[str, dict[str, Any]]:
     return tag, json.loads(got.raw)
 
 
-def test_attach_appends_like_cosign_and_verify_fetches(registry: str, image: str, tmp_path: Path) -> None:
+def test_attach_adds_like_cosign_and_verify_fetches(registry: str, image: str, tmp_path: Path) -> None:
     key = keys.generate()
     pub = tmp_path / "k.pub"
     pub.write_bytes(key.public.pem)
@@ -81,7 +90,12 @@ def test_attach_appends_like_cosign_and_verify_fetches(registry: str, image: str
     assert tag.startswith("sha256-") and tag.endswith(".att") and tag in r.stdout
     assert m1["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     assert m1["config"]["mediaType"] == "application/vnd.oci.image.config.v1+json"
-    (layer,) = m1["layers"]
+    # The acceptance, and the VSA and test-result signed beside it in the attempt folder.
+    layer, *standard = m1["layers"]
+    assert [x["annotations"]["predicateType"] for x in standard] == [
+        VSA_PREDICATE_TYPE,
+        TEST_RESULT_PREDICATE_TYPE,
+    ]
     assert layer["mediaType"] == "application/vnd.dsse.envelope.v1+json"
     assert layer["annotations"] == {
         "dev.cosignproject.cosign/signature": "",
@@ -89,22 +103,22 @@ def test_attach_appends_like_cosign_and_verify_fetches(registry: str, image: str
         "in-toto.io/predicate-type": st.PREDICATE_TYPE,
     }
 
-    # A second attestation is appended; the earlier layer is kept as it was.
-    second = _signed(tmp_path, image, key, "FAIL", "two")
+    # Another pipeline's attestation is added; the earlier layers are kept as they were.
+    second = _signed(tmp_path, image, key, "FAIL", "two", pipeline="other")
     r = cli("attach", str(second.parent / sign.BUNDLE_FILE), image)
     assert r.returncode == 0, r.stderr
     _, m2 = _att(registry, image)
-    assert len(m2["layers"]) == 2 and m2["layers"][0] == layer
-    # Attaching the same envelope again changes nothing.
+    assert len(m2["layers"]) == 6 and m2["layers"][:3] == m1["layers"]
+    # Attaching the same envelopes again changes nothing.
     r = cli("attach", str(first), image)
-    assert r.returncode == 0 and "already attached" in r.stdout
+    assert r.returncode == 0 and r.stdout.count("already attached") == 3
     assert _att(registry, image)[1] == m2
 
     ok = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "PASS")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "ok      subject" in ok.stdout and "layer 1" in ok.stdout
     failed = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "FAIL")
-    assert failed.returncode == 0 and "layer 2" in failed.stdout  # the other one matches
+    assert failed.returncode == 0 and "layer 4" in failed.stdout  # the other pipeline's matches
     neither = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "ERROR")
     assert neither.returncode == 1 and "FAILED  verdict" in neither.stdout
 

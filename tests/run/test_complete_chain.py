@@ -210,3 +210,16 @@ def test_a_completion_repeats_every_stage_and_a_chain_keeps_where_each_result_ca
         in ok.stdout
         and f"; completes attempt {earlier.name} (verdict" in ok.stdout
     ), ok.stdout
+
+
+def test_complete_attach_refuses_an_attempt_of_no_registry_image_before_running(
+    earlier: Path, chain_keys: dict[str, tuple[Path, Path, str]]
+) -> None:
+    """A `run --here` attempt judged an environment, no registry manifest: `complete --attach`
+    has nowhere to attach the completion, and says so before anything runs or is written."""
+    out = earlier.parent.parent
+    before = _tree(out)
+    r = _complete(earlier, "--key", str(chain_keys["A"][0]), "--attach")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "--attach" in r.stderr and "no registry image to attach to" in r.stderr
+    assert _tree(out) == before

@@ -2,8 +2,9 @@
 (`cosign attest --key`), so that cosign, Kyverno and sigstore policy-controller find them:
 an image manifest tagged `sha256-<hex>.att` in the image's repository, one layer per DSSE
 envelope (media type `application/vnd.dsse.envelope.v1+json`, annotations
-`dev.cosignproject.cosign/signature: ""` and `predicateType`), appended to what is already there
-rather than replacing it."""
+`dev.cosignproject.cosign/signature: ""` and `predicateType`), added to what is already there;
+an earlier imagegate statement of the same predicate type and pipeline is dropped, as
+`cosign attest --replace` drops earlier layers of the new one's type (attest/replace.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagegate.attest import dsse
+from imagegate.attest.replace import Replaced, outcome, replaces
 from imagegate.errors import UsageError
 from imagegate.oci import engineapi
 from imagegate.oci.digest import digest_of, is_digest, split_digest
@@ -35,6 +37,7 @@ class Attached:
     layer_digest: str
     layers: int  # in the .att manifest now
     already: bool  # the same envelope was there: nothing pushed
+    replaced: tuple[Replaced, ...] = ()  # the earlier layers dropped from the .att manifest
 
 
 @dataclass(frozen=True)
@@ -248,23 +251,33 @@ def attach(
     layer = envelope.to_json(indent=None).rstrip(b"\n")  # compact, as cosign writes it
     layer_digest = digest_of(layer)
     old = _existing(client, repo, tag)
-    layers: list[dict[str, Any]] = list(old["layers"]) if old else []
+    layers: list[dict[str, Any]] = []
+    replaced: list[Replaced] = []
+    for x in old["layers"] if old else []:
+        same = isinstance(x, dict) and x.get("digest") == layer_digest
+        gone = None if same else _replaced(client, repo, x, statement, image)
+        if gone is None:
+            layers.append(x)
+        else:
+            replaced.append(gone)
     pinned = f"{ref.registry}/{repo}@{image.digests[0]}"
-    if any(isinstance(x, dict) and x.get("digest") == layer_digest for x in layers):
+    there = any(isinstance(x, dict) and x.get("digest") == layer_digest for x in layers)
+    if there and not replaced:
         return Attached(pinned, tag, "", layer_digest, len(layers), True)
-    client.upload_blob(repo, layer, layer_digest)
-    layers.append(
-        {
-            "mediaType": DSSE_LAYER_MEDIA_TYPE,
-            "size": len(layer),
-            "digest": layer_digest,
-            "annotations": {
-                SIGNATURE_ANNOTATION: "",
-                PREDICATE_TYPE_ANNOTATION: predicate_type,
-                INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type,
-            },
-        }
-    )
+    if not there:
+        client.upload_blob(repo, layer, layer_digest)
+        layers.append(
+            {
+                "mediaType": DSSE_LAYER_MEDIA_TYPE,
+                "size": len(layer),
+                "digest": layer_digest,
+                "annotations": {
+                    SIGNATURE_ANNOTATION: "",
+                    PREDICATE_TYPE_ANNOTATION: predicate_type,
+                    INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type,
+                },
+            }
+        )
     config = _config(client, repo, old, [str(x.get("digest")) for x in layers])
     config_digest = client.upload_blob(repo, config)
     media_type = str(old.get("mediaType") or OCI_MANIFEST) if old else OCI_MANIFEST
@@ -282,7 +295,47 @@ def attach(
         manifest["annotations"] = old["annotations"]
     raw = json.dumps(manifest, separators=(",", ":")).encode()
     pushed = client.put_manifest(repo, tag, raw, media_type)
-    return Attached(pinned, tag, pushed, layer_digest, len(layers), False)
+    return Attached(pinned, tag, pushed, layer_digest, len(layers), False, tuple(replaced))
+
+
+def layer_envelope(client: RegistryClient, repo: str, layer: Any) -> dsse.Envelope | None:
+    """The DSSE envelope an `.att` layer holds, or None for a layer that is not one (someone
+    else's layer, not ours to judge)."""
+    if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_LAYER_MEDIA_TYPE:
+        return None
+    digest = layer.get("digest")
+    if not isinstance(digest, str) or not is_digest(digest):
+        return None
+    data = read_blob(client, repo, digest)
+    try:
+        return dsse.from_json(data)
+    except UsageError:
+        return None
+
+
+def replaced_by(
+    statement: Mapping[str, Any], envelope: dsse.Envelope | None, image: RemoteImage, where: str
+) -> Replaced | None:
+    """What `statement` replaces of an earlier `envelope` of `image` (attest/replace.py), or None."""
+    if envelope is None:
+        return None
+    try:
+        old = statement_of(envelope)
+    except UsageError:
+        return None
+    if not replaces(statement, old, subject_digests(old), image.digests[0]):
+        return None
+    return Replaced(where, str(old.get("predicateType")), outcome(old))
+
+
+def _replaced(
+    client: RegistryClient, repo: str, layer: Any, statement: Mapping[str, Any], image: RemoteImage
+) -> Replaced | None:
+    try:
+        envelope = layer_envelope(client, repo, layer)
+    except RegistryError:
+        return None  # a layer that cannot be read is kept: only what is read as ours is replaced
+    return replaced_by(statement, envelope, image, f"layer {layer.get('digest')}")
 
 
 def statement_of(envelope: dsse.Envelope) -> dict[str, Any]:
@@ -304,15 +357,7 @@ def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
         return []
     out = []
     for n, layer in enumerate(doc["layers"], 1):
-        if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_LAYER_MEDIA_TYPE:
-            continue
-        digest = layer.get("digest")
-        if not isinstance(digest, str) or not is_digest(digest):
-            continue
-        data = read_blob(client, repo, digest)
-        try:
-            env = dsse.from_json(data)
-        except UsageError:
-            continue  # not an envelope: someone else's layer, not ours to judge
-        out.append(FetchedEnvelope(f"{image.reference.registry}/{repo}:{tag} layer {n}", env))
+        env = layer_envelope(client, repo, layer)
+        if env is not None:
+            out.append(FetchedEnvelope(f"{image.reference.registry}/{repo}:{tag} layer {n}", env))
     return out

@@ -20,12 +20,14 @@ from imagegate.attest.attach import (
     FetchedEnvelope,
     RemoteImage,
     read_blob,
+    replaced_by,
     statement_of,
 )
 from imagegate.attest.envelopes import read_envelopes
+from imagegate.attest.replace import Replaced, locked
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import is_digest, split_digest
+from imagegate.oci.digest import digest_of, is_digest, split_digest
 from imagegate.oci.manifest import OCI_INDEX, OCI_MANIFEST
 from imagegate.oci.reference import Reference
 from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
@@ -41,6 +43,9 @@ class Referred:
     manifest_digest: str  # of the artifact manifest
     via: str  # "the referrers API" or "tag sha256-<hex>" (the fallback index)
     already: bool  # it was listed there already
+    replaced: tuple[Replaced, ...] = ()  # earlier referrers deleted or unlisted
+    # Earlier referrers it replaces that are still listed: the registry refused to delete them.
+    remaining: tuple[Replaced, ...] = ()
 
 
 def fallback_tag(digest: str) -> str:
@@ -73,16 +78,29 @@ _EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f6
 
 
 def refer(client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope) -> Referred:
-    """Push `envelope` as a referrer of `image` (whose subject the caller has checked)."""
+    """Push `envelope` as a referrer of `image` (whose subject the caller has checked), then
+    remove the earlier referrers it replaces (attest/replace.py): unlisted from the fallback
+    index, deleted where the registry indexes them itself."""
     repo = image.reference.repository
     layer = envelope.to_json(indent=None).rstrip(b"\n")
-    predicate_type = str(statement_of(envelope).get("predicateType", ""))
+    statement = statement_of(envelope)
+    predicate_type = str(statement.get("predicateType", ""))
     client.upload_blob(repo, EMPTY, _EMPTY_DIGEST)
     layer_digest = client.upload_blob(repo, layer)
     raw = artifact_manifest(_subject(client, repo, image.digests[0]), layer, predicate_type, layer_digest)
+    new_digest = digest_of(raw)
+    stale = {
+        digest: gone
+        for digest, _, env in _referred(client, image)
+        if digest != new_digest
+        and (gone := replaced_by(statement, env, image, f"referrer {digest}")) is not None
+    }
     digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
     if indexed:
-        return Referred(digest, "the referrers API", False)
+        # Pushed first, deleted after: a reader in between sees both, never neither.
+        refused = [gone for d, gone in stale.items() if not client.delete_manifest(repo, d)]
+        done = tuple(gone for gone in stale.values() if gone not in refused)
+        return Referred(digest, "the referrers API", False, done, tuple(refused))
     descriptor = {
         "mediaType": OCI_MANIFEST,
         "digest": digest,
@@ -90,7 +108,12 @@ def refer(client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope) -
         "artifactType": ARTIFACT_TYPE,
         "annotations": {INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type},
     }
-    return _add_to_fallback(client, repo, image.digests[0], descriptor)
+    referred = _add_to_fallback(client, repo, image.digests[0], descriptor, set(stale))
+    for d in stale:
+        # Unlisted is enough for a reader of the fallback tag; the manifest itself is removed
+        # where the registry allows it, and left, unread, where it does not.
+        client.delete_manifest(repo, d)
+    return Referred(referred.manifest_digest, referred.via, referred.already, tuple(stale.values()))
 
 
 def _fallback_index(client: RegistryClient, repo: str, tag: str) -> dict[str, Any]:
@@ -110,14 +133,18 @@ def _fallback_index(client: RegistryClient, repo: str, tag: str) -> dict[str, An
     return index
 
 
-def _add_to_fallback(client: RegistryClient, repo: str, digest: str, descriptor: dict[str, Any]) -> Referred:
+def _add_to_fallback(
+    client: RegistryClient, repo: str, digest: str, descriptor: dict[str, Any], unlist: set[str]
+) -> Referred:
     tag = fallback_tag(digest)
     index = _fallback_index(client, repo, tag)
-    if any(isinstance(d, dict) and d.get("digest") == descriptor["digest"] for d in index["manifests"]):
+    listed = [d for d in index["manifests"] if not (isinstance(d, dict) and d.get("digest") in unlist)]
+    already = any(isinstance(d, dict) and d.get("digest") == descriptor["digest"] for d in listed)
+    if already and len(listed) == len(index["manifests"]):
         return Referred(descriptor["digest"], f"tag {tag}", True)
-    index["manifests"].append(descriptor)
+    index["manifests"] = listed if already else [*listed, descriptor]
     client.put_manifest(repo, tag, json.dumps(index, separators=(",", ":")).encode(), OCI_INDEX)
-    return Referred(descriptor["digest"], f"tag {tag}", False)
+    return Referred(descriptor["digest"], f"tag {tag}", already)
 
 
 def _listed(client: RegistryClient, repo: str, digest: str) -> tuple[list[dict[str, Any]], str]:
@@ -142,9 +169,10 @@ def _listed(client: RegistryClient, repo: str, digest: str) -> tuple[list[dict[s
     return out, via
 
 
-def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
-    """Every DSSE envelope referring to the image, through the API or the fallback tag. A listed
-    manifest whose subject is another image is not ours to read (an index anyone could push)."""
+def _referred(client: RegistryClient, image: RemoteImage) -> list[tuple[str, str, dsse.Envelope]]:
+    """(manifest digest, where it is listed, envelope) of every DSSE envelope referring to the
+    image. A listed manifest whose subject is another image is not ours to read (an index anyone
+    could push)."""
     repo, digest = image.reference.repository, image.digests[0]
     descriptors, via = _listed(client, repo, digest)
     out = []
@@ -168,28 +196,64 @@ def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
             env = dsse.from_json(read_blob(client, repo, str(layers[0]["digest"])))
         except UsageError:
             continue
-        out.append(FetchedEnvelope(f"{image.reference.registry}/{repo} referrer {d['digest']} ({via})", env))
+        out.append((str(d["digest"]), via, env))
     return out
+
+
+def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
+    """Every DSSE envelope referring to the image, through the API or the fallback tag."""
+    where = f"{image.reference.registry}/{image.reference.repository}"
+    return [FetchedEnvelope(f"{where} referrer {d} ({via})", env) for d, via, env in _referred(client, image)]
 
 
 def attach_and_refer(
     client: RegistryClient, ref: Reference, envelope: dsse.Envelope
 ) -> tuple[Attached, Referred]:
     """Both places admission controllers look: the `.att` tag (attach.attach, which checks the
-    subject) and a referrer of the same manifest digest (pinned: a moved tag cannot split them)."""
-    done = attach.attach(client, ref, envelope)
-    image = attach.resolve(client, attach.parse_image(done.reference))
-    return done, refer(client, image, envelope)
+    subject) and a referrer of the same manifest digest (pinned: a moved tag cannot split them).
+    Each is read, changed and written back under the image's lock (attest/replace.py)."""
+    pinned = attach.resolve(client, ref).reference
+    with locked(str(pinned)):
+        done = attach.attach(client, pinned, envelope)
+        image = attach.resolve(client, attach.parse_image(done.reference))
+        return done, refer(client, image, envelope)
 
 
-def attach_file(path: Path, image: str, *, insecure: bool = False) -> tuple[Attached, Referred]:
-    """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry."""
+def attach_file(path: Path, image: str, *, insecure: bool = False) -> list[tuple[Attached, Referred]]:
+    """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry; an
+    attempt's acceptance brings the VSA and test-result signed beside it (`standard_beside`)."""
     envelopes = read_envelopes(path)
     if len(envelopes) != 1:
         raise UsageError(f"attestation {path}: holds {len(envelopes)} envelopes; attach one at a time")
     ref = attach.parse_image(image)
     with attach.client_for(ref, insecure=insecure) as client:
-        return attach_and_refer(client, ref, envelopes[0])
+        return [
+            attach_and_refer(client, ref, env) for env in (envelopes[0], *standard_beside(path, envelopes[0]))
+        ]
+
+
+def standard_beside(path: Path, envelope: dsse.Envelope) -> list[dsse.Envelope]:
+    """The VSA and test-result in the attempt folder holding the acceptance `path`, when they are
+    about the same subject and pipeline: attached with it, as `run --attach` does, so that the
+    statements a controller reads say the same verdict. None for any other attestation."""
+    from imagegate.attest import replace, sign
+    from imagegate.attest.statement import PREDICATE_TYPE
+
+    statement = statement_of(envelope)
+    if statement.get("predicateType") != PREDICATE_TYPE:
+        return []
+    out = []
+    for name in (sign.VSA_FILE, sign.TEST_RESULT_FILE):
+        try:
+            (env,) = read_envelopes(path.parent / name)
+            st = statement_of(env)
+        except (UsageError, OSError, ValueError):
+            continue
+        if st.get("subject") == statement.get("subject") and replace.pipeline_of(st) == replace.pipeline_of(
+            statement
+        ):
+            out.append(env)
+    return out
 
 
 def fetch_all(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:

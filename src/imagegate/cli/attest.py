@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -131,8 +132,13 @@ def verify(
     "  imagegate attach runs/…/attestation.dsse.json 127.0.0.1:5000/team/vllm:0.11\n\n"
     "  imagegate attach attestation.sigstore.json registry.example/team/vllm@sha256:…\n\n"
     "Pushes the attestation as `cosign attest --key` does: tag sha256-<hex>.att in the image's "
-    "repository, one DSSE layer per attestation, added to those already there; and as an OCI 1.1 "
-    "referrer of the image (the referrers API, or the sha256-<hex> tag where the registry lacks it). Registry "
+    "repository, one DSSE layer per attestation; and as an OCI 1.1 "
+    "referrer of the image (the referrers API, or the sha256-<hex> tag where the registry lacks it). "
+    "An attempt's acceptance brings the VSA and test-result signed beside it. Each replaces, for "
+    "that image, the earlier imagegate statements of its type and pipeline (admission controllers "
+    "read every one), as `cosign attest --replace` does, and says which; another tool's and another "
+    "pipeline's stay. Exit 0 when attached, 1 when the registry refused to delete a replaced "
+    "referrer (named: controllers still read it), 3 for unreadable input. Registry "
     "credentials come from the usual docker/podman auth files."
 )
 def attach(
@@ -146,6 +152,15 @@ def attach(
 ) -> None:
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""
+    from imagegate.attest.attach import parse_image
     from imagegate.attest.referrers import attach_file  # lazy: keeps CLI start-up fast
 
-    console_attest.render_attached(*attach_file(attestation, image, insecure=insecure))
+    pairs = attach_file(attestation, image, insecure=insecure)
+    for done, referred in pairs:
+        console_attest.render_attached(done, referred)
+    if any(done.replaced or referred.replaced for done, referred in pairs):
+        print(console_attest.REPLACED_KEPT)
+    left = console_attest.remaining(pairs, parse_image(image).repository)
+    if left is not None:
+        print(f"imagegate: {left}", file=sys.stderr)
+        raise typer.Exit(EXIT_REJECTED)

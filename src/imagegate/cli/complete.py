@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -30,7 +32,9 @@ from imagegate.sizes import parse_memory
     "with its own pipeline and plan, against the same image (refused, exit 3, when its ID or "
     "digest differs; with --here, the same interpreter and distributions). Writes a new attempt "
     "beside the earlier one whose signed statement links it and whose verdict covers both; the "
-    "earlier attempt is never changed. Exit codes as for run."
+    "earlier attempt is never changed. --attach pushes the completion's acceptance, VSA and "
+    "test-result to the image the earlier attempt judged in its registry, as run --attach does, "
+    "replacing the deferred statements of the same pipeline there. Exit codes as for run."
 )
 def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
@@ -64,6 +68,15 @@ def complete(
     ),
     trusted_keys: list[Path] = TRUSTED_KEYS,
     no_sign: bool = o.NO_SIGN,
+    attach: bool = Option(
+        False,
+        "--attach",
+        help="Push the completion's signed statements to the image's repository, replacing the "
+        "deferred ones of the same pipeline there.",
+    ),
+    insecure: bool = Option(
+        False, "--insecure", help="Registry (--attach): skip TLS verification, fall back to HTTP."
+    ),
     fmt: Format = o.FORMAT,
     report: list[str] = o.REPORT,
     quiet: bool = o.QUIET,
@@ -98,6 +111,9 @@ def complete(
         seen_at = modelpath.in_sandbox(mounted, name is DriverName.here) if mounted else None
         earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted, seen_at)
         notify(f"{earlier.dir.name} verified with key {earlier.signer}")
+        if attach:
+            outputs = dataclasses.replace(outputs, attach=True, insecure=insecure)
+            accept.check_outputs(outputs, _attach_to(earlier.predicate), no_sign=no_sign)
         rootfs = name is DriverName.rootfs
         was = earlier.predicate.get("image") or {}
         with accept.within(prep, timeout):  # the earlier attempt is verified: now the clock runs
@@ -137,3 +153,18 @@ def _trusted(
             hint="pass --trust PUB, the public key the earlier attempt was signed with",
         )
     return (signing.public,)
+
+
+def _attach_to(predicate: dict[str, Any]) -> str:
+    """The registry image a completion attaches to: the one the earlier attempt judged by its
+    manifest digest. An image no registry held has nowhere to attach to: refused before the run."""
+    image = predicate.get("image") or {}
+    if image.get("subjectDigest") != "manifest" or not image.get("reference"):
+        raise UsageError(
+            f"--attach: the earlier attempt judged {image.get('reference') or 'an image'} by its "
+            f"{image.get('subjectDigest') or 'environment'}, not by a registry manifest digest: "
+            "there is no registry image to attach to",
+            hint="push the image, run it from the registry and complete that attempt; or attach by hand "
+            "later with imagegate attach",
+        )
+    return str(image["reference"])

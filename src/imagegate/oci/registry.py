@@ -487,6 +487,22 @@ class RegistryClient:
         resp = self._put_manifest(repository, digest, raw, media_type)
         return digest, bool(resp.headers.get("OCI-Subject"))
 
+    def delete_manifest(self, repository: str, digest: str) -> bool:
+        """Delete the manifest `digest` names; False where the registry refuses deletion (405
+        UNSUPPORTED: distribution's default, `storage.delete.enabled` off). One already gone is
+        deleted."""
+        try:
+            resp = self.request(
+                "DELETE",
+                f"/v2/{repository}/manifests/{digest}",
+                scope=self._scope(repository, "delete"),
+                ok=(202, 405),
+                what=f"deleting the manifest {repository}@{digest}",
+            )
+        except NotFound:
+            return True
+        return resp.status_code == 202
+
     def referrers(self, repository: str, digest: str) -> bytes | None:
         """The referrers API's index for `digest` (bounded like any manifest), or None where
         the registry does not serve the API (404, as the OCI distribution spec says)."""

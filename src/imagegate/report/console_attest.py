@@ -39,3 +39,26 @@ def render_attached(done: Attached, referred: Referred) -> None:
         print(f"  layer {done.layer_digest}, manifest {done.manifest_digest}")
     said = "already a referrer" if referred.already else "referrer"
     print(f"{said} {referred.manifest_digest}, listed by {referred.via}")
+    for gone in (*done.replaced, *referred.replaced):
+        print(f"  replaced {gone.describe()}")
+
+
+REPLACED_KEPT = (
+    "the replaced statements are no longer attached; they stay in the attempt folders that signed "
+    "them (the registry held only their envelopes)"
+)
+
+
+def remaining(pairs: list[tuple[Attached, Referred]], repository: str) -> str | None:
+    """What an attach leaves that it should have replaced (a registry that refuses deletion), as
+    the message that goes with exit 1; None when nothing is left."""
+    left = [gone for _, referred in pairs for gone in referred.remaining]
+    if not left:
+        return None
+    named = ", ".join(gone.describe() for gone in left)
+    return (
+        f"the registry refused to delete {len(left)} earlier statement(s) the new ones replace: {named}; "
+        "admission controllers still read them\n"
+        "  hint: enable deletion in the registry (distribution: storage.delete.enabled: true) and attach "
+        f"again, or delete them by hand (DELETE /v2/{repository}/manifests/DIGEST)"
+    )
