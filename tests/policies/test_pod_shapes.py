@@ -184,15 +184,17 @@ def test_policy_controller_refuses_every_gpu_route_on_a_deferred_verdict(
     cases += [(kind, shape, False) for kind in KINDS for shape in CPU_SHAPES]
     objs = [_shaped(kind, (GPU_ROUTES if gpu else CPU_SHAPES)[shape]) for kind, shape, gpu in cases]
     judged = _policy_controller(runs, policy_keys, "deferred", objs, tmp_path)
-    for (kind, shape, gpu), (ok, said) in zip(cases, judged, strict=True):
-        if gpu:
-            assert not ok and f'"a GPU route needs imagegate-gpu"."{SAID[shape]}"' in said[-1], (
-                kind,
-                shape,
-                said,
-            )
-        else:
-            assert ok, (kind, shape, said)
+    outcomes = list(zip(cases, judged, strict=True))
+    admitted = [(kind, shape) for (kind, shape, gpu), (ok, _) in outcomes if gpu and ok]
+    assert admitted == [], admitted
+    refused = [(kind, shape, said) for (kind, shape, gpu), (ok, said) in outcomes if not gpu and not ok]
+    assert refused == [], refused
+    for (kind, shape, gpu), (_, said) in outcomes:
+        assert not gpu or f'"a GPU route needs imagegate-gpu"."{SAID[shape]}"' in said[-1], (
+            kind,
+            shape,
+            said,
+        )
 
 
 def test_policy_controller_admits_every_shape_on_the_gpu_level(
