@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ POLICIES = ROOT / "policies"
 KYVERNO = POLICIES / "kyverno-clusterpolicy.yaml"
 POLICY_CONTROLLER = POLICIES / "policy-controller-clusterimagepolicy.yaml"
 PLACEHOLDER = "REPLACE WITH THE CONTENTS OF imagegate.pub"
+CPU_RULE = "pods-without-gpus-need-imagegate-cpu"
+GPU_RULE = "pods-with-gpus-need-imagegate-gpu"
 
 
 def pod(*, gpu: bool) -> dict[str, Any]:
@@ -35,6 +38,30 @@ def pod(*, gpu: bool) -> dict[str, Any]:
         "metadata": {"name": "p"},
         "spec": {"containers": [sidecar, container]},
     }
+
+
+# Where each Pod controller holds its Pod template (the Kubernetes API's workload kinds).
+TEMPLATE_PATHS = {
+    "Deployment": ("apps/v1", ["template"]),
+    "StatefulSet": ("apps/v1", ["template"]),
+    "DaemonSet": ("apps/v1", ["template"]),
+    "ReplicaSet": ("apps/v1", ["template"]),
+    "Job": ("batch/v1", ["template"]),
+    "CronJob": ("batch/v1", ["jobTemplate", "spec", "template"]),
+}
+
+
+def templated(kind: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` as the Pod template of a `kind` (Deployment, Job, StatefulSet, CronJob...)."""
+    api, path = TEMPLATE_PATHS[kind]
+    spec: dict[str, Any] = {"metadata": {"labels": {"app": "a"}}, "spec": pod["spec"]}
+    for key in reversed(path):
+        spec = {key: spec}
+    if kind != "CronJob" and kind != "Job":
+        spec["selector"] = {"matchLabels": {"app": "a"}}
+    if kind == "CronJob":
+        spec["schedule"] = "0 * * * *"
+    return {"apiVersion": api, "kind": kind, "metadata": {"name": "w"}, "spec": spec}
 
 
 def _filled_key(text: str, pem: str) -> str:
@@ -57,22 +84,57 @@ def _pinned_kyverno(policy: dict[str, Any], pin: tuple[str, str]) -> dict[str, A
     return policy
 
 
+# Kyverno's autogen, as pkg/autogen/v1 in kyverno/kyverno writes it: a rule that matches Pods is
+# copied for the Pod controllers (autogen.go: generateRules, convertRule), named autogen-NAME or
+# autogen-cronjob-NAME, and its JSON text is rewritten by these byte replacements (rule.go:
+# updateFields, podReplacementRules and cronJobReplacementRules).
+AUTOGEN = {
+    "pods": ("autogen", "spec.template."),
+    "CronJob": ("autogen-cronjob", "spec.jobTemplate.spec.template."),
+}
+AUTOGEN_CONTROLLERS = {"DaemonSet", "Deployment", "Job", "StatefulSet", "ReplicaSet", "ReplicationController"}
+
+
+def kyverno_rules(policy: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The rules Kyverno applies to an object of `kind`: the Pod rules as written for a Pod, their
+    autogen copies for a Pod controller (the policy sets no autogen-controllers annotation: all)."""
+    assert "pod-policies.kyverno.io/autogen-controllers" not in policy["metadata"].get("annotations", {})
+    rules = [r for r in policy["spec"]["rules"] if "Pod" in r["match"]["any"][0]["resources"]["kinds"]]
+    if kind == "Pod":
+        return rules
+    prefix, into = AUTOGEN["CronJob" if kind == "CronJob" else "pods"]
+    assert kind == "CronJob" or kind in AUTOGEN_CONTROLLERS, kind
+    made = []
+    for rule in rules:
+        text = json.dumps(rule)
+        for old in ("request.object.", "request.oldObject."):
+            for field in ("spec", "metadata"):
+                text = text.replace(old + field, old + into + field)
+        copy = json.loads(text)
+        copy["name"] = f"{prefix}-{rule['name']}"[:63]
+        made.append(copy)
+    return made
+
+
 def kyverno(
-    pod: dict[str, Any],
+    obj: dict[str, Any],
     attempt: Path,
     pem: str,
     now: dt.datetime,
     work: Path,
     pin: tuple[str, str] | None = None,
+    edit: Callable[[str], str] | None = None,
 ) -> list[str]:
-    """What Kyverno's ClusterPolicy refuses, per rule; empty: admitted. `pin`: the pipeline
-    (name or file, sha256) the policy is pinned to; None: as shipped."""
-    policy = yaml.safe_load(KYVERNO.read_text())
+    """What Kyverno's ClusterPolicy refuses, per rule; empty: admitted. `obj`: a Pod or a Pod
+    controller; `pin`: the pipeline (name or file, sha256) the policy is pinned to; None: as
+    shipped; `edit`: a change made to the policy's text first, as its comments tell a user to."""
+    text = KYVERNO.read_text()
+    policy = yaml.safe_load(edit(text) if edit else text)
     if pin is not None:
         policy = _pinned_kyverno(policy, pin)
     refused = []
-    request = {"request": {"object": pod, "operation": "CREATE"}}
-    for rule in policy["spec"]["rules"]:
+    request = {"request": {"object": obj, "operation": "CREATE"}}
+    for rule in kyverno_rules(policy, obj["kind"]):
         if not engines.conditions_hold([rule["preconditions"]], request, now):
             continue
         for check in rule["verifyImages"]:
@@ -93,18 +155,30 @@ def not_before(now: dt.datetime, days: int = 7) -> str:
 
 
 def policy_controller(
-    pod: dict[str, Any],
+    obj: dict[str, Any], attempt: Path, pem: str, floor: str | None, work: Path, **options: Any
+) -> tuple[bool, list[str]]:
+    """Each authority matches when the VSA's signature verifies with its key and every one of its
+    attestation policies holds (the CUE engine on the statement); the ClusterImagePolicy's own
+    policy then judges {spec, authorityMatches} (the CUE engine again). `floor`: what NOT_BEFORE
+    is rendered to (None: the file as shipped); `options`: `pin`, `edit`, as for `kyverno`."""
+    return policy_controller_many([obj], attempt, pem, floor, work, **options)[0]
+
+
+def policy_controller_many(
+    objs: list[dict[str, Any]],
     attempt: Path,
     pem: str,
     floor: str | None,
     work: Path,
     pin: tuple[str, str] | None = None,
-) -> tuple[bool, list[str]]:
-    """Each authority matches when the VSA's signature verifies with its key and every one of its
-    attestation policies holds (the CUE engine on the statement); the ClusterImagePolicy's own
-    policy then judges {spec, authorityMatches} (the CUE engine again). `floor`: what NOT_BEFORE
-    is rendered to (None: the file as shipped); `pin`: as for `kyverno`."""
-    cip = yaml.safe_load(POLICY_CONTROLLER.read_text())["spec"]
+    edit: Callable[[str], str] | None = None,
+) -> list[tuple[bool, list[str]]]:
+    """`policy_controller` for each of `objs` (Pods or Pod controllers) with one image, in order.
+    The policy is given the object's highest-level spec, as policy-controller's includeSpec gives
+    it (sigstore/policy-controller, pkg/webhook/validator.go: ValidatePod passes the Pod's spec,
+    ValidatePodSpecable a Deployment's, Job's, StatefulSet's... spec, ValidateCronJob the CronJob's)."""
+    text = POLICY_CONTROLLER.read_text()
+    cip = yaml.safe_load(edit(text) if edit else text)["spec"]
     statement = vsa(attempt)
     matches: dict[str, Any] = {}
     said = []
@@ -131,7 +205,7 @@ def policy_controller(
         if len(held) == len(authority["attestations"]):
             matches[authority["name"]] = {"attestations": held}
     if not matches:  # no authority matched: refused before the policy is looked at
-        return False, said
-    data = {"spec": pod["spec"], "authorityMatches": matches}
-    ok, why = engines.cue_vet(cip["policy"]["data"], json.loads(json.dumps(data)), work / "cip")
-    return ok, [*said, why] if why else said
+        return [(False, said) for _ in objs]
+    datas = [json.loads(json.dumps({"spec": obj["spec"], "authorityMatches": matches})) for obj in objs]
+    judged = engines.cue_vet_many(cip["policy"]["data"], datas, work / "cip")
+    return [(ok, [*said, why] if why else said) for ok, why in judged]

@@ -27,8 +27,7 @@ def _judge(
     return admission.kyverno(pod(gpu=gpu), attempt, keys.pub.read_text(), _now(attempt, days), tmp)
 
 
-CPU_RULE = "pods-without-gpus-need-imagegate-cpu"
-GPU_RULE = "pods-with-gpus-need-imagegate-gpu"
+CPU_RULE, GPU_RULE = admission.CPU_RULE, admission.GPU_RULE
 
 
 def _both(runs: dict[str, Path], keys: Keys, name: str, tmp: Path) -> dict[str, list[str]]:

@@ -37,7 +37,7 @@ def test_a_pass_without_gpu_stages_or_with_a_skip_is_no_gpu_level(
     ok, said = _judge(runs, policy_keys, "pass", gpu=False, tmp=tmp_path / "pass-cpu")
     assert ok, said
     ok, said = _judge(runs, policy_keys, "pass", gpu=True, tmp=tmp_path / "pass-gpu")
-    assert not ok and 'authorityMatches."imagegate-gpu"' in said[-1], said
+    assert not ok and '"a GPU route needs imagegate-gpu"."app limits nvidia.com/gpu"' in said[-1], said
     for gpu in (False, True):
         ok, said = _judge(runs, policy_keys, "skipped", gpu=gpu, tmp=tmp_path / f"skipped-{gpu}")
         assert not ok, said
@@ -56,7 +56,7 @@ def test_a_deferred_verdict_admits_only_pods_without_gpus(
         ok, said = _judge(runs, policy_keys, name, gpu=False, tmp=tmp_path / name / "cpu")
         assert ok, said
         ok, said = _judge(runs, policy_keys, name, gpu=True, tmp=tmp_path / name / "gpu")
-        assert not ok and 'authorityMatches."imagegate-gpu"' in said[-1], said
+        assert not ok and '"a GPU route needs imagegate-gpu"."app limits nvidia.com/gpu"' in said[-1], said
 
 
 def test_an_attestation_older_than_seven_days_is_refused(
@@ -93,7 +93,9 @@ def test_pinned_pipelines_admit_their_own_vsa_only(
     pin = (pipeline["uri"], pipeline["digest"]["sha256"])
     today = not_before(dt.datetime.now(dt.timezone.utc))
     pem = policy_keys.pub.read_text()
-    ok, said = admission.policy_controller(pod(gpu=False), runs["pass"], pem, today, tmp_path / "p", pin)
+    ok, said = admission.policy_controller(pod(gpu=False), runs["pass"], pem, today, tmp_path / "p", pin=pin)
     assert ok, said
-    ok, said = admission.policy_controller(pod(gpu=False), runs["deferred"], pem, today, tmp_path / "d", pin)
+    ok, said = admission.policy_controller(
+        pod(gpu=False), runs["deferred"], pem, today, tmp_path / "d", pin=pin
+    )
     assert not ok and "imagegate-cpu/accepted-cpu" in said[0], said
