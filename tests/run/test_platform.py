@@ -90,6 +90,11 @@ def test_the_docker_driver_signs_the_amd64_manifest_of_an_index(
         pinned = f"{repository}@{two.amd64_digest}"
         found = imagegate("verify", "--image", pinned, "--key", f"{key}.pub", "--expect-verdict", "PASS")
         assert found.returncode == 0, found.stdout + found.stderr
+        # the tag names the index: nothing is attached there, and verify says where to look
+        by_tag = imagegate("verify", "--image", two.ref, "--key", f"{key}.pub")
+        assert by_tag.returncode == 1, by_tag.stdout + by_tag.stderr
+        assert "names an index, and a run attests the platform manifest that ran" in by_tag.stdout
+        assert f"linux/amd64 {two.amd64_digest}" in by_tag.stdout, by_tag.stdout
         # a local name of the image: the engine knows it by the index; verify finds the manifest
         (envelope,) = out.glob("sha256-*/*/attestation.dsse.json")
         local = imagegate("verify", str(envelope), "--key", f"{key}.pub", "--image", images["python"])

@@ -8,6 +8,7 @@ an earlier imagegate statement of the same predicate type and pipeline is droppe
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,16 @@ from imagegate.attest.replace import Replaced, outcome, replaces
 from imagegate.errors import UsageError
 from imagegate.oci import engineapi
 from imagegate.oci.digest import digest_of, is_digest, split_digest
-from imagegate.oci.manifest import DOCKER_MANIFEST, MANIFEST_TYPES, OCI_CONFIG, OCI_MANIFEST
+from imagegate.oci.manifest import (
+    DOCKER_MANIFEST,
+    INDEX_TYPES,
+    MANIFEST_TYPES,
+    OCI_CONFIG,
+    OCI_MANIFEST,
+    Index,
+    ManifestError,
+    parse_manifest,
+)
 from imagegate.oci.reference import Reference, parse_reference
 from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
 
@@ -27,6 +37,7 @@ SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"  # empty for attesta
 PREDICATE_TYPE_ANNOTATION = "predicateType"  # what cosign writes and filters on
 INTOTO_PREDICATE_TYPE_ANNOTATION = "in-toto.io/predicate-type"  # what other scanners filter on
 MAX_ENVELOPE_BYTES = 16 << 20  # an attestation layer is a JSON document; refuse anything larger
+MAX_PLATFORMS_NAMED = 16  # an index's platforms named in a message: bounded, however many it lists
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,9 @@ class Attached:
 class RemoteImage:
     reference: Reference  # pinned: .digest is set
     digests: tuple[str, ...]  # manifest digest, then the config digest when there is one
+    # Where the reference names an index: each platform's manifest ("os/arch" -> digest), from
+    # the same bytes that were read (an index is no image that ran).
+    platforms: tuple[tuple[str, str], ...] = ()
 
     @property
     def subject_digests(self) -> tuple[str, ...]:
@@ -177,7 +191,15 @@ def resolve(client: RegistryClient, ref: Reference) -> RemoteImage:
             config = None
         if isinstance(config, str) and is_digest(config):
             digests.append(config)
-    return RemoteImage(ref.with_digest(top.digest), tuple(digests))
+    platforms: tuple[tuple[str, str], ...] = ()
+    if top.media_type in INDEX_TYPES:
+        with contextlib.suppress(ManifestError):
+            index = parse_manifest(top.raw, top.media_type, str(ref))
+            if isinstance(index, Index):
+                platforms = tuple(
+                    (str(d.platform or "unknown"), d.digest) for d in index.manifests if d.digest
+                )[:MAX_PLATFORMS_NAMED]
+    return RemoteImage(ref.with_digest(top.digest), tuple(digests), platforms)
 
 
 def _existing(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | None:

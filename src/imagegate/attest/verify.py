@@ -538,11 +538,18 @@ def verify_image(
     pinned = f"{ref.registry}/{ref.repository}@{remote.digests[0]}"
     if not fetched:
         rep = Report(pinned)
+        index = ""
+        if remote.platforms:  # a run judges one platform: its statements name that manifest
+            listed = ", ".join(f"{p} {d}" for p, d in remote.platforms)
+            index = (
+                f"; {image} names an index, and a run attests the platform manifest that ran "
+                f"({listed}): verify --image {ref.registry}/{ref.repository}@<that digest>"
+            )
         rep.add(
             "attestation",
             "failed",
             f"no attestation attached to {pinned} (tag {attach.attestation_tag(remote.digests[0])}, "
-            "nor as a referrer)",
+            f"nor as a referrer){index}",
         )
         return rep
     reports = [
