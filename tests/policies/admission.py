@@ -164,6 +164,19 @@ def policy_controller(
     return policy_controller_many([obj], attempt, pem, floor, work, **options)[0]
 
 
+def attestation_cue(att: dict[str, Any], floor: str | None, pin: tuple[str, str] | None = None) -> str:
+    """An authority's attestation policy as deployed: NOT_BEFORE rendered to `floor` (None: as
+    shipped) and, with `pin`, its pipeline lists pinned."""
+    cue = str(att["policy"]["data"])
+    if floor is not None:
+        cue = cue.replace("NOT_BEFORE", floor)
+    if pin is not None:  # as docs/attestations.md says: `string` replaced by the value
+        for name, value in zip(("_pipelines", "_pipelineDigests"), pin, strict=True):
+            assert f"{name}: string\n" in cue, "the shipped policy admits any pipeline"
+            cue = cue.replace(f"{name}: string\n", f"{name}: {json.dumps(value)}\n")
+    return cue
+
+
 def policy_controller_many(
     objs: list[dict[str, Any]],
     attempt: Path,
@@ -190,14 +203,7 @@ def policy_controller_many(
         held = {}
         for m, att in enumerate(authority["attestations"]):
             assert att["predicateType"] == statement["predicateType"]
-            cue = att["policy"]["data"]
-            if floor is not None:
-                cue = cue.replace("NOT_BEFORE", floor)
-            if pin is not None:  # as docs/attestations.md says: `string` replaced by the value
-                for name, value in zip(("_pipelines", "_pipelineDigests"), pin, strict=True):
-                    assert f"{name}: string\n" in cue, "the shipped policy admits any pipeline"
-                    cue = cue.replace(f"{name}: string\n", f"{name}: {json.dumps(value)}\n")
-            ok, why = engines.cue_vet(cue, statement, work / f"a{n}-{m}")
+            ok, why = engines.cue_vet(attestation_cue(att, floor, pin), statement, work / f"a{n}-{m}")
             if ok:
                 held[att["name"]] = [{"subject": "", "issuer": ""}]
             else:
