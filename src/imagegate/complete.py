@@ -24,7 +24,7 @@ from imagegate.attest.statement import evidence_files, read_stage
 from imagegate.drivers.interface import Driver
 from imagegate.errors import NotVerified, UsageError
 from imagegate.evidence import Attempt
-from imagegate.model import ImageFacts, StageResult, Status, waiting_on_deferred
+from imagegate.model import ImageFacts, StageResult, Status, recorded_needs, waiting_on_deferred
 from imagegate.pipeline.params import ServeParams
 from imagegate.plan import Plan
 
@@ -62,12 +62,7 @@ class Earlier:
         never ran for want of them (SKIPPED, waiting on one): a stage carried over as SKIPPED
         would leave a completed verdict naming as passed what never ran. Plan order."""
         stages = [read_stage(raw) for raw in self.predicate.get("stages") or []]
-        needs = {
-            str(st.get("id")): [str(n) for n in st.get("needs") or []]
-            for st in (self.predicate.get("plan") or {}).get("stages") or []
-            if isinstance(st, dict)
-        }
-        waiting = waiting_on_deferred(stages, needs)
+        waiting = waiting_on_deferred(stages, recorded_needs(self.predicate.get("plan") or {}))
         return [s.id for s in stages if s.status is Status.DEFERRED or s.id in waiting]
 
     def evidence_sha256(self, path: str) -> str | None:

@@ -76,6 +76,18 @@ def verdict(stages: Iterable[StageResult]) -> str:
     return "CPU_PASS_" + "_".join(deferred) + "_DEFERRED"
 
 
+USER_SKIP = "--skip "  # how a plan records a stage the user left out (plan.PlannedStage.skipped)
+
+
+def recorded_needs(plan: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Stage id -> the ids it needs, from a plan as recorded (plan.json, a statement's plan)."""
+    return {
+        str(st.get("id")): [str(n) for n in st.get("needs") or []]
+        for st in plan.get("stages") or []
+        if isinstance(st, dict)
+    }
+
+
 def waiting_on_deferred(
     stages: Iterable[StageResult], needs: Mapping[str, Iterable[str]]
 ) -> dict[str, list[str]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from imagegate.errors import UsageError
+from imagegate.model import USER_SKIP
 from imagegate.pipeline import LoadedPipeline
 from imagegate.pipeline.model import Pipeline, Stage
 from imagegate.pipeline.params import (
@@ -26,7 +27,6 @@ from imagegate.pipeline.params import (
 from imagegate.pipeline.probes import PROBES, Side
 
 API_VERSION = "imagegate/v1"
-USER_SKIP = "--skip "  # how a plan records a stage the user left out
 
 
 @dataclass(frozen=True)

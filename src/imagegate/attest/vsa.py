@@ -12,7 +12,7 @@ import hashlib
 from typing import Any
 
 from imagegate.attest.statement import STATEMENT_TYPE
-from imagegate.model import EXIT_ACCEPTED, Status, exit_code
+from imagegate.model import EXIT_ACCEPTED, USER_SKIP, Status, exit_code
 from imagegate.model import LEVEL_CPU as LEVEL_CPU  # where policies' tests and reports find them
 from imagegate.model import LEVEL_GPU as LEVEL_GPU
 from imagegate.model import levels as levels_of
@@ -79,7 +79,7 @@ def stage_outcomes(pred: dict[str, Any]) -> dict[str, list[str]]:
     out["userSkipped"] = [
         str(st.get("id"))
         for st in (pred.get("plan") or {}).get("stages") or []
-        if isinstance(st, dict) and str(st.get("skipped") or "").startswith("--skip")
+        if isinstance(st, dict) and str(st.get("skipped") or "").startswith(USER_SKIP)
     ]
     out["gpuStages"] = sorted(_gpu_stage_ids(pred))
     return out

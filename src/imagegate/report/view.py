@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagegate.model import RunRecord, StageResult, Status, waiting_on_deferred
+from imagegate.model import RunRecord, StageResult, Status, recorded_needs, waiting_on_deferred
 
 OUTPUT_CAP = 64 * 1024  # per stream and stage in a report: the evidence folder keeps it all
 
@@ -80,12 +80,7 @@ def reasons(stage: StageResult) -> list[str]:
 def deferred_skips(record: RunRecord) -> dict[str, list[str]]:
     """SKIPPED stage id -> the DEFERRED stages it waited on (model.waiting_on_deferred): checks
     that never ran, though the verdict token names only the deferred ones."""
-    needs = {
-        str(st.get("id")): [str(n) for n in st.get("needs") or []]
-        for st in record.plan.get("stages") or []
-        if isinstance(st, dict)
-    }
-    return waiting_on_deferred(record.stages, needs)
+    return waiting_on_deferred(record.stages, recorded_needs(record.plan))
 
 
 def deferred_note(record: RunRecord) -> str:
