@@ -72,8 +72,14 @@ class Run:
             "max_tokens": int(max_tokens or self.params.get("max_tokens", 4)),
             "temperature": 0,
         }
-        t = self.left(timeout or float(self.params.get("request_timeout", 120)))
-        return serve_http.request(self.host, self.port, "POST", "/v1/chat/completions", body, t)
+        return serve_http.request(
+            self.host, self.port, "POST", "/v1/chat/completions", body, self.budget(timeout)
+        )
+
+    def budget(self, timeout=None) -> float:
+        """Seconds one request may take: its own timeout (the pipeline's request_timeout), never
+        past the stage's deadline."""
+        return self.left(timeout or float(self.params.get("request_timeout", 120)))
 
 
 def fill(argv, model, host: str, port: int) -> list:
@@ -190,7 +196,7 @@ def steps(r: Run) -> None:
         return
     timeline = r.data["timeline"]
     at = r.server.elapsed()
-    streamed = serve_http.stream(r.host, r.port, "/v1/chat/completions", stream_body(r), r.left(120))
+    streamed = serve_http.stream(r.host, r.port, "/v1/chat/completions", stream_body(r), r.budget())
     if streamed["first_token_s"] is not None:
         timeline["first_token_s"] = round(at + streamed["first_token_s"], 3)
     functional(r, streamed)

@@ -1,15 +1,48 @@
 """Bounded HTTP to the server under test (loopback only): every answer read up to a cap, every
-call under a timeout; a failure is data (status None and the reason), never an exception."""
+call ended at its own deadline (the request's timeout, from connect to the last byte); a failure
+is data (status None and the reason), never an exception."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
+import threading
 import time
 
 BODY_CAP = 1024 * 1024
 LINE_CAP = 256 * 1024
+
+
+class Deadline:
+    """Ends one request at its deadline whatever the server sends. A socket timeout bounds each
+    read alone, so a server that trickles a byte now and then would hold the request until the
+    stage's own deadline; at this one the socket is shut and the blocked read returns."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+        self.conn = conn
+        self.seconds = seconds
+        self.passed = False
+        self.timer = threading.Timer(max(0.05, seconds), self.fire)
+        self.timer.daemon = True
+
+    def fire(self) -> None:
+        self.passed = True
+        sock = self.conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def said(self) -> str:
+        return "no whole answer within the request's %.3g s (request_timeout)" % self.seconds
+
+    def __enter__(self) -> Deadline:
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.cancel()
 
 
 class Answer:
@@ -37,16 +70,20 @@ class Answer:
 def request(host: str, port: int, method: str, path: str, body=None, timeout: float = 10.0) -> Answer:
     started = time.monotonic()
     conn = http.client.HTTPConnection(host, port, timeout=max(0.05, timeout))
-    try:
-        data = None if body is None else json.dumps(body).encode("utf-8")
-        conn.request(method, path, data, {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        raw = r.read(BODY_CAP + 1)
-        return Answer(r.status, raw[:BODY_CAP], None, time.monotonic() - started)
-    except (OSError, http.client.HTTPException) as e:
-        return Answer(None, b"", "%s: %s" % (type(e).__name__, e), time.monotonic() - started)
-    finally:
-        conn.close()
+    with Deadline(conn, timeout) as deadline:
+        try:
+            data = None if body is None else json.dumps(body).encode("utf-8")
+            conn.request(method, path, data, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            raw = r.read(BODY_CAP + 1)
+            if not deadline.passed:
+                return Answer(r.status, raw[:BODY_CAP], None, time.monotonic() - started)
+        except (OSError, http.client.HTTPException) as e:
+            if not deadline.passed:
+                return Answer(None, b"", "%s: %s" % (type(e).__name__, e), time.monotonic() - started)
+        finally:
+            conn.close()
+    return Answer(None, b"", deadline.said(), time.monotonic() - started)
 
 
 def stream(host: str, port: int, path: str, body, timeout: float) -> dict:
@@ -61,18 +98,21 @@ def stream(host: str, port: int, path: str, body, timeout: float) -> dict:
         "events": 0,
     }
     conn = http.client.HTTPConnection(host, port, timeout=max(0.05, timeout))
-    try:
-        conn.request("POST", path, json.dumps(body).encode("utf-8"), {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        out["status"] = r.status
-        if r.status != 200:
-            out["error"] = r.read(BODY_CAP)[:300].decode("utf-8", "replace")
-            return out
-        read_events(r, out, started, time.monotonic() + timeout)
-    except (OSError, http.client.HTTPException) as e:
-        out["error"] = "%s: %s" % (type(e).__name__, e)
-    finally:
-        conn.close()
+    with Deadline(conn, timeout) as deadline:
+        try:
+            conn.request("POST", path, json.dumps(body).encode("utf-8"), {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            out["status"] = r.status
+            if r.status != 200:
+                out["error"] = r.read(BODY_CAP)[:300].decode("utf-8", "replace")
+            else:
+                read_events(r, out, started, time.monotonic() + timeout)
+        except (OSError, http.client.HTTPException) as e:
+            out["error"] = "%s: %s" % (type(e).__name__, e)
+        finally:
+            conn.close()
+    if deadline.passed and not out["done"]:
+        out["error"] = deadline.said()
     return out
 
 

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import ast
 import base64
+import http.server
 import os
+import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from tests.probes.test_parsers import load
+
+T = TypeVar("T")
 
 
 @pytest.mark.parametrize(
@@ -196,3 +202,74 @@ def test_each_parse_only_check_says_it_parsed_and_runs_on_python_3_8(engine: str
     code = load("platforms").OVERRIDES[check["platform"]] + check["code"]
     assert load("serve").PARSED in code
     ast.parse(code, feature_version=(3, 8))
+
+
+class _Trickling(http.server.BaseHTTPRequestHandler):
+    """A server that answers 200 and then sends one byte of its body every 50 ms, for ever: no
+    single read ever waits long enough for a socket timeout to trip."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(1 << 30))
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b"d")
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass  # the client gave up: what its deadline does
+
+
+@pytest.fixture()
+def trickling() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickling)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def _bounded(call: Callable[[], T]) -> tuple[T, float]:
+    """`call()` and its seconds; a call still blocked after 60 s fails the test instead of hanging it."""
+    out: list[T] = []
+    started = time.monotonic()
+    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert out, "the request was still reading the trickle after 60 s: its timeout was not honoured"
+    return out[0], time.monotonic() - started
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["request", "streamed"])
+def test_a_trickling_server_gets_the_request_s_own_timeout(trickling: int, streamed: bool) -> None:
+    http_ = load("serve_http")
+    body = {"model": "m", "messages": [], "stream": streamed}
+    if streamed:
+        out, seconds = _bounded(
+            lambda: http_.stream("127.0.0.1", trickling, "/v1/chat/completions", body, 1.0)
+        )
+        assert out["status"] == 200 and not out["done"]
+        error = out["error"]
+    else:
+        answer, seconds = _bounded(
+            lambda: http_.request("127.0.0.1", trickling, "POST", "/v1/chat/completions", body, 1.0)
+        )
+        assert answer.status is None
+        error = answer.error
+    assert error == "no whole answer within the request's 1 s (request_timeout)"
+    assert seconds >= 1.0  # ended by the deadline, not by something else sooner
+
+
+def test_the_streamed_request_is_given_the_pipeline_s_request_timeout() -> None:
+    run = load("serve").Run({"request_timeout": 10}, time.monotonic() + 90)
+    assert 9 < run.budget() <= 10
+    assert load("serve").Run({}, time.monotonic() + 90).budget() <= 90  # never past the stage

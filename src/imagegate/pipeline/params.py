@@ -307,7 +307,12 @@ class ServeParams(Params):
     startup_timeout: float | None = Field(
         default=None, gt=0, le=86400, description="Seconds for readiness (default: the stage's deadline)."
     )
-    request_timeout: float = Field(default=120, gt=0, le=3600, description="Seconds per request.")
+    request_timeout: float = Field(
+        default=120,
+        gt=0,
+        le=3600,
+        description="Seconds per request, from connect to its last byte (the streamed request too).",
+    )
     max_tokens: int = Field(default=4, ge=1, le=4096)
     media: list[Literal["image", "video"]] = Field(
         default_factory=list,
