@@ -333,3 +333,46 @@ def test_no_user_namespaces_names_the_sysctl(tmp_path: Path) -> None:
     assert "user namespaces are switched off (user.max_user_namespaces = 0" in p.stdout
     assert "sysctl -w user.max_user_namespaces=15000" in p.stdout
     assert "--driver docker" in p.stdout
+
+
+SCRATCH_CHECK = (
+    "grep NoNewPrivs /proc/self/status && ls /dev/null && echo x > /tmp/x && cat /tmp/x"
+    " && ls -d /sys && ! touch /made-here 2>/dev/null && echo ok"
+)
+
+
+def assert_engine_mount_points(root: Path) -> None:
+    """A command in the sandbox on `root` (busybox at /bin) finds /proc, /dev, a writable /tmp and
+    /sys, cannot write to /, and nothing is written into `root`."""
+    before = sorted(p.name for p in root.iterdir())
+    with seccomp.program_fd() as fd:
+        argv, _ = bwrap.Sandbox(root, bwrap.ImageConfig.from_config({})).argv(
+            bwrap.check_host(), ["/bin/busybox", "sh", "-c", SCRATCH_CHECK], fd
+        )
+        done = bwrap.run(argv, stdin=b"", deadline_s=60, pass_fds=(fd,))
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.decode().splitlines()[-2:] == ["/sys", "ok"], done.stdout
+    assert b"NoNewPrivs:\t1" in done.stdout
+    assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_an_image_built_from_scratch_gets_the_mount_points_an_engine_gives(tmp_path: Path) -> None:
+    # FROM scratch + busybox: no /proc, /dev, /sys or /tmp; bwrap alone cannot make them in a
+    # read-only root ("Can't mkdir /proc").
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2("/bin/busybox", root / "bin" / "busybox")
+    (root / "bin" / "sh").symlink_to("busybox")
+    assert_engine_mount_points(root)
+    # A /proc that is a link (a hostile image's) gets the sandbox's own too.
+    (root / "proc").symlink_to("/etc")
+    assert_engine_mount_points(root)
+
+
+def test_a_root_with_more_top_level_entries_than_an_image_has_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    for n in range(bwrap.MAX_TOP_ENTRIES + 1):
+        (root / f"e{n}").touch()
+    with pytest.raises(UsageError, match="more than 4096 top-level entries"):
+        bwrap.Sandbox(root, bwrap.ImageConfig.from_config({})).argv(bwrap.check_host(), ["true"])

@@ -2,7 +2,9 @@
 
 What every run gets (bwrap 0.8, Debian's `bubblewrap`):
 - the root bound read-only at /, a fresh tmpfs /tmp (size-limited), a fresh /proc, a minimal /dev
-  (null, zero, full, random, urandom, tty, pts, shm: no GPU or other host device);
+  (null, zero, full, random, urandom, tty, pts, shm: no GPU or other host device); an image
+  without those folders (built FROM scratch) gets them, and an empty /sys, as an engine gives
+  them, on a root of the sandbox's own, its entries bound in read-only;
 - new user, pid, network, ipc, uts and cgroup namespaces (`--unshare-all`): loopback only, no
   route out; no user namespace can be made inside (`--disable-userns`);
 - every capability dropped (`--cap-drop ALL`), no new privileges (bwrap always sets it), a new
@@ -22,6 +24,7 @@ What every run gets (bwrap 0.8, Debian's `bubblewrap`):
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import resource
 import shutil
@@ -389,11 +392,11 @@ class Sandbox:
         argv += ["--cap-drop", "ALL", "--hostname", SANDBOX_HOSTNAME]
         argv += ["--uid", str(ident.uid), "--gid", str(ident.gid)]
         binds = [a for host, inside in self.ro_binds for a in ("--ro-bind", host, inside)]
-        if self.gpus is None:
+        if self.gpus is None and has_mount_points(self.root):
             argv += ["--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev"]
             argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp", *binds]
         else:
-            argv += self._root_with_gpus(self.gpus, binds)
+            argv += self._own_root(self.gpus, binds)
         argv += ["--chdir", self.config.working_dir or "/", "--clearenv"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
@@ -401,13 +404,22 @@ class Sandbox:
             argv += ["--setenv", k, v]
         return [*argv, "--", *command], ident
 
-    def _root_with_gpus(self, gpus: cdi.Injection, binds: list[str]) -> list[str]:
+    def _own_root(self, gpus: cdi.Injection | None, binds: list[str]) -> list[str]:
         """The image's top-level entries bound read-only onto bwrap's own (tmpfs) root, which can
-        then take cdi.DRIVER_DIR; the root made read-only once every mount point is made."""
+        then take the mount points the image lacks (an image built FROM scratch has no /proc,
+        /dev, /sys or /tmp; an engine makes them, and so does this, never in the unpacked copy)
+        and cdi.DRIVER_DIR; the root made read-only once every mount point is made."""
         top = cdi.DRIVER_DIR.strip("/")
+        with os.scandir(self.root) as scan:
+            entries = list(itertools.islice(scan, MAX_TOP_ENTRIES + 1))
+        if len(entries) > MAX_TOP_ENTRIES:
+            raise UsageError(
+                f"the image root {self.root} has more than {MAX_TOP_ENTRIES} top-level entries; not run",
+                hint="an image's / holds a few dozen folders; look at how this image was built",
+            )
         argv: list[str] = []
-        for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
-            if entry.name == top:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if gpus is not None and entry.name == top:
                 raise UsageError(
                     f"the image has its own /{top}, where the GPU driver's files go; not run with --gpus",
                     hint="run it with --driver docker (or podman) and the NVIDIA Container Toolkit",
@@ -418,9 +430,28 @@ class Sandbox:
                 argv += ["--symlink", os.readlink(entry.path), "/" + entry.name]
             elif entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
                 argv += ["--ro-bind", entry.path, "/" + entry.name]
-        argv += ["--proc", "/proc", "--dev", "/dev", *gpus.bwrap_args()]
+        if not any(e.name == "sys" for e in entries):
+            argv += ["--dir", "/sys"]  # the mount point only: no sysfs here, with or without it
+        argv += ["--proc", "/proc", "--dev", "/dev", *(gpus.bwrap_args() if gpus is not None else [])]
         argv += ["--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp", *binds]
         return [*argv, "--remount-ro", "/"]
+
+
+# Past this a root is not an image's: each entry is one bind on the sandbox's command line.
+MAX_TOP_ENTRIES = 4096
+# The mount points bwrap fills; a root lacking one of them as a plain folder gets them on its own root.
+MOUNT_POINTS = ("proc", "dev", "tmp")
+
+
+def has_mount_points(root: Path) -> bool:
+    """Whether `root` has /proc, /dev and /tmp as folders (not links), where bwrap mounts its own."""
+    for name in MOUNT_POINTS:
+        try:
+            if not stat.S_ISDIR(os.lstat(root / name).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def run(
