@@ -197,6 +197,9 @@ def test_a_spec_file_is_read_and_applied_in_cdi_order(host: cdi.Host, tmp_path: 
         ("kind: nvidia.com/gpu\ndevices: [{name: '0'}]\ncontainerEdits: {mounts: [{hostPath: /nonexistent/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1}]}\n", "/nonexistent/libcuda.so.1 is not a file on this host"),
         ("kind: nvidia.com/gpu\ndevices: [{containerEdits: {}}]\n", "a device without a name"),
         ("kind: nvidia.com/gpu\ndevices: [{name: '0'}\n", "not YAML or JSON"),
+        # A few KiB of aliases would be millions of mounts to walk.
+        ("kind: nvidia.com/gpu\nx: &m [{hostPath: /a.so, containerPath: /a.so}]\ny: &l [*m, *m, *m, *m]\ndevices: [{name: '0', containerEdits: {mounts: *l}}]\n", "a YAML alias (*m); a CDI spec is plain data"),
+        ("kind: nvidia.com/gpu\nenv: [" + "a, " * 200_000 + "]\n", "more than 200000 YAML nodes"),
     ],
 )  # fmt: skip
 def test_a_bad_spec_is_refused_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
@@ -286,3 +289,32 @@ def test_without_gpus_the_sandbox_has_no_driver_folder(exported: Callable[[str],
         )
         done = bwrap.run(argv, stdin=b"", deadline_s=60, pass_fds=(fd,))
     assert done.stdout.decode().strip() == "[] False"
+
+
+def test_a_spec_of_many_devices_is_applied_whole_and_every_host_path_is_listed(tmp_path: Path) -> None:
+    # 5 000 GPUs, one named by 5 000 digits (more than int() takes), each with its own library
+    # and variable: `--gpus all` takes every one; the injection's facts (the run's evidence) name
+    # every host file bound and every variable set.
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    names = [str(n) for n in range(4_999)] + ["9" * 5000]
+    for n in range(3):
+        (libs / f"lib{n}.so").write_bytes(b"\x7fELF")
+    devices = [
+        {
+            "name": name,
+            "containerEdits": {
+                "mounts": [
+                    {"hostPath": str(libs / f"lib{i % 3}.so"), "containerPath": f"/usr/lib/lib{i % 3}.so"}
+                ],
+                "env": [f"GPU_{i}=x", "LD_PRELOAD=/usr/lib/lib2.so"] if i < 2 else [],
+            },
+        }
+        for i, name in enumerate(names)
+    ]
+    (tmp_path / "nvidia.json").write_text(json.dumps({"kind": "nvidia.com/gpu", "devices": devices}))
+    inj = cdi.for_request(parse("all"), dirs=(str(tmp_path),))
+    assert inj.devices == tuple(names)
+    facts = inj.facts()
+    assert sorted(b["host"] for b in facts["read_only"]) == [str(libs / f"lib{n}.so") for n in range(3)]
+    assert {"GPU_0=x", "GPU_1=x", "LD_PRELOAD=/usr/lib/lib2.so"} <= set(facts["env"])

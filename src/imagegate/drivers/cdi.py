@@ -36,6 +36,7 @@ DRIVER_DIR = "/nvidia-driver"  # a top-level folder of the sandbox's own, never 
 LIB_DIR = DRIVER_DIR + "/lib"
 BIN_DIR = DRIVER_DIR + "/bin"
 MAX_SPEC = 4 << 20  # nvidia-ctk's specs are a few KiB
+MAX_SPEC_EVENTS = 200_000  # scalars, mappings and sequences: nvidia-ctk's specs have a few thousand
 REGENERATE = "regenerate it (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml) or remove it"
 
 # The driver's user-space libraries a CUDA program can load (libnvidia-container's compute and
@@ -72,13 +73,16 @@ class Edits:
     links: tuple[tuple[str, str], ...] = ()  # (target, link): a create-symlinks hook's --link
     hooks: tuple[str, ...] = ()  # every hook, as "hookName: path args"
 
-    def __add__(self, other: Edits) -> Edits:
+    @staticmethod
+    def join(parts: Sequence[Edits]) -> Edits:
+        """The edits of `parts` in order, in one pass (adding them pairwise would copy every
+        tuple again for each device: quadratic in a spec of many)."""
         return Edits(
-            self.env + other.env,
-            self.device_nodes + other.device_nodes,
-            self.mounts + other.mounts,
-            self.links + other.links,
-            self.hooks + other.hooks,
+            tuple(x for p in parts for x in p.env),
+            tuple(x for p in parts for x in p.device_nodes),
+            tuple(x for p in parts for x in p.mounts),
+            tuple(x for p in parts for x in p.links),
+            tuple(x for p in parts for x in p.hooks),
         )
 
 
@@ -140,8 +144,21 @@ def parse_spec(data: bytes, where: str) -> Spec | None:
     """A CDI spec file's devices (JSON or YAML); None when its kind is not nvidia.com/gpu."""
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        doc = yaml.safe_load(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        # Aliases first: each one is another walk of what it names, so a few KiB of them cost
+        # as much to read as a spec of gigabytes; a CDI spec (JSON Schema, nvidia-ctk's output)
+        # never has one. Then a bound on the nodes, so the reading below is linear and small.
+        for n, event in enumerate(yaml.parse(text, Loader=loader)):
+            if isinstance(event, yaml.AliasEvent):
+                raise CdiError(
+                    f"CDI spec {where}: a YAML alias (*{event.anchor}); a CDI spec is plain data",
+                    hint=REGENERATE,
+                )
+            if n > MAX_SPEC_EVENTS:
+                raise CdiError(f"CDI spec {where}: more than {MAX_SPEC_EVENTS} YAML nodes", hint=REGENERATE)
+        doc = yaml.load(text, Loader=loader)  # a safe loader, either way
     except (UnicodeDecodeError, yaml.YAMLError) as e:
         raise CdiError(
             f"CDI spec {where}: not YAML or JSON ({str(e).splitlines()[0]})", hint=REGENERATE
@@ -180,7 +197,8 @@ def choose(spec: Spec, request: GpuRequest) -> list[str]:
     """The spec's device names `request` asks for: `all` (the spec's own device "all" where it
     has one), the first N GPUs by index, or the ids named (indexes or UUIDs) -- each exactly."""
     names = spec.names()
-    indexed = sorted((n for n in names if n.isdigit()), key=int)
+    # By number without int(): a name of thousands of digits is refused by int(), not sorted.
+    indexed = sorted((n for n in names if n.isdigit()), key=lambda n: (len(n.lstrip("0")), n.lstrip("0"), n))
     if request.ids:
         missing = [i for i in request.ids if i not in names]
         if missing:
@@ -404,10 +422,8 @@ def inject(spec: Spec, request: GpuRequest) -> Injection:
     """What a sandbox gets for `request` from `spec`; CdiError when the host lacks a node or file
     the spec names, or the spec lacks a GPU asked for."""
     chosen = choose(spec, request)
-    edits = spec.common
     by_name = dict(spec.devices)
-    for name in chosen:
-        edits = edits + by_name[name]
+    edits = Edits.join([spec.common, *(by_name[name] for name in chosen)])
     skipped: list[str] = []
     binds = _binds(edits, spec.source, skipped)
     links = _links(edits, {p for _, p in binds}, skipped)
