@@ -25,8 +25,8 @@ R = TypeVar("R")
 
 
 def _wait_for(tag: str) -> None:
-    """Every thread named `tag-*` has ended (an interrupt again stops the waiting), or, once the
-    deadline's hard stop struck, GRACE_S more passed: a thread blocked on a server that never
+    """Every thread named `tag-*` has ended (a second interrupt is only noted: interrupts.py), or,
+    once the deadline's hard stop struck, GRACE_S more passed: a thread blocked on a server that never
     answers is left to the entry point, which exits without it (cli.main)."""
     me = threading.current_thread()
     give_up = time.monotonic() + deadline.GRACE_S

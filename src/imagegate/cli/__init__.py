@@ -60,7 +60,13 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: every exit code is decided here, once, for every command."""
-    code = run_main(argv)
+    interrupts.install_handlers()  # first: a signal while the rest is still importing is ours too
+    try:
+        code = run_main(argv)
+    except KeyboardInterrupt:  # before the command began (importing it)
+        print("imagegate: interrupted", file=sys.stderr)
+        code = interrupts.exit_code()
+    code = interrupts.ending() or code  # a signal that came on the last lines
     from imagegate import deadline
 
     if deadline.stranded():
@@ -79,7 +85,6 @@ def run_main(argv: list[str] | None = None) -> int:
     from imagegate.errors import ImagegateError
 
     args = sys.argv[1:] if argv is None else list(argv)
-    interrupts.install_handlers()
     command = _command(args)
     if command in COMMAND_MODULES:
         _load([COMMAND_MODULES[command]])

@@ -26,7 +26,7 @@ import docker
 import docker.errors
 import docker.types
 
-from imagegate import modelpath
+from imagegate import interrupts, modelpath
 from imagegate.drivers.interface import (
     STDERR_CAP,
     STDOUT_CAP,
@@ -346,13 +346,15 @@ class DockerDriver(DriverBase):
         """A string says why this interpreter cannot run the bundle (absent, too old)."""
         api = self.client.api
         # Named before it exists: an interrupt that cuts the create call's answer still leaves a
-        # name to remove by. Signals are held while the engine creates and removes it.
+        # name to remove by. An interrupt is held while the engine creates and removes it.
         name = f"imagegate-{secrets.token_hex(8)}"
         out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
         sock: Any = None
         self.live.add(name)
         try:
-            cid = self._create(image, interpreter, sha, name)
+            log.debug("creating container %s", name)
+            with interrupts.critical():
+                cid = self._create(image, interpreter, sha, name)
             sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw: socket.socket = getattr(sock, "_sock", sock)
             cannot = self._start(cid, image, interpreter)
@@ -390,7 +392,8 @@ class DockerDriver(DriverBase):
             if sock is not None:
                 with contextlib.suppress(Exception):
                     sock.close()
-            self._remove(name)
+            with interrupts.critical():
+                self._remove(name)
 
     def _create(self, image: ImageFacts, interpreter: str, sha: str, name: str) -> str:
         """The container, isolated, created (not started): its ID."""
