@@ -39,27 +39,10 @@ def test_interrupted_runs_leave_no_container(images: dict[str, str], tmp_path: P
     delays = [rng.uniform(0.0, 0.4) for _ in range(RUNS)]
 
     def one(i: int) -> tuple[int, int, str]:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "imagegate", "run", images["python"], "-p", "python", "--no-sign",
-             "-o", str(tmp_path / str(i))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
-        )  # fmt: skip
-        try:
-            assert p.stderr is not None
-            head = []
-            for line in p.stderr:
-                head.append(line)
-                if " stages in " in line:
-                    break
-            time.sleep(delays[i])
-            p.send_signal(signal.SIGINT)
-            _, err = p.communicate(timeout=120)
-            err = "".join(head) + err
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        return p.pid, p.returncode, err
+        code, lines, pid = _interrupted(
+            images, tmp_path / str(i), " stages in ", [signal.SIGINT], delay=delays[i], verbose=()
+        )
+        return pid, code, "\n".join(lines)
 
     before = _imagegate_containers()
     with ThreadPoolExecutor(4) as pool:
@@ -83,13 +66,20 @@ def test_interrupted_runs_leave_no_container(images: dict[str, str], tmp_path: P
 
 
 def _interrupted(
-    images: dict[str, str], out: Path, marker: str, signals: list[int], *, flags: tuple[str, ...] = ()
+    images: dict[str, str],
+    out: Path,
+    marker: str,
+    signals: list[int],
+    *,
+    flags: tuple[str, ...] = (),
+    delay: float = 0.0,
+    verbose: tuple[str, ...] = ("-vv",),
 ) -> tuple[int, list[str], int]:
-    """`imagegate run` of the python image, sent `signals` 20 ms apart as soon as a stderr line
-    holds `marker` (the phase began): its exit code, its stderr lines, its PID."""
+    """`imagegate run` of the python image, sent `signals` 20 ms apart, `delay` after a stderr
+    line holds `marker` (the phase began): its exit code, its stderr lines, its PID."""
     p = subprocess.Popen(
         [sys.executable, *flags, "-m", "imagegate", "run", images["python"], "-p", "python", "--no-sign",
-         "-vv", "-o", str(out)],
+         *verbose, "-o", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
     )  # fmt: skip
     try:
@@ -100,6 +90,7 @@ def _interrupted(
             if marker in line:
                 break
         assert marker in head[-1], "".join(head[-20:])
+        time.sleep(delay)
         for n, sig in enumerate(signals):
             if n:
                 time.sleep(0.02)
