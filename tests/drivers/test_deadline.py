@@ -42,7 +42,12 @@ def make_driver(request: pytest.FixtureRequest) -> MakeDriver:
 
 
 def run(
-    driver: Driver, mark: str, sleep: float, deadline_s: float, cancel: threading.Event | None = None
+    driver: Driver,
+    mark: str,
+    sleep: float,
+    deadline_s: float,
+    cancel: threading.Event | None = None,
+    on_stdout: Callable[[bytes], None] | None = None,
 ) -> BundleRun:
     bundle = BUNDLE.format(mark=mark, sleep=sleep).encode()
     image = driver.resolve("imagegate-test/python")
@@ -54,6 +59,7 @@ def run(
             ["python3"],
             deadline_s,
             secrets.token_bytes(32),
+            on_stdout=on_stdout,
             cancel=cancel,
         )
     )
@@ -67,10 +73,15 @@ def gone(mark: str) -> bool:
 
 
 def test_the_deadline_kills_the_bundle_and_what_it_started(make_driver: MakeDriver) -> None:
+    # The deadline scaled from this machine's own start of the bundle, now: on a busy machine a
+    # fixed few seconds can pass before the child is started, and the test would check nothing.
+    t0 = time.monotonic()
+    assert run(make_driver(), f"imagegate-mark-{uuid.uuid4().hex}", sleep=0, deadline_s=600).exit_code == 0
+    deadline_s = 2 + 3 * (time.monotonic() - t0)
     mark = f"imagegate-mark-{uuid.uuid4().hex}"
     t0 = time.monotonic()
-    done = run(make_driver(), mark, sleep=600, deadline_s=4)
-    assert time.monotonic() - t0 < 30
+    done = run(make_driver(), mark, sleep=600, deadline_s=deadline_s)
+    assert time.monotonic() - t0 < deadline_s + 30
     assert done.timed_out and done.exit_code is None
     assert done.error is not None and done.error.startswith("overall deadline reached;")
     assert b"child started" in done.stdout
@@ -80,14 +91,18 @@ def test_the_deadline_kills_the_bundle_and_what_it_started(make_driver: MakeDriv
 def test_cancel_stops_the_bundle_and_what_it_started(make_driver: MakeDriver) -> None:
     mark = f"imagegate-mark-{uuid.uuid4().hex}"
     cancel = threading.Event()
-    timer = threading.Timer(3, cancel.set)
-    timer.start()
+    timer = threading.Timer(0.5, cancel.set)  # started once the bundle says its child runs
+
+    def seen(data: bytes) -> None:
+        if b"child started" in data and timer.ident is None:  # not started yet
+            timer.start()
+
     t0 = time.monotonic()
     try:
-        done = run(make_driver(), mark, sleep=600, deadline_s=600, cancel=cancel)
+        done = run(make_driver(), mark, sleep=600, deadline_s=600, cancel=cancel, on_stdout=seen)
     finally:
         timer.cancel()
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 120
     assert done.timed_out and done.exit_code is None
     assert b"child started" in done.stdout
     assert gone(mark)
