@@ -74,3 +74,20 @@ def test_dash_h_is_help_everywhere() -> None:
             r.returncode == 0 and r.stdout.startswith("Usage: ") and "imagegate" in r.stdout.splitlines()[0]
         ), (args, r.stdout, r.stderr)
         assert r.stdout == cli(*args, "--help").stdout
+
+
+def test_version_imports_none_of_the_product_s_layers() -> None:
+    # `--version` opens every CI log: it answers before the app, the pipeline models (pydantic),
+    # the OCI, attestation and driver layers (or typer itself) are imported.
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "imagegate", "--version"], capture_output=True, text=True
+    )
+    assert p.returncode == 0 and p.stdout.startswith("imagegate "), p.stdout + p.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if "|" in line}
+    heavy = sorted(
+        m
+        for m in imported
+        if m.split(".")[0] in ("typer", "pydantic", "rich", "docker", "cryptography", "yaml")
+        or m.startswith(("imagegate.pipeline", "imagegate.oci", "imagegate.attest", "imagegate.drivers"))
+    )
+    assert heavy == [], heavy

@@ -79,12 +79,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["--version"]:  # asked in every CI log: answered before the app is imported
+        from imagegate import __version__
+
+        print(f"imagegate {__version__}")
+        return 0
+
     import typer
 
     from imagegate.cli._app import app, report_error
     from imagegate.errors import ImagegateError
 
-    args = sys.argv[1:] if argv is None else list(argv)
     command = _command(args)
     if command in COMMAND_MODULES:
         _load([COMMAND_MODULES[command]])
