@@ -79,7 +79,7 @@ REPORT = Option(
     [],
     "--report",
     metavar="FORMAT=PATH",
-    help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html; PATH - is stdout.",
+    help="Also write FORMAT=PATH (repeatable): json, junit, markdown, html, sarif; PATH - is stdout.",
 )
 
 

@@ -25,6 +25,7 @@ class ReportFormat(str, enum.Enum):
     junit = "junit"
     markdown = "markdown"
     html = "html"
+    sarif = "sarif"
     github = "github"
 
 
@@ -38,7 +39,7 @@ class ReportFormat(str, enum.Enum):
     "Every format is rendered from the statement as signed (attestation.dsse.json's payload) and "
     "says whether the signature was checked (--key), and flags a statement.json or an evidence "
     "file that differs from what was signed, or an attempt that was never signed. html is one "
-    "self-contained page; json is the signed statement (statement.json where the attempt is "
+    "self-contained page; sarif is SARIF 2.1.0 for code-scanning pages (a result per broken requirement, missing module and advisory); json is the signed statement (statement.json where the attempt is "
     "unsigned), the flags on stderr; github is the GitHub Actions workflow commands. "
     "Exit codes: 0 written; 1 written, but statement.json or an evidence file differs from what "
     "was signed, the envelope cannot be read, or --key does not verify it (or the attempt is "
@@ -49,7 +50,7 @@ def report(
         ..., help="An attempt folder (OUT/<image>/<attempt>), or an image folder for its latest attempt."
     ),
     fmt: ReportFormat = Option(
-        ReportFormat.table, "--format", "-f", help="table, json, junit, markdown, html or github."
+        ReportFormat.table, "--format", "-f", help="table, json, junit, markdown, html, sarif or github."
     ),
     output: Path | None = Option(None, "--output", "-o", help="Write to this file instead of stdout."),
     key: Path | None = Option(

@@ -48,6 +48,7 @@ FORMATS: dict[str, str] = {
     "junit": "imagegate.report.junit:render",
     "markdown": "imagegate.report.markdown:render",
     "html": "imagegate.report.html:render",
+    "sarif": "imagegate.report.sarif:render",
 }
 
 
