@@ -1,24 +1,39 @@
 """Rendered objects checked against the official Kubernetes JSON schemas (kubernetes-validate,
-strict: unknown fields are errors) for a stated Kubernetes version."""
+strict: unknown fields are errors) for a stated Kubernetes version. kubernetes-validate carries
+every Kubernetes version's schemas (about 100 MB): it comes with the `kube` extra, which only
+`pod render` and `pod run` need."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
+from types import ModuleType
 from typing import Any
-
-from kubernetes_validate import utils as kv_utils
 
 from imagegate.errors import UsageError
 
 DEFAULT_VERSION = "1.30"
+EXTRA = "imagegate[kube]"
+
+
+def _kv() -> ModuleType:
+    try:
+        utils: ModuleType = importlib.import_module("kubernetes_validate.utils")
+    except ImportError as e:
+        raise UsageError(
+            f"the Pod's objects are checked against Kubernetes' schemas, which need the kube extra ({e.name} is not installed)",
+            hint=f"pip install '{EXTRA}' (pipx: pipx inject imagegate kubernetes-validate; uv: uv tool install '{EXTRA}')",
+        ) from None
+    return utils
 
 
 def supported_versions() -> list[str]:
-    return [str(v) for v in kv_utils.all_versions()]
+    return [str(v) for v in _kv().all_versions()]
 
 
 def validate(objects: Iterable[dict[str, Any]], version: str = DEFAULT_VERSION) -> list[str]:
     """Problems, one line each ("job/NAME: spec.template...: message"); empty when valid."""
+    kv_utils = _kv()
     problems: list[str] = []
     for obj in objects:
         where = f"{str(obj.get('kind', '?')).lower()}/{obj.get('metadata', {}).get('name', '?')}"
