@@ -61,6 +61,7 @@ PREDICATE_TYPE_ANNOTATION = "dev.sigstore.bundle.predicateType"
 CREATED_ANNOTATION = "org.opencontainers.image.created"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
+API = "the referrers API"  # where a registry indexes referrers itself
 MAX_REFERRERS = 1000  # read at most this many; an index is untrusted input like any answer
 
 
@@ -194,9 +195,6 @@ def refer(
         # where the registry allows it, and left, unread, where it does not.
         client.delete_manifest(repo, d)
     return Referred(referred.manifest_digest, referred.via, referred.already, tuple(stale.values()))
-
-
-API = "the referrers API"
 
 
 def _fallback_index(client: RegistryClient, repo: str, tag: str) -> dict[str, Any]:
