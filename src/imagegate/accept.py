@@ -373,7 +373,7 @@ def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, n
     with attach.client_for(ref, insecure=insecure) as client:
         # The standard statements too: admission policies are written against them.
         pairs = [
-            referrers.attach_and_refer(client, ref, envelope)
+            referrers.attach_and_refer(client, ref, envelope, signed.material)
             for envelope in (signed.envelope, *signed.standard)
         ]
     done, referred = pairs[-1]

@@ -1,27 +1,40 @@
 """Attestations as OCI 1.1 referrers, against the real registry the tests start (Debian's
 docker-registry 2.8, which has no referrers API: the tag-schema fallback) and against the same
 registry behind a referrers front (tests/attest/referrers_front.py, a stand-in named as such:
-the API path). `verify --image` finds an attestation through a referrer alone and through the
-`.att` tag alone."""
+the API path). The referrer is what cosign v3 writes (a Sigstore bundle, its artifact type and
+annotations: attest/referrers.py cites the source) and sigstore-js verifies its bundle; the form
+imagegate wrote before is still read and replaced, and another tool's artifacts are left alone.
+`verify --image` finds an attestation through a referrer alone and through the `.att` tag alone."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from imagegate.attest import attach, keys
+from imagegate.attest import attach, bundle, dsse, keys, sign
 from imagegate.attest import statement as st
+from imagegate.oci.registry import RegistryClient
 from tests.attest.conftest import cli
 from tests.attest.referrers_front import referrers_front
 from tests.attest.test_registry import _signed
+from tests.attest.test_sigstore_bundle import sigstore_js_verify
 
 pytestmark = pytest.mark.engine
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+DSSE = "application/vnd.dsse.envelope.v1+json"
+EMPTY = "application/vnd.oci.empty.v1+json"
+EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 
 
 def _digest(ref: str) -> str:
@@ -61,14 +74,17 @@ def test_the_registry_has_no_referrers_api_and_attach_keeps_the_fallback_tag(
     fallback = "sha256-" + digest.partition(":")[2]
     assert f"listed by tag {fallback}" in r.stdout
     index = _get(registry, "attest/app", fallback, INDEX).json()
-    (entry,) = [
-        m for m in index["manifests"] if m["annotations"]["in-toto.io/predicate-type"] == st.PREDICATE_TYPE
-    ]
-    assert entry["artifactType"] == "application/vnd.dsse.envelope.v1+json"
-    manifest: dict[str, Any] = _get(registry, "attest/app", entry["digest"], MANIFEST).json()
-    assert manifest["subject"]["digest"] == digest and manifest["artifactType"] == entry["artifactType"]
-    assert manifest["config"]["mediaType"] == "application/vnd.oci.empty.v1+json"
-    assert manifest["annotations"] == {"in-toto.io/predicate-type": st.PREDICATE_TYPE}
+    (entry,) = [m for m in index["manifests"] if _is_cosign_entry(m, st.PREDICATE_TYPE)]
+    raw = _get(registry, "attest/app", entry["digest"], MANIFEST).content
+    manifest = _cosign_manifest(raw, _subject(registry, digest))
+    assert manifest["annotations"] == entry["annotations"]
+    # The bundle verifies, with the key that signed the attestation, by sigstore-js.
+    (layer,) = manifest["layers"]
+    blob = httpx.get(f"http://{registry}/v2/attest/app/blobs/{layer['digest']}", timeout=10).content
+    assert bundle.envelope_of(json.loads(blob)) == attach_envelope(signed)
+    (tmp_path / "referrer.sigstore.json").write_bytes(blob)
+    js = sigstore_js_verify(tmp_path / "referrer.sigstore.json", pub)
+    assert js.returncode == 0 and js.stdout.startswith("VERIFIED"), js.stdout + js.stderr
     again = cli("attach", str(signed), image)
     assert again.returncode == 0 and "already a referrer" in again.stdout
     assert _get(registry, "attest/app", fallback, INDEX).json() == index  # listed once
@@ -106,6 +122,8 @@ def test_a_registry_with_the_referrers_api_indexes_them_itself(
         r = cli("attach", str(signed), via_front)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "listed by the referrers API" in r.stdout
+        listed = httpx.get(f"http://{front}/v2/attest/app/referrers/{digest}", timeout=10).json()["manifests"]
+        assert len([m for m in listed if _is_cosign_entry(m, st.PREDICATE_TYPE)]) == 1
         # no fallback tag was written where the registry keeps the index itself
         fallback = "sha256-" + digest.partition(":")[2]
         assert _get(registry, "attest/app", fallback, INDEX).status_code == 404
@@ -113,3 +131,173 @@ def test_a_registry_with_the_referrers_api_indexes_them_itself(
         ok = cli("verify", "--image", via_front, "--key", str(pub), "--expect-verdict", "PASS")
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert "(the referrers API)" in ok.stdout
+
+
+def _is_cosign_entry(entry: dict[str, Any], predicate_type: str) -> bool:
+    """A referrers index entry as cosign v3 lists a bundle: its artifact type and annotations."""
+    notes = entry.get("annotations") or {}
+    return (
+        entry["artifactType"] == BUNDLE
+        and entry["mediaType"] == MANIFEST
+        and notes.get("dev.sigstore.bundle.predicateType") == predicate_type
+        and notes.get("dev.sigstore.bundle.content") == "dsse-envelope"
+        and re.fullmatch(
+            r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", notes.get("org.opencontainers.image.created", "")
+        )
+        is not None
+    )
+
+
+def _subject(host: str, digest: str) -> dict[str, Any]:
+    """The image manifest's descriptor, as a HEAD of it tells cosign."""
+    got = _get(host, "attest/app", digest, f"{MANIFEST}, {DOCKER_MANIFEST}")
+    return {"mediaType": got.headers["Content-Type"], "size": len(got.content), "digest": digest}
+
+
+def _cosign_manifest(raw: bytes, subject: dict[str, Any]) -> dict[str, Any]:
+    """`raw` checked to be the manifest cosign v3 writes for a bundle (pkg/oci/remote/write.go,
+    WriteReferrer): its fields in Go's order, compact."""
+    manifest: dict[str, Any] = json.loads(raw)
+    assert list(manifest) == [
+        "schemaVersion",
+        "mediaType",
+        "config",
+        "layers",
+        "annotations",
+        "subject",
+        "artifactType",
+    ]
+    assert json.dumps(manifest, separators=(",", ":")).encode() == raw
+    assert manifest["artifactType"] == BUNDLE and manifest["mediaType"] == MANIFEST
+    assert manifest["config"] == {
+        "mediaType": EMPTY,
+        "size": 2,
+        "digest": EMPTY_DIGEST,
+        "artifactType": BUNDLE,
+    }
+    assert list(manifest["config"]) == ["mediaType", "size", "digest", "artifactType"]
+    (layer,) = manifest["layers"]
+    assert list(layer) == ["mediaType", "size", "digest"] and layer["mediaType"] == BUNDLE
+    assert list(manifest["subject"]) == ["mediaType", "size", "digest"] and manifest["subject"] == subject
+    assert list(manifest["annotations"]) == sorted(manifest["annotations"])
+    return manifest
+
+
+def _refer_by_hand(
+    client: RegistryClient,
+    host: str,
+    subject: dict[str, Any],
+    layer: bytes,
+    layer_type: str,
+    artifact_type: str,
+) -> str:
+    """Push a referrer of `subject` as another writer would, and list it in the fallback index
+    (the registry has no referrers API): imagegate's earlier form, or another tool's artifact."""
+    client.upload_blob("attest/app", b"{}")
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "artifactType": artifact_type,
+        "config": {"mediaType": EMPTY, "digest": EMPTY_DIGEST, "size": 2},
+        "layers": [
+            {"mediaType": layer_type, "digest": client.upload_blob("attest/app", layer), "size": len(layer)}
+        ],
+        "subject": subject,
+    }
+    raw = json.dumps(manifest).encode()
+    digest, _ = client.put_referrer("attest/app", raw, MANIFEST)
+    tag = "sha256-" + subject["digest"].partition(":")[2]
+    got = _get(host, "attest/app", tag, INDEX)
+    index: dict[str, Any] = {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
+    if got.status_code == 200:
+        index = got.json()
+    index["manifests"].append(
+        {"mediaType": MANIFEST, "digest": digest, "size": len(raw), "artifactType": artifact_type}
+    )
+    client.put_manifest("attest/app", tag, json.dumps(index).encode(), INDEX)
+    return str(digest)
+
+
+def test_the_earlier_form_is_read_and_replaced_and_other_artifacts_are_left(
+    registry: str, image: str, tmp_path: Path
+) -> None:
+    key, pub = _keypair(tmp_path)
+    digest = _digest(image)
+    subject = _subject(registry, digest)
+    failed = attach_envelope(_signed(tmp_path, image, key, "FAIL", "earlier"))
+    provenance = dsse.sign(
+        sign.serialize(
+            {
+                "_type": st.STATEMENT_TYPE,
+                "subject": [{"name": image, "digest": {"sha256": digest.partition(":")[2]}}],
+                "predicateType": "https://slsa.dev/provenance/v1",
+                "predicate": {},
+            }
+        ),
+        key,
+    )
+    signature = {  # what `cosign sign` refers: a bundle signing a blob, no attestation
+        "mediaType": BUNDLE,
+        "verificationMaterial": {"publicKey": {"hint": "x"}},
+        "messageSignature": {
+            "messageDigest": {"algorithm": "SHA2_256", "digest": base64.b64encode(b"d" * 32).decode()},
+            "signature": base64.b64encode(b"s").decode(),
+        },
+    }
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        # imagegate's earlier form, then another tool's: a provenance bundle, a signature, an SBOM
+        earlier = _refer_by_hand(client, registry, subject, failed.to_json(indent=None), DSSE, DSSE)
+        others = [
+            _refer_by_hand(
+                client,
+                registry,
+                subject,
+                json.dumps(bundle.to_bundle(provenance, key.public)).encode(),
+                BUNDLE,
+                BUNDLE,
+            ),
+            _refer_by_hand(client, registry, subject, json.dumps(signature).encode(), BUNDLE, BUNDLE),
+            _refer_by_hand(
+                client,
+                registry,
+                subject,
+                b'{"spdxVersion":"SPDX-2.3"}',
+                "application/spdx+json",
+                "application/spdx+json",
+            ),
+        ]
+    # The earlier form is read: no .att tag, only that referrer, and verify finds its FAIL.
+    found = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "FAIL")
+    assert found.returncode == 0 and f"referrer {earlier}" in found.stdout, found.stdout + found.stderr
+
+    passed = _signed(tmp_path, image, key, "PASS", "later")
+    r = cli("attach", str(passed), image)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"replaced referrer {earlier} (acceptance FAIL)" in r.stdout
+    fallback = "sha256-" + digest.partition(":")[2]
+    listed = _get(registry, "attest/app", fallback, INDEX).json()["manifests"]
+    assert [m["digest"] for m in listed] == sorted(
+        m["digest"] for m in listed
+    )  # as go-containerregistry keeps it
+    assert earlier not in [m["digest"] for m in listed]
+    assert set(others) <= {m["digest"] for m in listed}  # another tool's: listed still, and there
+    assert all(_get(registry, "attest/app", d, MANIFEST).status_code == 200 for d in others)
+    (entry,) = [m for m in listed if _is_cosign_entry(m, st.PREDICATE_TYPE)]
+    _cosign_manifest(_get(registry, "attest/app", entry["digest"], MANIFEST).content, subject)
+    _delete_tag(registry, "attest/app", attach.attestation_tag(digest))  # the bundle alone, then
+    ok = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "PASS")
+    assert ok.returncode == 0 and f"referrer {entry['digest']}" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_attach_of_an_envelope_no_bundle_names_the_key_of_is_refused(
+    registry: str, image: str, tmp_path: Path
+) -> None:
+    key, _ = _keypair(tmp_path)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(_signed(tmp_path, image, key, "PASS", "copied"), alone / "attestation.dsse.json")
+    r = cli("attach", str(alone / "attestation.dsse.json"), image)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "no Sigstore bundle holds it" in r.stderr and "attach attestation.sigstore.json" in r.stderr
+    assert "attached" not in r.stdout  # refused before anything was pushed

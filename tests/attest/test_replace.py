@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from imagegate.attest import attach, dsse, keys, referrers, sign
+from imagegate.attest import attach, bundle, dsse, keys, referrers, sign
 from imagegate.attest import statement as st
 from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
 from tests.attest.conftest import cli, docker, start_registry
@@ -101,7 +101,7 @@ def _fail_then_pass(tmp_path: Path, ref: str) -> tuple[Any, Any]:
     parsed = attach.parse_image(ref)
     with attach.client_for(parsed) as client:
         for env in _foreign(ref, key):
-            referrers.attach_and_refer(client, parsed, env)
+            referrers.attach_and_refer(client, parsed, env, bundle.verification_material(key.public))
     other = _signed(tmp_path, ref, key, "FAIL", "other", pipeline="vllm")
     assert cli("attach", str(other), ref).returncode == 0
     failed = cli("attach", str(_signed(tmp_path, ref, key, "FAIL", "fail")), ref)

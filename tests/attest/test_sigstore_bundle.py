@@ -41,25 +41,26 @@ def _sigstore_js() -> Path:
     )
 
 
+def sigstore_js_verify(path: Path, pub: Path) -> subprocess.CompletedProcess[str]:
+    """sigstore-js's verdict on the bundle at `path` with the public key `pub`."""
+    return subprocess.run(
+        ["node", str(HERE / "sigstore_js" / "verify_bundle.js"), str(path), str(pub)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NODE_PATH": str(_sigstore_js())},
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize("algorithm", keys.ALGORITHMS)
 def test_sigstore_js_verifies_our_bundle(tmp_path: Path, algorithm: keys.Algorithm) -> None:
-    modules = _sigstore_js()
     key = keys.generate(algorithm)
     pub = tmp_path / "k.pub"
     pub.write_bytes(key.public.pem)
     st = {"_type": "https://in-toto.io/Statement/v1", "subject": [], "predicateType": "x", "predicate": {}}
     path = tmp_path / "b.json"
     path.write_bytes(bundle.to_json(dsse.sign(sign.serialize(st), key), key.public))
-
-    def run(p: Path, k: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["node", str(HERE / "sigstore_js" / "verify_bundle.js"), str(p), str(k)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "NODE_PATH": str(modules)},
-            timeout=60,
-        )
-
+    run = sigstore_js_verify
     ok = run(path, pub)
     assert ok.returncode == 0 and ok.stdout.startswith("VERIFIED"), ok.stdout + ok.stderr
     other = tmp_path / "o.pub"

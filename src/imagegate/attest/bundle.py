@@ -23,11 +23,22 @@ _READABLE = (
 )
 
 
+def verification_material(key: PublicKey) -> dict[str, Any]:
+    """What names the signing key in a bundle: sigstore-go's publicKey hint, no log entry."""
+    return {"publicKey": {"hint": key.hint}}
+
+
 def to_bundle(envelope: dsse.Envelope, key: PublicKey) -> dict[str, Any]:
-    # protojson form: bytes as standard base64, empty fields (keyid "", no tlog entries) omitted.
+    return wrap(envelope, verification_material(key))
+
+
+def wrap(envelope: dsse.Envelope, material: dict[str, Any]) -> dict[str, Any]:
+    """The bundle of `envelope` with `material` (one read from another bundle is kept as is)."""
+    # protojson form, fields in the proto's order: bytes as standard base64, empty fields
+    # (keyid "", no tlog entries) omitted.
     return {
         "mediaType": BUNDLE_MEDIA_TYPE,
-        "verificationMaterial": {"publicKey": {"hint": key.hint}},
+        "verificationMaterial": material,
         "dsseEnvelope": {
             "payload": base64.standard_b64encode(envelope.payload).decode(),
             "payloadType": envelope.payload_type,
@@ -41,6 +52,12 @@ def to_bundle(envelope: dsse.Envelope, key: PublicKey) -> dict[str, Any]:
 
 def to_json(envelope: dsse.Envelope, key: PublicKey) -> bytes:
     return json.dumps(to_bundle(envelope, key), indent=2).encode() + b"\n"
+
+
+def material_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A read bundle's verificationMaterial, or None where it has none to carry over."""
+    material = obj.get("verificationMaterial")
+    return material if isinstance(material, dict) and material else None
 
 
 def is_bundle(obj: object) -> bool:

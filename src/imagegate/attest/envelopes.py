@@ -5,6 +5,7 @@ Shared by `verify` (which checks them) and `attach` (which pushes them)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from imagegate.attest import bundle, dsse
 from imagegate.errors import UsageError
@@ -67,3 +68,18 @@ def _one(obj: object, path: Path) -> dsse.Envelope:
         raise UsageError(
             f"attestation {path}: {e}", hint="pass attestation.dsse.json, .intoto.jsonl or .sigstore.json"
         ) from e
+
+
+def bundle_material(path: Path, envelope: dsse.Envelope) -> dict[str, Any] | None:
+    """The verificationMaterial (what names the signing key) of a Sigstore bundle holding
+    `envelope`: `path` itself when it is one, else the `.sigstore.json` that signing writes
+    beside each DSSE file (attestation.dsse.json: attestation.sigstore.json). None when neither
+    holds it: a bare envelope does not say which key signed it."""
+    for candidate in (path, path.with_name(path.name.split(".")[0] + ".sigstore.json")):
+        try:
+            obj = untrusted_json.loads(read_bounded(candidate), max_bytes=MAX_ATTESTATION_BYTES)
+            if bundle.is_bundle(obj) and bundle.envelope_of(obj) == envelope:
+                return bundle.material_of(obj)
+        except (UsageError, OSError, ValueError):
+            continue
+    return None

@@ -1,21 +1,42 @@
-"""Attestations as OCI 1.1 referrers, beside the cosign `.att` tag: one artifact manifest per
-DSSE envelope, its `subject` the image's manifest, `artifactType` the DSSE media type and the
-`in-toto.io/predicate-type` annotation, pushed by digest. A registry that serves the referrers
-API says so (`OCI-Subject`) and indexes it; for one that does not, the OCI tag-schema fallback:
-an image index tagged `sha256-<hex>` listing the referrers, kept here. Reading asks the API first
-and falls back to that tag, as the distribution spec says a client does."""
+"""Attestations as OCI 1.1 referrers, beside the cosign `.att` tag, in the form cosign v3 writes
+them (`cosign attest`, whose `--new-bundle-format` is on by default): one artifact manifest per
+attestation, pushed by digest, its one layer a Sigstore bundle (attest/bundle.py) around the DSSE
+envelope. Copied field for field from cosign's source:
+
+- `pkg/oci/remote/write.go`, `WriteAttestationNewBundleFormat` and `WriteReferrer`: the layer's
+  media type and the manifest's `artifactType` `application/vnd.dev.sigstore.bundle.v0.3+json`;
+  the config the empty descriptor (`application/vnd.oci.empty.v1+json`, `{}`) carrying the same
+  `artifactType`; the annotations `dev.sigstore.bundle.content: dsse-envelope`,
+  `dev.sigstore.bundle.predicateType` and `org.opencontainers.image.created` (RFC 3339, seconds,
+  UTC); `subject` the HEAD of the image's manifest (media type, size, digest). The bytes are what
+  Go's encoding/json makes of `referrerManifest` (go-containerregistry's `v1.Manifest` field
+  order, `artifactType` last, map keys sorted, compact): `_go_json`.
+- `specs/BUNDLE_SPEC.md`: the referrers index entry carries that `artifactType` and the
+  manifest's annotations; where the registry lacks the referrers API, the tag-schema fallback
+  index `sha256-<hex>` is kept here as go-containerregistry keeps it (`pkg/v1/remote/write.go`,
+  `commitSubjectReferrers`: entries sorted by digest), with the annotations the OCI distribution
+  spec says to copy.
+
+Readers find these by `artifactType`: cosign's `GetBundles` (pkg/cosign/verify.go) and Kyverno's
+`SigstoreBundle` verifier take any artifact whose layer or `artifactType` starts with
+`application/vnd.dev.sigstore.bundle`. Reading here accepts that and the form imagegate wrote
+before (`artifactType` and layer `application/vnd.dsse.envelope.v1+json`), so earlier images
+still verify and their statements are replaced; any other artifact is neither read nor touched.
+Every answer is untrusted: a listed manifest whose subject is another image is skipped, and the
+bundle is read within the envelope's cap."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from imagegate.attest import attach, dsse
+from imagegate.attest import attach, bundle, dsse
 from imagegate.attest.attach import (
     DSSE_LAYER_MEDIA_TYPE,
-    INTOTO_PREDICATE_TYPE_ANNOTATION,
+    MAX_ENVELOPE_BYTES,
     Attached,
     FetchedEnvelope,
     RemoteImage,
@@ -23,7 +44,7 @@ from imagegate.attest.attach import (
     replaced_by,
     statement_of,
 )
-from imagegate.attest.envelopes import read_envelopes
+from imagegate.attest.envelopes import bundle_material, read_envelopes
 from imagegate.attest.replace import Replaced, locked
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
@@ -32,9 +53,15 @@ from imagegate.oci.manifest import OCI_INDEX, OCI_MANIFEST
 from imagegate.oci.reference import Reference
 from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
 
-ARTIFACT_TYPE = DSSE_LAYER_MEDIA_TYPE
+ARTIFACT_TYPE = bundle.BUNDLE_MEDIA_TYPE  # what is written
+BUNDLE_TYPES = "application/vnd.dev.sigstore.bundle"  # any bundle version, as cosign and Kyverno match
+LEGACY_ARTIFACT_TYPE = DSSE_LAYER_MEDIA_TYPE  # what imagegate wrote before: read and replaced
+CONTENT_ANNOTATION = "dev.sigstore.bundle.content"
+PREDICATE_TYPE_ANNOTATION = "dev.sigstore.bundle.predicateType"
+CREATED_ANNOTATION = "org.opencontainers.image.created"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
+API = "the referrers API"  # where a registry indexes referrers itself
 MAX_REFERRERS = 1000  # read at most this many; an index is untrusted input like any answer
 
 
@@ -48,9 +75,34 @@ class Referred:
     remaining: tuple[Replaced, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Found:
+    """A referrer read as an attestation."""
+
+    descriptor: dict[str, Any]  # its entry in the referrers index
+    via: str
+    envelope: dsse.Envelope
+    layer_digest: str
+    is_bundle: bool  # the Sigstore bundle form (else imagegate's earlier bare envelope)
+
+    @property
+    def digest(self) -> str:
+        return str(self.descriptor["digest"])
+
+
 def fallback_tag(digest: str) -> str:
     algo, hexd = split_digest(digest)
     return f"{algo}-{hexd}"
+
+
+def _go_json(obj: Any) -> bytes:
+    """The bytes Go's json.Marshal gives for `obj`, whose keys the caller put in the Go struct's
+    field order (maps sorted): compact, non-ASCII as is, and the characters Go escapes for
+    HTML and JavaScript (`<`, `>`, `&`, U+2028, U+2029) escaped. They occur only in strings."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text.encode()
 
 
 def _subject(client: RegistryClient, repo: str, digest: str) -> dict[str, Any]:
@@ -58,56 +110,85 @@ def _subject(client: RegistryClient, repo: str, digest: str) -> dict[str, Any]:
     if found is None:
         raise UsageError(f"{repo}@{digest}: not found in the registry", hint="push the image first")
     _, media_type, size = found
-    return {"mediaType": media_type.split(";")[0].strip(), "digest": digest, "size": size}
+    return {"mediaType": media_type.split(";")[0].strip(), "size": size, "digest": digest}
 
 
-def artifact_manifest(subject: dict[str, Any], layer: bytes, predicate_type: str, layer_digest: str) -> bytes:
+def bundle_annotations(predicate_type: str, created: datetime) -> dict[str, str]:
+    """cosign's annotations of a bundle referrer, keys sorted as Go writes a map."""
+    return {
+        CONTENT_ANNOTATION: "dsse-envelope",
+        PREDICATE_TYPE_ANNOTATION: predicate_type,
+        CREATED_ANNOTATION: created.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def artifact_manifest(subject: dict[str, Any], layer: bytes, notes: dict[str, str]) -> bytes:
     manifest = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
-        "artifactType": ARTIFACT_TYPE,
-        "config": {"mediaType": EMPTY_MEDIA_TYPE, "digest": _EMPTY_DIGEST, "size": len(EMPTY)},
-        "layers": [{"mediaType": DSSE_LAYER_MEDIA_TYPE, "digest": layer_digest, "size": len(layer)}],
+        "config": {
+            "mediaType": EMPTY_MEDIA_TYPE,
+            "size": len(EMPTY),
+            "digest": _EMPTY_DIGEST,
+            "artifactType": ARTIFACT_TYPE,
+        },
+        "layers": [{"mediaType": ARTIFACT_TYPE, "size": len(layer), "digest": digest_of(layer)}],
+        "annotations": dict(sorted(notes.items())),
         "subject": subject,
-        "annotations": {INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type},
+        "artifactType": ARTIFACT_TYPE,
     }
-    return json.dumps(manifest, separators=(",", ":")).encode()
+    return _go_json(manifest)
 
 
 _EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 
 
-def refer(client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope) -> Referred:
-    """Push `envelope` as a referrer of `image` (whose subject the caller has checked), then
-    remove the earlier referrers it replaces (attest/replace.py): unlisted from the fallback
-    index, deleted where the registry indexes them itself."""
+def bundle_layer(envelope: dsse.Envelope, material: dict[str, Any]) -> bytes:
+    """The referrer's layer: the Sigstore bundle, compact, as protojson writes it."""
+    return json.dumps(bundle.wrap(envelope, material), separators=(",", ":")).encode()
+
+
+def refer(
+    client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope, material: dict[str, Any]
+) -> Referred:
+    """Push `envelope` as a referrer of `image` (whose subject the caller has checked), a Sigstore
+    bundle with `material` naming the key, then remove the earlier referrers it replaces
+    (attest/replace.py): unlisted from the fallback index, deleted where the registry indexes
+    them itself. The same bundle already there is not pushed again (its `created` would differ)."""
     repo = image.reference.repository
-    layer = envelope.to_json(indent=None).rstrip(b"\n")
+    layer = bundle_layer(envelope, material)
     statement = statement_of(envelope)
     predicate_type = str(statement.get("predicateType", ""))
-    client.upload_blob(repo, EMPTY, _EMPTY_DIGEST)
-    layer_digest = client.upload_blob(repo, layer)
-    raw = artifact_manifest(_subject(client, repo, image.digests[0]), layer, predicate_type, layer_digest)
-    new_digest = digest_of(raw)
+    found = _referred(client, image)
+    same = next((f for f in found if f.is_bundle and f.layer_digest == digest_of(layer)), None)
     stale = {
-        digest: gone
-        for digest, _, env in _referred(client, image)
-        if digest != new_digest
-        and (gone := replaced_by(statement, env, image, f"referrer {digest}")) is not None
+        f.digest: gone
+        for f in found
+        if f is not same
+        and (gone := replaced_by(statement, f.envelope, image, f"referrer {f.digest}")) is not None
     }
-    digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
+    if same is not None:
+        digest, indexed, descriptor = same.digest, same.via == API, same.descriptor
+    else:
+        notes = bundle_annotations(predicate_type, datetime.now(timezone.utc))
+        client.upload_blob(repo, EMPTY, _EMPTY_DIGEST)
+        client.upload_blob(repo, layer)
+        raw = artifact_manifest(_subject(client, repo, image.digests[0]), layer, notes)
+        digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
+        # go-containerregistry's descriptor field order; the annotations copied, as the
+        # distribution spec says a client keeping the fallback index does.
+        descriptor = {
+            "mediaType": OCI_MANIFEST,
+            "size": len(raw),
+            "digest": digest,
+            "annotations": notes,
+            "artifactType": ARTIFACT_TYPE,
+        }
     if indexed:
         # Pushed first, deleted after: a reader in between sees both, never neither.
         refused = [gone for d, gone in stale.items() if not client.delete_manifest(repo, d)]
         done = tuple(gone for gone in stale.values() if gone not in refused)
-        return Referred(digest, "the referrers API", False, done, tuple(refused))
-    descriptor = {
-        "mediaType": OCI_MANIFEST,
-        "digest": digest,
-        "size": len(raw),
-        "artifactType": ARTIFACT_TYPE,
-        "annotations": {INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type},
-    }
+        return Referred(digest, API, same is not None, done, tuple(refused))
     referred = _add_to_fallback(client, repo, image.digests[0], descriptor, set(stale))
     for d in stale:
         # Unlisted is enough for a reader of the fallback tag; the manifest itself is removed
@@ -142,14 +223,24 @@ def _add_to_fallback(
     already = any(isinstance(d, dict) and d.get("digest") == descriptor["digest"] for d in listed)
     if already and len(listed) == len(index["manifests"]):
         return Referred(descriptor["digest"], f"tag {tag}", True)
-    index["manifests"] = listed if already else [*listed, descriptor]
-    client.put_manifest(repo, tag, json.dumps(index, separators=(",", ":")).encode(), OCI_INDEX)
+    # Sorted by digest, as go-containerregistry (cosign's writer) keeps the fallback index.
+    entries = listed if already else [*listed, descriptor]
+    index["manifests"] = sorted(entries, key=lambda d: str(d.get("digest")) if isinstance(d, dict) else "")
+    client.put_manifest(repo, tag, _go_json(index), OCI_INDEX)
     return Referred(descriptor["digest"], f"tag {tag}", already)
 
 
+def _readable(artifact_type: object) -> bool:
+    """An artifact type read here: a Sigstore bundle of any version, or imagegate's earlier form."""
+    return isinstance(artifact_type, str) and (
+        artifact_type.startswith(BUNDLE_TYPES) or artifact_type == LEGACY_ARTIFACT_TYPE
+    )
+
+
 def _listed(client: RegistryClient, repo: str, digest: str) -> tuple[list[dict[str, Any]], str]:
-    """The referrers listed for `digest` and where: the API, else the fallback tag."""
-    raw, via = client.referrers(repo, digest), "the referrers API"
+    """The referrers listed for `digest` whose type is read here, and where: the API, else the
+    fallback tag."""
+    raw, via = client.referrers(repo, digest), API
     if raw is None:
         via = f"tag {fallback_tag(digest)}"
         try:
@@ -164,15 +255,33 @@ def _listed(client: RegistryClient, repo: str, digest: str) -> tuple[list[dict[s
     out = [
         d
         for d in (listed if isinstance(listed, list) else [])[:MAX_REFERRERS]
-        if isinstance(d, dict) and d.get("artifactType") == ARTIFACT_TYPE and is_digest(str(d.get("digest")))
+        if isinstance(d, dict) and _readable(d.get("artifactType")) and is_digest(str(d.get("digest")))
     ]
     return out, via
 
 
-def _referred(client: RegistryClient, image: RemoteImage) -> list[tuple[str, str, dsse.Envelope]]:
-    """(manifest digest, where it is listed, envelope) of every DSSE envelope referring to the
-    image. A listed manifest whose subject is another image is not ours to read (an index anyone
-    could push)."""
+def _envelope(client: RegistryClient, repo: str, layer: dict[str, Any]) -> tuple[dsse.Envelope, bool] | None:
+    """The DSSE envelope a referrer's one layer holds, and whether in a Sigstore bundle; None for
+    a layer that is neither (a message-signature bundle signs a blob: another tool's), or one too
+    large or not what its digest says (read_blob's cap and check)."""
+    media_type, digest = str(layer.get("mediaType")), str(layer.get("digest"))
+    if not is_digest(digest) or not (
+        media_type.startswith(BUNDLE_TYPES) or media_type == DSSE_LAYER_MEDIA_TYPE
+    ):
+        return None
+    try:
+        data = read_blob(client, repo, digest)
+        if media_type == DSSE_LAYER_MEDIA_TYPE:
+            return dsse.from_json(data), False
+        obj = untrusted_json.loads(data, max_bytes=MAX_ENVELOPE_BYTES)
+        return (bundle.envelope_of(obj), True) if bundle.is_bundle(obj) else None
+    except (UsageError, RegistryError, untrusted_json.UntrustedJSONError):
+        return None
+
+
+def _referred(client: RegistryClient, image: RemoteImage) -> list[_Found]:
+    """Every DSSE envelope referring to the image, in either form. A listed manifest whose
+    subject is another image is not ours to read (an index anyone could push)."""
     repo, digest = image.reference.repository, image.digests[0]
     descriptors, via = _listed(client, repo, digest)
     out = []
@@ -186,56 +295,72 @@ def _referred(client: RegistryClient, image: RemoteImage) -> list[tuple[str, str
         if not isinstance(manifest, dict) or (manifest.get("subject") or {}).get("digest") != digest:
             continue
         layers = [x for x in manifest.get("layers") or [] if isinstance(x, dict)]
-        if (
-            len(layers) != 1
-            or layers[0].get("mediaType") != DSSE_LAYER_MEDIA_TYPE
-            or not is_digest(str(layers[0].get("digest")))
-        ):
-            continue
-        try:
-            env = dsse.from_json(read_blob(client, repo, str(layers[0]["digest"])))
-        except UsageError:
-            continue
-        out.append((str(d["digest"]), via, env))
+        read = _envelope(client, repo, layers[0]) if len(layers) == 1 else None
+        if read is not None:
+            out.append(_Found(d, via, read[0], str(layers[0]["digest"]), read[1]))
     return out
 
 
 def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
     """Every DSSE envelope referring to the image, through the API or the fallback tag."""
     where = f"{image.reference.registry}/{image.reference.repository}"
-    return [FetchedEnvelope(f"{where} referrer {d} ({via})", env) for d, via, env in _referred(client, image)]
+    return [
+        FetchedEnvelope(f"{where} referrer {f.digest} ({f.via})", f.envelope)
+        for f in _referred(client, image)
+    ]
 
 
 def attach_and_refer(
-    client: RegistryClient, ref: Reference, envelope: dsse.Envelope
+    client: RegistryClient, ref: Reference, envelope: dsse.Envelope, material: dict[str, Any]
 ) -> tuple[Attached, Referred]:
     """Both places admission controllers look: the `.att` tag (attach.attach, which checks the
-    subject) and a referrer of the same manifest digest (pinned: a moved tag cannot split them).
-    Each is read, changed and written back under the image's lock (attest/replace.py)."""
+    subject; cosign's legacy form, read by policy-controller's key authorities and Kyverno's
+    default verifier) and a referrer of the same manifest digest in cosign v3's bundle form,
+    `material` naming the key (pinned: a moved tag cannot split them). Each is read, changed and
+    written back under the image's lock (attest/replace.py)."""
     pinned = attach.resolve(client, ref).reference
     with locked(str(pinned)):
         done = attach.attach(client, pinned, envelope)
         image = attach.resolve(client, attach.parse_image(done.reference))
-        return done, refer(client, image, envelope)
+        return done, refer(client, image, envelope, material)
 
 
 def attach_file(path: Path, image: str, *, insecure: bool = False) -> list[tuple[Attached, Referred]]:
     """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry; an
-    attempt's acceptance brings the VSA and test-result signed beside it (`standard_beside`)."""
+    attempt's acceptance brings the VSA and test-result signed beside it (`standard_beside`).
+    Each referrer is a Sigstore bundle, whose verificationMaterial comes from the bundle that
+    holds the envelope (`path` itself, or the `.sigstore.json` signing wrote beside it)."""
     envelopes = read_envelopes(path)
     if len(envelopes) != 1:
         raise UsageError(f"attestation {path}: holds {len(envelopes)} envelopes; attach one at a time")
     ref = attach.parse_image(image)
+    # Every key named before anything is pushed: a half-attached attempt helps no one.
+    todo = [(env, _material(p, env)) for p, env in ((path, envelopes[0]), *_beside(path, envelopes[0]))]
     with attach.client_for(ref, insecure=insecure) as client:
-        return [
-            attach_and_refer(client, ref, env) for env in (envelopes[0], *standard_beside(path, envelopes[0]))
-        ]
+        return [attach_and_refer(client, ref, env, material) for env, material in todo]
+
+
+def _material(path: Path, envelope: dsse.Envelope) -> dict[str, Any]:
+    material = bundle_material(path, envelope)
+    if material is None:
+        stem = path.name.split(".")[0]
+        raise UsageError(
+            f"attestation {path}: no Sigstore bundle holds it, and the referrer cosign reads is a "
+            "Sigstore bundle, which names the signing key",
+            hint=f"attach {stem}.sigstore.json, or keep it beside {path.name} (imagegate signs both)",
+        )
+    return material
 
 
 def standard_beside(path: Path, envelope: dsse.Envelope) -> list[dsse.Envelope]:
     """The VSA and test-result in the attempt folder holding the acceptance `path`, when they are
     about the same subject and pipeline: attached with it, as `run --attach` does, so that the
     statements a controller reads say the same verdict. None for any other attestation."""
+    return [env for _, env in _beside(path, envelope)]
+
+
+def _beside(path: Path, envelope: dsse.Envelope) -> list[tuple[Path, dsse.Envelope]]:
+    """`standard_beside`, with the file each was read from."""
     from imagegate.attest import replace, sign
     from imagegate.attest.statement import PREDICATE_TYPE
 
@@ -252,7 +377,7 @@ def standard_beside(path: Path, envelope: dsse.Envelope) -> list[dsse.Envelope]:
         if st.get("subject") == statement.get("subject") and replace.pipeline_of(st) == replace.pipeline_of(
             statement
         ):
-            out.append(env)
+            out.append((path.parent / name, env))
     return out
 
 

@@ -6,7 +6,7 @@ attestation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ class Signed:
     fingerprint: str
     # The standard statements' envelopes (VSA, test-result): attached beside the acceptance.
     standard: tuple[dsse.Envelope, ...] = ()
+    # The Sigstore bundles' verificationMaterial (the key's hint): the referrer carries it.
+    material: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dsse_path(self) -> Path:
@@ -72,4 +74,6 @@ def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) 
         files.append(_create(attempt_dir / name, signed.to_json()))
         files.append(_create(attempt_dir / bundle_name, bundle.to_json(signed, key.public)))
         standard.append(signed)
-    return Signed(envelope, files, key.public.fingerprint, tuple(standard))
+    return Signed(
+        envelope, files, key.public.fingerprint, tuple(standard), bundle.verification_material(key.public)
+    )
