@@ -16,8 +16,8 @@ from typing import Any
 
 from imagegate.attest import dsse
 from imagegate.attest.replace import Replaced, outcome, replaces
-from imagegate.errors import UsageError
-from imagegate.oci import engineapi
+from imagegate.errors import NotVerified, UsageError
+from imagegate.oci import engineapi, untrusted_json
 from imagegate.oci.digest import digest_of, is_digest, split_digest
 from imagegate.oci.manifest import (
     DOCKER_MANIFEST,
@@ -38,6 +38,64 @@ PREDICATE_TYPE_ANNOTATION = "predicateType"  # what cosign writes and filters on
 INTOTO_PREDICATE_TYPE_ANNOTATION = "in-toto.io/predicate-type"  # what other scanners filter on
 MAX_ENVELOPE_BYTES = 16 << 20  # an attestation layer is a JSON document; refuse anything larger
 MAX_PLATFORMS_NAMED = 16  # an index's platforms named in a message: bounded, however many it lists
+# What is read for one image, its `.att` tag and its referrers together (a registry may list any
+# number): a run attaches three statements, replacing its earlier ones; other tools add a few.
+MAX_ATTESTATIONS = 256
+MAX_ATTESTATION_BYTES_READ = 64 << 20  # every envelope, bundle and referrer manifest read
+
+
+class Flooded(NotVerified):
+    """More attestations, or more bytes of them, than one image's read allows: nothing is
+    verified (a partial read could miss the statement that refuses)."""
+
+
+class BlobTooLarge(RegistryError):
+    """A blob larger than the bytes it may have."""
+
+
+@dataclass
+class ReadBudget:
+    """The attestations read for one image so far: counted before each read, each read capped at
+    what is left, so memory stays bounded whatever a registry lists."""
+
+    where: str
+    count: int = 0
+    total: int = 0
+
+    def flooded(self, what: str) -> Flooded:
+        return Flooded(
+            f"{self.where}: {what}; nothing verified",
+            hint="remove the attestations no one reads any more (imagegate attach replaces its own "
+            "earlier ones), or verify an attestation file: imagegate verify FILE --image IMAGE",
+        )
+
+    def listing(self, n: int, where: str) -> None:
+        """A listing of `n` attestations (an `.att` manifest's layers, a referrers index)."""
+        if n > MAX_ATTESTATIONS:
+            raise self.flooded(
+                f"{where} lists {n} attestations, more than the {MAX_ATTESTATIONS} read for one image"
+            )
+
+    def took(self, size: int) -> None:
+        self.total += size
+        if self.total > MAX_ATTESTATION_BYTES_READ:
+            raise self.flooded(f"more than {MAX_ATTESTATION_BYTES_READ >> 20} MiB of attestations")
+
+    def blob(self, client: RegistryClient, repo: str, digest: str) -> bytes:
+        if self.count >= MAX_ATTESTATIONS:
+            raise self.flooded(f"more than the {MAX_ATTESTATIONS} attestations read for one image")
+        left = MAX_ATTESTATION_BYTES_READ - self.total
+        try:
+            data = read_blob(client, repo, digest, min(MAX_ENVELOPE_BYTES, left))
+        except BlobTooLarge:
+            if left < MAX_ENVELOPE_BYTES:
+                raise self.flooded(
+                    f"more than {MAX_ATTESTATION_BYTES_READ >> 20} MiB of attestations"
+                ) from None
+            raise
+        self.count += 1
+        self.took(len(data))
+        return data
 
 
 @dataclass(frozen=True)
@@ -186,8 +244,8 @@ def resolve(client: RegistryClient, ref: Reference) -> RemoteImage:
     digests = [top.digest]
     if top.media_type in MANIFEST_TYPES:
         try:
-            config = json.loads(top.raw).get("config", {}).get("digest")
-        except (ValueError, AttributeError):
+            config = untrusted_json.loads(top.raw).get("config", {}).get("digest")
+        except (untrusted_json.UntrustedJSONError, AttributeError):
             config = None
         if isinstance(config, str) and is_digest(config):
             digests.append(config)
@@ -208,9 +266,9 @@ def _existing(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | N
     except NotFound:
         return None
     try:
-        doc = json.loads(found.raw)
-    except ValueError as e:
-        raise RegistryError(f"{repo}:{tag}: the existing attestation manifest is not JSON") from e
+        doc = untrusted_json.loads(found.raw)
+    except untrusted_json.UntrustedJSONError as e:
+        raise RegistryError(f"{repo}:{tag}: the existing attestation manifest is {e}") from e
     if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
         raise RegistryError(f"{repo}:{tag}: the existing attestation manifest has no layers list")
     return doc
@@ -222,7 +280,7 @@ def read_blob(client: RegistryClient, repo: str, digest: str, limit: int = MAX_E
         while chunk := stream.read(1 << 20):
             total += len(chunk)
             if total > limit:
-                raise RegistryError(f"{repo}: blob {digest} is larger than {limit} bytes; not an attestation")
+                raise BlobTooLarge(f"{repo}: blob {digest} is larger than {limit} bytes; not an attestation")
             chunks.append(chunk)
     data = b"".join(chunks)
     if digest_of(data, digest.partition(":")[0]) != digest:
@@ -243,10 +301,10 @@ def _config(client: RegistryClient, repo: str, old: dict[str, Any] | None, diff_
     desc = (old or {}).get("config") or {}
     if old and isinstance(desc.get("digest"), str):
         try:
-            loaded = json.loads(read_blob(client, repo, desc["digest"]))
+            loaded = untrusted_json.loads(read_blob(client, repo, desc["digest"]))
             if isinstance(loaded, dict):
                 cfg = loaded
-        except (RegistryError, ValueError):
+        except (RegistryError, untrusted_json.UntrustedJSONError):
             pass  # an unreadable earlier config is rebuilt; the layers are what matters
     history = list(cfg.get("history") or [])
     history += [{"created": "0001-01-01T00:00:00Z"}] * (len(diff_ids) - len(history))
@@ -273,11 +331,13 @@ def attach(
     layer = envelope.to_json(indent=None).rstrip(b"\n")  # compact, as cosign writes it
     layer_digest = digest_of(layer)
     old = _existing(client, repo, tag)
+    budget = ReadBudget(f"{ref.registry}/{repo}:{tag}")
+    budget.listing(len(old["layers"]) if old else 0, f"tag {tag}")
     layers: list[dict[str, Any]] = []
     replaced: list[Replaced] = []
     for x in old["layers"] if old else []:
         same = isinstance(x, dict) and x.get("digest") == layer_digest
-        gone = None if same else _replaced(client, repo, x, statement, image)
+        gone = None if same else _replaced(client, repo, x, statement, image, budget)
         if gone is None:
             layers.append(x)
         else:
@@ -320,7 +380,7 @@ def attach(
     return Attached(pinned, tag, pushed, layer_digest, len(layers), False, tuple(replaced))
 
 
-def layer_envelope(client: RegistryClient, repo: str, layer: Any) -> dsse.Envelope | None:
+def layer_envelope(client: RegistryClient, repo: str, layer: Any, budget: ReadBudget) -> dsse.Envelope | None:
     """The DSSE envelope an `.att` layer holds, or None for a layer that is not one (someone
     else's layer, not ours to judge)."""
     if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_LAYER_MEDIA_TYPE:
@@ -328,7 +388,7 @@ def layer_envelope(client: RegistryClient, repo: str, layer: Any) -> dsse.Envelo
     digest = layer.get("digest")
     if not isinstance(digest, str) or not is_digest(digest):
         return None
-    data = read_blob(client, repo, digest)
+    data = budget.blob(client, repo, digest)
     try:
         return dsse.from_json(data)
     except UsageError:
@@ -351,10 +411,15 @@ def replaced_by(
 
 
 def _replaced(
-    client: RegistryClient, repo: str, layer: Any, statement: Mapping[str, Any], image: RemoteImage
+    client: RegistryClient,
+    repo: str,
+    layer: Any,
+    statement: Mapping[str, Any],
+    image: RemoteImage,
+    budget: ReadBudget,
 ) -> Replaced | None:
     try:
-        envelope = layer_envelope(client, repo, layer)
+        envelope = layer_envelope(client, repo, layer, budget)
     except RegistryError:
         return None  # a layer that cannot be read is kept: only what is read as ours is replaced
     return replaced_by(statement, envelope, image, f"layer {layer.get('digest')}")
@@ -362,24 +427,28 @@ def _replaced(
 
 def statement_of(envelope: dsse.Envelope) -> dict[str, Any]:
     try:
-        st = json.loads(envelope.payload)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError("attestation: the payload is not JSON") from e
+        st = untrusted_json.loads(envelope.payload, max_bytes=MAX_ENVELOPE_BYTES)
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"attestation: the payload is {e}") from e
     if not isinstance(st, dict):
         raise UsageError("attestation: the payload is not an in-toto Statement")
     return st
 
 
-def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
+def fetch(
+    client: RegistryClient, image: RemoteImage, budget: ReadBudget | None = None
+) -> list[FetchedEnvelope]:
     """Every DSSE envelope attached to the image (all predicate types; the caller chooses)."""
     repo = image.reference.repository
     tag = attestation_tag(image.digests[0])
+    budget = budget or ReadBudget(f"{image.reference.registry}/{repo}@{image.digests[0]}")
     doc = _existing(client, repo, tag)
     if doc is None:
         return []
+    budget.listing(len(doc["layers"]), f"tag {tag}")
     out = []
     for n, layer in enumerate(doc["layers"], 1):
-        env = layer_envelope(client, repo, layer)
+        env = layer_envelope(client, repo, layer, budget)
         if env is not None:
             out.append(FetchedEnvelope(f"{image.reference.registry}/{repo}:{tag} layer {n}", env))
     return out

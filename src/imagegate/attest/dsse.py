@@ -14,6 +14,7 @@ from typing import Any
 
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.errors import UsageError
+from imagegate.oci import untrusted_json
 
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 
@@ -101,7 +102,8 @@ def from_dict(obj: object) -> Envelope:
 
 def from_json(data: bytes) -> Envelope:
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"DSSE envelope: not JSON ({e})") from e
+        # Nesting checked before parsing (a RecursionError otherwise); the size is the caller's.
+        obj = untrusted_json.loads(data, max_bytes=len(data))
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"DSSE envelope: {e}") from e
     return from_dict(obj)

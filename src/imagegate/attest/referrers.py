@@ -39,8 +39,8 @@ from imagegate.attest.attach import (
     MAX_ENVELOPE_BYTES,
     Attached,
     FetchedEnvelope,
+    ReadBudget,
     RemoteImage,
-    read_blob,
     replaced_by,
     statement_of,
 )
@@ -62,7 +62,6 @@ CREATED_ANNOTATION = "org.opencontainers.image.created"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
 API = "the referrers API"  # where a registry indexes referrers itself
-MAX_REFERRERS = 1000  # read at most this many; an index is untrusted input like any answer
 
 
 @dataclass(frozen=True)
@@ -254,13 +253,15 @@ def _listed(client: RegistryClient, repo: str, digest: str) -> tuple[list[dict[s
     listed = index.get("manifests") if isinstance(index, dict) else None
     out = [
         d
-        for d in (listed if isinstance(listed, list) else [])[:MAX_REFERRERS]
+        for d in (listed if isinstance(listed, list) else [])
         if isinstance(d, dict) and _readable(d.get("artifactType")) and is_digest(str(d.get("digest")))
     ]
     return out, via
 
 
-def _envelope(client: RegistryClient, repo: str, layer: dict[str, Any]) -> tuple[dsse.Envelope, bool] | None:
+def _envelope(
+    client: RegistryClient, repo: str, layer: dict[str, Any], budget: ReadBudget
+) -> tuple[dsse.Envelope, bool] | None:
     """The DSSE envelope a referrer's one layer holds, and whether in a Sigstore bundle; None for
     a layer that is neither (a message-signature bundle signs a blob: another tool's), or one too
     large or not what its digest says (read_blob's cap and check)."""
@@ -270,7 +271,7 @@ def _envelope(client: RegistryClient, repo: str, layer: dict[str, Any]) -> tuple
     ):
         return None
     try:
-        data = read_blob(client, repo, digest)
+        data = budget.blob(client, repo, digest)
         if media_type == DSSE_LAYER_MEDIA_TYPE:
             return dsse.from_json(data), False
         obj = untrusted_json.loads(data, max_bytes=MAX_ENVELOPE_BYTES)
@@ -279,34 +280,39 @@ def _envelope(client: RegistryClient, repo: str, layer: dict[str, Any]) -> tuple
         return None
 
 
-def _referred(client: RegistryClient, image: RemoteImage) -> list[_Found]:
-    """Every DSSE envelope referring to the image, in either form. A listed manifest whose
-    subject is another image is not ours to read (an index anyone could push)."""
+def _referred(client: RegistryClient, image: RemoteImage, budget: ReadBudget | None = None) -> list[_Found]:
+    """Every DSSE envelope referring to the image, in either form, within `budget` (a fresh one
+    for the image when none is given). A listed manifest whose subject is another image is not
+    ours to read (an index anyone could push)."""
     repo, digest = image.reference.repository, image.digests[0]
+    budget = budget or ReadBudget(f"{image.reference.registry}/{repo}@{digest}")
     descriptors, via = _listed(client, repo, digest)
+    budget.listing(len(descriptors), f"the referrers ({via})")
     out = []
     for d in descriptors:
         try:
-            manifest = untrusted_json.loads(
-                client.get_manifest(repo, d["digest"], accept=(OCI_MANIFEST,)).raw
-            )
+            raw = client.get_manifest(repo, d["digest"], accept=(OCI_MANIFEST,)).raw
+            budget.took(len(raw))
+            manifest = untrusted_json.loads(raw)
         except (NotFound, untrusted_json.UntrustedJSONError):
             continue
         if not isinstance(manifest, dict) or (manifest.get("subject") or {}).get("digest") != digest:
             continue
         layers = [x for x in manifest.get("layers") or [] if isinstance(x, dict)]
-        read = _envelope(client, repo, layers[0]) if len(layers) == 1 else None
+        read = _envelope(client, repo, layers[0], budget) if len(layers) == 1 else None
         if read is not None:
             out.append(_Found(d, via, read[0], str(layers[0]["digest"]), read[1]))
     return out
 
 
-def fetch(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
+def fetch(
+    client: RegistryClient, image: RemoteImage, budget: ReadBudget | None = None
+) -> list[FetchedEnvelope]:
     """Every DSSE envelope referring to the image, through the API or the fallback tag."""
     where = f"{image.reference.registry}/{image.reference.repository}"
     return [
         FetchedEnvelope(f"{where} referrer {f.digest} ({f.via})", f.envelope)
-        for f in _referred(client, image)
+        for f in _referred(client, image, budget)
     ]
 
 
@@ -382,5 +388,7 @@ def _beside(path: Path, envelope: dsse.Envelope) -> list[tuple[Path, dsse.Envelo
 
 
 def fetch_all(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelope]:
-    """The `.att` tag's envelopes, then the referrers'."""
-    return attach.fetch(client, image) + fetch(client, image)
+    """The `.att` tag's envelopes, then the referrers', within one budget for the image: over it,
+    Flooded (exit 1), never a partial list."""
+    budget = ReadBudget(f"{image.reference.registry}/{image.reference.repository}@{image.digests[0]}")
+    return attach.fetch(client, image, budget) + fetch(client, image, budget)

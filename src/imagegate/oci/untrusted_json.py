@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from itertools import accumulate
 from typing import Any
 
 from imagegate.files import FileRefused, read_regular
@@ -16,8 +15,7 @@ from imagegate.files import FileRefused, read_regular
 MAX_MANIFEST_BYTES = 4 << 20
 MAX_DEPTH = 64  # OCI documents nest a handful of levels; configs a few more
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
+_SPECIAL = re.compile(r'[\[\]{}"\\]')
 
 
 class UntrustedJSONError(ValueError):
@@ -49,7 +47,28 @@ def read_file(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
 
 
 def nesting_depth(text: str) -> int:
-    """The deepest nesting of arrays and objects, outside strings; counted without recursion.
-    On malformed text it may be off, which the parser then reports."""
-    steps = (1 if b in "[{" else -1 for b in _BRACKET.findall(_STRING.sub("", text)))
-    return max(accumulate(steps), default=0)
+    """The deepest nesting of arrays and objects, outside strings; counted without recursion, in
+    one pass over the characters that matter (a regular expression matching whole strings keeps
+    a backtracking entry per character: gigabytes for a string of millions). On malformed text it
+    may be off, which the parser then reports."""
+    depth = deepest = 0
+    in_string = False
+    escaped = -1  # the index of a character a backslash escapes
+    for m in _SPECIAL.finditer(text):
+        i = m.start()
+        if i == escaped:
+            continue
+        c = m.group()
+        if in_string:
+            if c == "\\":
+                escaped = i + 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
