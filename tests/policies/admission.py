@@ -175,7 +175,9 @@ def kyverno_ivpol(
     obj: dict[str, Any], attempt: Path, pem: str, now: dt.datetime, work: Path, **options: Any
 ) -> str | None:
     """What Kyverno's ImageValidatingPolicy says to `obj` (None: admitted), the image carrying
-    the attempt's VSA; `options`: `pin`, `edit`, as for `kyverno`."""
+    the attempt's VSA; `options`: `pin`, `edit`, as for `kyverno`, and `tlog_fix` (ivpol.judge),
+    True unless given: the policy's meaning once Kyverno verifies key-signed attestations."""
+    options.setdefault("tlog_fix", True)
     return ivpol.judge(obj, attempt_images(attempt, work), pem, now, **options)
 
 

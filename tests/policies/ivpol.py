@@ -26,6 +26,12 @@ with Kyverno's own parts around the CEL written here from kyverno/kyverno v1.19.
   VerifyAttestationSignature stores each of the type by `ImageData.AddVerifiedIntotoPayloads`
   (kyverno/sdk `extensions/imagedataloader/loader.go`), a map keyed by predicate type, so each
   overwrites the one before: `extractPayload` returns the LAST verified one, the newest layer;
+- kyverno#17109 (open in v1.19.0, release-1.19 and main as read; the fix is kyverno#17217):
+  VerifyAttestationSignature refuses what cosign verified without a transparency-log bundle
+  (`!verified`: "cosign bundle verification failed") even when the attestor sets
+  `ctlog.insecureIgnoreTlog`, which the image-signature path honours. imagegate's statements are
+  signed by a key with no transparency-log entry, so a released Kyverno counts none of them:
+  `tlog_fix=False` judges as it does, `tlog_fix=True` as the fix would;
 - autogen (`pkg/cel/policies/ivpol/autogen/autogen.go`, `pkg/cel/autogen/`): a policy matching
   only Pods is copied for Deployments, DaemonSets, Jobs, ReplicaSets, StatefulSets (the spec's
   JSON with `object.spec` -> `object.spec.template.spec`, `object.metadata` ->
@@ -112,6 +118,7 @@ class _Request:
 
     policy: dict[str, Any]
     images: Images
+    tlog_fix: bool
     payloads: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     verified: dict[str, bool] = field(default_factory=dict)
 
@@ -134,6 +141,8 @@ class _Request:
         for attestor in attestors:
             pem = attestor["cosign"]["key"]["data"]
             of_type = [s for s in self.images.statements(image, pem) if s.get("predicateType") == kind]
+            if not self.tlog_fix:  # kyverno#17109: no transparency-log bundle, so an error
+                continue
             for statement in of_type:  # AddVerifiedIntotoPayloads: each overwrites the one before
                 self.payloads[(image, kind)] = statement
             count += bool(of_type)
@@ -237,11 +246,13 @@ def judge(
     pem: str,
     now: dt.datetime,
     *,
+    tlog_fix: bool,
     pin: tuple[str, str] | None = None,
     edit: Callable[[str], str] | None = None,
 ) -> str | None:
     """What the ImageValidatingPolicy says to creating `obj` (a Pod or a Pod controller): None
-    when admitted, else the refusal's message. `pem`: the key filled in; `pin`, `edit` as for
+    when admitted, else the refusal's message. `pem`: the key filled in; `tlog_fix`: judged with
+    kyverno#17217's fix (True) or as Kyverno 1.19.0 is (False); `pin`, `edit` as for
     admission.kyverno."""
     text = filled(policy_text(edit), pem)
     if pin is not None:
@@ -250,7 +261,7 @@ def judge(
     assert (doc["apiVersion"], doc["kind"]) == ("policies.kyverno.io/v1", "ImageValidatingPolicy")
     spec = doc["spec"] if obj["kind"] == "Pod" else autogen_spec(doc["spec"], obj["kind"])
     assert "matchConditions" not in spec, "policies/ uses no matchConditions"
-    request = _Request(spec, images)
+    request = _Request(spec, images, tlog_fix)
     pod_spec = obj["spec"]
     for key in _POD_SPEC[obj["kind"]]:
         pod_spec = pod_spec[key]

@@ -17,7 +17,8 @@ Read in the controllers' source:
   verifier.go`, kyverno/sdk `imagedataloader.AddVerifiedIntotoPayloads`): each overwrites the
   one before, and `extractPayload` returns the LAST, the newest layer. So only the newest VSA is
   judged, whatever is beside it: a FAIL attached after a PASS refuses, a PASS after a FAIL admits
-  (ivpol.py, `ivpol_judge` below).
+  (ivpol.py, `ivpol_judge` below). Judged with kyverno#17217's fix: Kyverno 1.19.0 counts no
+  statement signed by a key without a transparency-log entry (kyverno#17109, ivpol.py).
 - policy-controller, sigstore/policy-controller `pkg/webhook/validator.go`,
   `ValidatePolicyAttestationsForAuthority`: every attestation verified with the authority's key
   is collected; for each of the authority's attestation policies the verified ones of its
@@ -106,7 +107,8 @@ def ivpol_judge(obj: dict[str, Any], pattern: str, key: PublicKey, pem: str, now
         assert text.count('"registry.example/*"') == 1, "the shipped policy names the pattern to replace"
         return text.replace('"registry.example/*"', json.dumps(pattern))
 
-    return ivpol.judge(obj, ivpol.Images(resolved, statements), pem, now, edit=edit)
+    # With kyverno#17217's fix: as released (1.19.0), Kyverno counts no key-signed statement.
+    return ivpol.judge(obj, ivpol.Images(resolved, statements), pem, now, tlog_fix=True, edit=edit)
 
 
 def kyverno(obj: dict[str, Any], statements: list[dict[str, Any]], now: dt.datetime) -> list[str]:

@@ -120,7 +120,7 @@ def test_a_vsa_without_the_fields_it_needs_is_refused(policy_keys: Keys) -> None
         "predicate": {"verifier": {"id": "https://imagegate.dev/verifier"}, "verificationResult": "PASSED"},
     }
     images = ivpol.Images(lambda i: i.split(":")[0] + "@sha256:" + "a" * 64, lambda i, k: [statement])
-    said = ivpol.judge(pod(gpu=False), images, policy_keys.pub.read_text(), now)
+    said = ivpol.judge(pod(gpu=False), images, policy_keys.pub.read_text(), now, tlog_fix=True)
     assert said is not None and said.startswith("error (failurePolicy Fail)") and "verifiedLevels" in said
 
 
@@ -146,7 +146,19 @@ def test_the_last_verified_statement_of_the_type_is_the_one_judged(policy_keys: 
     for order, admitted in ((["FAILED", "PASSED"], True), (["PASSED", "FAILED"], False)):
         found = [made(r) for r in order]
         images = ivpol.Images(lambda i: i.split(":")[0] + "@sha256:" + "a" * 64, lambda i, k, f=found: f)
-        assert (ivpol.judge(pod(gpu=False), images, pem, now) is None) == admitted, order
+        assert (ivpol.judge(pod(gpu=False), images, pem, now, tlog_fix=True) is None) == admitted, order
+
+
+def test_kyverno_1_19_0_counts_no_key_signed_vsa(
+    runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
+) -> None:
+    """As released, Kyverno's attestation verification needs a transparency-log bundle whatever
+    `insecureIgnoreTlog` says (kyverno#17109): the GPU-level VSA, signed by the key, is refused
+    to every Pod; with the fix (kyverno#17217) it is admitted."""
+    for gpu in (False, True):
+        said = _judge(runs, policy_keys, "gpu_pass", gpu=gpu, tmp=tmp_path, tlog_fix=False)
+        assert said is not None and said.startswith("no SLSA VSA signed by the imagegate key"), said
+        assert _judge(runs, policy_keys, "gpu_pass", gpu=gpu, tmp=tmp_path, tlog_fix=True) is None
 
 
 def test_the_policy_fits_the_v1_api_it_names() -> None:
