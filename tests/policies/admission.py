@@ -16,7 +16,7 @@ import yaml
 from imagegate.attest import sign
 from imagegate.attest.vsa import VSA_PREDICATE_TYPE
 from tests.npm_tools import ROOT
-from tests.policies import engines
+from tests.policies import engines, ivpol
 from tests.policies.conftest import vsa
 
 POLICIES = ROOT / "policies"
@@ -147,6 +147,38 @@ def kyverno(
                 elif not engines.conditions_hold(att["conditions"], vsa(attempt)["predicate"], now):
                     refused.append(f"{rule['name']}: conditions")
     return refused
+
+
+def attempt_images(attempt: Path, work: Path) -> ivpol.Images:
+    """The registry Kyverno would read for a Pod's image, a stand-in (named): no registry holds
+    `registry.example/...`, so every image resolves to the digest the attempt's VSA names in its
+    subject, and carries that VSA, verified by sigstore-js with the policy's key (as cosign does,
+    with the image's digest in the subject)."""
+    statement = vsa(attempt)
+    digests = {f"sha256:{s['digest']['sha256']}" for s in statement["subject"]}
+
+    def resolve(image: str) -> str:
+        repo = image.partition("@")[0]
+        if ":" in repo.rsplit("/", 1)[-1]:  # a tag, not a registry's port
+            repo = repo.rsplit(":", 1)[0]
+        return f"{repo}@{min(digests)}"
+
+    def statements(image: str, pem: str) -> list[dict[str, Any]]:
+        named = image.partition("@")[2] in digests
+        signed = engines.signature_verifies(attempt / sign.VSA_BUNDLE_FILE, pem, work)
+        return [statement] if named and signed else []
+
+    return ivpol.Images(resolve, statements)
+
+
+def kyverno_ivpol(
+    obj: dict[str, Any], attempt: Path, pem: str, now: dt.datetime, work: Path, **options: Any
+) -> str | None:
+    """What Kyverno's ImageValidatingPolicy says to `obj` (None: admitted), the image carrying
+    the attempt's VSA; `options`: `pin`, `edit`, as for `kyverno`, and `tlog_fix` (ivpol.judge),
+    True unless given: the policy's meaning once Kyverno verifies key-signed attestations."""
+    options.setdefault("tlog_fix", True)
+    return ivpol.judge(obj, attempt_images(attempt, work), pem, now, **options)
 
 
 def not_before(now: dt.datetime, days: int = 7) -> str:

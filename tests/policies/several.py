@@ -10,6 +10,15 @@ Read in the controllers' source:
   type refuses ("attestions not found for predicate type"), and the loop over them returns an
   error on the first statement whose conditions fail (`checkAttestations`). So EVERY statement
   of the type must satisfy the conditions: one FAIL beside a PASS refuses.
+- Kyverno's ImageValidatingPolicy (the CEL one): `verifyAttestationSignatures` has cosign
+  verify the `.att` tag's layers in order (imagegate's referrers are not Sigstore bundles, so
+  cosign's bundle path is not taken) and stores the payload of each verified statement of the
+  type in a map keyed by predicate type (kyverno/kyverno `pkg/image/verifiers/ivpol/cosign/
+  verifier.go`, kyverno/sdk `imagedataloader.AddVerifiedIntotoPayloads`): each overwrites the
+  one before, and `extractPayload` returns the LAST, the newest layer. So only the newest VSA is
+  judged, whatever is beside it: a FAIL attached after a PASS refuses, a PASS after a FAIL admits
+  (ivpol.py, `ivpol_judge` below). Judged with kyverno#17217's fix: Kyverno 1.19.0 counts no
+  statement signed by a key without a transparency-log entry (kyverno#17109, ivpol.py).
 - policy-controller, sigstore/policy-controller `pkg/webhook/validator.go`,
   `ValidatePolicyAttestationsForAuthority`: every attestation verified with the authority's key
   is collected; for each of the authority's attestation policies the verified ones of its
@@ -18,8 +27,10 @@ Read in the controllers' source:
   statement that passes admits: a PASS beside a later FAIL still admits. The
   ClusterImagePolicy's own policy then judges the authority matches (admission.py).
 
-Under both rules an image judged more than once is only judged by its latest verdict when the
-earlier statements are gone: `imagegate attach` replaces them (attest/replace.py)."""
+Under the first and last rules an image judged more than once is only judged by its latest
+verdict when the earlier statements are gone: `imagegate attach` replaces them
+(attest/replace.py). The ImageValidatingPolicy reads the latest either way, as long as the
+`.att` tag keeps the order of attaching (imagegate's attach appends)."""
 
 from __future__ import annotations
 
@@ -33,7 +44,7 @@ import yaml
 from imagegate.attest import attach, referrers
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.vsa import VSA_PREDICATE_TYPE
-from tests.policies import engines
+from tests.policies import engines, ivpol
 from tests.policies.admission import KYVERNO, POLICY_CONTROLLER, attestation_cue, kyverno_rules
 
 
@@ -57,6 +68,47 @@ def statements_for(image: str, key: PublicKey) -> list[dict[str, Any]]:
             continue
         out.setdefault(f.envelope.payload, statement)
     return list(out.values())
+
+
+def att_statements(image: str, key: PublicKey) -> list[dict[str, Any]]:
+    """What cosign's VerifyImageAttestations returns for `image` (repo@digest or repo:tag) and the
+    ImageValidatingPolicy reads: the `.att` tag's statements in layer order, of every predicate
+    type, signed by `key` and naming the image's digest in their subject."""
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        remote = attach.resolve(client, parsed)
+        found = attach.fetch(client, remote)
+    out = []
+    for f in found:
+        if not f.envelope.verified_by(key):
+            continue
+        statement = attach.statement_of(f.envelope)
+        if attach.matching_subject(attach.subject_digests(statement), remote.subject_digests) is not None:
+            out.append(statement)
+    return out
+
+
+def resolved(image: str) -> str:
+    """repo@digest of `image` in its registry (what mutateDigest puts in the Pod)."""
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        return str(attach.resolve(client, parsed).reference)
+
+
+def ivpol_judge(obj: dict[str, Any], pattern: str, key: PublicKey, pem: str, now: dt.datetime) -> str | None:
+    """The shipped ImageValidatingPolicy on `obj` whose images are in a real registry, with its
+    image pattern replaced by `pattern` (as its comments tell a user to) and `pem` (the text of
+    `key`) as its key. None: admitted; else the refusal."""
+
+    def statements(image: str, attestor_pem: str) -> list[dict[str, Any]]:
+        return att_statements(image, key) if attestor_pem.strip() == pem.strip() else []
+
+    def edit(text: str) -> str:
+        assert text.count('"registry.example/*"') == 1, "the shipped policy names the pattern to replace"
+        return text.replace('"registry.example/*"', json.dumps(pattern))
+
+    # With kyverno#17217's fix: as released (1.19.0), Kyverno counts no key-signed statement.
+    return ivpol.judge(obj, ivpol.Images(resolved, statements), pem, now, tlog_fix=True, edit=edit)
 
 
 def kyverno(obj: dict[str, Any], statements: list[dict[str, Any]], now: dt.datetime) -> list[str]:

@@ -1,6 +1,7 @@
-"""Every Pod shape, every way to a GPU: both shipped policies (Kyverno's preconditions by the
-jmespath library with Kyverno's autogen for the Pod controllers, policy-controller's CUE by the
-CUE engine) on Pods that reach a GPU by each route a Pod shows, on Pods that reach none, and on
+"""Every Pod shape, every way to a GPU: the shipped policies (the Kyverno ClusterPolicy's
+preconditions by the jmespath library with Kyverno's autogen for the Pod controllers, the Kyverno
+ImageValidatingPolicy's CEL by cel-expr-python with its own autogen (ivpol.py),
+policy-controller's CUE by the CUE engine) on Pods that reach a GPU by each route a Pod shows, on Pods that reach none, and on
 the Pod templates of a Deployment, Job, StatefulSet and CronJob; the VSAs are the real runner's
 deferred run (CPU level only) and the GPU-level stand-in (conftest.py)."""
 
@@ -104,9 +105,21 @@ def _kyverno_now(attempt: Path) -> dt.datetime:
     return verified + dt.timedelta(minutes=5)
 
 
-def _kyverno(runs: dict[str, Path], keys: Keys, name: str, obj: dict[str, Any], tmp: Path) -> list[str]:
+# Both Kyverno policies: the ClusterPolicy (JMESPath) and the ImageValidatingPolicy (CEL).
+KYVERNO_POLICIES = ("clusterpolicy", "imagevalidatingpolicy")
+IVPOL_NO_GPU = "the imagegate VSA lacks level IMAGEGATE_GPU (needed for this Pod)"
+
+
+def _kyverno(
+    policy: str, runs: dict[str, Path], keys: Keys, name: str, obj: dict[str, Any], tmp: Path, **kw: Any
+) -> list[str]:
+    """What `policy` refuses (the ClusterPolicy: per rule; the IVPOL: its message); empty: admitted."""
     attempt = runs[name]
-    return admission.kyverno(obj, attempt, keys.pub.read_text(), _kyverno_now(attempt), tmp)
+    args = (obj, attempt, keys.pub.read_text(), _kyverno_now(attempt), tmp)
+    if policy == "clusterpolicy":
+        return admission.kyverno(*args, **kw)
+    said = admission.kyverno_ivpol(*args, **kw)
+    return [] if said is None else [said]
 
 
 def _rule(kind: str, gpu: bool) -> str:
@@ -114,26 +127,38 @@ def _rule(kind: str, gpu: bool) -> str:
     return name if kind == "Pod" else f"{'autogen-cronjob' if kind == 'CronJob' else 'autogen'}-{name}"
 
 
+def _refused_gpu(policy: str, kind: str) -> list[str]:
+    return [f"{_rule(kind, True)}: conditions"] if policy == "clusterpolicy" else [IVPOL_NO_GPU]
+
+
+@pytest.mark.parametrize("policy", KYVERNO_POLICIES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_kyverno_refuses_every_gpu_route_on_a_deferred_verdict(
-    kind: str, runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
+    kind: str, policy: str, runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
 ) -> None:
     """The deferred run (CPU level only): a Pod, or a controller's Pod template, that reaches a
-    GPU by any route is refused by the GPU rule (or its autogen copy); one that reaches none is
-    admitted by the CPU rule."""
+    GPU by any route is refused by the GPU rule (or its autogen copy; the IVPOL: for want of the
+    GPU level, through its autogen); one that reaches none is admitted."""
     for route, pod in GPU_ROUTES.items():
-        refused = _kyverno(runs, policy_keys, "deferred", _shaped(kind, pod), tmp_path)
-        assert refused == [f"{_rule(kind, True)}: conditions"], (kind, route)
+        refused = _kyverno(policy, runs, policy_keys, "deferred", _shaped(kind, pod), tmp_path)
+        assert refused == _refused_gpu(policy, kind), (kind, route)
     for shape, pod in CPU_SHAPES.items():
-        assert _kyverno(runs, policy_keys, "deferred", _shaped(kind, pod), tmp_path) == [], (kind, shape)
+        assert _kyverno(policy, runs, policy_keys, "deferred", _shaped(kind, pod), tmp_path) == [], (
+            kind,
+            shape,
+        )
 
 
+@pytest.mark.parametrize("policy", KYVERNO_POLICIES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_kyverno_admits_every_shape_on_the_gpu_level(
-    kind: str, runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
+    kind: str, policy: str, runs: dict[str, Path], policy_keys: Keys, tmp_path: Path
 ) -> None:
     for shape, pod in {**GPU_ROUTES, **CPU_SHAPES}.items():
-        assert _kyverno(runs, policy_keys, "gpu_pass", _shaped(kind, pod), tmp_path) == [], (kind, shape)
+        assert _kyverno(policy, runs, policy_keys, "gpu_pass", _shaped(kind, pod), tmp_path) == [], (
+            kind,
+            shape,
+        )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -218,7 +243,7 @@ def test_a_renamed_resource_is_a_gpu_route_once_listed(
 ) -> None:
     """A resource renamed by the device plugin's configuration is no name a policy can guess:
     admitted on the deferred run as shipped, refused once the user adds it to the list the
-    policy's comments name (Kyverno's list; policy-controller's _gpuResources)."""
+    policy's comments name (the Kyverno policies' lists; policy-controller's _gpuResources)."""
     pod = _pod([_c(resources={"limits": {RENAMED: "1"}})])
     listed = '"nvidia.com/gpu", "nvidia.com/gpu.shared"'
 
@@ -226,12 +251,11 @@ def test_a_renamed_resource_is_a_gpu_route_once_listed(
         assert text.count(listed) == 1, "the list of GPU resource names is written once"
         return text.replace(listed, f'{listed}, "{RENAMED}"')
 
-    attempt = runs["deferred"]
-    pem, now = policy_keys.pub.read_text(), _kyverno_now(attempt)
-    assert admission.kyverno(pod, attempt, pem, now, tmp_path) == []
-    assert admission.kyverno(pod, attempt, pem, now, tmp_path, edit=add) == [
-        f"{admission.GPU_RULE}: conditions"
-    ]
+    for policy in KYVERNO_POLICIES:
+        assert _kyverno(policy, runs, policy_keys, "deferred", pod, tmp_path) == [], policy
+        assert _kyverno(policy, runs, policy_keys, "deferred", pod, tmp_path, edit=add) == _refused_gpu(
+            policy, "Pod"
+        ), policy
     (shipped,) = _policy_controller(runs, policy_keys, "deferred", [pod], tmp_path / "shipped")
     assert shipped[0], shipped
     (edited,) = _policy_controller(runs, policy_keys, "deferred", [pod], tmp_path / "edited", edit=add)

@@ -30,6 +30,11 @@ from tests.policies.conftest import Keys, payload
 pytestmark = pytest.mark.engine
 
 MODES = ("replace", "append-only")
+CLUSTERPOLICY, IVPOL, POLICY_CONTROLLER = (
+    "kyverno ClusterPolicy",
+    "kyverno ImageValidatingPolicy",
+    "policy-controller",
+)
 
 
 @pytest.fixture(scope="module")
@@ -115,14 +120,28 @@ class Sequence:
         made = _addressed(attempt, self.ref, self.tmp / f"s{self.n}", self.keys.key, finished)
         _attach(self.mode, made, self.ref)
 
-    def judge(self, *, gpu: bool) -> tuple[bool, bool]:
-        """(Kyverno admits, policy-controller admits) a Pod running the image."""
+    def judge(self, *, gpu: bool) -> dict[str, bool]:
+        """Whether each shipped policy admits a Pod running the image."""
         now = dt.datetime.now(dt.timezone.utc)
-        found = several.statements_for(self.ref, keys.load_public_key(self.keys.pub))
+        key = keys.load_public_key(self.keys.pub)
+        found = several.statements_for(self.ref, key)
         self.n += 1
         k = several.kyverno(pod(gpu=gpu), found, now)
         pc, _ = several.policy_controller(pod(gpu=gpu), found, not_before(now), self.tmp / f"j{self.n}")
-        return not k, pc
+        running = pod(gpu=gpu)
+        for c in running["spec"]["containers"]:
+            c["image"] = self.ref
+        pattern = self.ref.split("/")[0] + "/*"
+        iv = several.ivpol_judge(running, pattern, key, self.keys.pub.read_text(), now)
+        return {CLUSTERPOLICY: not k, IVPOL: iv is None, POLICY_CONTROLLER: pc}
+
+
+def admits(clusterpolicy: bool, ivpol: bool, policy_controller: bool) -> dict[str, bool]:
+    return {CLUSTERPOLICY: clusterpolicy, IVPOL: ivpol, POLICY_CONTROLLER: policy_controller}
+
+
+def every(admitted: bool) -> dict[str, bool]:
+    return admits(admitted, admitted, admitted)
 
 
 def _sequence(mode: str, image: str, name: str, policy_keys: Keys, tmp: Path) -> Sequence:
@@ -135,12 +154,12 @@ def test_fail_then_pass_admits(
 ) -> None:
     seq = _sequence(mode, image, "fail-pass", policy_keys, tmp_path)
     seq.attach(runs["fail"])
-    assert seq.judge(gpu=False) == (False, False)
+    assert seq.judge(gpu=False) == every(False)
     seq.attach(runs["pass"])
     if mode == "replace":
-        assert seq.judge(gpu=False) == (True, True)
-    else:  # the old FAIL beside the PASS: Kyverno refuses for ever
-        assert seq.judge(gpu=False) == (False, True)
+        assert seq.judge(gpu=False) == every(True)
+    else:  # the old FAIL beside the PASS: the ClusterPolicy refuses for ever; the IVPOL reads the newest
+        assert seq.judge(gpu=False) == admits(False, True, True)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -149,12 +168,12 @@ def test_pass_then_fail_refuses(
 ) -> None:
     seq = _sequence(mode, image, "pass-fail", policy_keys, tmp_path)
     seq.attach(runs["pass"])
-    assert seq.judge(gpu=False) == (True, True)
+    assert seq.judge(gpu=False) == every(True)
     seq.attach(runs["fail"])  # e.g. a re-run after a new advisory
     if mode == "replace":
-        assert seq.judge(gpu=False) == (False, False)
+        assert seq.judge(gpu=False) == every(False)
     else:  # policy-controller admits on any PASS: the withdrawn acceptance still admits
-        assert seq.judge(gpu=False) == (False, True)
+        assert seq.judge(gpu=False) == admits(False, False, True)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -163,13 +182,13 @@ def test_deferred_then_completed_admits_a_gpu_pod(
 ) -> None:
     seq = _sequence(mode, image, "deferred-gpu", policy_keys, tmp_path)
     seq.attach(runs["deferred"])
-    assert seq.judge(gpu=True) == (False, False)
-    assert seq.judge(gpu=False) == (True, True)
+    assert seq.judge(gpu=True) == every(False)
+    assert seq.judge(gpu=False) == every(True)
     seq.attach(runs["gpu_pass"])  # the stand-in for a GPU node's completion
     if mode == "replace":
-        assert seq.judge(gpu=True) == (True, True)
+        assert seq.judge(gpu=True) == every(True)
     else:  # the deferred VSA, without the GPU level, stays beside the completion
-        assert seq.judge(gpu=True) == (False, True)
+        assert seq.judge(gpu=True) == admits(False, True, True)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -178,12 +197,12 @@ def test_a_stale_verdict_refuses_until_a_fresh_run(
 ) -> None:
     seq = _sequence(mode, image, "stale", policy_keys, tmp_path)
     seq.attach(runs["pass"], finished=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=8))
-    assert seq.judge(gpu=False) == (False, False)
+    assert seq.judge(gpu=False) == every(False)
     seq.attach(runs["pass"])
     if mode == "replace":
-        assert seq.judge(gpu=False) == (True, True)
-    else:  # the stale one is still read: past its 7 days Kyverno refuses
-        assert seq.judge(gpu=False) == (False, True)
+        assert seq.judge(gpu=False) == every(True)
+    else:  # the stale one is still read: past its 7 days the ClusterPolicy refuses
+        assert seq.judge(gpu=False) == admits(False, True, True)
 
 
 def test_one_images_attestations_never_admit_another(
@@ -193,12 +212,12 @@ def test_one_images_attestations_never_admit_another(
     b = _sequence("replace", other_image, "other", policy_keys, tmp_path / "b")
     assert a.ref.partition("@")[2] != b.ref.partition("@")[2]
     a.attach(runs["pass"])
-    assert a.judge(gpu=False) == (True, True)
-    assert b.judge(gpu=False) == (False, False)
+    assert a.judge(gpu=False) == every(True)
+    assert b.judge(gpu=False) == every(False)
     # Even copied onto B's `.att` tag (attach refuses that; done by hand), A's VSA names A's digest.
     made = _addressed(runs["pass"], a.ref, tmp_path / "copied", policy_keys.key)
     parsed = attach.parse_image(b.ref)
     with attach.client_for(parsed) as client:
         for env in referrers.standard_beside(made, referrers.read_envelopes(made)[0]):
             attach.attach(client, parsed, env, allow_other_subject=True)
-    assert b.judge(gpu=False) == (False, False)
+    assert b.judge(gpu=False) == every(False)
