@@ -31,7 +31,7 @@ from tests.oci.infra import (
     urljoin_registry,
 )
 from tests.policies import several
-from tests.policies.admission import pod
+from tests.policies.admission import not_before, pod
 
 pytestmark = pytest.mark.engine
 
@@ -199,11 +199,16 @@ def _signed(out: Path, name: str) -> dict[str, Any]:
     return payload
 
 
-def _admitted(ref: str, key: Path, *, gpu: bool) -> bool:
-    """Whether the shipped Kyverno policy admits a Pod running `ref` (a tag: a controller
-    resolves it to the index digest and reads the VSAs attached there)."""
+def _admitted(ref: str, key: Path, work: Path, *, gpu: bool) -> bool:
+    """Whether the shipped policies admit a Pod running `ref` (a tag: a controller resolves it
+    to the index digest and reads the VSAs attached there). Kyverno and policy-controller must
+    agree."""
     found = several.statements_for(ref, keys.load_public_key(Path(f"{key}.pub")))
-    return not several.kyverno(pod(gpu=gpu), found, dt.datetime.now(dt.timezone.utc))
+    now = dt.datetime.now(dt.timezone.utc)
+    by_kyverno = not several.kyverno(pod(gpu=gpu), found, now)
+    by_policy_controller, _ = several.policy_controller(pod(gpu=gpu), found, not_before(now), work)
+    assert by_kyverno == by_policy_controller, (by_kyverno, by_policy_controller)
+    return by_kyverno
 
 
 def test_one_platform_run_is_not_pass_and_names_the_other(
@@ -224,7 +229,7 @@ def test_one_platform_run_is_not_pass_and_names_the_other(
     assert vsa["predicate"]["verifiedLevels"] == ["FAILED"]
     assert vsa["predicate"]["verificationResult"] == "FAILED"
     # admission resolves the tag to the index: a platform that never ran is not admitted
-    assert not _admitted(w.good.ref, keypair, gpu=False)
+    assert not _admitted(w.good.ref, keypair, tmp_path / "pc", gpu=False)
     strict = imagegate("index", w.good.ref, str(runs["amd64"]), "--key", f"{keypair}.key", "-o", str(tmp_path / "s"), "--require-complete")  # fmt: skip
     assert strict.returncode == 1, strict.stdout + strict.stderr
 
@@ -245,11 +250,13 @@ def test_both_platforms_run_pass_and_replace_the_partial_statement(
     assert pred["notRun"] == [] and pred["levels"] == ["IMAGEGATE_CPU"]
     vsa = _signed(tmp_path / "both", "vsa.dsse.json")["predicate"]
     assert vsa["verifiedLevels"] == ["IMAGEGATE_CPU"]
+    # as of the older run: a freshness rule never reads an old platform run as new
+    assert vsa["timeVerified"] == min(p["finishedOn"] for p in pred["platforms"])
     linked = {a["digest"]["sha256"] for a in vsa["inputAttestations"][1:]}
     assert linked == {p["attestation"]["sha256"] for p in pred["platforms"]}
     # what a controller reads for the tag: the PASS replaced the partial one; no GPU level
-    assert _admitted(w.good.ref, keypair, gpu=False)
-    assert not _admitted(w.good.ref, keypair, gpu=True)
+    assert _admitted(w.good.ref, keypair, tmp_path / "pc-cpu", gpu=False)
+    assert not _admitted(w.good.ref, keypair, tmp_path / "pc-gpu", gpu=True)
     found = imagegate("verify", "--image", w.good.ref, "--key", f"{keypair}.pub", "--expect-verdict", "PASS")
     assert found.returncode == 0, found.stdout + found.stderr
     # the index attempt verifies on its own, the platforms' envelopes with it
@@ -266,6 +273,12 @@ def test_one_platform_failing_fails_the_index(
     assert code == 1, err
     assert statement["predicate"]["verdict"] == "FAIL"
     assert _signed(tmp_path, "vsa.dsse.json")["predicate"]["verifiedLevels"] == ["FAILED"]
+    # nothing attached to this index: verify names its platform images (not the attestation
+    # manifest) and the command that makes the index's own statement
+    by_tag = imagegate("verify", "--image", w.mixed.ref, "--key", f"{keypair}.pub")
+    assert by_tag.returncode == 1, by_tag.stdout + by_tag.stderr
+    assert f"linux/arm64/v8 {w.mixed.arm64}" in by_tag.stdout and w.mixed.attestation not in by_tag.stdout
+    assert f"imagegate index {w.mixed.ref} RUN..." in by_tag.stdout, by_tag.stdout
 
 
 def test_a_run_of_another_image_is_refused(

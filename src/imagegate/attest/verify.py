@@ -552,7 +552,9 @@ def verify_image(
             listed = ", ".join(f"{p} {d}" for p, d in remote.platforms)
             index = (
                 f"; {image} names an index, and a run attests the platform manifest that ran "
-                f"({listed}): verify --image {ref.registry}/{ref.repository}@<that digest>"
+                f"({listed}): verify --image {ref.registry}/{ref.repository}@<that digest>; a "
+                f"statement about the index itself comes from its platforms' runs: imagegate "
+                f"index {image} RUN..."
             )
         rep.add(
             "attestation",
