@@ -4,7 +4,8 @@ platforms (attest/platforms.py says what it concludes). The runs are verified fi
 the index is then read once, by the digest its tag names now, and every run must be about one of
 the platform manifests it lists (another image's run is refused, exit 3). A new attempt folder
 `OUT/index-<digest>/<time>-<random>/` holds a copy of each platform's envelope and the signed
-statements; `--attach` pushes them to the index digest, where admission finds them."""
+statements; `--attach` pushes them to the index digest, where admission finds them.
+`run --all-platforms` runs each platform this host runs, then does the same (`run_platforms`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imagegate import __version__
 from imagegate.attest import attach, keys, referrers
@@ -24,7 +25,11 @@ from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, exit_code
 from imagegate.oci.digest import short_digest, split_digest
+from imagegate.oci.manifest import parse_platform, platform_matches
 from imagegate.oci.registry import NotFound
+
+if TYPE_CHECKING:
+    from imagegate.accept import Accepted
 
 Notify = Callable[[str], None]
 
@@ -76,9 +81,11 @@ def judge_index(
     insecure: bool = False,
     require_complete: bool = False,
     notify: Notify = lambda _m: None,
+    index: tuple[str, str, plat.IndexListing] | None = None,
 ) -> IndexJudged:
+    """`index`: the index as `read_index` read it already (run --all-platforms), not read again."""
     verified = read_runs(runs, trusted)
-    repository, digest, listing = read_index(reference, insecure)
+    repository, digest, listing = index or read_index(reference, insecure)
     now = dt.datetime.now(dt.timezone.utc)
     statement = plat.build_index_statement(
         repository,
@@ -118,3 +125,62 @@ def judge_index(
             if code == EXIT_ACCEPTED:
                 code = EXIT_REJECTED
     return IndexJudged(attempt.dir, statement, signed, code, pairs)
+
+
+def runs_here(platform: str) -> bool:
+    """Whether this host runs images of `platform` (os/arch[/variant]) natively: Linux on this
+    machine's architecture. No emulation is assumed: a platform it cannot run is named, not run."""
+    import platform as host
+
+    try:
+        want = parse_platform(f"linux/{host.machine()}")
+        have = parse_platform(platform)
+    except UsageError:
+        return False
+    return platform_matches(want, have)
+
+
+def run_platforms(
+    image: str,
+    run_one: Callable[[str], Accepted],
+    key: keys.SigningKey,
+    out: Path,
+    *,
+    attach_it: bool = False,
+    insecure: bool = False,
+    require_complete: bool = False,
+    notify: Notify = lambda _m: None,
+) -> tuple[list[Accepted], IndexJudged]:
+    """`run --all-platforms`: the index `image` names read once; `run_one` runs the pipeline on
+    each platform manifest this host runs (by digest, with the transport `image` was given in);
+    then the index statement over those runs, naming the platforms not run here."""
+    read = read_index(image, insecure)
+    repository, _, listing = read
+    here = [p for p in listing.platforms if runs_here(p.platform)]
+    if not here:
+        import platform as host
+
+        listed = ", ".join(p.platform for p in listing.platforms)
+        raise UsageError(
+            f"{image}: the index lists {listed}; this {host.machine()} host runs none of them",
+            hint="run on a host of one of those platforms, then sign the index with imagegate index",
+        )
+    transport = "docker://" if image.startswith("docker://") else ""
+    done = []
+    for p in here:
+        notify(f"platform {p.platform}: {repository}@{p.digest}")
+        done.append(run_one(f"{transport}{repository}@{p.digest}"))
+    folders = [Path(d.record.attempt_dir) for d in done if d.signed is not None]
+    judged = judge_index(
+        image,
+        folders,
+        key,
+        (key.public,),
+        out,
+        attach_it=attach_it,
+        insecure=insecure,
+        require_complete=require_complete,
+        notify=notify,
+        index=read,
+    )
+    return done, judged

@@ -302,3 +302,35 @@ def test_a_run_that_does_not_verify_is_refused(world: tuple[World, dict[str, Pat
     code, _, err = _index(w.good.ref, other, tmp_path / "out", runs["amd64"])
     assert code == 1, err
     assert "does not verify, so it is not combined into the index statement" in err, err
+
+
+def test_run_all_platforms_runs_what_this_host_runs_and_names_the_rest(
+    world: tuple[World, dict[str, Path]], keypair: Path, tmp_path: Path
+) -> None:
+    """On this amd64 host: the amd64 manifest runs (by digest), the arm64 one is named, not run."""
+    w, _ = world
+    env = {"DOCKER_HOST": "unix:///nonexistent", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = imagegate(
+        "run", f"docker://{w.good.ref}", "--all-platforms", "-p", "python", "--driver", "rootfs",
+        "-o", str(tmp_path), "--key", f"{keypair}.key", "--format", "json", env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    pred = json.loads(r.stdout)["predicate"]
+    assert pred["verdict"] == "CPU_PASS_PLATFORM_LINUX_ARM64_V8_DEFERRED"
+    amd64, arm64 = pred["platforms"]
+    assert (amd64["manifestDigest"], amd64["verdict"]) == (w.good.amd64, "PASS")
+    assert arm64 == {"platform": "linux/arm64/v8", "manifestDigest": w.good.arm64, "ran": False}
+    (run_envelope,) = tmp_path.glob("sha256-*/*/attestation.dsse.json")  # the amd64 run, signed
+    ok = imagegate(
+        "verify",
+        str(run_envelope),
+        "--key",
+        f"{keypair}.pub",
+        "--image",
+        f"{w.good.repository}@{w.good.amd64}",
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = imagegate(
+        "run", "imagegate-test/python:latest", "--all-platforms", "-p", "python", "-o", str(tmp_path / "x")
+    )
+    assert bad.returncode == 3 and "is not an image in a registry" in bad.stderr, bad.stderr
