@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from imagegate import resources
 from imagegate.attest import keys
 from tests.helpers import imagegate
 from tests.oci.infra import (
@@ -139,11 +140,11 @@ def keypair(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return key
 
 
-def _run(ref: str, out: Path, key: Path, cache: Path) -> Path:
+def _run(ref: str, out: Path, key: Path, cache: Path, pipeline: str = "python") -> Path:
     """A signed run of `ref` (repo@digest) with the rootfs driver; its attempt folder."""
     env = {"DOCKER_HOST": "unix:///nonexistent", "XDG_CACHE_HOME": str(cache)}
     r = imagegate(
-        "run", f"docker://{ref}", "-p", "python", "--driver", "rootfs", "-o", str(out), "--key", f"{key}.key", env=env
+        "run", f"docker://{ref}", "-p", pipeline, "--driver", "rootfs", "-o", str(out), "--key", f"{key}.key", env=env
     )  # fmt: skip
     assert r.returncode in (0, 1), r.stdout + r.stderr
     (folder,) = [p.parent for p in out.glob("sha256-*/*/attestation.dsse.json")]
@@ -174,6 +175,16 @@ def world(
                 ("other", "team/other", other),
             )
         }
+        # the same checks from another pipeline file: another sha256, so no conjunction with the rest
+        other_pipeline = tmp / "python-copy.yaml"
+        other_pipeline.write_text((resources.pipelines_dir() / "python.yaml").read_text() + "# a copy\n")
+        runs["arm64-other-pipeline"] = _run(
+            f"{registry.host}/team/multi@{two.arm64_digest}",
+            tmp / "runs-pipeline",
+            keypair,
+            cache,
+            str(other_pipeline),
+        )
         yield World(good, mixed, runs["other"]), runs
     finally:
         registry.stop()
@@ -279,6 +290,13 @@ def test_one_platform_failing_fails_the_index(
     assert by_tag.returncode == 1, by_tag.stdout + by_tag.stderr
     assert f"linux/arm64/v8 {w.mixed.arm64}" in by_tag.stdout and w.mixed.attestation not in by_tag.stdout
     assert f"imagegate index {w.mixed.ref} RUN..." in by_tag.stdout, by_tag.stdout
+    # attached by hand, the VSA and test-result beside it go too; verify then judges the FAIL
+    (envelope,) = tmp_path.glob("index-sha256-*/*/attestation.dsse.json")
+    attached = imagegate("attach", str(envelope), w.mixed.ref)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert attached.stdout.count("attached to") == 3, attached.stdout
+    judged = imagegate("verify", "--image", w.mixed.ref, "--key", f"{keypair}.pub")
+    assert judged.returncode == 1 and "verdict FAIL is not accepted" in judged.stdout, judged.stdout
 
 
 def test_a_run_of_another_image_is_refused(
@@ -292,6 +310,16 @@ def test_a_run_of_another_image_is_refused(
     code, _, err = _index(w.good.ref, keypair, tmp_path, runs["arm64-fail"])
     assert code == 3, err
     assert not list(tmp_path.glob("index-*/*/attestation.dsse.json"))  # nothing signed
+
+
+def test_runs_of_different_pipelines_are_refused(
+    world: tuple[World, dict[str, Path]], keypair: Path, tmp_path: Path
+) -> None:
+    w, runs = world
+    code, _, err = _index(w.good.ref, keypair, tmp_path, runs["amd64"], runs["arm64-other-pipeline"])
+    assert code == 3, err
+    assert "the runs used different pipelines" in err, err
+    assert not list(tmp_path.glob("index-*/*/attestation.dsse.json"))
 
 
 def test_a_run_that_does_not_verify_is_refused(world: tuple[World, dict[str, Path]], tmp_path: Path) -> None:
