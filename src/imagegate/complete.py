@@ -16,7 +16,6 @@ from typing import Any
 
 from imagegate import pipeline, runner
 from imagegate import plan as planning
-from imagegate.attest import envelopes
 from imagegate.attest import verify as verifying
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.sign import DSSE_FILE
@@ -72,34 +71,17 @@ class Earlier:
 
 
 def load_earlier(target: Path, trusted: Sequence[PublicKey]) -> Earlier:
-    """An attempt folder, or one of its attestation files: the folder must hold the signed
-    envelope (what the completion links) and statement.json, and must verify as `imagegate
-    verify` checks it (attest/verify.py): the signature with one of the `trusted` keys, the
-    statement (and statement.json the same), every evidence file's sha256, and, for an attempt
-    that is itself a completion, its link. Refused otherwise (NotVerified, exit 1), naming the
-    file and the check: before any attempt folder is made or anything is signed."""
-    if not target.exists():
-        raise UsageError(f"{target}: no such attempt folder or attestation", hint="give an attempt folder")
-    folder = target if target.is_dir() else target.parent
-    envelope_path = folder / DSSE_FILE
-    missing = [p.name for p in (envelope_path, folder / "statement.json") if not p.is_file()]
-    if missing:
-        raise UsageError(
-            f"{folder}: not a signed attempt (no {' and no '.join(missing)})",
-            hint="complete an attempt that was signed (run without --no-sign)",
-        )
-    data = envelopes.read_bounded(envelope_path)  # read once: the bytes verified are the bytes linked
-    envelope = envelopes.one_envelope(data, envelope_path)
-    rep = verifying.verify_in_folder(envelope, trusted, source=str(envelope_path), root=folder)
-    if not rep.ok or rep.statement is None or rep.signer is None:
-        failed = "; ".join(f"{c.name}: {c.detail}" for c in rep.failures)
-        raise NotVerified(
-            f"{envelope_path}: attempt {folder.name} does not verify, so it is not completed: {failed}",
-            hint=f"check it with: imagegate verify {envelope_path} --key PUB; an attempt signed on "
-            "another machine needs that machine's public key (--trust PUB); an attempt changed "
-            "after signing cannot be completed: run the pipeline anew",
-        )
-    return Earlier(folder, rep.statement, data, rep.signer.fingerprint)
+    """An attempt folder, or one of its attestation files, that verifies as `imagegate verify`
+    checks it (attest/verify.py `load_attempt`); refused otherwise (NotVerified, exit 1), naming
+    the file and the check: before any attempt folder is made or anything is signed."""
+    got = verifying.load_attempt(
+        target,
+        trusted,
+        use="so it is not completed",
+        hint="an attempt signed on another machine needs that machine's public key (--trust PUB); "
+        "an attempt changed after signing cannot be completed: run the pipeline anew",
+    )
+    return Earlier(got.dir, got.statement, got.envelope, got.signer)
 
 
 def check_same_subject(earlier: Earlier, image: ImageFacts, now_fp: str | None) -> None:

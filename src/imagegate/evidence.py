@@ -40,9 +40,12 @@ INDEX = "index.jsonl"
 
 
 class Attempt:
-    def __init__(self, out: Path, image: ImageFacts, *, now: dt.datetime | None = None) -> None:
+    def __init__(
+        self, out: Path, image: ImageFacts, *, now: dt.datetime | None = None, key: str | None = None
+    ) -> None:
+        """`key`: the folder name in place of the image's (an index statement's `index-<digest>`)."""
         now = now or dt.datetime.now(dt.timezone.utc)
-        self.image_dir = out / image_key(image)
+        self.image_dir = out / (key or image_key(image))
         try:
             out.mkdir(parents=True, exist_ok=True)
             _inside(out, self.image_dir)

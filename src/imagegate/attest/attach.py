@@ -25,9 +25,7 @@ from imagegate.oci.manifest import (
     MANIFEST_TYPES,
     OCI_CONFIG,
     OCI_MANIFEST,
-    Index,
     ManifestError,
-    parse_manifest,
 )
 from imagegate.oci.reference import Reference, parse_reference
 from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
@@ -251,12 +249,11 @@ def resolve(client: RegistryClient, ref: Reference) -> RemoteImage:
             digests.append(config)
     platforms: tuple[tuple[str, str], ...] = ()
     if top.media_type in INDEX_TYPES:
-        with contextlib.suppress(ManifestError):
-            index = parse_manifest(top.raw, top.media_type, str(ref))
-            if isinstance(index, Index):
-                platforms = tuple(
-                    (str(d.platform or "unknown"), d.digest) for d in index.manifests if d.digest
-                )[:MAX_PLATFORMS_NAMED]
+        from imagegate.attest.platforms import list_platforms
+
+        with contextlib.suppress(UsageError, ManifestError):  # no platforms to name, then
+            listed = list_platforms(top.raw, top.media_type, str(ref)).platforms
+            platforms = tuple((p.platform, p.digest) for p in listed)[:MAX_PLATFORMS_NAMED]
     return RemoteImage(ref.with_digest(top.digest), tuple(digests), platforms)
 
 

@@ -368,10 +368,11 @@ def standard_beside(path: Path, envelope: dsse.Envelope) -> list[dsse.Envelope]:
 def _beside(path: Path, envelope: dsse.Envelope) -> list[tuple[Path, dsse.Envelope]]:
     """`standard_beside`, with the file each was read from."""
     from imagegate.attest import replace, sign
+    from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
     from imagegate.attest.statement import PREDICATE_TYPE
 
     statement = statement_of(envelope)
-    if statement.get("predicateType") != PREDICATE_TYPE:
+    if statement.get("predicateType") not in (PREDICATE_TYPE, INDEX_PREDICATE_TYPE):
         return []
     out = []
     for name in (sign.VSA_FILE, sign.TEST_RESULT_FILE):

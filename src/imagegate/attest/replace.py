@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
 from imagegate.attest.statement import PREDICATE_TYPE
 from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VERIFIER_ID, VSA_PREDICATE_TYPE
 
@@ -38,6 +39,7 @@ class Replaced:
 def _short(predicate_type: str) -> str:
     return {
         PREDICATE_TYPE: "acceptance",
+        INDEX_PREDICATE_TYPE: "index",
         VSA_PREDICATE_TYPE: "VSA",
         TEST_RESULT_PREDICATE_TYPE: "test-result",
     }.get(predicate_type, predicate_type)
@@ -53,7 +55,7 @@ def pipeline_of(statement: Mapping[str, Any]) -> str | None:
     kind = statement.get("predicateType")
     pred = _dict(statement.get("predicate"))
     named: Any = None
-    if kind == PREDICATE_TYPE:
+    if kind in (PREDICATE_TYPE, INDEX_PREDICATE_TYPE):
         pipeline = _dict(pred.get("pipeline"))
         named = pipeline.get("source") or pipeline.get("name")
     elif kind == VSA_PREDICATE_TYPE:

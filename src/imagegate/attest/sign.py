@@ -57,6 +57,18 @@ def _create(path: Path, data: bytes) -> Path:
     return path
 
 
+def _standard(statement: dict[str, Any], dsse_bytes: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The VSA and test-result made from `statement`: a run's, or an index's (attest/platforms.py)."""
+    from imagegate.attest import platforms
+
+    if statement.get("predicateType") == platforms.INDEX_PREDICATE_TYPE:
+        return (
+            platforms.build_index_vsa(statement, DSSE_FILE, dsse_bytes),
+            platforms.build_index_test_result(statement),
+        )
+    return build_vsa(statement, DSSE_FILE, dsse_bytes), build_test_result(statement)
+
+
 def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) -> Signed:
     envelope = dsse.sign(serialize(statement), key)
     dsse_bytes = envelope.to_json()
@@ -66,9 +78,10 @@ def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) 
         _create(attempt_dir / BUNDLE_FILE, bundle.to_json(envelope, key.public)),
     ]
     standard = []
+    vsa, test_result = _standard(statement, dsse_bytes)
     for made, name, bundle_name in (
-        (build_vsa(statement, DSSE_FILE, dsse_bytes), VSA_FILE, VSA_BUNDLE_FILE),
-        (build_test_result(statement), TEST_RESULT_FILE, TEST_RESULT_BUNDLE_FILE),
+        (vsa, VSA_FILE, VSA_BUNDLE_FILE),
+        (test_result, TEST_RESULT_FILE, TEST_RESULT_BUNDLE_FILE),
     ):
         signed = dsse.sign(serialize(made), key)
         files.append(_create(attempt_dir / name, signed.to_json()))

@@ -134,7 +134,7 @@ def _statement(envelope: dsse.Envelope, predicate_type: str, rep: Report) -> dic
     rep.predicate_type = str(st.get("predicateType"))
     if st.get("_type") != STATEMENT_TYPE:
         problems.append(f"_type is {st.get('_type')!r}, expected {STATEMENT_TYPE!r}")
-    if st.get("predicateType") != predicate_type:
+    if st.get("predicateType") not in _verdict_types(predicate_type):
         problems.append(f"predicateType is {st.get('predicateType')!r}, expected {predicate_type!r}")
     subjects = st.get("subject")
     if not isinstance(subjects, list) or not subjects or not all(_subject_ok(s) for s in subjects):
@@ -144,8 +144,16 @@ def _statement(envelope: dsse.Envelope, predicate_type: str, rep: Report) -> dic
     if problems:
         rep.add("statement", "failed", "; ".join(problems))
         return None
-    rep.add("statement", "ok", f"in-toto Statement v1, {predicate_type}")
+    rep.add("statement", "ok", f"in-toto Statement v1, {st.get('predicateType')}")
     return st
+
+
+def _verdict_types(predicate_type: str) -> tuple[str, ...]:
+    """The predicate types accepted where `predicate_type` is asked for: a run's acceptance, or
+    the statement about an index made from its platforms' runs (attest/platforms.py)."""
+    from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
+
+    return (predicate_type, INDEX_PREDICATE_TYPE) if predicate_type == PREDICATE_TYPE else (predicate_type,)
 
 
 def _subject_ok(s: object) -> bool:
@@ -166,6 +174,7 @@ def _check_subject(
     # mismatch means the statement was made wrong, not changed in transit; still worth a name).
     expected = {
         "manifest": image.get("manifestDigest"),
+        "index": image.get("indexDigest"),
         "config": image.get("configDigest"),
         "environment": "sha256:" + environment_digest(statement["predicate"].get("environment")),
     }.get(str(kind))
@@ -372,7 +381,7 @@ def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> R
     """Of several attestations (a .jsonl file, an image's `.att`): the first that passes; else the
     first of our predicate type, whose failures explain why; else the first."""
     reports = list(reports)
-    ours = [r for r in reports if r.predicate_type == predicate_type]
+    ours = [r for r in reports if r.predicate_type in _verdict_types(predicate_type)]
     return next((r for r in reports if r.ok), None) or next(iter(ours), None) or next(iter(reports), None)
 
 
@@ -543,7 +552,9 @@ def verify_image(
             listed = ", ".join(f"{p} {d}" for p, d in remote.platforms)
             index = (
                 f"; {image} names an index, and a run attests the platform manifest that ran "
-                f"({listed}): verify --image {ref.registry}/{ref.repository}@<that digest>"
+                f"({listed}): verify --image {ref.registry}/{ref.repository}@<that digest>; a "
+                f"statement about the index itself comes from its platforms' runs: imagegate "
+                f"index {image} RUN..."
             )
         rep.add(
             "attestation",
@@ -569,6 +580,48 @@ def verify_image(
     return chosen
 
 
+@dataclass(frozen=True)
+class SignedAttempt:
+    """An attempt folder whose envelope verified: `statement` is the signed payload, `envelope`
+    the very bytes that verified (what a statement built on it links and copies)."""
+
+    dir: Path
+    statement: dict[str, Any]
+    envelope: bytes
+    signer: str  # the fingerprint of the trusted key its signature verified with
+
+
+def load_attempt(target: Path, trusted: Trusted, *, use: str, hint: str) -> SignedAttempt:
+    """An attempt folder, or one of its attestation files: the folder must hold the signed
+    envelope and statement.json, and must verify as `imagegate verify` checks it (the signature
+    with a trusted key, the statement and statement.json, every evidence file's sha256, a
+    completion's link). Refused otherwise (NotVerified, exit 1), naming the file, the check and
+    what is not done with it (`use`: "so it is not completed"), before anything is built on it."""
+    from imagegate.attest.sign import DSSE_FILE
+    from imagegate.errors import NotVerified
+
+    if not target.exists():
+        raise UsageError(f"{target}: no such attempt folder or attestation", hint="give an attempt folder")
+    folder = target if target.is_dir() else target.parent
+    envelope_path = folder / DSSE_FILE
+    missing = [p.name for p in (envelope_path, folder / "statement.json") if not p.is_file()]
+    if missing:
+        raise UsageError(
+            f"{folder}: not a signed attempt (no {' and no '.join(missing)})",
+            hint="give an attempt that was signed (run without --no-sign)",
+        )
+    data = read_bounded(envelope_path)  # read once: the bytes verified are the bytes linked
+    envelope = one_envelope(data, envelope_path)
+    rep = verify_in_folder(envelope, trusted, source=str(envelope_path), root=folder)
+    if not rep.ok or rep.statement is None or rep.signer is None:
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in rep.failures)
+        raise NotVerified(
+            f"{envelope_path}: attempt {folder.name} does not verify, {use}: {failed}",
+            hint=f"check it with: imagegate verify {envelope_path} --key PUB; {hint}",
+        )
+    return SignedAttempt(folder, rep.statement, data, rep.signer.fingerprint)
+
+
 def accepts(
     report: Report, *, expect_verdict: str | None = None, require_complete: bool = False
 ) -> tuple[bool, str]:
@@ -577,6 +630,7 @@ def accepts(
     rule (PASS and a deferred verdict accepted, the levels named; FAIL and ERROR not;
     --require-complete refuses a deferred one), or, with --expect-verdict, that verdict alone.
     An SLSA VSA: its verificationResult. Any other predicate: the checks alone."""
+    from imagegate.attest.platforms import INDEX_PREDICATE_TYPE, index_levels
     from imagegate.attest.vsa import VSA_PREDICATE_TYPE, levels
     from imagegate.model import EXIT_ACCEPTED, exit_code
 
@@ -593,7 +647,8 @@ def accepts(
             code = exit_code(verdict, require_complete=require_complete)
         except ValueError:
             return False, f"verified, but verdict {verdict!r} is not one imagegate writes: not accepted"
-        reached = ", ".join(levels(statement)) or "no level"
+        of_index = report.predicate_type == INDEX_PREDICATE_TYPE
+        reached = ", ".join(index_levels(statement) if of_index else levels(statement)) or "no level"
         if code == EXIT_ACCEPTED:
             return True, f"verified: verdict {verdict}, accepted (levels: {reached})"
         why = "--require-complete refuses a deferred verdict" if verdict.endswith("_DEFERRED") else "rejected"

@@ -9,6 +9,7 @@ attestation of a predicate type (kyverno#4116), and every one must be able to st
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from imagegate.attest.statement import STATEMENT_TYPE
@@ -98,7 +99,8 @@ def resource_uri(statement: dict[str, Any]) -> str:
     return f"local:{name}"
 
 
-def _policy(pred: dict[str, Any]) -> dict[str, Any]:
+def pipeline_policy(pred: Mapping[str, Any]) -> dict[str, Any]:
+    """The VSA's `policy`: the pipeline that ran, by name (or file) and sha256."""
     pipeline = pred.get("pipeline") or {}
     return {
         "uri": str(pipeline.get("source") or pipeline.get("name")),
@@ -122,7 +124,30 @@ def build_vsa(statement: dict[str, Any], acceptance_uri: str, acceptance_bytes: 
     """`acceptance_bytes` are the signed acceptance attestation as written (its DSSE file), the
     input attestation this summary rests on."""
     pred = statement["predicate"]
-    reached = levels(statement)
+    return summary(
+        statement,
+        time_verified=pred.get("finishedOn"),
+        resource=resource_uri(statement),
+        inputs=input_attestations(pred, acceptance_uri, acceptance_bytes),
+        reached=levels(statement),
+        # An extension (consumers ignore fields they do not know): what ran, so that a level
+        # can be read back to the stages that earned it.
+        run={"verdict": pred.get("verdict"), "stages": stage_outcomes(pred)},
+    )
+
+
+def summary(
+    statement: Mapping[str, Any],
+    *,
+    time_verified: Any,
+    resource: str,
+    inputs: list[dict[str, Any]],
+    reached: list[str],
+    run: dict[str, Any],
+) -> dict[str, Any]:
+    """A VSA about `statement`'s subject, by imagegate, for its pipeline: PASSED with the levels
+    `reached`, else FAILED (["FAILED"] as its levels); `run` goes in the extension field."""
+    pred = statement["predicate"]
     return {
         "_type": STATEMENT_TYPE,
         "subject": statement["subject"],
@@ -132,16 +157,14 @@ def build_vsa(statement: dict[str, Any], acceptance_uri: str, acceptance_bytes: 
                 "id": VERIFIER_ID,
                 "version": {"imagegate": str((pred.get("imagegate") or {}).get("version"))},
             },
-            "timeVerified": pred.get("finishedOn"),
-            "resourceUri": resource_uri(statement),
-            "policy": _policy(pred),
-            "inputAttestations": input_attestations(pred, acceptance_uri, acceptance_bytes),
+            "timeVerified": time_verified,
+            "resourceUri": resource,
+            "policy": pipeline_policy(pred),
+            "inputAttestations": inputs,
             "verificationResult": "PASSED" if reached else "FAILED",
             "verifiedLevels": reached or FAILED_LEVELS,
             "slsaVersion": "1.0",
-            # An extension (consumers ignore fields they do not know): what ran, so that a level
-            # can be read back to the stages that earned it.
-            RUN_FIELD: {"verdict": pred.get("verdict"), "stages": stage_outcomes(pred)},
+            RUN_FIELD: run,
         },
     }
 
@@ -169,7 +192,7 @@ def build_test_result(statement: dict[str, Any]) -> dict[str, Any]:
     by_status: dict[str, list[str]] = {}
     for s in pred.get("stages") or []:
         by_status.setdefault(str(s.get("status")), []).append(str(s.get("id")))
-    pipeline = _policy(pred)
+    pipeline = pipeline_policy(pred)
     configuration = [{"name": pipeline["uri"], "digest": pipeline["digest"]}]
     if pred.get("bundleSha256"):
         configuration.append(

@@ -25,6 +25,7 @@ COMMAND_MODULES = {
     "keygen": "attest",
     "verify": "attest",
     "attach": "attest",
+    "index": "attest",
     "pod": "pod",
     "report": "report",
     "audit": "report",

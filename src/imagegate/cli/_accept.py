@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from imagegate import accept
-from imagegate.cli._app import Format, Option
+from imagegate.cli._app import SIGNING_KEY, Format, Option
 from imagegate.errors import UsageError
 from imagegate.interrupts import EXIT_SIGINT
 from imagegate.runner import RunOptions
@@ -47,12 +47,7 @@ TIMEOUT = Option(
     help="Deadline for the whole command: getting the image and every stage "
     "(default: 30 min to get the image, plus the stages' timeouts added up).",
 )
-KEY = Option(
-    [],
-    "--key",
-    metavar="PATH",
-    help="Signing key (PEM; once); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
-)
+KEY = SIGNING_KEY
 NO_SIGN = Option(False, "--no-sign", help="Do not sign the attempt.")
 REQUIRE_COMPLETE = Option(False, "--require-complete", help="A deferred verdict exits 1.")
 QUIET = Option(False, "--quiet", "-q", help="No progress messages on stderr.")

@@ -77,6 +77,13 @@ TRUSTED_KEYS = Option(
     metavar="FILE",
     help="PEM public keys one after another (cat ci.pub gpu.pub > trusted.pem), each trusted (repeatable).",
 )
+# run, complete, pod run, index: the one key an attempt is signed with.
+SIGNING_KEY = Option(
+    [],
+    "--key",
+    metavar="PATH",
+    help="Signing key (PEM; once); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
+)
 # The root cache (`cache …`, and `run --driver rootfs`).
 CACHE_DIR = Option(
     None,

@@ -1,4 +1,4 @@
-"""Commands: keygen, verify, attach (signed attestations). Parse, call imagegate.attest, render."""
+"""Commands: keygen, verify, attach, index (signed attestations). Parse, call imagegate.attest, render."""
 
 from __future__ import annotations
 
@@ -166,3 +166,74 @@ def attach(
     if left is not None:
         print(f"imagegate: {left}", file=sys.stderr)
         raise typer.Exit(EXIT_REJECTED)
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  imagegate index registry.example/team/app:1 runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --key ci.key --attach\n\n"
+    "  imagegate index registry.example/team/app:1 amd64-run/ arm64-run/ --key ci.key --trust arm-runner.pub\n\n"
+    "Admission resolves a tag to the index digest, while a run judges one platform (its subject is "
+    "that platform's manifest). This signs statements whose subject is the index: the index is read "
+    "once, by the digest IMAGE names now; its platform images are listed (attestation manifests and "
+    "other non-image entries are ignored, named); each RUN must verify as verify checks an attempt "
+    "(a trusted key: --trust, --trusted-keys, else the signing key's own; every evidence file), "
+    "else exit 1, and must be a run of one of those platform manifests with the same pipeline as "
+    "the others, else exit 3. The verdict is PASS only when every listed platform has a PASS "
+    "run; FAIL or ERROR when a platform's run says so; otherwise "
+    "CPU_PASS_<deferred stages, PLATFORM_<OS>_<ARCH>… not run>_DEFERRED, never PASS. The VSA's "
+    "levels are those every platform reached (FAILED when a platform did not run), its "
+    "timeVerified the oldest run's. Writes OUT/index-<digest>/<attempt>/ (each run's envelope "
+    "copied, the statement, the VSA and test-result); --attach pushes them to the index digest, "
+    "replacing the earlier index statements of the pipeline there. Exit codes as for run."
+)
+def index(
+    image: str = Argument(..., help="The multi-platform image in its registry: a tag or an index digest."),
+    runs: list[Path] = Argument(
+        ..., help="Signed attempt folders (or their attestation files), one per platform run."
+    ),
+    key: list[str] = _app.SIGNING_KEY,
+    trust: list[Path] = Option(
+        [],
+        "--trust",
+        metavar="PUB",
+        help="A public key (PEM) the runs may be signed with (repeatable); default: the signing key's own.",
+    ),
+    trusted_keys: list[Path] = _app.TRUSTED_KEYS,
+    out: Path = Option(Path("imagegate-runs"), "--out", "-o", help="Evidence folder."),
+    attach: bool = Option(
+        False, "--attach", help="Push the index statements to the index digest in its registry."
+    ),
+    require_complete: bool = Option(
+        False, "--require-complete", help="A deferred verdict (a platform not run among them) exits 1."
+    ),
+    insecure: bool = _app.INSECURE,
+    timeout: float = _app.VERIFY_TIMEOUT,
+    fmt: _app.Format = _app.FORMAT,
+) -> None:
+    """Sign the verdict about a multi-platform index from the runs of its platforms."""
+    from imagegate.attest.sign import serialize
+    from imagegate.cli._accept import notifier, signing_key
+    from imagegate.multiplatform import judge_index
+
+    named = signing_key(key)
+    signer = keys.resolve_signing_key(named, notify=notifier(False))
+    trusted = keys.trusted_keys(trust, trusted_keys) or (signer.public,)
+    with _app.within(timeout):
+        judged = judge_index(
+            image,
+            runs,
+            signer,
+            trusted,
+            out,
+            attach_it=attach,
+            insecure=insecure,
+            require_complete=require_complete,
+            notify=notifier(fmt is _app.Format.json),
+        )
+    if fmt is _app.Format.json:
+        sys.stdout.write(serialize(judged.statement).decode() + "\n")
+    else:
+        console_attest.render_index(judged.statement, judged.folder)
+        for done, referred in judged.attached:
+            console_attest.render_attached(done, referred)
+    raise typer.Exit(judged.code)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
 from imagegate import accept, modelpath, runner
 from imagegate.cli import _accept as o
-from imagegate.cli._app import CACHE_DIR, Option, app
+from imagegate.cli._app import CACHE_DIR, Format, Option, app
 from imagegate.drivers.interface import Driver
 from imagegate.drivers.select import DriverName, driver_name
+from imagegate.errors import UsageError
 from imagegate.gpus import GpuRequest
 from imagegate.gpus import parse as gpus_parse
 from imagegate.report.progress import run_shown, setup_logging
@@ -61,6 +64,12 @@ class Placement:
         metavar="PATH",
         help=f"The serve stages' model: a host folder bound read-only at {modelpath.IN_SANDBOX} "
         "(--here: used where it is); checked before anything runs.",
+    )
+    all_platforms: bool = Option(
+        False,
+        "--all-platforms",
+        help="IMAGE names a multi-platform index: run each platform manifest this host runs, by digest, "
+        "then sign the statement about the index (as imagegate index), naming the platforms not run.",
     )
 
     def run_options(
@@ -134,6 +143,8 @@ def run(
         opts = p.run_options(a, gpu, modelpath.in_sandbox(model, here) if model else None)
         prep = runner.prepare(opts)
         accept.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
+        if p.all_platforms:
+            _all_platforms(image, a, p, name, gpu, model, opts, prep, notify)
         outputs = a.outputs(image, notify)
         with accept.within(prep, p.timeout):  # the engine is asked from here on
             driver = p.make_driver(name, gpu, outputs, a, notify, model)
@@ -142,3 +153,66 @@ def run(
                 observer = runner.DriverObserver(driver, image, opts, notify, display)
                 done = accept.accept(prep, observer, a.out, outputs, notify)
     o.finish(done, a.fmt, a.quiet)
+
+
+def _all_platforms(
+    image: str | None,
+    a: o.Accepting,
+    p: Placement,
+    name: DriverName | None,
+    gpu: GpuRequest | None,
+    model: Path | None,
+    opts: runner.RunOptions,
+    prep: runner.Prepared,
+    notify: o.Notify,
+) -> NoReturn:
+    """`run --all-platforms`: one run a platform this host runs, then the index statement."""
+    from imagegate import multiplatform
+    from imagegate.attest.attach import names_a_registry
+    from imagegate.report import console as console_report
+    from imagegate.report import console_attest
+
+    if image is None or name is DriverName.here or not names_a_registry(image):
+        raise UsageError(
+            f"--all-platforms: {image or 'no IMAGE'} is not an image in a registry; it reads the index "
+            "IMAGE names there",
+            hint="name the multi-platform image with its registry, e.g. registry.example/team/app:1",
+        )
+    if a.report:
+        raise UsageError(
+            "--all-platforms and --report: each platform's run is an attempt of its own",
+            hint="leave --report out and render each attempt later: imagegate report ATTEMPT",
+        )
+    outputs = a.outputs(image, notify)
+    if outputs.key is None:
+        raise UsageError(
+            "--all-platforms signs the statement about the index: it needs a key", hint="drop --no-sign"
+        )
+
+    def run_one(pinned: str) -> accept.Accepted:
+        driver = p.make_driver(name, gpu, outputs, a, notify, model)
+        with run_shown(a.silent) as display:
+            observer = runner.DriverObserver(driver, pinned, opts, notify, display)
+            return accept.accept(prep, observer, a.out, outputs, notify)
+
+    with accept.within(prep, p.timeout):
+        done, judged = multiplatform.run_platforms(
+            image,
+            run_one,
+            outputs.key,
+            a.out,
+            attach_it=a.attach,
+            insecure=a.insecure,
+            require_complete=a.require_complete,
+            notify=notify,
+        )
+    if a.fmt is Format.json:
+        from imagegate.attest.sign import serialize
+
+        sys.stdout.write(serialize(judged.statement).decode() + "\n")
+    else:
+        console = console_report.make_console()
+        for one in done:
+            console_report.render(one.record, console, rejected_by=one.rejected_by)
+        console_attest.render_index(judged.statement, judged.folder)
+    raise typer.Exit(judged.code)

@@ -1,9 +1,9 @@
-"""What `imagegate keygen`, `verify` and `attach` print."""
+"""What `imagegate keygen`, `verify`, `attach` and `index` print."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from imagegate.attest.attach import Attached
@@ -62,3 +62,18 @@ def remaining(pairs: list[tuple[Attached, Referred]], repository: str) -> str | 
         "  hint: enable deletion in the registry (distribution: storage.delete.enabled: true) and attach "
         f"again, or delete them by hand (DELETE /v2/{repository}/manifests/DIGEST)"
     )
+
+
+def render_index(statement: dict[str, Any], folder: Path) -> None:
+    """An index statement: each platform listed with what its run said, then the verdict."""
+    pred = statement.get("predicate") or {}
+    image = pred.get("image") or {}
+    print(f"index {image.get('reference')} ({image.get('indexDigest')})")
+    for e in pred.get("platforms") or []:
+        said = f"{e.get('verdict')} (attempt {e.get('attempt')})" if e.get("ran") else "not run"
+        print(f"  {e.get('platform'):<16} {e.get('manifestDigest')}  {said}")
+    for ignored in pred.get("ignoredManifests") or []:
+        print(f"  ignored {ignored.get('digest')}: {ignored.get('why')}")
+    print(f"verdict: {pred.get('verdict')}")
+    print(f"levels: {', '.join(pred.get('levels') or []) or 'none'}")
+    print(f"evidence: {folder}")
