@@ -115,7 +115,8 @@ def judge_index(
         pinned = attach.parse_image(reference).with_digest(digest)
         with attach.client_for(pinned, insecure=insecure) as client:
             pairs = tuple(
-                referrers.attach_and_refer(client, pinned, env) for env in (signed.envelope, *signed.standard)
+                referrers.attach_and_refer(client, pinned, env, signed.material)
+                for env in (signed.envelope, *signed.standard)
             )
         from imagegate.report import console_attest
 
