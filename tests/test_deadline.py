@@ -5,11 +5,13 @@ and engines; these run in a second and are what scripts/mutation.py runs against
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,31 @@ def test_the_clock_starts_with_the_process() -> None:
     age, remaining = (float(x) for x in out.split())
     assert 1.5 <= age < 5.0
     assert 5.0 < remaining <= 10.0 - 1.5
+
+
+def _stat_started(seconds_ago: float, name: bytes = b"python3") -> bytes:
+    """This process's own /proc/self/stat line, its command name and start time (field 22)
+    rewritten: as the line of a process `name` started `seconds_ago`."""
+    raw = Path("/proc/self/stat").read_bytes()
+    pid, tail = raw.split(b" ", 1)[0], raw[raw.rfind(b")") + 2 :]
+    fields = tail.split()
+    boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    fields[19] = str(round((boot - seconds_ago) * os.sysconf("SC_CLK_TCK"))).encode()
+    return pid + b" (" + name + b") " + b" ".join(fields)
+
+
+def test_a_process_older_than_30_s_ran_before_the_command_and_counts_from_now() -> None:
+    assert deadline.MAX_AGE_S == 30.0
+    for age, counted in ((0.5, True), (29.5, True), (30.5, False), (3600.0, False), (-5.0, False)):
+        start = deadline.process_start(_stat_started(age))
+        expected = time.monotonic() - (age if counted else 0.0)
+        assert start == pytest.approx(expected, abs=0.1), (age, counted)
+    # the command name may hold spaces and parentheses: the fields are counted after its last ")"
+    odd = _stat_started(12.0, name=b"evil) 1 2 3 (name")
+    assert deadline.started(odd) == deadline.started(_stat_started(12.0))
+    assert deadline.process_start(odd) == pytest.approx(time.monotonic() - 12.0, abs=0.1)
+    # unreadable: now
+    assert deadline.process_start(b"garbage") == pytest.approx(time.monotonic(), abs=0.1)
 
 
 def test_a_wait_ends_by_the_deadline() -> None:
