@@ -46,7 +46,14 @@ def _stat_started(seconds_ago: float, name: bytes = b"python3") -> bytes:
 
 def test_a_process_older_than_30_s_ran_before_the_command_and_counts_from_now() -> None:
     assert deadline.MAX_AGE_S == 30.0
-    for age, counted in ((0.5, True), (29.5, True), (30.5, False), (3600.0, False), (-5.0, False)):
+    for age, counted in (
+        (0.5, True),
+        (29.5, True),
+        (30.5, False),
+        (3600.0, False),
+        (-0.5, False),
+        (-5.0, False),
+    ):
         start = deadline.process_start(_stat_started(age))
         expected = time.monotonic() - (age if counted else 0.0)
         assert start == pytest.approx(expected, abs=0.1), (age, counted)
@@ -149,6 +156,19 @@ def test_the_hard_stop_interrupts_the_main_thread_after_the_grace() -> None:
     deadline._stranded = False  # this process goes on: the flag is the entry point's to read
     # disarmed once the block is left: the handler before it is back, no alarm left to fire
     assert signal.getsignal(signal.SIGALRM) is before and pending() == 0.0
+
+
+def test_a_deadline_long_past_is_a_hard_stop_at_once() -> None:
+    """Armed after the deadline and its grace have passed: the alarm comes at once (never a
+    timer for a negative or a later time, which would not stop the wait)."""
+    deadline._current = Deadline(1.0, start=time.monotonic() - 10.0)
+    try:
+        start = time.monotonic()
+        with pytest.raises(DeadlineReached), deadline.armed():
+            time.sleep(5)
+        assert time.monotonic() - start < 0.5
+    finally:
+        deadline._current, deadline._stranded = None, False
 
 
 def test_an_alarm_outside_an_armed_stretch_interrupts_nothing() -> None:
