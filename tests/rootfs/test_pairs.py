@@ -110,7 +110,9 @@ GOOD = {"format": 1, "digest": DIGEST, "size": 1234, "diff_id": DIFF_ID, "record
     [
         ({}, True),
         ({"format": 2}, False),
+        ({"format": 0}, False),
         ({"digest": "sha256:" + "ef" * 32}, False),  # a record moved under another blob's name
+        ({"digest": "sha256:" + "00" * 32}, False),
         ({"size": -1}, False),
         ({"size": 0}, True),
         ({"size": 12.0}, False),
@@ -137,6 +139,7 @@ def test_a_record_is_used_only_in_the_form_this_code_wrote(
         ({}, "gzip", 4096),
         ({"compression": "z" * 15, "uncompressed_size": 0}, "z" * 15, 0),
         ({"compression": "z" * 16, "uncompressed_size": -1}, None, None),
+        ({"compression": "z" * 17}, None, 4096),
         ({"compression": 5, "uncompressed_size": 4096.0}, None, None),
         ({"compression": None, "uncompressed_size": True}, None, None),
     ],
@@ -155,10 +158,11 @@ def test_a_record_is_read_only_from_a_file_of_the_runners_own_within_its_bound(
 ) -> None:
     path, store = folder
     name = f"sha256-{'ab' * 32}"
-    body = json.dumps(GOOD).encode()
-    _write(path, body + b" " * (MAX_RECORD - len(body)))  # exactly the bound: read
-    assert store.get(DIGEST) is not None
-    _write(path, body + b" " * (MAX_RECORD + 1 - len(body)))  # one byte over: not read
+    empty = json.dumps({**GOOD, "pad": ""}).encode()
+    # exactly the bound, read whole (a record cut short is no JSON); one byte over: not read
+    _write(path, json.dumps({**GOOD, "pad": "x" * (MAX_RECORD - len(empty))}).encode())
+    assert (path / name).stat().st_size == MAX_RECORD and store.get(DIGEST) is not None
+    _write(path, json.dumps({**GOOD, "pad": "x" * (MAX_RECORD + 1 - len(empty))}).encode())
     assert store.get(DIGEST) is None
     _write(path, b"{not json")
     assert store.get(DIGEST) is None
@@ -173,6 +177,15 @@ def test_a_record_is_read_only_from_a_file_of_the_runners_own_within_its_bound(
     _write(path, GOOD)
     os.chown(path / name, 65534, 65534)  # another user's file
     assert store.get(DIGEST) is None
+    if os.geteuid() == 0:  # and root's file, read by another user (one whose uid is higher)
+        (path / name).chmod(0o644)
+        os.chown(path / name, 0, 0)
+        os.chown(path, 65534, 65534)
+        os.seteuid(65534)
+        try:
+            assert store.get(DIGEST) is None
+        finally:
+            os.seteuid(0)
     # a digest that cannot name a record, or none at all: nothing is looked up
     for digest in (None, "", "sha256:AB", "../" + DIGEST):
         assert store.get(digest) is None
