@@ -155,6 +155,13 @@ def markdown(record: dict[str, Any]) -> str:
             f"{r['killed']} / {r['all'] - r['equivalent']} ({r['equivalent']} equivalent) | "
             f"{r['score']:.1%} | {'PASS' if r['passed'] else 'FAIL'} |"
         )
+    import toml
+
+    out += ["", "## The promises, and the test that fails when each is broken", ""]
+    for name in record["modules"]:
+        config = CONFIGS / f"{name}.toml"
+        promises = toml.loads(config.read_text())["imagegate"].get("promises", []) if config.is_file() else []
+        out += [f"- {name}: “{p['said']}”: `{p['test']}`" for p in promises]
     for name, r in record["modules"].items():
         if not r["survivors"]:
             continue
