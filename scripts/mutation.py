@@ -194,11 +194,9 @@ def main(argv: list[str]) -> int:
     names = sorted(p.stem for p in CONFIGS.glob("*.toml")) if args.all else args.modules
     unknown = [n for n in names if not (CONFIGS / f"{n}.toml").is_file()]
     if not names or unknown:
-        print(
-            f"mutation: {'no module named' if not names else 'no config mutation/' + unknown[0] + '.toml'}; "
-            f"the configs: {', '.join(sorted(p.stem for p in CONFIGS.glob('*.toml')))}",
-            file=sys.stderr,
-        )
+        configs = ", ".join(sorted(p.stem for p in CONFIGS.glob("*.toml")))
+        problem = f"no config mutation/{unknown[0]}.toml" if names else "no module named"
+        print(f"mutation: {problem}; name one of: {configs} (or --all)", file=sys.stderr)
         return 3
     try:
         import cosmic_ray  # noqa: F401
