@@ -157,15 +157,22 @@ def sustained(torch, a, b, c, index: int, seconds: float, per_matmul_s: float) -
             smi = _smi_sample(index)
         if now >= seconds:
             break
+    return dict(windows(rates), during_last_second=_smi_facts(smi))
+
+
+def windows(rates: list) -> dict:
+    """The figures of a sustained run from its `(seconds since the start, TFLOP/s)` batches: the
+    mean of those ending in the first second and of those in the last second (a first batch
+    longer than a second stands for the first second alone), and the lowest."""
+    now = rates[-1][0]
     first = [r for t, r in rates if t <= 1.0] or [rates[0][1]]
-    last = [r for t, r in rates if t >= now - 1.0] or [rates[-1][1]]
+    last = [r for t, r in rates if t >= now - 1.0]  # never empty: the last batch ends at `now`
     return {
         "seconds": round(now, 3),
         "batches": len(rates),
         "first_second_tflops": sum(first) / len(first),
         "last_second_tflops": sum(last) / len(last),
         "min_tflops": min(r for _, r in rates),
-        "during_last_second": _smi_facts(smi),
     }
 
 

@@ -19,12 +19,15 @@ from tests.real.test_records import stale
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "docs" / "claims.yaml"
-# What counts as a figure: a ratio, a duration, a size, a count of runs, a framework version.
+# What counts as a figure: a ratio, a duration (s, ms, h, days, minutes), a size (KB to TiB), a
+# percentage, a count of runs, a framework version.
 FIGURE = re.compile(
     r"(?<![\w.])(?:"
     r"\d+(?:\.\d+)?\s?[x×](?![\w])"
     r"|\d+(?:\.\d+)? ?(?:s|ms)\b(?!-)"
-    r"|~?\d+(?:\.\d+)? ?(?:KB|kB|MB|MiB|GB|GiB)\b"
+    r"|~?\d+(?:\.\d+)? ?(?:KB|kB|KiB|MB|MiB|GB|GiB|TB|TiB)\b"
+    r"|\d+(?:\.\d+)? ?%"
+    r"|\d+(?:\.\d+)? ?(?:h|hours?|days?)\b"
     r"|\d+ (?:interrupted )?runs\b"
     r"|\d+ minutes\b"
     r"|(?:vLLM|SGLang|vllm|sglang|nixl) \d+\.\d+(?:\.\d+)?"
@@ -66,7 +69,9 @@ def source_value(fig: dict[str, Any]) -> Any:
     if "expr" in fig:
         record = json.loads(path.read_text())
         try:
-            return eval(fig["expr"], {"__builtins__": {"max": max, "min": min, "sum": sum}}, {"r": record})
+            return eval(
+                fig["expr"], {"__builtins__": {"abs": abs, "max": max, "min": min, "sum": sum}}, {"r": record}
+            )
         except (KeyError, IndexError, TypeError):
             return None  # the record holds no such value
     m = re.search(fig["regex"], path.read_text(), re.M)
@@ -87,8 +92,22 @@ def problem(fig: dict[str, Any]) -> str | None:
         return None if str(value) == version.group() else f"{fig['figure']!r}: {fig['source']} says {value}"
     want, decimals = number(fig["figure"])
     got = float(value) * fig.get("scale", 1)
-    if round(got, decimals) != want:
+    if fig.get("at_most"):  # "within 1 %": a bound the measured value stays under
+        if got > want:
+            return f"{fig['figure']!r}: {fig['source']} says {got:.4g}, over it"
+    elif round(got, decimals) != want:
         return f"{fig['figure']!r}: {fig['source']} says {got:.{decimals}f} ({got:.4g} unrounded)"
+    return used(fig)
+
+
+def used(fig: dict[str, Any]) -> str | None:
+    """A constant's value is no promise until the code applies it: each `used` entry, a file and
+    a regex, must find the place that does (the read that is bounded by it, the rule that
+    compares with it)."""
+    for where in fig.get("used", []):
+        path = ROOT / where["source"]
+        if not path.is_file() or not re.search(where["regex"], path.read_text(), re.M):
+            return f"{fig['figure']!r}: not applied where it is used: {where['regex']!r} finds nothing in {where['source']}"
     return None
 
 
@@ -155,6 +174,31 @@ def test_a_figure_edited_away_from_its_record_fails(table_too: bool) -> None:
 def test_a_new_figure_without_a_source_fails() -> None:
     problems = check(readme_text() + " It is 2.5x faster than X.", yaml.safe_load(TABLE.read_text()))
     assert any("2.5x" in p and "does not back" in p for p in problems), problems
+
+
+def test_a_limit_no_longer_applied_where_it_is_used_fails(tmp_path: Path) -> None:
+    """The 64 KiB bound on an error answer: the constant left as it is but the read no longer
+    bounded by it (the limit widened at the call) fails, naming the place."""
+    table = yaml.safe_load(TABLE.read_text())
+    (fig,) = [f for c in table["claims"] for f in c.get("figures", []) if f["figure"] == "64 KiB"]
+    assert problem(fig) is None
+    source = (ROOT / fig["source"]).read_text()
+    call = "read_capped(resp, MAX_ERROR_BYTES"
+    assert call in source
+    widened = tmp_path / "registry.py"
+    widened.write_text(source.replace(call, "read_capped(resp, 1 << 30"))
+    moved = {**fig, "source": str(widened), "used": [{**u, "source": str(widened)} for u in fig["used"]]}
+    assert "not applied where it is used" in (problem(moved) or ""), problem(moved)
+
+
+def test_a_bound_a_measurement_went_over_fails(tmp_path: Path) -> None:
+    """'within 1 %' of a baseline: a record whose largest difference is over 1 % fails, one under
+    or at it holds (a bound, not a rounded equality: 0.5 % is within 1 %)."""
+    record = tmp_path / "record.txt"
+    fig = {"figure": "1 %", "source": str(record), "regex": r"largest difference ([\d.]+)", "at_most": True}
+    for value, holds in (("0.5", True), ("1.0", True), ("1.2", False)):
+        record.write_text(f"largest difference {value}\n")
+        assert (problem(fig) is None) is holds, (value, problem(fig))
 
 
 def test_every_record_is_listed_in_the_records_readme() -> None:

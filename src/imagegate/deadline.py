@@ -36,19 +36,31 @@ class DeadlineReached(ImagegateError):
     exit_code = 2
 
 
-def process_start() -> float:
+def process_start(stat: bytes | None = None) -> float:
     """When this process was started, on the monotonic clock: a command's deadline counts from
     its exec, interpreter start-up and imports included (a loaded CI host spends seconds there).
-    Linux reads it from /proc/self/stat (boot-time clock ticks); elsewhere: now."""
+    Linux reads it from /proc/self/stat (boot-time clock ticks; `stat`: that line as read
+    already); elsewhere: now."""
     now = time.monotonic()
     try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
-        ticks = int(stat[stat.rfind(b")") + 2 :].split()[19])  # field 22, starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        if stat is None:
+            with open("/proc/self/stat", "rb") as f:
+                stat = f.read()
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started(stat) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         return now
-    return now - age if 0 <= age < 30 else now  # a process that ran before (a test run): from now
+    return now - age if 0 <= age < MAX_AGE_S else now
+
+
+# A process older than this ran before the command (a test run, a long-lived caller): its
+# command's clock starts now, not with the process.
+MAX_AGE_S = 30.0
+
+
+def started(stat: bytes) -> int:
+    """The start time, in clock ticks since boot, of a process's /proc/PID/stat line (field 22,
+    counted after the command name, which may hold spaces and parentheses)."""
+    return int(stat[stat.rfind(b")") + 2 :].split()[19])
 
 
 class Deadline:

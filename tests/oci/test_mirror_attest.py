@@ -123,9 +123,10 @@ def test_no_equivalence_for_a_different_or_corrupt_mirror(
 
 
 def test_carry_refuses_an_acceptance_of_another_image_or_key(
-    pushed: Pushed, recompressed: str, acceptance: Path, tmp_path: Path
+    pushed: Pushed, recompressed: str, acceptance: Path, gate_key: tuple[Path, Path], tmp_path: Path
 ) -> None:
     other_key, _ = keys.write_keypair(tmp_path / "other", keys.generate(), None)
+    # the acceptance of the official image, signed by a key other than the one trusted
     r = imagegate(
         "compare",
         pushed.ref,
@@ -137,8 +138,24 @@ def test_carry_refuses_an_acceptance_of_another_image_or_key(
         "--carry",
         str(acceptance),
     )
-    assert r.returncode == 3 and "does not verify for the official image" in r.stderr, r.stderr
+    assert r.returncode == 3 and "does not verify for the official image: signature:" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+    # the trusted key's acceptance, of another image: the same content compared the other way
+    # round, so the official image now named is the recompressed copy, which no run accepted
+    r = imagegate(
+        "compare",
+        recompressed,
+        pushed.ref,
+        "--attest",
+        str(gate_key[0]),
+        "-o",
+        str(tmp_path / "y"),
+        "--carry",
+        str(acceptance),
+    )
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "does not verify for the official image: subject: subject sha256:" in r.stderr, r.stderr
+    assert "signature:" not in r.stderr and not (tmp_path / "y").exists()
 
 
 def test_nothing_is_signed_for_a_mirror_whose_tag_moved(

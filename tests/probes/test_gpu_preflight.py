@@ -118,6 +118,11 @@ def test_every_figure_is_its_textbook_formula() -> None:
     # 1 GiB in 20 ms: 53.6870912 GB/s (10^9 bytes); 4 GB in 1 s: 4
     assert gw.gbps(1 << 30, 0.02) == pytest.approx(53.6870912)
     assert gw.gbps(4e9, 1.0) == pytest.approx(4.0)
+    # exactly, where the arithmetic is exact: a constant off by one part in 10^9 fails too
+    assert gw.tflops(10000, 1.0) == 2.0 and gw.gbps(4e9, 1.0) == 4.0
+    # no time measured, or a clock that went back: no figure, never a division by zero
+    for seconds in (0, 0.0, -0.001, -1.0):
+        assert gw.tflops(8192, seconds) is None and gw.gbps(1 << 30, seconds) is None
     # nccl-tests: busbw = algbw x 2(n-1)/n: 2 ranks x1, 4 ranks x1.5, 8 ranks x1.75
     assert gw.busbw(200.0, 2) == pytest.approx(200.0)
     assert gw.busbw(200.0, 4) == pytest.approx(300.0)
@@ -376,10 +381,64 @@ def test_bandwidth_and_sustained_rate_judged_against_the_h200s_limits(gp) -> Non
     assert fr["gpu0_bandwidth"] == {"hbm_copy_gbps": 1.0, "h2d_gbps": 0.5, "d2h_gbps": 1.0}
 
 
+def test_sustained_figures_are_the_first_and_last_second_of_the_timings() -> None:
+    """The sustained matmul's figures from its batch timings (no GPU: the windowing alone). The
+    timings are shaped like an H200's throttling run: 50 ms batches at 785 TFLOP/s, slowing to
+    673 in the last second; a wider or shifted window mixes the two rates and fails here."""
+    gw = load("gpu_worker")
+    times = [round(0.05 * i, 2) for i in range(1, 61)]
+    rates = [(t, 785.0 if t < 2.0 else 673.0) for t in times]
+    figures = gw.windows(rates)
+    assert figures == {
+        "seconds": 3.0,
+        "batches": 60,
+        "first_second_tflops": pytest.approx(785.0),
+        "last_second_tflops": pytest.approx(673.0),
+        "min_tflops": 673.0,
+    }
+    # a dip in the middle is the lowest, and neither the first nor the last second
+    dipped = [(t, 500.0 if t == 1.5 else r) for t, r in rates]
+    assert gw.windows(dipped)["min_tflops"] == 500.0
+    assert gw.windows(dipped)["first_second_tflops"] == pytest.approx(785.0)
+    # the batch that ends at exactly 1 s belongs to the first second, the one at now - 1 s to the last
+    edges = [(0.5, 100.0), (1.0, 200.0), (1.5, 300.0), (2.0, 400.0), (2.5, 500.0)]
+    assert gw.windows(edges)["first_second_tflops"] == pytest.approx(150.0)
+    assert gw.windows(edges)["last_second_tflops"] == pytest.approx(400.0)
+    # batches longer than a second: the first batch stands for the first second, the last for the last
+    slow = [(1.5, 700.0), (3.0, 650.0), (4.5, 600.0)]
+    figures = gw.windows(slow)
+    assert (figures["first_second_tflops"], figures["last_second_tflops"]) == (700.0, 600.0)
+    assert (figures["seconds"], figures["batches"]) == (4.5, 3)
+    # the run's length as the clock read it, to the millisecond
+    assert gw.windows([(0.5, 1.0), (2.34567, 1.0)])["seconds"] == 2.346
+
+
 def test_reasons_active_read_while_loaded() -> None:
     gw = load("gpu_worker")
     text = "    Clocks Event Reasons\n        Idle                  : Not Active\n        SW Power Cap          : Active\n        HW Slowdown           : Not Active\n    Other Section\n        Thing                 : Active\n"
     assert gw.reasons_active(text) == ["SW Power Cap"]
+
+
+def test_reasons_active_are_the_lines_inside_the_section_only() -> None:
+    """`nvidia-smi -q` as an H200 printed it (idle), with reasons set Active: a nested one and the
+    section's last; what follows the section (at its header's depth or shallower) is no reason,
+    whatever it says; and without `-i`, every GPU's section is read."""
+    gw = load("gpu_worker")
+    real = (Path(__file__).parent / "nvidia-smi-q-h200.txt").read_text()
+    busy = real.replace(
+        "HW Thermal Slowdown                        : Not Active", "HW Thermal Slowdown : Active"
+    ).replace("Display Clock Setting                          : Not Active", "Display Clock Setting : Active")
+    assert busy.count(": Active") == 2
+    assert gw.reasons_active(busy) == ["HW Thermal Slowdown", "Display Clock Setting"]
+    section = "    Clocks Event Reasons\n        SW Power Cap : Active\n"
+    assert gw.reasons_active(section + "    Sparse Operation Mode : Active\n") == ["SW Power Cap"]
+    assert gw.reasons_active("  GPU\n" + section + "  Summary : Active\n") == ["SW Power Cap"]
+    two_gpus = busy + busy.replace("Display Clock Setting : Active", "Display Clock Setting : Not Active")
+    assert gw.reasons_active(two_gpus) == [
+        "HW Thermal Slowdown",
+        "Display Clock Setting",
+        "HW Thermal Slowdown",
+    ]
 
 
 def test_every_fact_the_node_check_reports_is_known_to_the_attestation() -> None:

@@ -113,8 +113,14 @@ def test_a_cache_hit_reads_every_layer_that_is_not_a_known_pair(tmp_path: Path) 
     assert (Path(folder) / "pairs" / f"sha256-{top.name}").exists()  # recorded again
 
 
-@pytest.mark.parametrize("how", ["symlink", "wrong-diffid", "oversized"])
+@pytest.mark.parametrize(
+    "how",
+    ["symlink", "wrong-diffid", "higher-diffid", "smaller-size", "larger-size", "oversized"],
+)
 def test_a_pair_record_that_is_not_trustworthy_is_not_used(tmp_path: Path, how: str) -> None:
+    """A record stands in for the blob only when it names the manifest's size and the config's
+    diffID exactly: one byte more or less, or another diffID (sorting before or after the right
+    one), and the blob is read."""
     folder = str(tmp_path / "cache")
     src = _image(tmp_path, "a")
     with RootCache(folder) as cache:
@@ -128,11 +134,42 @@ def test_a_pair_record_that_is_not_trustworthy_is_not_used(tmp_path: Path, how: 
         record.symlink_to(tmp_path / "planted.json")
     elif how == "wrong-diffid":
         record.write_text(json.dumps({**doc, "diff_id": "sha256:" + "0" * 64}))
+    elif how == "higher-diffid":
+        record.write_text(json.dumps({**doc, "diff_id": "sha256:" + "f" * 64}))
+    elif how in ("smaller-size", "larger-size"):
+        record.write_text(json.dumps({**doc, "size": doc["size"] + (-1 if how == "smaller-size" else 1)}))
     else:
         record.write_text(json.dumps({**doc, "pad": "x" * 2000}))
     top.unlink()  # a record that were used would let the run pass without this blob
     with RootCache(folder) as cache, pytest.raises(LayerRefused, match=r"^layer 2/2 .*MISSING"):
         materialize(open_source(src), cache=cache)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_refused_layer_is_named_with_what_was_wrong_and_the_layers_read_so_far(
+    tmp_path: Path, which: int
+) -> None:
+    """A cache hit whose layer (without its pair) no longer holds its declared bytes: refused,
+    naming the layer, its status and what was wrong with it, the report holding the layers up to
+    and including it."""
+    folder = str(tmp_path / "cache")
+    src = _image(tmp_path, "a")
+    with RootCache(folder) as cache:
+        materialize(open_source(src), cache=cache)
+    blob = _blobs(src)[which]
+    (Path(folder) / "pairs" / f"sha256-{blob.name}").unlink()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF  # the same size, other bytes
+    blob.write_bytes(bytes(data))
+    with RootCache(folder) as cache, pytest.raises(LayerRefused) as e:
+        materialize(open_source(src), cache=cache)
+    assert e.value.report is not None
+    layers = e.value.report.layers
+    assert len(layers) == which + 1 and e.value.layer == which
+    refused = layers[which]
+    said = str(e.value)
+    assert said.startswith(f"layer {which + 1}/2 ") and f": {refused.status}: {refused.detail};" in said, said
+    assert "not in the source" not in said and "the cached root of the same layers was not used" in said
 
 
 def _special_layer() -> bytes:

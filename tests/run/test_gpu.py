@@ -189,6 +189,14 @@ def test_complete_links_verifies_and_tampering_with_either_link_fails(tmp_path: 
         and "changed after the completion" in bad.stdout
     )
     env.write_bytes(original)
+    # the copy the completion keeps changed (the folder beside intact): the link fails as well
+    copy = later / "completes" / "attestation.dsse.json"
+    assert copy.read_bytes() == original
+    copy.write_bytes(original.replace(b'"payload"', b'"payload" ', 1))
+    bad = imagegate("verify", str(later / "attestation.dsse.json"), "--key", str(pub))
+    assert bad.returncode == 1
+    assert f"{copy} has sha256" in bad.stdout and "changed after the completion" in bad.stdout, bad.stdout
+    copy.write_bytes(original)
     # the completion's own envelope changed (it now claims PASS): its signature fails
     mine = later / "attestation.dsse.json"
     doc = json.loads(mine.read_bytes())

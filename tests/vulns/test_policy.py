@@ -40,6 +40,9 @@ def test_ignore_by_id_or_alias_until_its_expiry_day() -> None:
         d = decide([PIP], params(ignore=[ig]), TODAY)
         assert not d.failed and d.state(PIP) == "ignored"
         assert d.ignore_of(PIP) is not None and d.ignore_of(PIP).reason == ig["reason"]  # type: ignore[union-attr]
+        # the day after its expiry it covers nothing: the finding counts, and the run fails
+        after = decide([PIP], params(ignore=[ig]), TODAY + dt.timedelta(days=1))
+        assert after.failed and after.counted == (PIP,) and after.state(PIP) != "ignored"
 
 
 def test_expired_ignore_fails_and_no_longer_covers() -> None:
