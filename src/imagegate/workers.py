@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from imagegate import deadline
+from imagegate import deadline, interrupts
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -57,8 +57,12 @@ def run_all(fn: Callable[[T], R], items: Sequence[T], cancel: threading.Event, n
 
     threads = [threading.Thread(target=call, args=(i, x), name=f"{tag}-{i}") for i, x in enumerate(items)]
     try:
-        for t in threads:
-            t.start()
+        # An interrupt is held while the threads start: one raised inside Thread.start() (its
+        # Condition wait) can leave that lock released twice, a RuntimeError instead of the
+        # interrupt; held, it is raised once every thread runs, and each is waited for below.
+        with interrupts.critical():
+            for t in threads:
+                t.start()
         for t in threads:
             while t.is_alive():
                 t.join(0.5)
@@ -104,7 +108,8 @@ def background(fn: Callable[[], R], name: str) -> Iterator[Background[R]]:
     task = Background(fn)
     task.thread = threading.Thread(target=task._run, name=f"{tag}-0")
     try:
-        task.thread.start()
+        with interrupts.critical():  # as in run_all: never raised inside Thread.start()
+            task.thread.start()
         yield task
     finally:
         _wait_for(tag)

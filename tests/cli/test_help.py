@@ -91,3 +91,21 @@ def test_version_imports_none_of_the_product_s_layers() -> None:
         or m.startswith(("imagegate.pipeline", "imagegate.oci", "imagegate.attest", "imagegate.drivers"))
     )
     assert heavy == [], heavy
+
+
+def test_run_help_loads_neither_the_pipeline_models_nor_the_attestation_layer() -> None:
+    # `run --help` lists options: the pipeline models and the signing layer are imported only when
+    # a run begins (pydantic itself may come with typer's own adapters).
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "imagegate", "run", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0 and "--all-platforms" in p.stdout, p.stdout + p.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if "|" in line}
+    heavy = sorted(
+        m
+        for m in imported
+        if m.startswith(("imagegate.pipeline", "imagegate.attest", "imagegate.accept", "imagegate.runner"))
+    )
+    assert heavy == [], heavy

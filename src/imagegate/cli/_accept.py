@@ -13,16 +13,20 @@ import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 
-from imagegate import accept
 from imagegate.cli._app import SIGNING_KEY, Format, Option
 from imagegate.errors import UsageError
 from imagegate.interrupts import EXIT_SIGINT
-from imagegate.runner import RunOptions
+
+NOTHING_LEFT = "nothing was left running"  # accept.NOTHING_LEFT, without importing the use case
+
+if TYPE_CHECKING:  # imported where used: `--help` never loads the pipeline models
+    from imagegate import accept
+    from imagegate.runner import RunOptions
 
 Notify = Callable[[str], None]
 EXIT_CODES = (
@@ -120,9 +124,13 @@ class Accepting:
         return self.quiet or self.fmt is Format.json  # stdout then is the statement's alone
 
     def run_options(self, **kw: Any) -> RunOptions:
+        from imagegate.runner import RunOptions
+
         return RunOptions(self.pipeline, self.module, self.out, advisory_db=self.advisory_db, **kw)
 
     def outputs(self, reference: str | None, notify: Notify) -> accept.Outputs:
+        from imagegate import accept
+
         return accept.outputs(
             self.report,
             key=signing_key(self.key),
@@ -194,7 +202,9 @@ def interrupts() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as e:
-        left = e.left if isinstance(e, accept.Interrupted) else accept.NOTHING_LEFT
+        # Only an interrupt inside accept() can know more; one before it was imported left nothing.
+        use_case = sys.modules.get("imagegate.accept")
+        left = e.left if use_case is not None and isinstance(e, use_case.Interrupted) else NOTHING_LEFT
         print(f"imagegate: interrupted; {left}", file=sys.stderr)
         raise typer.Exit(EXIT_SIGINT) from None  # 143 for SIGTERM: run_main tells them apart
 

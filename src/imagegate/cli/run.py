@@ -6,19 +6,22 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from imagegate import accept, modelpath, runner
+from imagegate import modelpath
 from imagegate.cli import _accept as o
 from imagegate.cli._app import CACHE_DIR, Format, Option, app
-from imagegate.drivers.interface import Driver
 from imagegate.drivers.select import DriverName, driver_name
 from imagegate.errors import UsageError
 from imagegate.gpus import GpuRequest
 from imagegate.gpus import parse as gpus_parse
 from imagegate.report.progress import run_shown, setup_logging
+
+if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline models
+    from imagegate import accept, runner
+    from imagegate.drivers.interface import Driver
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ class Placement:
         notify: o.Notify,
         model: Path | None = None,
     ) -> Driver:
+        from imagegate import accept
+
         return accept.driver_for(
             model=model,
             here=False,
@@ -132,6 +137,8 @@ def run(
     verbose: int = Option(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
+    from imagegate import accept, runner
+
     setup_logging(verbose, a.quiet)
     notify = o.notifier(a.silent)
     with o.interrupts():
@@ -167,7 +174,7 @@ def _all_platforms(
     notify: o.Notify,
 ) -> NoReturn:
     """`run --all-platforms`: one run a platform this host runs, then the index statement."""
-    from imagegate import multiplatform
+    from imagegate import accept, multiplatform, runner
     from imagegate.attest.attach import names_a_registry
     from imagegate.report import console as console_report
     from imagegate.report import console_attest
