@@ -26,7 +26,9 @@ from imagegate.runner import Notify, Observation, Prepared, conclude, new_attemp
 if TYPE_CHECKING:
     from imagegate.report.provenance import Provenance
 
-NOTHING_LEFT = "nothing was left running"  # cli/_accept.py says it too, for interrupts before this is imported
+NOTHING_LEFT = (
+    "nothing was left running"  # cli/_accept.py says it too, for interrupts before this is imported
+)
 
 
 def _silent(_m: str) -> None:
