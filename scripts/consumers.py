@@ -130,8 +130,9 @@ def build(tool: Tool) -> dict[str, Any]:
         "GOFLAGS": "-buildvcs=false -mod=readonly",
     }
     # A build cache left by an earlier build (of another toolchain or version) makes this one
-    # cheaper than a bare one: said in the record.
-    warm = (tool.cache / "gocache").is_dir()
+    # cheaper than a bare one: its size before is said in the record.
+    before = _size(tool.cache / "gocache") if (tool.cache / "gocache").is_dir() else 0
+    load = os.getloadavg()[0]
     start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(["go", "install", "tool"], cwd=tool.folder, env=env, capture_output=True, text=True)
     seconds = round(time.monotonic() - start, 1)
@@ -145,11 +146,11 @@ def build(tool: Tool) -> dict[str, Any]:
         "stamp": tool.stamp(),
         "seconds": seconds,
         "cpu_seconds": round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1),
-        "gocache_warm": warm,
+        "gocache_bytes_before": before,
         "binary_bytes": exe.stat().st_size,
         "cache_bytes": _size(tool.cache),
         "cores": os.cpu_count(),
-        "load": os.getloadavg()[0],
+        "load": load,
         "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     info_file.write_text(json.dumps(info, indent=1) + "\n")
@@ -263,7 +264,9 @@ def kyverno_answer(s: Setting, policy: Path, pod: dict[str, Any], d: Path) -> An
     summary = re.search(r"pass: (\d+), fail: (\d+), warn: (\d+), error: (\d+), skip: (\d+)", out)
     if summary is None:
         return Answer(None, f"exit {p.returncode}: {_tail(out)}")
-    _, failed, _, errors, _ = (int(x) for x in summary.groups())
+    passed, failed, _, errors, _ = (int(x) for x in summary.groups())
+    if passed + failed + errors == 0:  # no rule applied (the image pattern missed): no judgement
+        return Answer(None, f"exit {p.returncode}: {_tail(out)}")
     return Answer(failed == 0 and errors == 0 and p.returncode == 0, f"exit {p.returncode}: {_tail(out)}")
 
 
@@ -504,18 +507,23 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"# The real admission consumers on what imagegate publishes, {r['started'][:10]}",
         "",
-        f"Written by `scripts/consumers.py` at commit {r['commit']} ({'dirty' if r['dirty'] else 'clean'}), "
+        f"Written by `scripts/consumers.py` started at commit {r['commit']} ({'dirty' if r['dirty'] else 'clean'}), "
         f"{r['cores']} cores, load {r['load_start']:.1f} at the start and {r['load_end']:.1f} at the end; "
         f"{r['seconds']:.0f} s in all. Registry: docker-registry on 127.0.0.1.",
         "",
-        "| tool | version | build (bare, wall) | binary | cache |",
-        "|---|---|---|---|---|",
+        "| tool | version | build: wall, CPU, load at its start | go build cache before it | binary | cache |",
+        "|---|---|---|---|---|---|",
     ]
     for t in r["tools"].values():
+        cpu = f", {t['cpu_seconds']:.0f} CPU-s" if "cpu_seconds" in t else ""
+        before = t.get("gocache_bytes_before")
         lines.append(
-            f"| {t['tool']} | {t['version']} ({t['toolchain']}) | {t['seconds']:.0f} s at load {t['load']:.1f}"
-            f"{' (cached this run)' if t['cached'] else ''} | {t['binary_bytes'] / 1e6:.0f} MB | {t['cache_bytes'] / 1e9:.2f} GB |"
+            f"| {t['tool']} | {t['version']} ({t['toolchain']}) | {t['seconds']:.0f} s{cpu}, load {t['load']:.1f}"
+            f"{' (built by an earlier run)' if t['cached'] else ''} | "
+            f"{'not recorded' if before is None else f'{before / 1e9:.2f} GB'} | "
+            f"{t['binary_bytes'] / 1e6:.0f} MB | {t['cache_bytes'] / 1e9:.2f} GB |"
         )
+    lines += [""] + [f"- {t['tool']}: {t['note']}." for t in r["tools"].values() if t.get("note")]
     names = r["kyverno_policies"]
     lines += [
         "",
@@ -567,6 +575,8 @@ def main() -> int:
             return 3
     started = dt.datetime.now(dt.timezone.utc)
     load_start = os.getloadavg()[0]
+    # The tree as it starts: what ran is the code read then.
+    commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain"))
     tools = {}
     for tool in TOOLS:
         if args.tool and tool.name not in args.tool:
@@ -599,8 +609,8 @@ def main() -> int:
             cases.append(other_image_case(s, image, other, runs))
     record: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
-        "commit": _git("rev-parse", "--short=12", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain")),
+        "commit": commit,
+        "dirty": dirty,
         "cores": os.cpu_count(),
         "load_start": load_start,
         "load_end": os.getloadavg()[0],
