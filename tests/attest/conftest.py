@@ -157,19 +157,25 @@ def docker(*args: str, stdin: bytes | None = None) -> str:
     return p.stdout.decode()
 
 
-@pytest.fixture(scope="module")
-def image(registry: str) -> Iterator[str]:
-    """A one-file image, made with `docker import` (nothing to pull) and pushed."""
+@contextlib.contextmanager
+def one_file_image(ref: str, text: bytes) -> Iterator[str]:
+    """A one-file image made with `docker import` (nothing to pull), tagged `ref`; the engine's
+    copy removed afterwards."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = b"imagegate attach test\n"
         info = tarfile.TarInfo("hello.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    ref = f"{registry}/attest/app:1"
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
     docker("import", "-", ref, stdin=buf.getvalue())
     try:
-        docker("push", ref)
         yield ref
     finally:
         subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def image(registry: str) -> Iterator[str]:
+    """A one-file image, pushed."""
+    with one_file_image(f"{registry}/attest/app:1", b"imagegate attach test\n") as ref:
+        docker("push", ref)
+        yield ref

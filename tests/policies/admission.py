@@ -245,5 +245,5 @@ def policy_controller_many(
     if not matches:  # no authority matched: refused before the policy is looked at
         return [(False, said) for _ in objs]
     datas = [json.loads(json.dumps({"spec": obj["spec"], "authorityMatches": matches})) for obj in objs]
-    judged = engines.cue_vet_many(cip["policy"]["data"], datas, work / "cip")
+    judged = engines.cue_vet_many(cip["policy"]["data"], datas, work / "cip", command="eval")
     return [(ok, [*said, why] if why else said) for ok, why in judged]

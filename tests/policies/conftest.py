@@ -45,10 +45,7 @@ class Keys:
 
 @pytest.fixture(scope="session")
 def policy_keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
-    folder = tmp_path_factory.mktemp("policy-keys")
-    key, pub = keys.write_keypair(folder / "gate", keys.generate(), None)
-    other, other_pub = keys.write_keypair(folder / "other", keys.generate(), None)
-    return Keys(key, pub, other, other_pub)
+    return make_keys(tmp_path_factory.mktemp("policy-keys"))
 
 
 def _run(out: Path, key: Path, *args: str) -> Path:
@@ -58,11 +55,21 @@ def _run(out: Path, key: Path, *args: str) -> Path:
     return attempt
 
 
+def make_keys(folder: Path) -> Keys:
+    """Two fresh key pairs: the one the policies trust and another."""
+    key, pub = keys.write_keypair(folder / "gate", keys.generate(), None)
+    other, other_pub = keys.write_keypair(folder / "other", keys.generate(), None)
+    return Keys(key, pub, other, other_pub)
+
+
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory, policy_keys: Keys) -> dict[str, Path]:
-    """name -> attempt folder: pass, fail, error, deferred, skipped, other_key, completion,
-    gpu_pass (the stand-in)."""
-    tmp = tmp_path_factory.mktemp("policy-runs")
+    return make_runs(tmp_path_factory.mktemp("policy-runs"), policy_keys)
+
+
+def make_runs(tmp: Path, policy_keys: Keys) -> dict[str, Path]:
+    """name -> attempt folder under `tmp`: pass, fail, error, deferred, skipped, other_key,
+    completion, gpu_pass (the stand-in)."""
     py = ("--python", sys.executable, "-p", "python")
     error_pipe, gpu_pipe = tmp / "error.yaml", tmp / "gpu.yaml"
     error_pipe.write_text(ERROR_PIPELINE.format(python=sys.executable))

