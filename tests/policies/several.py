@@ -11,14 +11,15 @@ Read in the controllers' source:
   error on the first statement whose conditions fail (`checkAttestations`). So EVERY statement
   of the type must satisfy the conditions: one FAIL beside a PASS refuses.
 - Kyverno's ImageValidatingPolicy (the CEL one): `verifyAttestationSignatures` has cosign
-  verify the `.att` tag's layers in order (imagegate's referrers are not Sigstore bundles, so
-  cosign's bundle path is not taken) and stores the payload of each verified statement of the
-  type in a map keyed by predicate type (kyverno/kyverno `pkg/image/verifiers/ivpol/cosign/
-  verifier.go`, kyverno/sdk `imagedataloader.AddVerifiedIntotoPayloads`): each overwrites the
-  one before, and `extractPayload` returns the LAST, the newest layer. So only the newest VSA is
-  judged, whatever is beside it: a FAIL attached after a PASS refuses, a PASS after a FAIL admits
-  (ivpol.py, `ivpol_judge` below). Judged with kyverno#17217's fix: Kyverno 1.19.0 counts no
-  statement signed by a key without a transparency-log entry (kyverno#17109, ivpol.py).
+  verify the statements and stores the payload of each verified statement of the type in a map
+  keyed by predicate type (kyverno/kyverno `pkg/image/verifiers/ivpol/cosign/verifier.go`,
+  kyverno/sdk `imagedataloader.AddVerifiedIntotoPayloads`): each overwrites the one before, and
+  `extractPayload` returns the LAST one read. The harness reads the `.att` tag's layers (the
+  newest last) and judges with kyverno#17217's fix (ivpol.py, `ivpol_judge` below); the real
+  Kyverno 1.19.1 reads the Sigstore bundle referrers `attach` now writes, in the referrers'
+  (digest) order, so with several VSAs the one it judges is not the newest
+  (benchmarks/records/2026-12-02-consumers.md): test_sequences.py asserts the ImageValidatingPolicy
+  only where one VSA is there (replacing).
 - policy-controller, sigstore/policy-controller `pkg/webhook/validator.go`,
   `ValidatePolicyAttestationsForAuthority`: every attestation verified with the authority's key
   is collected; for each of the authority's attestation policies the verified ones of its
