@@ -53,7 +53,14 @@ from imagegate.attest import attach, keys, referrers  # noqa: E402
 from imagegate.attest.vsa import VSA_PREDICATE_TYPE  # noqa: E402
 from tests.attest.conftest import one_file_image, start_registry  # noqa: E402
 from tests.policies import several  # noqa: E402
-from tests.policies.admission import KYVERNO, PLACEHOLDER, POLICY_CONTROLLER, attestation_cue, not_before  # noqa: E402
+from tests.policies.admission import (  # noqa: E402
+    KYVERNO,
+    PLACEHOLDER,
+    POLICY_CONTROLLER,
+    attestation_cue,
+    fill_key,
+    not_before,
+)
 from tests.policies.conftest import Keys, make_keys, make_runs  # noqa: E402
 from tests.policies.sequences import addressed, attach_as, push  # noqa: E402
 from tests.policies.test_pod_shapes import CPU_SHAPES, GPU_ROUTES, IMAGE  # noqa: E402
@@ -221,12 +228,7 @@ class Setting:
     def filled(self, text: str) -> str:
         """A shipped policy's text with its placeholders filled in: the public key (its PEM
         block, each line at the block's indentation) and the image pattern."""
-        pem = self.keys.pub.read_text().strip().splitlines()
-        block = re.compile(
-            rf"^( *)-----BEGIN PUBLIC KEY-----\n *{re.escape(PLACEHOLDER)}\n *-----END PUBLIC KEY-----$", re.M
-        )
-        text = block.sub(lambda m: "\n".join(m.group(1) + line for line in pem), text)
-        return text.replace(EXAMPLE_REGISTRY, self.registry + "/")
+        return fill_key(text, self.keys.pub.read_text()).replace(EXAMPLE_REGISTRY, self.registry + "/")
 
     def kyverno_policy(self, source: Path, d: Path) -> Path:
         text = source.read_text()

@@ -82,10 +82,6 @@ def ending() -> int | None:
     return exit_code() if _first is not None else None
 
 
-def signalled() -> bool:
-    return _first is not None
-
-
 def exit_code() -> int:
     """The exit code of the interrupt that stopped the command: 130 (SIGINT) or 143 (SIGTERM)."""
     return EXIT_SIGTERM if _first == signal.SIGTERM else EXIT_SIGINT

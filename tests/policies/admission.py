@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ POLICIES = ROOT / "policies"
 KYVERNO = POLICIES / "kyverno-clusterpolicy.yaml"
 POLICY_CONTROLLER = POLICIES / "policy-controller-clusterimagepolicy.yaml"
 PLACEHOLDER = "REPLACE WITH THE CONTENTS OF imagegate.pub"
+_KEY_BLOCK = re.compile(
+    rf"^( *)-----BEGIN PUBLIC KEY-----\n *{re.escape(PLACEHOLDER)}\n *-----END PUBLIC KEY-----$", re.M
+)
 CPU_RULE = "pods-without-gpus-need-imagegate-cpu"
 GPU_RULE = "pods-with-gpus-need-imagegate-gpu"
 
@@ -62,6 +66,13 @@ def templated(kind: str, pod: dict[str, Any]) -> dict[str, Any]:
     if kind == "CronJob":
         spec["schedule"] = "0 * * * *"
     return {"apiVersion": api, "kind": kind, "metadata": {"name": "w"}, "spec": spec}
+
+
+def fill_key(text: str, pem: str) -> str:
+    """A shipped policy's text with its public-key placeholder block replaced by `pem`, each line
+    at the block's indentation (as a user pastes imagegate.pub into it)."""
+    lines = pem.strip().splitlines()
+    return _KEY_BLOCK.sub(lambda m: "\n".join(m.group(1) + line for line in lines), text)
 
 
 def _filled_key(text: str, pem: str) -> str:

@@ -235,9 +235,10 @@ def pinned(text: str, pin: tuple[str, str]) -> str:
 
 def filled(text: str, pem: str) -> str:
     """The key placeholder replaced by `pem`, indented as the block it sits in."""
-    placeholder = "-----BEGIN PUBLIC KEY-----\n            REPLACE WITH THE CONTENTS OF imagegate.pub\n            -----END PUBLIC KEY-----"
-    assert text.count(placeholder) == 1, "the shipped policy names the key to replace"
-    return text.replace(placeholder, pem.strip().replace("\n", "\n            "))
+    from tests.policies.admission import PLACEHOLDER, fill_key  # admission imports this module
+
+    assert text.count(PLACEHOLDER) == 1, "the shipped policy names the key to replace"
+    return fill_key(text, pem)
 
 
 def judge(

@@ -74,10 +74,13 @@ class ReadBudget:
                 f"{where} lists {n} attestations, more than the {MAX_ATTESTATIONS} read for one image"
             )
 
+    def too_many_bytes(self) -> Flooded:
+        return self.flooded(f"more than {MAX_ATTESTATION_BYTES_READ >> 20} MiB of attestations")
+
     def took(self, size: int) -> None:
         self.total += size
         if self.total > MAX_ATTESTATION_BYTES_READ:
-            raise self.flooded(f"more than {MAX_ATTESTATION_BYTES_READ >> 20} MiB of attestations")
+            raise self.too_many_bytes()
 
     def blob(self, client: RegistryClient, repo: str, digest: str) -> bytes:
         if self.count >= MAX_ATTESTATIONS:
@@ -87,9 +90,7 @@ class ReadBudget:
             data = read_blob(client, repo, digest, min(MAX_ENVELOPE_BYTES, left))
         except BlobTooLarge:
             if left < MAX_ENVELOPE_BYTES:
-                raise self.flooded(
-                    f"more than {MAX_ATTESTATION_BYTES_READ >> 20} MiB of attestations"
-                ) from None
+                raise self.too_many_bytes() from None
             raise
         self.count += 1
         self.took(len(data))
