@@ -2,12 +2,13 @@
 on Debian, from PyPI: tests/images/build.py's REAL_RECIPES, ~10 GB each, cached by recipe).
 
 What a user of each built-in sees on a healthy current image, on a host without a GPU. Older
-releases are run by scripts/real-frameworks.py, which keeps the dated record."""
+releases are run by scripts/real-frameworks.py, which keeps the dated record. The SGLang tests
+are conformance tests (`-m conformance`, scripts/conformance.sh), outside the blocking suite:
+their images add 11 GB to a bare machine's set-up."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +16,12 @@ import pytest
 import yaml
 
 from tests.helpers import imagegate
+from tests.real.conftest import RealImages
 
 # The first test may build the images (set-up normally has): ~10 minutes each on 2 cores.
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def real(engine: str) -> dict[str, str]:
-    """name -> reference of each real framework image, built if missing."""
-    sys.path.insert(0, str(ROOT / "tests" / "images"))
-    import build  # type: ignore[import-not-found]
-
-    for name in build.REAL_RECIPES:
-        build.build(name)
-    return {name: f"imagegate-test/{name}:latest" for name in build.REAL_RECIPES}
 
 
 def run(image: str, pipeline: str, out: Path, *extra: str) -> tuple[int, dict[str, Any], Path]:
@@ -53,7 +44,7 @@ def stages(predicate: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_vllm_newest_is_cpu_pass_gpu_cli_deferred_with_the_raw_error_kept(
-    real: dict[str, str], tmp_path: Path
+    real: RealImages, tmp_path: Path
 ) -> None:
     code, pred, attempt = run(real["vllm"], "vllm", tmp_path)
     s = stages(pred)
@@ -78,7 +69,8 @@ def test_vllm_newest_is_cpu_pass_gpu_cli_deferred_with_the_raw_error_kept(
     assert version in cli_cpu["with"]["platform_checked_against"]
 
 
-def test_sglang_newest_passes_the_sglang_builtins_cpu_stages(real: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.conformance
+def test_sglang_newest_passes_the_sglang_builtins_cpu_stages(real: RealImages, tmp_path: Path) -> None:
     code, pred, _ = run(real["sglang"], "sglang", tmp_path, *SKIP_LAYERS)
     s = stages(pred)
     # No GPU here: the node check (its GPU stage) is deferred, and so is layers (--skip): not run.
@@ -87,9 +79,8 @@ def test_sglang_newest_passes_the_sglang_builtins_cpu_stages(real: dict[str, str
     assert s["server_cli"]["facts"]["argv"] == ["sglang", "serve", "--model-type", "llm", "--help"]
 
 
-def test_sglang_disagg_rejects_the_standard_image_for_missing_nixl(
-    real: dict[str, str], tmp_path: Path
-) -> None:
+@pytest.mark.conformance
+def test_sglang_disagg_rejects_the_standard_image_for_missing_nixl(real: RealImages, tmp_path: Path) -> None:
     code, pred, _ = run(real["sglang"], "sglang-disagg", tmp_path, *SKIP_LAYERS)
     s = stages(pred)
     assert (code, pred["verdict"]) == (1, "FAIL"), s
@@ -101,7 +92,8 @@ def test_sglang_disagg_rejects_the_standard_image_for_missing_nixl(
     assert [s[i]["status"] for i in ("pip_check", "server_cli", "av_roundtrip")] == ["PASS"] * 3
 
 
-def test_sglang_disagg_passes_with_nixl_and_its_cuda_variant(real: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.conformance
+def test_sglang_disagg_passes_with_nixl_and_its_cuda_variant(real: RealImages, tmp_path: Path) -> None:
     code, pred, _ = run(real["sglang-nixl"], "sglang-disagg", tmp_path, *SKIP_LAYERS)
     s = stages(pred)
     assert (code, pred["verdict"]) == (0, "CPU_PASS_NODE_CHECK_LAYERS_DEFERRED"), s
@@ -111,8 +103,9 @@ def test_sglang_disagg_passes_with_nixl_and_its_cuda_variant(real: dict[str, str
     assert "/nixl_cu13/_bindings." in modules["nixl._bindings"]["origin"], modules["nixl._bindings"]
 
 
+@pytest.mark.conformance
 def test_sglang_disagg_rejects_nixl_without_the_variant_for_torchs_cuda(
-    real: dict[str, str], tmp_path: Path
+    real: RealImages, tmp_path: Path
 ) -> None:
     code, pred, _ = run(real["sglang-nixl-cu12-only"], "sglang-disagg", tmp_path, *SKIP_LAYERS)
     s = stages(pred)

@@ -10,14 +10,16 @@ REAL_RECIPES), on a host without a GPU.
 - `sglang-serve`: the same for `sglang serve` under SGLang's CPU platform (sglang-cpu), with the
   checks of ServerArgs.resolve_once that read no model; a bad flag fails there too, the
   `python3 -m sglang.launch_server` form is parsed the same way, and a model that makes
-  `sglang serve` pick its diffusion server is an ERROR with nothing started."""
+  `sglang serve` pick its diffusion server is an ERROR with nothing started.
+
+The SGLang tests are conformance tests (`-m conformance`, scripts/conformance.sh), outside the
+blocking suite: their images add 11 GB to a bare machine's set-up."""
 
 from __future__ import annotations
 
 import ast
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import pytest
 import yaml
 
 from tests.helpers import imagegate
+from tests.real.conftest import RealImages
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
@@ -67,17 +70,7 @@ def engines() -> dict[str, dict[str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def real(engine: str) -> dict[str, str]:
-    sys.path.insert(0, str(ROOT / "tests" / "images"))
-    import build  # type: ignore[import-not-found]
-
-    for name in ("vllm", "sglang", "transformers-serve"):
-        build.build(name)
-    return {n: f"imagegate-test/{n}:latest" for n in ("vllm", "sglang", "transformers-serve")}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(real: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model(real: RealImages, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny offline model, copied out of its image (no hub, no download)."""
     dest = tmp_path_factory.mktemp("model")
     cid = subprocess.run(
@@ -92,8 +85,8 @@ def tiny_model(real: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
     return dest / "tiny-llama"
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
-def test_phase_patterns_match_the_installed_code(real: dict[str, str], name: str) -> None:
+@pytest.mark.parametrize("name", ["vllm", pytest.param("sglang", marks=pytest.mark.conformance)])
+def test_phase_patterns_match_the_installed_code(real: RealImages, name: str) -> None:
     table = {e: p for e, p in engines().items() if e == name}
     done = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", real[name], "python3", "-c", GREP, json.dumps(table)],
@@ -121,7 +114,7 @@ def stage_stderr(out: Path, stage: str) -> str:
 
 
 def test_vllm_serve_parses_on_cpu_and_defers_the_server_with_its_failure(
-    real: dict[str, str], tiny_model: Path, tmp_path: Path
+    real: RealImages, tiny_model: Path, tmp_path: Path
 ) -> None:
     code, s = run(real["vllm"], "vllm-serve", tmp_path, "--model", str(tiny_model))
     assert (code, s["verdict"]) == (0, "CPU_PASS_SERVE_DEFERRED"), s
@@ -147,17 +140,18 @@ def argv_stage_with(builtin: str, tmp_path: Path, *extra: str) -> str:
     return str(tmp_path / "p.yaml")
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
+@pytest.mark.parametrize("name", ["vllm", pytest.param("sglang", marks=pytest.mark.conformance)])
 def test_a_serve_argv_with_a_bad_flag_fails_before_any_gpu(
-    real: dict[str, str], name: str, tmp_path: Path
+    real: RealImages, name: str, tmp_path: Path
 ) -> None:
     code, s = run(real[name], argv_stage_with(f"{name}-serve", tmp_path, "--no-such-flag"), tmp_path / "out")
     assert (code, s["serve_argv"]["status"]) == (1, "FAIL"), s
     assert s["serve_argv"]["detail"].endswith("unrecognized arguments: --no-such-flag"), s["serve_argv"]
 
 
+@pytest.mark.conformance
 def test_sglang_serve_parses_on_cpu_and_defers_the_server_with_its_failure(
-    real: dict[str, str], tiny_model: Path, tmp_path: Path
+    real: RealImages, tiny_model: Path, tmp_path: Path
 ) -> None:
     code, s = run(real["sglang"], "sglang-serve", tmp_path, "--model", str(tiny_model))
     assert (code, s["verdict"]) == (0, "CPU_PASS_SERVE_DEFERRED"), s
@@ -176,7 +170,8 @@ def test_sglang_serve_parses_on_cpu_and_defers_the_server_with_its_failure(
     assert "RuntimeError: No accelerator" in s["serve"]["detail"], s["serve"]
 
 
-def test_sglang_checks_that_read_no_model_fail_on_cpu(real: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.conformance
+def test_sglang_checks_that_read_no_model_fail_on_cpu(real: RealImages, tmp_path: Path) -> None:
     """A value argparse takes but SGLang's own resolution rejects, without a model or a GPU."""
     pipeline = argv_stage_with("sglang-serve", tmp_path, "--prefill-decode-interval", "-1")
     code, s = run(real["sglang"], pipeline, tmp_path / "out")
@@ -186,6 +181,7 @@ def test_sglang_checks_that_read_no_model_fail_on_cpu(real: dict[str, str], tmp_
     ), s["serve_argv"]
 
 
+@pytest.mark.conformance
 @pytest.mark.parametrize(
     ("extra", "status", "detail_end"),
     [
@@ -194,7 +190,7 @@ def test_sglang_checks_that_read_no_model_fail_on_cpu(real: dict[str, str], tmp_
     ],
 )
 def test_the_python_m_sglang_launch_server_argv_is_parsed_the_same_way(
-    real: dict[str, str], tmp_path: Path, extra: list[str], status: str, detail_end: str
+    real: RealImages, tmp_path: Path, extra: list[str], status: str, detail_end: str
 ) -> None:
     launch = [
         {"id": "serve_argv", "probe": "serve", "timeout": "10m", "with": {"parse_only": "sglang", "command": [
@@ -215,8 +211,9 @@ def test_the_python_m_sglang_launch_server_argv_is_parsed_the_same_way(
     assert s["serve_argv"]["facts"]["how"] == "module sglang.launch_server in-process"
 
 
+@pytest.mark.conformance
 def test_sglang_serve_choosing_its_diffusion_backend_is_not_started_and_not_passed(
-    real: dict[str, str], tmp_path: Path
+    real: RealImages, tmp_path: Path
 ) -> None:
     """A Diffusers model folder makes `sglang serve` pick its diffusion server, which the parse-only
     check does not cover: ERROR, nothing started."""
