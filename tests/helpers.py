@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -56,6 +57,24 @@ def imagegate(
         timeout=timeout,
     )
     return Result(p.returncode, p.stdout, p.stderr)
+
+
+def overall_deadline_s(image: str, tmp: Path) -> int:
+    """An overall `--timeout` for a test whose stage must begin before the deadline cuts it:
+    three times what a one-stage run of `image` takes here and now (imports, engine, container
+    start, the stage), plus 5 s. A busy machine makes every part slower alike, so the stage still
+    begins; a fixed figure made such tests fail under load."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    pipeline = tmp / "deadline-probe.yaml"
+    pipeline.write_text(
+        "apiVersion: imagegate/v1\nname: start\nstages:\n"
+        "  - id: start\n    probe: cli\n    with: {command: [python3, -c, pass]}\n"
+    )
+    t0 = time.monotonic()
+    r = imagegate("run", image, "-p", str(pipeline), "-o", str(tmp / "deadline-probe"), "--no-sign")
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    return int(3 * took) + 5
 
 
 def containers_left(host: str = DOCKER_SOCK, image: str | None = None) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import imagegate
+from tests.helpers import imagegate, overall_deadline_s
 
 # COLUMNS unset, stdout a pipe: what a CI runner gives (rich would assume 80 columns).
 CI = {"COLUMNS": ""}
@@ -100,10 +100,11 @@ def test_a_stage_cut_by_the_overall_deadline_shows_the_time_it_ran(
         "    with: {command: [python3, -c, 'import time; time.sleep(600)']}\n"
     )
     out = tmp_path / "o"
-    # 20 s: a container's start on a busy machine takes several, and the stage must still run for
-    # more than one before the deadline cuts it.
+    # Scaled from a run measured now: on a busy machine the stage must still begin, and run for
+    # more than a second, before the deadline cuts it.
+    limit = overall_deadline_s(images["python"], tmp_path / "measured")
     r = imagegate(
-        "run", images["python"], "-p", str(path), "-o", str(out), "--timeout", "20", "--no-sign", env=CI
+        "run", images["python"], "-p", str(path), "-o", str(out), "--timeout", str(limit), "--no-sign", env=CI
     )
     assert r.returncode == 2, r.stdout + r.stderr
     row = next(ln for ln in r.stdout.splitlines() if " hang " in ln)

@@ -222,6 +222,9 @@ class FaultyProxy:
     retry_after: str | None = None
     cut_first_blob: bool = False
     stall_first_blob_s: float = 0.0  # send half of the first blob, then nothing for this long
+    stalling: bool = False  # the first blob's stall is under way
+    ranges_while_stalled: list[bool] = field(default_factory=list)  # per Range request
+    _released: threading.Event = field(default_factory=threading.Event)  # stop() ends a stall
     seen: list[str] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     failed: int = 0
@@ -254,6 +257,7 @@ class FaultyProxy:
                     return
                 if self.headers.get("Range"):
                     proxy.ranges.append(self.headers["Range"])
+                    proxy.ranges_while_stalled.append(proxy.stalling)
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 conn.request(self.command, self.path, body=body, headers=headers)
@@ -271,7 +275,9 @@ class FaultyProxy:
                     proxy.cut += 1
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
-                    time.sleep(proxy.stall_first_blob_s)
+                    proxy.stalling = True
+                    proxy._released.wait(proxy.stall_first_blob_s)
+                    proxy.stalling = False
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
@@ -286,6 +292,7 @@ class FaultyProxy:
         return self
 
     def stop(self) -> None:
+        self._released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -323,6 +330,8 @@ class EngineProxy:
         self.path, self.engine = path, engine
         self.delay, self.cut_after = delay, cut_after
         self.exports = 0
+        self.export_bytes_sent = 0  # of an export's answer, to the client
+        self._released = threading.Event()  # close() ends a delay
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(path))
         self._server.listen(16)
@@ -364,12 +373,14 @@ class EngineProxy:
                 export_at = state["export_at"]
                 if export_at is not None:
                     if sent == 0:
-                        time.sleep(max(0.0, export_at + self.delay - time.monotonic()))
+                        self._released.wait(max(0.0, export_at + self.delay - time.monotonic()))
                     if self.cut_after is not None and sent + len(data) > self.cut_after:
                         dst.sendall(data[: self.cut_after - sent])
                         break  # the engine "dies": both sides closed mid-response
                     sent += len(data)
                 dst.sendall(data)
+                if export_at is not None:
+                    self.export_bytes_sent += len(data)
         except OSError:
             pass
         finally:
@@ -378,6 +389,7 @@ class EngineProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._released.set()
         _shut(self._server)
         self.path.unlink(missing_ok=True)
 

@@ -92,7 +92,9 @@ def test_cli_waits_past_the_sdk_timeout_and_says_why(oci_image: str, sock_dir: P
     # Outside a terminal, a line every 15 s says what is going on.
     said = rf"docker-daemon:{re.escape(oci_image)}: the engine is preparing the export \(1[5-9] s\)"
     assert re.search(said, r.stderr), r.stderr
-    assert "the engine prepared the export in 6" in r.stderr
+    # at least the engine's delay (a busy machine adds to it, never takes from it)
+    prepared = re.search(r"the engine prepared the export in (\d+)", r.stderr)
+    assert prepared and int(prepared.group(1)) >= SDK_TIMEOUT_S + 3, r.stderr
 
 
 @pytest.mark.parametrize("cut_after", [0, 300_000], ids=["before-first-byte", "mid-stream"])

@@ -8,7 +8,6 @@ import base64
 import json
 import os
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,13 +187,14 @@ def test_blob_read_cut_midway_resumes_with_range(pushed: Pushed, proxy: FaultyPr
 
 def test_blob_read_stalled_midway_times_out_and_resumes(pushed: Pushed, proxy: FaultyProxy) -> None:
     # The body is read from the socket directly: its read timeout must still hold there.
-    proxy.stall_first_blob_s = 8
+    proxy.stall_first_blob_s = 300  # ended by the proxy's stop, once the test is done
     ref = parse_reference(pushed.ref.replace(pushed.ref.split("/")[0], proxy.host))
     client = RegistryClient(proxy.host, backoff_s=0.01, timeout_s=1.5)
-    t0 = time.monotonic()
     report = verify_source(RegistrySource(ref, parse_platform("linux/amd64"), client=client), jobs=1)
     assert report.ok, report
-    assert time.monotonic() - t0 < 7, "the stalled read was not given up after its timeout"
+    # The resumed read came while the first one still stalled: the client gave up on its own
+    # read timeout (an order of events, not a wall time that a busy machine stretches).
+    assert proxy.ranges_while_stalled == [True], "the stalled read was not given up after its timeout"
     assert proxy.cut == 1 and proxy.ranges and proxy.ranges[0].startswith("bytes=")
 
 
