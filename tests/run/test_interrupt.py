@@ -19,7 +19,7 @@ from tests.helpers import DOCKER_SOCK, default_signals
 
 pytestmark = pytest.mark.signals
 
-RUNS = int(os.environ.get("IMAGEGATE_TEST_INTERRUPTS", "100"))
+RUNS = int(os.environ.get("IMAGEGATE_TEST_INTERRUPTS", "50"))
 
 
 def _imagegate_containers() -> dict[str, str]:
