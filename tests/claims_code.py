@@ -59,11 +59,12 @@ def tree(module: str) -> ast.Module:
     return _PARSED[path, text]
 
 
-def split(place: str) -> tuple[str, list[str], list[str]]:
-    """'m.n:A.b["k"]' -> ('m.n', ['A', 'b'], ['k'])."""
+def split(place: str) -> tuple[str, list[str], list[str | int]]:
+    """'m.n:A.b["k"][11]' -> ('m.n', ['A', 'b'], ['k', 11])."""
     module, _, qual = place.partition(":")
     path, _, keys = qual.partition("[")
-    return module, path.split("."), re.findall(r'"([^"]*)"', "[" + keys) if keys else []
+    found = re.findall(r'\[(?:"([^"]*)"|(\d+))\]', "[" + keys) if keys else []
+    return module, path.split("."), [text if not digits else int(digits) for text, digits in found]
 
 
 def _child(scope: Scope, name: str) -> Scope | None:

@@ -334,6 +334,30 @@ MUTANTS = [
         "never reads",
     ),
     ("1 %", "../../probes/gpu_worker.py", '"tolerance": TOLERANCE,', '"tolerance": 0.1,', "not referred to"),
+    (
+        "256",
+        "attest/attach.py",
+        "if n > MAX_ATTESTATIONS:",
+        "if n > 100 * MAX_ATTESTATIONS:",
+        "not itself compared",
+    ),
+    (
+        "4.8 TB/s",
+        "../../probes/gpu_preflight.py",
+        '"hbm_gbps": 4800.0',
+        '"hbm_gbps": 3350.0',
+        "is 3350.0, not 4800.0",
+    ),
+    ("8g", "cli/_accept.py", 'Option("8g", "--memory"', 'Option("4g", "--memory"', "is '4g', not '8g'"),
+    ("2 minutes", "kube/podrun.py", "FINISH_GRACE_S = 120.0", "FINISH_GRACE_S = 60.0", "is 60.0, not 120.0"),
+    ("2 s", "deadline.py", "d.remaining() + GRACE_S", "d.remaining() + 30", "not referred to"),
+    (
+        "2 GB",
+        "../../benchmarks/bench_layers.py",
+        "if args.size < MIN_SIZE_GB:",
+        "if args.size < 0:",
+        "compared",
+    ),
 ]
 
 
