@@ -271,6 +271,7 @@ def test_a_new_figure_without_a_source_fails() -> None:
 
 
 def entries(figure: str) -> list[dict[str, Any]]:
+    """The table's `constant` entries for a figure."""
     return [
         f
         for c in table()["claims"]
@@ -285,75 +286,87 @@ def entries(figure: str) -> list[dict[str, Any]]:
 MUTANTS = [
     (
         "64 KiB",
-        "oci/registry.py",
+        "src/imagegate/oci/registry.py",
         "MAX_ERROR_BYTES = 64 << 10",
         "MAX_ERROR_BYTES = 640 << 10",
         "is 655360, not 65536",
     ),
     (
         "64 KiB",
-        "oci/registry.py",
+        "src/imagegate/oci/registry.py",
         "read_capped(resp, MAX_ERROR_BYTES,",
         "read_capped(resp, 1 << 30,",
         "no call read_capped",
     ),
     (
         "64 KiB",
-        "oci/registry.py",
+        "src/imagegate/oci/registry.py",
         "read_capped(resp, MAX_ERROR_BYTES,",
         "read_capped(resp, MAX_ERROR_BYTES * 16,",
         "no call",
     ),
     (
         "1 MiB",
-        "oci/registry.py",
+        "src/imagegate/oci/registry.py",
         "            MAX_TOKEN_BYTES,\n",
         "            MAX_MANIFEST_BYTES,\n",
         "no call read_capped",
     ),
-    ("16 MiB", "attest/attach.py", "min(MAX_ENVELOPE_BYTES, left)", "left", "no call min"),
+    ("16 MiB", "src/imagegate/attest/attach.py", "min(MAX_ENVELOPE_BYTES, left)", "left", "no call min"),
     (
         "100 GiB",
-        "cli/cache.py",
+        "src/imagegate/cli/cache.py",
         '        "100GiB",\n        "--max-size",',
         '        "1TiB",\n        "--max-size",',
         "'1TiB'",
     ),
     (
         "10 minutes",
-        "kube/podrun.py",
+        "src/imagegate/kube/podrun.py",
         "waits.clock() + waits.gone_timeout_s",
         "waits.clock() + 3600",
         "not referred to",
     ),
     (
         "15 s",
-        "report/progress.py",
+        "src/imagegate/report/progress.py",
         "console, every\n        self._next = every",
         "console, 60.0\n        self._next = 60.0",
         "never reads",
     ),
-    ("1 %", "../../probes/gpu_worker.py", '"tolerance": TOLERANCE,', '"tolerance": 0.1,', "not referred to"),
+    ("1 %", "probes/gpu_worker.py", '"tolerance": TOLERANCE,', '"tolerance": 0.1,', "not referred to"),
     (
         "256",
-        "attest/attach.py",
+        "src/imagegate/attest/attach.py",
         "if n > MAX_ATTESTATIONS:",
         "if n > 100 * MAX_ATTESTATIONS:",
         "not itself compared",
     ),
     (
         "4.8 TB/s",
-        "../../probes/gpu_preflight.py",
+        "probes/gpu_preflight.py",
         '"hbm_gbps": 4800.0',
         '"hbm_gbps": 3350.0',
         "is 3350.0, not 4800.0",
     ),
-    ("8g", "cli/_accept.py", 'Option("8g", "--memory"', 'Option("4g", "--memory"', "is '4g', not '8g'"),
-    ("2 minutes", "kube/podrun.py", "FINISH_GRACE_S = 120.0", "FINISH_GRACE_S = 60.0", "is 60.0, not 120.0"),
-    ("2 s", "deadline.py", "d.remaining() + GRACE_S", "d.remaining() + 30", "not referred to"),
+    (
+        "8g",
+        "src/imagegate/cli/_accept.py",
+        'Option("8g", "--memory"',
+        'Option("4g", "--memory"',
+        "is '4g', not '8g'",
+    ),
+    (
+        "2 minutes",
+        "src/imagegate/kube/podrun.py",
+        "FINISH_GRACE_S = 120.0",
+        "FINISH_GRACE_S = 60.0",
+        "is 60.0, not 120.0",
+    ),
+    ("2 s", "src/imagegate/deadline.py", "d.remaining() + GRACE_S", "d.remaining() + 30", "not referred to"),
     (
         "2 GB",
-        "../../benchmarks/bench_layers.py",
+        "benchmarks/bench_layers.py",
         "if args.size < MIN_SIZE_GB:",
         "if args.size < 0:",
         "compared",
@@ -369,7 +382,7 @@ def test_a_limit_changed_or_no_longer_applied_fails(
 ) -> None:
     """Each mutant of the code behind a documented limit makes its entry fail, naming why; the
     code as it is passes."""
-    target = (ROOT / "src" / "imagegate" / path).resolve()
+    target = ROOT / path
     figs = entries(figure)
     assert figs and all(problem(f) is None for f in figs)
     text = target.read_text()
