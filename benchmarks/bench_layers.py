@@ -43,6 +43,7 @@ from record import Goal, print_goals, write
 
 GB = 1_000_000_000
 MB = 1_000_000
+MIN_SIZE_GB = 2
 GOAL_VS_DOCKER, GOAL_VS_PIGZ, GOAL_VS_IGZIP, GOAL_RSS_MB = 3.0, 1.3, 1.0, 100
 LAYER_TARGET = 450_000_000  # about this much uncompressed per layer
 
@@ -192,7 +193,7 @@ def build_archive(work: Path, total: int) -> tuple[Path, list[Path], int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", type=float, default=2.2, help="GB of uncompressed layers (>= 2)")
+    ap.add_argument("--size", type=float, default=2.2, help=f"GB of uncompressed layers (>= {MIN_SIZE_GB})")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imagegate-bench")
     ap.add_argument(
         "--jobs", type=int, default=None, help="imagegate's and pigz's parallelism (default: imagegate's)"
@@ -200,6 +201,8 @@ def main() -> int:
     ap.add_argument("--skip-docker", action="store_true")
     ap.add_argument("--record", type=Path, default=None, help="write a dated JSON record here")
     args = ap.parse_args()
+    if args.size < MIN_SIZE_GB:  # the docs' "at least 2 GB": smaller, the fixed costs dominate
+        ap.error(f"--size {args.size}: at least {MIN_SIZE_GB} GB, e.g. --size 2.2")
     if args.jobs is None:  # imagegate's own default, asked in a child: this process stays small
         probe = "from imagegate.oci.verify import default_jobs; print(default_jobs())"
         args.jobs = int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout)
