@@ -1,7 +1,10 @@
 """What a built-in pipeline's verdict on a real image depends on, file by file: the pipeline
 itself, the in-image code its stages run (the controller and every shared module of probes/, and
-the probes it names), and the runner's code for the outside stages it names. scripts/real-frameworks.py records these digests with each run; tests/real/test_records.py
-fails when one changed after the record that backs a version claim."""
+the probes it names), the runner's code for the outside stages it names, and the runner's code
+that turns what ran into a verdict (the plan, the run, the docker driver the records run under,
+the protocol, the verdict's rules). scripts/real-frameworks.py records these digests with each
+run; tests/real/test_records.py fails when one changed after the record that backs a version
+claim."""
 
 from __future__ import annotations
 
@@ -17,6 +20,15 @@ OWN = {"cli": "cli", "find_spec": "find_spec", "pip_check": "pip_check", "av_rou
        "inventory": "inventory", "gpu_preflight": "gpu_preflight", "gpu_worker": "gpu_preflight",
        "serve": "serve", "serve_process": "serve", "serve_http": "serve", "serve_media": "serve",
        "serve_engines": "serve"}  # fmt: skip
+# The runner's files a verdict is computed by, whatever the pipeline: which stages run and which
+# wait (plan), the bundle sent in and the run of it (bundle, runner, workers, accept), what the
+# controller's output means (protocol), the verdict from the stages' statuses (model), the
+# pipeline as read (pipeline/), the docker driver that runs it or refuses it (a refusal is an
+# ERROR; the records run under it, so the rootfs driver's files are not theirs), and the outside
+# stages' common code (stages/__init__).
+VERDICT = ("accept.py", "bundle.py", "model.py", "plan.py", "protocol.py", "runner.py", "workers.py",
+           "pipeline/*.py", "drivers/__init__.py", "drivers/interface.py", "drivers/loader.py",
+           "drivers/select.py", "drivers/docker.py", "stages/__init__.py")  # fmt: skip
 
 
 def inputs(pipeline: str) -> dict[str, str]:
@@ -26,4 +38,5 @@ def inputs(pipeline: str) -> dict[str, str]:
     probes = sorted((ROOT / "probes").glob("*.py"))
     files = [path, *(f for f in probes if OWN.get(f.stem) in used | {None})]
     files += [f for p in sorted(used) if (f := ROOT / "src" / "imagegate" / "stages" / f"{p}.py").is_file()]
+    files += sorted({f for pattern in VERDICT for f in (ROOT / "src" / "imagegate").glob(pattern)})
     return {str(f.relative_to(ROOT)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
