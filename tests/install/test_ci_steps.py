@@ -287,7 +287,7 @@ def test_the_gitlab_job_names_what_is_missing(tmp_path: Path) -> None:
 
 def _tekton(tmp_path: Path, **params: str) -> tuple[Any, Path]:
     evidence = tmp_path / "evidence"
-    evidence.mkdir(exist_ok=True)
+    evidence.mkdir(parents=True, exist_ok=True)
     step = run_tekton_step(
         TEKTON, {"docker-host": DOCKER_SOCK, **params}, {"evidence": evidence, "source": None}, tmp_path / "tekton", _env()
     )  # fmt: skip
@@ -304,15 +304,17 @@ def test_the_tekton_task_accepts_and_sets_its_results(images: dict[str, str], tm
 
 
 @pytest.mark.engine
-def test_the_tekton_task_under_fail_on_never_passes_a_rejected_image_with_its_verdict(
+def test_the_tekton_task_fails_a_rejected_image_unless_fail_on_never(
     images: dict[str, str], tmp_path: Path
 ) -> None:
-    step, evidence = _tekton(
-        tmp_path, image=images["conflict"], imagegate=str(IMAGEGATE), **{"fail-on": "never"}
-    )
-    assert step.returncode == 0, step.output
-    assert step.results["verdict"] == "FAIL" and step.results["exit-code"] == "1", step.results
-    assert _junit(evidence / "imagegate-reports" / "junit.xml")["pip_check"] == "FAIL"
+    for fail_on, returncode in (("rejected", 1), ("never", 0)):
+        step, evidence = _tekton(
+            tmp_path / fail_on, image=images["conflict"], imagegate=str(IMAGEGATE), **{"fail-on": fail_on}
+        )
+        assert step.returncode == returncode, step.output
+        # The results are written whatever the step's exit: a Pipeline reads them either way.
+        assert step.results["verdict"] == "FAIL" and step.results["exit-code"] == "1", step.results
+        assert _junit(evidence / "imagegate-reports" / "junit.xml")["pip_check"] == "FAIL"
 
 
 def test_the_tekton_task_names_the_missing_source_workspace(tmp_path: Path) -> None:
