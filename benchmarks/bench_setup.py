@@ -147,6 +147,10 @@ def images(tmp: Path, conformance: bool, results: dict[str, object]) -> dict[str
     finally:
         engine.terminate()
         engine.wait(60)
+        # the engine leaves its network namespace mounted under its exec root
+        mounts = [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines()]
+        for m in sorted((m for m in mounts if m.startswith(str(tmp))), key=len, reverse=True):
+            subprocess.run(["umount", "-l", m], check=False)
     return {"each": each}
 
 
@@ -161,7 +165,7 @@ def main() -> int:
     args = parser.parse_args()
     results: dict[str, object] = {}
     base = Path(os.environ.get("TMPDIR", "/tmp"))
-    with tempfile.TemporaryDirectory(prefix="bench-setup-", dir=base) as t:
+    with tempfile.TemporaryDirectory(prefix="bench-setup-", dir=base, ignore_cleanup_errors=True) as t:
         tmp = Path(t)
         parts = {
             "apt": lambda: apt(tmp),
