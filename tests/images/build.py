@@ -15,10 +15,12 @@ wheels stays in a layer.
 
 Usage: build.py [NAME ...]    (default: every image the blocking test suite runs)
        build.py --all          (those and the CONFORMANCE images: the SGLang ones)
+       build.py --no-real      (RECIPES only)    build.py --real    (the default's REAL_RECIPES)
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import http.server
@@ -396,10 +398,28 @@ def build_scratch(tag: str) -> None:
     sh("docker", "import", "--change", 'CMD ["/nothing"]', "-", tag, input=buf.getvalue())
 
 
+@contextmanager
+def _building(name: str) -> Iterator[None]:
+    """One builder of an image at a time, across processes: a test that needs an image CI is
+    still building in the background waits for it instead of building it a second time."""
+    locks = CACHE / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def build(name: str, r: dict | None = None) -> str:
     """Build image `name` from its recipe (or the recipe `r`), unless its hash tag exists."""
     r = r or recipe(name)
     tag = f"imagegate-test/{name}:{recipe_hash(name, r)}"
+    with _building(name):
+        _build(name, r, tag)
+    sh("docker", "tag", tag, f"imagegate-test/{name}:latest")
+    return tag
+
+
+def _build(name: str, r: dict, tag: str) -> None:
     if not image_exists(tag):
         if "pip" in r:
             build(r["from"])
@@ -412,14 +432,16 @@ def build(name: str, r: dict | None = None) -> str:
             build_scratch(tag)
         else:
             build_debian(name, tag)
-    sh("docker", "tag", tag, f"imagegate-test/{name}:latest")
-    return tag
 
 
 def main(argv: list[str]) -> int:
     known = {**RECIPES, **REAL_RECIPES}
     if argv == ["--all"]:
         argv = list(known)
+    elif argv == ["--no-real"]:  # CI builds the real ones beside its tests
+        argv = list(RECIPES)
+    elif argv == ["--real"]:
+        argv = [n for n in REAL_RECIPES if n not in CONFORMANCE]
     for name in argv or [n for n in known if n not in CONFORMANCE]:
         if name not in known:
             print(f"build.py: unknown image {name!r}; known: {', '.join(known)} (or --all)", file=sys.stderr)
