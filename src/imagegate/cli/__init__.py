@@ -53,10 +53,57 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _completing() -> bool:
+    return any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
+
+
 def _command(argv: list[str]) -> str | None:
     first = next((a for a in argv if not a.startswith("-")), None)
-    completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
-    return None if completing or "--help" in argv[:1] else first
+    return None if _completing() or "--help" in argv[:1] else first
+
+
+class _AsTyped:
+    """A parameter's value left as typed: what `_values_as_typed` puts in place of typer's check."""
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        return value
+
+
+def _values_as_typed() -> None:
+    """Shell completion parses the words typed so far only to find what the cursor is on
+    (leniently: a bad value is no error then), and no option of ours reads another's value to
+    complete. typer checks every parameter's value, given or not, with a pydantic TypeAdapter
+    built on first use: importing pydantic takes as long as typer and rich together. While
+    completing, values stay as typed. A typer without these checks has nothing to replace."""
+    import typer.core
+
+    param = getattr(typer.core, "_TyperParameter", None)
+    if param is not None and hasattr(param, "get_runtime_param"):
+        param.get_runtime_param = lambda self: _AsTyped()
+
+
+def _help_only(args: list[str]) -> bool:
+    """`imagegate CMD [SUB] --help`: print that command's help as the parser would, without
+    parsing. Parsing runs each group's own options through typer's value checks, which import
+    pydantic (typer's adapters) even though none was given: a third of the start-up. Anything
+    else (an argument, an option, a name that is no command) goes to the parser, as before."""
+    import typer.core
+    import typer.main
+
+    from imagegate.cli._app import app
+
+    if len(args) < 2 or args[-1] not in ("--help", "-h"):
+        return False
+    command = typer.main.get_command(app)
+    ctx = command.context_class(command, info_name="imagegate", **command.context_settings)
+    for word in args[:-1]:
+        sub = command.get_command(ctx, word) if isinstance(command, typer.core.TyperGroup) else None
+        if sub is None:
+            return False
+        command = sub
+        ctx = command.context_class(command, info_name=word, parent=ctx, **command.context_settings)
+    typer.echo(ctx.get_help(), color=ctx.color)
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,6 +144,10 @@ def run_main(argv: list[str] | None = None) -> int:
         _load([COMMAND_MODULES[command]])
     else:
         load_all()
+    if _help_only(args):
+        return 0
+    if _completing():
+        _values_as_typed()
     try:
         rv = app(args=args, standalone_mode=False)
     except typer.TyperException as e:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
 
 from imagegate.cli._app import SIGNING_KEY, Format, Option
 from imagegate.errors import UsageError
@@ -183,6 +182,8 @@ def grouped(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def notifier(quiet: bool) -> Notify:
+    from rich.console import Console  # here: `--help` and completion never build a console
+
     err = Console(stderr=True)
     return (
         (lambda _m: None)

@@ -13,15 +13,14 @@ import typer
 from imagegate import modelpath
 from imagegate.cli import _accept as o
 from imagegate.cli._app import CACHE_DIR, Format, Option, app
-from imagegate.drivers.select import DriverName, driver_name
 from imagegate.errors import UsageError
 from imagegate.gpus import GpuRequest
 from imagegate.gpus import parse as gpus_parse
-from imagegate.report.progress import run_shown, setup_logging
 
-if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline models
+if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline models, the drivers
     from imagegate import accept, runner
     from imagegate.drivers.interface import Driver
+    from imagegate.drivers.select import DriverName
 
 
 @dataclass(frozen=True)
@@ -138,6 +137,8 @@ def run(
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     from imagegate import accept, runner
+    from imagegate.drivers.select import DriverName, driver_name
+    from imagegate.report.progress import run_shown, setup_logging
 
     setup_logging(verbose, a.quiet)
     notify = o.notifier(a.silent)
@@ -176,8 +177,10 @@ def _all_platforms(
     """`run --all-platforms`: one run a platform this host runs, then the index statement."""
     from imagegate import accept, multiplatform, runner
     from imagegate.attest.attach import names_a_registry
+    from imagegate.drivers.select import DriverName
     from imagegate.report import console as console_report
     from imagegate.report import console_attest
+    from imagegate.report.progress import run_shown
 
     if image is None or name is DriverName.here or not names_a_registry(image):
         raise UsageError(
