@@ -1,7 +1,5 @@
 """Commands: keygen, verify, attach, index (signed attestations). Parse, call imagegate.attest, render."""
 
-from __future__ import annotations
-
 import enum
 import os
 import sys

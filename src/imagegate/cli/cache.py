@@ -1,8 +1,6 @@
 """Commands: cache unpack|list|prune|remove (the root cache). Parse, call imagegate.rootfs,
 render."""
 
-from __future__ import annotations
-
 from functools import partial
 
 import typer

@@ -1,7 +1,5 @@
 """Command: complete."""
 
-from __future__ import annotations
-
 import dataclasses
 import os
 from pathlib import Path
@@ -142,8 +140,8 @@ def complete(
 
 
 def _trusted(
-    trust: list[Path], lists: list[Path], signing: keys.SigningKey | None
-) -> tuple[keys.PublicKey, ...]:
+    trust: list[Path], lists: list[Path], signing: "keys.SigningKey | None"
+) -> "tuple[keys.PublicKey, ...]":
     """The keys the earlier attempt may be signed with: those named, else the signing key's own
     public key (one machine signs the whole chain)."""
     from imagegate.attest import keys

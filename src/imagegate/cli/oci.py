@@ -1,7 +1,5 @@
 """Commands: layers, compare (image identity). Parse, call imagegate.oci, render."""
 
-from __future__ import annotations
-
 import os
 from functools import partial
 from pathlib import Path
@@ -150,7 +148,7 @@ def compare_cmd(
     raise typer.Exit(result.exit_code)
 
 
-def _signing_key(attest: Path | None, carry: Path | None) -> keys.SigningKey | None:
+def _signing_key(attest: Path | None, carry: Path | None) -> "keys.SigningKey | None":
     from imagegate.attest import keys
 
     if attest is None:

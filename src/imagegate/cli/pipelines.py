@@ -1,7 +1,5 @@
 """Commands: pipelines list / show / schema."""
 
-from __future__ import annotations
-
 import typer
 
 from imagegate.cli._app import app

@@ -1,7 +1,5 @@
 """Commands: pod render, pod collect, pod run (zero-GPU Pod mode; the logic is in imagegate.kube)."""
 
-from __future__ import annotations
-
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -111,7 +109,7 @@ class PodSpec:
 
         return render.serve_options(self.model_pvc, self.model_host_path, self.startup_budget)
 
-    def render(self, prep: runner.Prepared, image: str, notify: o.Notify) -> render.Rendered:
+    def render(self, prep: "runner.Prepared", image: str, notify: o.Notify) -> "render.Rendered":
         from imagegate.kube import render
 
         rendered = render.render_checked(prep, image, **dataclasses.asdict(self))

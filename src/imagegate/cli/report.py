@@ -1,8 +1,6 @@
 """Commands: report (re-render stored evidence), audit (an inventory of images and mirrors).
 Parse, call imagegate.report and imagegate.batch, render."""
 
-from __future__ import annotations
-
 import enum
 from functools import partial
 from pathlib import Path

@@ -1,7 +1,5 @@
 """Command: run."""
 
-from __future__ import annotations
-
 import os
 import sys
 from dataclasses import dataclass
@@ -76,7 +74,7 @@ class Placement:
 
     def run_options(
         self, a: o.Accepting, gpu: GpuRequest | None, model: str | None = None
-    ) -> runner.RunOptions:
+    ) -> "runner.RunOptions":
         return a.run_options(
             model=model,
             timeout=self.timeout,
@@ -89,13 +87,13 @@ class Placement:
 
     def make_driver(
         self,
-        name: DriverName | None,
+        name: "DriverName | None",
         gpu: GpuRequest | None,
-        outputs: accept.Outputs,
+        outputs: "accept.Outputs",
         a: o.Accepting,
         notify: o.Notify,
         model: Path | None = None,
-    ) -> Driver:
+    ) -> "Driver":
         from imagegate import accept
 
         return accept.driver_for(
@@ -167,11 +165,11 @@ def _all_platforms(
     image: str | None,
     a: o.Accepting,
     p: Placement,
-    name: DriverName | None,
+    name: "DriverName | None",
     gpu: GpuRequest | None,
     model: Path | None,
-    opts: runner.RunOptions,
-    prep: runner.Prepared,
+    opts: "runner.RunOptions",
+    prep: "runner.Prepared",
     notify: o.Notify,
 ) -> NoReturn:
     """`run --all-platforms`: one run a platform this host runs, then the index statement."""
