@@ -36,6 +36,9 @@ COMMAND_MODULES = {
     "audit": "report",
 }
 EXIT_USAGE = 3
+# What the shell sets to ask typer for completions (for the console script's name); set but
+# empty, or another program's, the command runs as usual.
+COMPLETE_VAR = "_IMAGEGATE_COMPLETE"
 
 __all__ = ["COMMAND_MODULES", "EXIT_SIGINT", "EXIT_SIGTERM", "app", "load_all", "main", "run_main"]
 
@@ -151,7 +154,7 @@ def run_main(argv: list[str] | None = None) -> int:
         load_all()
     if _help_only(args):
         return 0
-    if _completing():
+    if os.environ.get(COMPLETE_VAR):  # typer completes and exits: no command runs
         _values_as_typed()
     try:
         rv = app(args=args, standalone_mode=False)
