@@ -97,7 +97,15 @@ def test_command_help_reads_as_the_parser_prints_it(path: list[str]) -> None:
     assert fast.stdout == parsed.stdout
 
 
-@pytest.mark.parametrize("env", [{"_IMAGEGATE_COMPLETE": ""}, {"_OTHER_TOOL_COMPLETE": "complete_bash"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"_IMAGEGATE_COMPLETE": ""},
+        {"_OTHER_TOOL_COMPLETE": "complete_bash"},
+        # `python -m imagegate` (as imagegate() runs it) is another program's name for typer
+        {"_IMAGEGATE_COMPLETE": "complete_bash"},
+    ],
+)
 def test_a_command_run_beside_a_completion_variable_still_checks_its_values(env: dict[str, str]) -> None:
     # Values are left unchecked only while typer completes; a command that runs checks them.
     r = imagegate("layers", "oci:/nonexistent", "--jobs", "many", env=env)

@@ -36,8 +36,7 @@ COMMAND_MODULES = {
     "audit": "report",
 }
 EXIT_USAGE = 3
-# What the shell sets to ask typer for completions (for the console script's name); set but
-# empty, or another program's, the command runs as usual.
+# What the shell sets to ask typer for completions, for the console script's name.
 COMPLETE_VAR = "_IMAGEGATE_COMPLETE"
 
 __all__ = ["COMMAND_MODULES", "EXIT_SIGINT", "EXIT_SIGTERM", "app", "load_all", "main", "run_main"]
@@ -68,6 +67,13 @@ def _completing() -> bool:
 def _command(argv: list[str]) -> str | None:
     first = next((a for a in argv if not a.startswith("-")), None)
     return None if _completing() or "--help" in argv[:1] else first
+
+
+def _typer_completes() -> bool:
+    """Whether typer will complete and exit, running no command: its variable is set, not empty,
+    and this is the console script (typer names the variable after the program; `python -m
+    imagegate` would be another name, and the command would run)."""
+    return bool(os.environ.get(COMPLETE_VAR)) and os.path.basename(sys.argv[0]) == "imagegate"
 
 
 class _AsTyped:
@@ -154,7 +160,7 @@ def run_main(argv: list[str] | None = None) -> int:
         load_all()
     if _help_only(args):
         return 0
-    if os.environ.get(COMPLETE_VAR):  # typer completes and exits: no command runs
+    if _typer_completes():
         _values_as_typed()
     try:
         rv = app(args=args, standalone_mode=False)
