@@ -21,12 +21,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from imagegate.errors import UsageError
 from imagegate.files import read_named
+from imagegate.names import KEY_ENV as KEY_ENV
+from imagegate.names import PASSWORD_ENV as PASSWORD_ENV
 
 Algorithm = Literal["ecdsa-p256", "ed25519"]
 ALGORITHMS: tuple[Algorithm, ...] = ("ecdsa-p256", "ed25519")
 
-KEY_ENV = "IMAGEGATE_SIGNING_KEY"
-PASSWORD_ENV = "IMAGEGATE_KEY_PASSWORD"
 DEFAULT_KEY_NAME = "signing.key"
 
 PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey

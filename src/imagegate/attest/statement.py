@@ -11,10 +11,10 @@ from typing import Any
 from imagegate.errors import InternalError
 from imagegate.evidence import sha256_file
 from imagegate.model import EvidenceFile, RunRecord, Side, StageResult, Status
+from imagegate.names import PREDICATE_TYPE as PREDICATE_TYPE
 from imagegate.pipeline.probes import PROBES, FactRules
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
 
 # Files of an attempt folder that are not evidence: the statement itself and what signs it.
 NOT_EVIDENCE = ("statement.json",)

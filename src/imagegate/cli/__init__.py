@@ -2,7 +2,12 @@
 each command group lives in its own module and registers itself on the shared app.
 
 `main()` imports only the module of the command asked for (start-up time is part of every CI
-run); `--help`, completion and anything unknown load them all."""
+run); `--help`, completion and anything unknown load them all. So a command module imports, at its
+top, only what typer reads when the command is registered (its options, their defaults and types,
+its help); the layers below and the views are imported inside the command, when it runs
+(tests/cli/test_startup.py). The command modules leave out `from __future__ import annotations`:
+typer reads every parameter's annotation, and string annotations are compiled one by one, about
+half of these modules' import time; names imported for type checking alone are quoted."""
 
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ COMMAND_MODULES = {
     "audit": "report",
 }
 EXIT_USAGE = 3
+# What the shell sets to ask typer for completions, for the console script's name.
+COMPLETE_VAR = "_IMAGEGATE_COMPLETE"
 
 __all__ = ["COMMAND_MODULES", "EXIT_SIGINT", "EXIT_SIGTERM", "app", "load_all", "main", "run_main"]
 
@@ -53,10 +60,64 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _completing() -> bool:
+    return any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
+
+
 def _command(argv: list[str]) -> str | None:
     first = next((a for a in argv if not a.startswith("-")), None)
-    completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
-    return None if completing or "--help" in argv[:1] else first
+    return None if _completing() or "--help" in argv[:1] else first
+
+
+def _typer_completes() -> bool:
+    """Whether typer will complete and exit, running no command: its variable is set, not empty,
+    and this is the console script (typer names the variable after the program; `python -m
+    imagegate` would be another name, and the command would run)."""
+    return bool(os.environ.get(COMPLETE_VAR)) and os.path.basename(sys.argv[0]) == "imagegate"
+
+
+class _AsTyped:
+    """A parameter's value left as typed: what `_values_as_typed` puts in place of typer's check."""
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        return value
+
+
+def _values_as_typed() -> None:
+    """Shell completion parses the words typed so far only to find what the cursor is on
+    (leniently: a bad value is no error then), and no option of ours reads another's value to
+    complete. typer checks every parameter's value, given or not, with a pydantic TypeAdapter
+    built on first use: importing pydantic takes as long as typer and rich together. While
+    completing, values stay as typed. A typer without these checks has nothing to replace."""
+    import typer.core
+
+    param = getattr(typer.core, "_TyperParameter", None)
+    if param is not None and hasattr(param, "get_runtime_param"):
+        param.get_runtime_param = lambda self: _AsTyped()
+
+
+def _help_only(args: list[str]) -> bool:
+    """`imagegate CMD [SUB] --help`: print that command's help as the parser would, without
+    parsing. Parsing runs each group's own options through typer's value checks, which import
+    pydantic (typer's adapters) even though none was given: a third of the start-up. Anything
+    else (an argument, an option, a name that is no command) goes to the parser, as before."""
+    import typer.core
+    import typer.main
+
+    from imagegate.cli._app import app
+
+    if len(args) < 2 or args[-1] not in ("--help", "-h"):
+        return False
+    command = typer.main.get_command(app)
+    ctx = command.context_class(command, info_name="imagegate", **command.context_settings)
+    for word in args[:-1]:
+        sub = command.get_command(ctx, word) if isinstance(command, typer.core.TyperGroup) else None
+        if sub is None:
+            return False
+        command = sub
+        ctx = command.context_class(command, info_name=word, parent=ctx, **command.context_settings)
+    typer.echo(ctx.get_help(), color=ctx.color)
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,6 +158,10 @@ def run_main(argv: list[str] | None = None) -> int:
         _load([COMMAND_MODULES[command]])
     else:
         load_all()
+    if _help_only(args):
+        return 0
+    if _typer_completes():
+        _values_as_typed()
     try:
         rv = app(args=args, standalone_mode=False)
     except typer.TyperException as e:

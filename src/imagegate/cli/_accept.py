@@ -2,8 +2,6 @@
 once, the common ones as one group; rendering the outcome. The work itself
 is `imagegate.accept`."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import functools
@@ -16,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
 
 from imagegate.cli._app import SIGNING_KEY, Format, Option
 from imagegate.errors import UsageError
@@ -123,12 +120,12 @@ class Accepting:
     def silent(self) -> bool:
         return self.quiet or self.fmt is Format.json  # stdout then is the statement's alone
 
-    def run_options(self, **kw: Any) -> RunOptions:
+    def run_options(self, **kw: Any) -> "RunOptions":
         from imagegate.runner import RunOptions
 
         return RunOptions(self.pipeline, self.module, self.out, advisory_db=self.advisory_db, **kw)
 
-    def outputs(self, reference: str | None, notify: Notify) -> accept.Outputs:
+    def outputs(self, reference: str | None, notify: Notify) -> "accept.Outputs":
         from imagegate import accept
 
         return accept.outputs(
@@ -183,6 +180,8 @@ def grouped(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def notifier(quiet: bool) -> Notify:
+    from rich.console import Console  # here: `--help` and completion never build a console
+
     err = Console(stderr=True)
     return (
         (lambda _m: None)
@@ -209,7 +208,7 @@ def interrupts() -> Iterator[None]:
         raise typer.Exit(EXIT_SIGINT) from None  # 143 for SIGTERM: run_main tells them apart
 
 
-def finish(done: accept.Accepted, fmt: Format, quiet: bool) -> NoReturn:
+def finish(done: "accept.Accepted", fmt: Format, quiet: bool) -> NoReturn:
     """The outcome: the statement (--format json) or the table; exit with the verdict's code."""
     from imagegate.report import console as console_report
     from imagegate.report import formats

@@ -2,11 +2,8 @@
 message and an exit code: commands let errors rise; `run_main` (imagegate.cli) catches them
 once, around the whole app, and calls `report_error`."""
 
-from __future__ import annotations
-
 import contextlib
 import enum
-import json
 import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -118,9 +115,11 @@ def within(seconds: float) -> Iterator[deadline.Deadline]:
         yield d
 
 
-def show(fmt: Format, doc: Callable[[], Any], table: Callable[[Console], None]) -> None:
+def show(fmt: Format, doc: Callable[[], Any], table: Callable[["Console"], None]) -> None:
     """On stdout: `doc()` as JSON, or the table, as --format asks."""
     if fmt is Format.json:
+        import json  # here: --help and completion never need it
+
         print(json.dumps(doc(), indent=2, default=str))
         return
     from imagegate.report.console import make_console

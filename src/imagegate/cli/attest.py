@@ -1,7 +1,5 @@
 """Commands: keygen, verify, attach, index (signed attestations). Parse, call imagegate.attest, render."""
 
-from __future__ import annotations
-
 import enum
 import os
 import sys
@@ -10,13 +8,10 @@ from pathlib import Path
 import typer
 from typer import Argument
 
-from imagegate.attest import keys
-from imagegate.attest.statement import PREDICATE_TYPE
 from imagegate.cli import _app
 from imagegate.cli._app import Option, app
 from imagegate.errors import UsageError
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
-from imagegate.report import console_attest
+from imagegate.names import KEY_ENV, PASSWORD_ENV, PREDICATE_TYPE
 
 
 class KeyAlgorithm(str, enum.Enum):
@@ -29,8 +24,8 @@ class KeyAlgorithm(str, enum.Enum):
     "  imagegate keygen                      # imagegate.key + imagegate.pub here\n\n"
     "  IMAGEGATE_KEY_PASSWORD=... imagegate keygen --out ci/gate\n\n"
     "  imagegate keygen --algorithm ed25519 --out ~/.keys/gate\n\n"
-    f"The passphrase, if any, comes from ${keys.PASSWORD_ENV}; sign with it by passing "
-    f"--key PREFIX.key to run or setting ${keys.KEY_ENV}. The .pub file is what verifiers "
+    f"The passphrase, if any, comes from ${PASSWORD_ENV}; sign with it by passing "
+    f"--key PREFIX.key to run or setting ${KEY_ENV}. The .pub file is what verifiers "
     "(imagegate verify, cosign verify-attestation --key) need."
 )
 def keygen(
@@ -42,6 +37,10 @@ def keygen(
     ),
 ) -> None:
     """Make a signing key pair: a PKCS#8 PEM private key and its PEM public key."""
+    # Here, as every layer below and the views: `--help` and completion load none of them.
+    from imagegate.attest import keys
+    from imagegate.report import console_attest
+
     key = keys.generate(algorithm.value)
     password = keys.password_from_env(os.environ)
     private, public = keys.write_keypair(out, key, password)
@@ -103,8 +102,11 @@ def verify(
     timeout: float = _app.VERIFY_TIMEOUT,
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
+    from imagegate.attest import keys
     from imagegate.attest.verify import accepts  # lazy: keeps CLI start-up fast
     from imagegate.attest.verify import verify as verify_attestation
+    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+    from imagegate.report import console_attest
 
     trusted = keys.trusted_keys(key, trusted_keys)
     if not trusted:
@@ -156,6 +158,8 @@ def attach(
     controllers look for it."""
     from imagegate.attest.attach import parse_image
     from imagegate.attest.referrers import attach_file  # lazy: keeps CLI start-up fast
+    from imagegate.model import EXIT_REJECTED
+    from imagegate.report import console_attest
 
     pairs = attach_file(attestation, image, insecure=insecure)
     for done, referred in pairs:
@@ -211,9 +215,11 @@ def index(
     fmt: _app.Format = _app.FORMAT,
 ) -> None:
     """Sign the verdict about a multi-platform index from the runs of its platforms."""
+    from imagegate.attest import keys
     from imagegate.attest.sign import serialize
     from imagegate.cli._accept import notifier, signing_key
     from imagegate.multiplatform import judge_index
+    from imagegate.report import console_attest
 
     named = signing_key(key)
     signer = keys.resolve_signing_key(named, notify=notifier(False))

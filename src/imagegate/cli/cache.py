@@ -1,8 +1,6 @@
 """Commands: cache unpack|list|prune|remove (the root cache). Parse, call imagegate.rootfs,
 render."""
 
-from __future__ import annotations
-
 from functools import partial
 
 import typer
@@ -10,11 +8,6 @@ from typer import Argument
 
 from imagegate.cli import _app
 from imagegate.cli._app import Format, Option, app, report_error, show
-from imagegate.model import EXIT_ACCEPTED
-from imagegate.oci.digest import check_digest
-from imagegate.report import console_cache
-from imagegate.report.progress import layer_progress
-from imagegate.sizes import parse_size
 
 cache_app = typer.Typer(
     help=(
@@ -58,8 +51,13 @@ def unpack(
 ) -> None:
     """Verify every layer while unpacking it into the cache; print the root's folder.
     Exit 1 when a layer is not the declared bytes or holds a hostile entry (nothing kept)."""
+    from imagegate.model import EXIT_ACCEPTED
+    from imagegate.oci.digest import check_digest
     from imagegate.oci.transports import open_sources  # lazy: the OCI modules load when a command runs
+    from imagegate.report import console_cache
+    from imagegate.report.progress import layer_progress
     from imagegate.rootfs import Limits, RootCache, materialize
+    from imagegate.sizes import parse_size
 
     if expect_config:
         check_digest(expect_config, what="--expect-config")
@@ -80,6 +78,7 @@ def unpack(
 )
 def list_roots(cache_dir: str | None = _DIR, fmt: Format = _app.FORMAT) -> None:
     """The cached roots, least recently used first."""
+    from imagegate.report import console_cache
     from imagegate.rootfs import RootCache
 
     with RootCache(cache_dir) as cache:
@@ -98,7 +97,9 @@ def prune(
     everything: bool = Option(False, "--all", help="Remove every root no run is using."),
 ) -> None:
     """Evict least recently used roots (and what interrupted runs left behind)."""
+    from imagegate.report import console_cache
     from imagegate.rootfs import RootCache
+    from imagegate.sizes import parse_size
 
     limit = 0 if everything else parse_size(max_size or "100GiB")
     with RootCache(cache_dir) as cache:

@@ -1,22 +1,21 @@
 """Command: complete."""
 
-from __future__ import annotations
-
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from imagegate import accept, modelpath, runner
-from imagegate.attest import keys
+from imagegate import modelpath
 from imagegate.cli import _accept as o
 from imagegate.cli._app import TRUSTED_KEYS, Format, Option, app
-from imagegate.drivers.select import DriverName, driver_name
 from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.sizes import parse_memory
+
+if TYPE_CHECKING:  # imported where used: `complete --help` loads none of the layers below
+    from imagegate.attest import keys
 
 
 @app.command(
@@ -89,7 +88,9 @@ def complete(
     ),
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
+    from imagegate import accept, runner
     from imagegate import complete as completing
+    from imagegate.drivers.select import DriverName, driver_name
 
     notify = o.notifier(quiet or fmt is Format.json)  # stdout then is the statement's alone
     with o.interrupts():
@@ -139,10 +140,12 @@ def complete(
 
 
 def _trusted(
-    trust: list[Path], lists: list[Path], signing: keys.SigningKey | None
-) -> tuple[keys.PublicKey, ...]:
+    trust: list[Path], lists: list[Path], signing: "keys.SigningKey | None"
+) -> "tuple[keys.PublicKey, ...]":
     """The keys the earlier attempt may be signed with: those named, else the signing key's own
     public key (one machine signs the whole chain)."""
+    from imagegate.attest import keys
+
     named = keys.trusted_keys(trust, lists)
     if named:
         return named

@@ -1,23 +1,19 @@
 """Commands: layers, compare (image identity). Parse, call imagegate.oci, render."""
 
-from __future__ import annotations
-
 import os
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from typer import Argument
 
-from imagegate.attest import keys
 from imagegate.cli import _app
 from imagegate.cli._app import Format, Option, app, show
 from imagegate.errors import UsageError
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
-from imagegate.oci.digest import check_digest
-from imagegate.report import console_oci
-from imagegate.report.progress import layer_progress
-from imagegate.sizes import parse_size
+
+if TYPE_CHECKING:  # every layer below and the views are imported where used: `--help` loads none
+    from imagegate.attest import keys
 
 
 @app.command(
@@ -42,8 +38,13 @@ def layers(
     timeout: float = _app.TIMEOUT,
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
+    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+    from imagegate.oci.digest import check_digest
     from imagegate.oci.transports import open_sources  # lazy: the OCI modules load when a command runs
     from imagegate.oci.verify import verify_source
+    from imagegate.report import console_oci
+    from imagegate.report.progress import layer_progress
+    from imagegate.sizes import parse_size
 
     if expect_config:
         check_digest(expect_config, what="--expect-config")
@@ -116,8 +117,12 @@ def compare_cmd(
     trust: list[Path] = TRUST,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
+    from imagegate.model import EXIT_ACCEPTED
     from imagegate.oci.compare import compare
     from imagegate.oci.transports import open_sources
+    from imagegate.report import console_oci
+    from imagegate.report.progress import layer_progress
+    from imagegate.sizes import parse_size
 
     limit = parse_size(max_layer_size)
     key = _signing_key(attest, carry)
@@ -129,6 +134,7 @@ def compare_cmd(
         result = compare(a, b, deep=deep or key is not None, jobs=jobs, max_uncompressed=limit, progress=sink)
     show(fmt, result.to_dict, partial(console_oci.render_compare, result))
     if key is not None and result.exit_code == EXIT_ACCEPTED:
+        from imagegate.attest import keys
         from imagegate.attest import mirror as equivalence
 
         carried = None
@@ -142,7 +148,9 @@ def compare_cmd(
     raise typer.Exit(result.exit_code)
 
 
-def _signing_key(attest: Path | None, carry: Path | None) -> keys.SigningKey | None:
+def _signing_key(attest: Path | None, carry: Path | None) -> "keys.SigningKey | None":
+    from imagegate.attest import keys
+
     if attest is None:
         if carry is not None:
             raise UsageError(

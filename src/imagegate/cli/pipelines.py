@@ -1,14 +1,8 @@
 """Commands: pipelines list / show / schema."""
 
-from __future__ import annotations
-
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from imagegate import pipeline
 from imagegate.cli._app import app
-from imagegate.pipeline.schema import pipeline_schema_text
 
 pipelines_app = typer.Typer(
     help="Built-in pipelines and the pipeline file format.\n\n"
@@ -25,6 +19,11 @@ def list_() -> None:
 
     Example: imagegate pipelines list
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from imagegate import pipeline  # here, not above: `--help` never loads the pipeline models
+
     table = Table("name", "version", "stages", "description")
     for name in pipeline.builtin_names():
         p = pipeline.load(name).pipeline
@@ -40,6 +39,8 @@ def show(name: str = typer.Argument(..., help="A built-in name or a pipeline fil
 
     Example: imagegate pipelines show vllm
     """
+    from imagegate import pipeline
+
     loaded = pipeline.load(name)
     typer.echo(loaded.text, nl=False)
 
@@ -50,6 +51,8 @@ def schema() -> None:
 
     Example: imagegate pipelines schema > pipeline.schema.json
     """
+    from imagegate.pipeline.schema import pipeline_schema_text
+
     typer.echo(pipeline_schema_text(), nl=False)
 
 
@@ -59,5 +62,7 @@ def validate(path: str = typer.Argument(..., help="A pipeline file.")) -> None:
 
     Example: imagegate pipelines validate my-pipeline.yaml
     """
+    from imagegate import pipeline
+
     loaded = pipeline.load(path)
     typer.echo(f"{path}: valid ({loaded.pipeline.name}, {len(loaded.pipeline.stages)} stages)")

@@ -1,20 +1,19 @@
 """Commands: pod render, pod collect, pod run (zero-GPU Pod mode; the logic is in imagegate.kube)."""
 
-from __future__ import annotations
-
 import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from imagegate import accept, runner
 from imagegate.cli import _accept as o
 from imagegate.cli._app import Option, app
-from imagegate.kube import kubectl, podrun, render
-from imagegate.kube.collect import PodObserver
+
+if TYPE_CHECKING:  # imported where used: `pod --help` loads neither the run nor the cluster's modules
+    from imagegate import runner
+    from imagegate.kube import render
 
 pod_app = typer.Typer(
     help="Zero-GPU Pod mode: run the probes in the target cluster, against the image exactly as "
@@ -106,9 +105,13 @@ class PodSpec:
 
     def plan_words(self) -> dict[str, Any]:
         """What the model volume and --startup-budget change in the plan."""
+        from imagegate.kube import render
+
         return render.serve_options(self.model_pvc, self.model_host_path, self.startup_budget)
 
-    def render(self, prep: runner.Prepared, image: str, notify: o.Notify) -> render.Rendered:
+    def render(self, prep: "runner.Prepared", image: str, notify: o.Notify) -> "render.Rendered":
+        from imagegate.kube import render
+
         rendered = render.render_checked(prep, image, **dataclasses.asdict(self))
         for note in rendered.notes:
             notify(f"note: {note}")
@@ -149,6 +152,9 @@ def render_cmd(
     quiet: bool = o.QUIET,
 ) -> None:
     """Print the Secret (the run's event key), the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
+    from imagegate import runner
+    from imagegate.kube import render
+
     notify = o.notifier(quiet)
     if secret_out is not None:
         render.check_new_file(secret_out, "--secret-out")
@@ -199,6 +205,10 @@ def collect_cmd(
     gpus: int = Option(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
+    from imagegate import accept, runner
+    from imagegate.kube import podrun
+    from imagegate.kube.collect import PodObserver
+
     notify = o.notifier(a.silent)
     accept.check_timeout(timeout)
     accept.check_expect_config(expect_config)
@@ -241,6 +251,9 @@ def run_cmd(
     ),
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
+    from imagegate import accept, runner
+    from imagegate.kube import kubectl, podrun
+
     notify = o.notifier(a.silent)
     with o.interrupts():
         accept.check_timeout(timeout)

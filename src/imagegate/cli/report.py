@@ -1,8 +1,6 @@
 """Commands: report (re-render stored evidence), audit (an inventory of images and mirrors).
 Parse, call imagegate.report and imagegate.batch, render."""
 
-from __future__ import annotations
-
 import enum
 from functools import partial
 from pathlib import Path
@@ -10,13 +8,9 @@ from pathlib import Path
 import typer
 from typer import Argument
 
-from imagegate import accept
 from imagegate.cli import _accept as o
 from imagegate.cli import _app
 from imagegate.cli._app import Option, app
-from imagegate.report import batch as batch_view
-from imagegate.report.console import make_console
-from imagegate.report.progress import ItemsBar, setup_logging
 
 
 class ReportFormat(str, enum.Enum):
@@ -100,8 +94,11 @@ def audit(
     no_sign: bool = o.NO_SIGN,
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
-    from imagegate import batch  # lazy: keeps CLI start-up fast
+    from imagegate import accept, batch  # lazy: keeps CLI start-up fast
     from imagegate.drivers.docker import DockerDriver
+    from imagegate.report import batch as batch_view
+    from imagegate.report.console import make_console
+    from imagegate.report.progress import ItemsBar, setup_logging
     from imagegate.sizes import parse_memory
 
     parse_memory(memory)  # before any item runs: a typo is one error, not one per image

@@ -1,7 +1,5 @@
 """Command: run."""
 
-from __future__ import annotations
-
 import os
 import sys
 from dataclasses import dataclass
@@ -13,15 +11,14 @@ import typer
 from imagegate import modelpath
 from imagegate.cli import _accept as o
 from imagegate.cli._app import CACHE_DIR, Format, Option, app
-from imagegate.drivers.select import DriverName, driver_name
 from imagegate.errors import UsageError
 from imagegate.gpus import GpuRequest
 from imagegate.gpus import parse as gpus_parse
-from imagegate.report.progress import run_shown, setup_logging
 
-if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline models
+if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline models, the drivers
     from imagegate import accept, runner
     from imagegate.drivers.interface import Driver
+    from imagegate.drivers.select import DriverName
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,7 @@ class Placement:
 
     def run_options(
         self, a: o.Accepting, gpu: GpuRequest | None, model: str | None = None
-    ) -> runner.RunOptions:
+    ) -> "runner.RunOptions":
         return a.run_options(
             model=model,
             timeout=self.timeout,
@@ -90,13 +87,13 @@ class Placement:
 
     def make_driver(
         self,
-        name: DriverName | None,
+        name: "DriverName | None",
         gpu: GpuRequest | None,
-        outputs: accept.Outputs,
+        outputs: "accept.Outputs",
         a: o.Accepting,
         notify: o.Notify,
         model: Path | None = None,
-    ) -> Driver:
+    ) -> "Driver":
         from imagegate import accept
 
         return accept.driver_for(
@@ -138,6 +135,8 @@ def run(
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     from imagegate import accept, runner
+    from imagegate.drivers.select import DriverName, driver_name
+    from imagegate.report.progress import run_shown, setup_logging
 
     setup_logging(verbose, a.quiet)
     notify = o.notifier(a.silent)
@@ -166,18 +165,20 @@ def _all_platforms(
     image: str | None,
     a: o.Accepting,
     p: Placement,
-    name: DriverName | None,
+    name: "DriverName | None",
     gpu: GpuRequest | None,
     model: Path | None,
-    opts: runner.RunOptions,
-    prep: runner.Prepared,
+    opts: "runner.RunOptions",
+    prep: "runner.Prepared",
     notify: o.Notify,
 ) -> NoReturn:
     """`run --all-platforms`: one run a platform this host runs, then the index statement."""
     from imagegate import accept, multiplatform, runner
     from imagegate.attest.attach import names_a_registry
+    from imagegate.drivers.select import DriverName
     from imagegate.report import console as console_report
     from imagegate.report import console_attest
+    from imagegate.report.progress import run_shown
 
     if image is None or name is DriverName.here or not names_a_registry(image):
         raise UsageError(

@@ -1,0 +1,10 @@
+"""Names other programs and users know imagegate's output and settings by, in a module that
+imports nothing: the command line's help names them and must not load the layers that use them."""
+
+from __future__ import annotations
+
+# The acceptance statement's predicate type (attest.statement; what verify expects by default).
+PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
+# The signing key, and its passphrase (attest.keys).
+KEY_ENV = "IMAGEGATE_SIGNING_KEY"
+PASSWORD_ENV = "IMAGEGATE_KEY_PASSWORD"
