@@ -131,14 +131,16 @@ def test_slow_export_through_podman(oci_image: str, sock_dir: Path, tmp_path: Pa
     saved = tmp_path / "img.tar"
     sh("docker", "save", oci_image, "-o", str(saved))
     sh("podman", "load", "-q", "-i", str(saved))
-    proxy = EngineProxy(sock_dir / "p.sock", PODMAN_SOCK, delay=7)
+    proxy = EngineProxy(sock_dir / "p.sock", PODMAN_SOCK, delay=15)
     try:
-        # A pinned API version: no version request, which a busy Podman may answer slowly.
-        client = docker.DockerClient(base_url=proxy.url, timeout=4, version="1.40")
+        # A pinned API version: no version request, which a busy Podman may answer slowly; the
+        # client's 10 s read timeout leaves a busy machine's Podman time for the calls before the
+        # export, whose 15 s wait still outlasts it.
+        client = docker.DockerClient(base_url=proxy.url, timeout=10, version="1.40")
         report = verify_source(DaemonArchive(oci_image, client))
         client.close()
     finally:
         proxy.close()
     assert proxy.exports == 1
     assert report.ok and report.verified == 3, report.problems
-    assert report.source_wait_s is not None and report.source_wait_s >= 7
+    assert report.source_wait_s is not None and report.source_wait_s >= 15
