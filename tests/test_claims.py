@@ -316,8 +316,8 @@ MUTANTS = [
     (
         "100 GiB",
         "src/imagegate/cli/cache.py",
-        '        "100GiB",\n        "--max-size",',
-        '        "1TiB",\n        "--max-size",',
+        '    "100GiB", "--max-size",',
+        '    "1TiB", "--max-size",',
         "'1TiB'",
     ),
     (

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from imagegate.cli import _app
 from imagegate.cli._app import SIGNING_KEY, Format, Option
 from imagegate.errors import UsageError
 from imagegate.interrupts import EXIT_SIGINT
+from imagegate.modelpath import IN_SANDBOX
 
 NOTHING_LEFT = "nothing was left running"  # accept.NOTHING_LEFT, without importing the use case
 
@@ -41,30 +43,64 @@ PIPELINE = Option(
     help="Built-in name (python, vllm, vllm-serve, sglang, sglang-disagg, sglang-serve) or a YAML file.",
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
-TIMEOUT = Option(
-    None,
-    "--timeout",
-    metavar="SECONDS",
-    help="Deadline for the whole command: getting the image and every stage "
-    "(default: 30 min to get the image, plus the stages' timeouts added up).",
-)
+# run, complete: by default 30 min to get the image plus the stages' timeouts (accept.check_timeout)
+TIMEOUT = Option(None, "--timeout", metavar="SECONDS", help=_app.TIMEOUT_HELP)
 KEY = SIGNING_KEY
 NO_SIGN = Option(False, "--no-sign", help="Do not sign the attempt.")
-REQUIRE_COMPLETE = Option(False, "--require-complete", help="A deferred verdict exits 1.")
-QUIET = Option(False, "--quiet", "-q", help="No progress messages on stderr.")
+REQUIRE_COMPLETE = _app.REQUIRE_COMPLETE
+QUIET = _app.QUIET
 PYTHON = Option(None, "--python", help="With --here: the interpreter to run the probes with.")
 SIGN_UNISOLATED = Option(
     False,
     "--sign-unisolated",
     help="With --here where bubblewrap cannot hide the signing key from the probes: sign anyway (the statement says keyIsolation: none).",
 )
-MEMORY = Option("8g", "--memory", help="Container memory limit.")
-EXPECT_CONFIG = Option(None, "--expect-config", help="For the layers stage: the official config digest.")
+MEMORY = Option("8g", "--memory", help="Container memory limit of each run.")
+EXPECT_CONFIG = _app.EXPECT_CONFIG
 GPUS = Option(
     None,
     "--gpus",
     help="Give the probes GPUs: all, a count, ids (0,1), device=ID or a GPU-… UUID; the run starts with the GPU node check (the rootfs driver injects them as CDI describes them). Default: none (GPUs hidden).",
 )
+
+
+ATTACH = Option(
+    False,
+    "--attach",
+    help="Push the signed statements to the image's repository (as cosign attaches .att, and as "
+    "referrers), replacing the earlier ones of the same pipeline there.",
+)
+# The serve stages' model, for run and for the deferred serve stage complete runs.
+MODEL = Option(
+    None,
+    "--model",
+    metavar="PATH",
+    help=f"The serve stages' model: a host folder bound read-only at {IN_SANDBOX} (--here: used "
+    "where it is); checked before anything runs (complete: without it, the earlier plan's path).",
+)
+# Where the stages run: run, and the deferred stages complete runs.
+DRIVER = Option(
+    None,
+    "--driver",
+    metavar="NAME",
+    help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no "
+    "engine: the image read from its transport, complete: the one it was judged from; layers "
+    "verified while unpacked, run under bubblewrap), here.",
+)
+
+
+PULL_HELP = (
+    "Pull the image through the engine: missing, never, always (default: run missing, as docker "
+    "run; complete never, the image judged being the engine's own)."
+)
+# The outside stages' (layers) transport: run, pod run, pod collect.
+SOURCE = Option(
+    None,
+    "--source",
+    help="For the outside stages (layers): read the image from this transport (default: the "
+    "engine's copy; in a Pod, its imageID's digest).",
+)
+VERBOSE = Option(0, "--verbose", "-v", count=True, help="More detail on stderr: -v progress, -vv debug.")
 
 
 # How a verdict is shown and reported: run, pod run, pod collect and complete alike.
@@ -90,7 +126,7 @@ class Accepting:
         "--out",
         "-o",
         metavar="FOLDER",
-        help="Evidence folder; each run adds a new attempt.",
+        help=_app.EVIDENCE_HELP,
     )
     fmt: Format = FORMAT
     require_complete: bool = REQUIRE_COMPLETE
@@ -103,17 +139,8 @@ class Accepting:
     )
     key: list[str] = KEY
     no_sign: bool = NO_SIGN
-    attach: bool = Option(
-        False,
-        "--attach",
-        help="Push the signed attestation to the image's repository (as cosign attaches .att).",
-    )
-    insecure: bool = Option(
-        False,
-        "--insecure",
-        help="Registries: skip TLS verification, fall back to HTTP (--attach; IMAGE with --driver rootfs; "
-        "the registry an engine pulled IMAGE from, read to name the manifest that ran).",
-    )
+    attach: bool = ATTACH
+    insecure: bool = _app.INSECURE
     quiet: bool = QUIET
 
     @property

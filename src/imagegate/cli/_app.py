@@ -59,14 +59,25 @@ SOURCES_HELP = (
 # The options of the commands that read an image's blobs (layers, compare, cache unpack): one
 # declaration each, so that their help reads the same everywhere.
 SOURCE = Argument(..., help=SOURCES_HELP)
-EXPECT_CONFIG = Option(None, "--expect-config", help="The official config digest (sha256:...).")
+EXPECT_CONFIG = Option(
+    None, "--expect-config", help="The official config digest (sha256:...) the layers are verified against."
+)
 PLATFORM = Option(None, "--platform", help="os/arch[/variant] to pick from an index [linux/amd64].")
-INSECURE = Option(False, "--insecure", help="Registry: skip TLS verification, fall back to HTTP.")
+INSECURE = Option(
+    False,
+    "--insecure",
+    help="Registries: skip TLS verification, fall back to HTTP (every registry the command reads or writes).",
+)
 JOBS = Option(None, "--jobs", "-j", min=1, max=64, help="Layers verified in parallel.")
 MAX_LAYER = Option(
     "64GiB", "--max-layer-size", help="Stop a layer that decompresses past this (decompression bomb)."
 )
-QUIET = Option(False, "--quiet", "-q", help="No progress bars.")
+QUIET = Option(
+    False, "--quiet", "-q", help="No progress on stderr (messages, bars); the result and errors only."
+)
+REQUIRE_COMPLETE = Option(
+    False, "--require-complete", help="A deferred verdict (CPU_PASS_…_DEFERRED) is not accepted: exit 1."
+)
 # verify and complete: the keys a chain of attestations may be signed with, in one file.
 TRUSTED_KEYS = Option(
     [],
@@ -90,18 +101,23 @@ CACHE_DIR = Option(
 )
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
 # One deadline over the whole command (imagegate.deadline): a stalled or trickling server ends it.
-TIMEOUT = Option(
-    deadline.DEFAULT_S,
-    "--timeout",
-    metavar="SECONDS",
-    help="Deadline for the whole command; a server that stalls or trickles ends it, exit 2.",
+# One meaning, one text; the default is each command's own (shown by the parser).
+TIMEOUT_HELP = (
+    "Deadline for the whole command, in seconds: every wait ends by then (a server that stalls or "
+    "trickles too), exit 2 (run, complete: by default 30 min to get the image, plus the stages' "
+    "timeouts added up)."
 )
-VERIFY_TIMEOUT = Option(
-    deadline.VERIFY_DEFAULT_S,
-    "--timeout",
-    metavar="SECONDS",
-    help="Deadline for the whole command (with --image: the registry's answers), exit 2 when passed.",
+TIMEOUT = Option(deadline.DEFAULT_S, "--timeout", metavar="SECONDS", help=TIMEOUT_HELP)
+VERIFY_TIMEOUT = Option(deadline.VERIFY_DEFAULT_S, "--timeout", metavar="SECONDS", help=TIMEOUT_HELP)
+# complete, index, compare --carry: the keys the statements they read in may be signed with.
+TRUST = Option(
+    [],
+    "--trust",
+    metavar="PUB",
+    help="A public key (PEM) the statements read in may be signed with (repeatable); default: the "
+    "signing key's own (compare --carry: --attest's).",
 )
+EVIDENCE_HELP = "Evidence folder; each run adds a new attempt (complete: by default the earlier attempt's)."
 
 
 @contextlib.contextmanager

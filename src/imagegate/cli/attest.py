@@ -83,9 +83,7 @@ def verify(
         "--expect-verdict",
         help="Accept only this verdict, in place of the rule (e.g. PASS: a deferred one fails; FAIL: check a rejection was signed).",
     ),
-    require_complete: bool = Option(
-        False, "--require-complete", help="A deferred verdict (CPU_PASS_…_DEFERRED) is not accepted: exit 1."
-    ),
+    require_complete: bool = _app.REQUIRE_COMPLETE,
     evidence: Path | None = Option(
         None,
         "--evidence",
@@ -196,20 +194,13 @@ def index(
         ..., help="Signed attempt folders (or their attestation files), one per platform run."
     ),
     key: list[str] = _app.SIGNING_KEY,
-    trust: list[Path] = Option(
-        [],
-        "--trust",
-        metavar="PUB",
-        help="A public key (PEM) the runs may be signed with (repeatable); default: the signing key's own.",
-    ),
+    trust: list[Path] = _app.TRUST,
     trusted_keys: list[Path] = _app.TRUSTED_KEYS,
-    out: Path = Option(Path("imagegate-runs"), "--out", "-o", help="Evidence folder."),
+    out: Path = Option(Path("imagegate-runs"), "--out", "-o", metavar="FOLDER", help=_app.EVIDENCE_HELP),
     attach: bool = Option(
         False, "--attach", help="Push the index statements to the index digest in its registry."
     ),
-    require_complete: bool = Option(
-        False, "--require-complete", help="A deferred verdict (a platform not run among them) exits 1."
-    ),
+    require_complete: bool = _app.REQUIRE_COMPLETE,  # an index: a platform not run among them is deferred
     insecure: bool = _app.INSECURE,
     timeout: float = _app.VERIFY_TIMEOUT,
     fmt: _app.Format = _app.FORMAT,

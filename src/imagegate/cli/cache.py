@@ -22,6 +22,9 @@ app.add_typer(cache_app, name="cache")
 
 _DIR = _app.CACHE_DIR
 _MAX_SIZE_ENV = "IMAGEGATE_CACHE_MAX"
+_MAX_SIZE = Option(
+    "100GiB", "--max-size", envvar=_MAX_SIZE_ENV, help="Bound on the cache: older roots are evicted past it."
+)
 
 
 @cache_app.command(
@@ -35,12 +38,7 @@ def unpack(
     platform: str | None = _app.PLATFORM,
     insecure: bool = _app.INSECURE,
     cache_dir: str | None = _DIR,
-    max_size: str = Option(
-        "100GiB",
-        "--max-size",
-        envvar=_MAX_SIZE_ENV,
-        help="Bound on the cache: older roots are evicted past it.",
-    ),
+    max_size: str = _MAX_SIZE,
     max_layer_size: str = _app.MAX_LAYER,
     max_image_size: str = Option(
         "256GiB", "--max-image-size", help="Stop when all layers together decompress past this."
@@ -91,9 +89,7 @@ def list_roots(cache_dir: str | None = _DIR, fmt: Format = _app.FORMAT) -> None:
 )
 def prune(
     cache_dir: str | None = _DIR,
-    max_size: str | None = Option(
-        None, "--max-size", envvar=_MAX_SIZE_ENV, help="Evict until the cache holds at most this [100GiB]."
-    ),
+    max_size: str = _MAX_SIZE,
     everything: bool = Option(False, "--all", help="Remove every root no run is using."),
 ) -> None:
     """Evict least recently used roots (and what interrupted runs left behind)."""
@@ -101,7 +97,7 @@ def prune(
     from imagegate.rootfs import RootCache
     from imagegate.sizes import parse_size
 
-    limit = 0 if everything else parse_size(max_size or "100GiB")
+    limit = 0 if everything else parse_size(max_size)
     with RootCache(cache_dir) as cache:
         removed = cache.prune(limit)
         console_cache.render_pruned(removed, cache.total_bytes())

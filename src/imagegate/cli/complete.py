@@ -9,7 +9,7 @@ import typer
 
 from imagegate import modelpath
 from imagegate.cli import _accept as o
-from imagegate.cli._app import TRUSTED_KEYS, Format, Option, app
+from imagegate.cli._app import EVIDENCE_HELP, INSECURE, TRUST, TRUSTED_KEYS, Format, Option, app
 from imagegate.errors import UsageError
 from imagegate.gpus import parse as gpus_parse
 from imagegate.sizes import parse_memory
@@ -39,53 +39,24 @@ def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
     gpus: str | None = o.GPUS,
     here: bool = Option(False, "--here", help="Run in this environment: the same as --driver here."),
-    driver: str | None = Option(
-        None,
-        "--driver",
-        metavar="NAME",
-        help="Where the deferred stages run: docker (default), podman, rootfs (no engine: the image read "
-        "again from the transport it was judged from, every layer verified, its config digest the one "
-        "judged), here.",
-    ),
+    driver: str | None = o.DRIVER,
     python: str | None = o.PYTHON,
     sign_unisolated: bool = o.SIGN_UNISOLATED,
-    out: Path | None = Option(
-        None, "--out", "-o", help="Evidence folder (default: the one holding the earlier attempt)."
-    ),
+    out: Path | None = Option(None, "--out", "-o", metavar="FOLDER", help=EVIDENCE_HELP),
     timeout: float | None = o.TIMEOUT,
     memory: str = o.MEMORY,
-    pull: str | None = Option(
-        None, "--pull", help="Pull the image through the engine: never (default), missing, always."
-    ),
+    pull: str | None = Option(None, "--pull", help=o.PULL_HELP),
     require_complete: bool = o.REQUIRE_COMPLETE,
     key: list[str] = o.KEY,
-    trust: list[Path] = Option(
-        [],
-        "--trust",
-        metavar="PUB",
-        help="A public key (PEM) ATTEMPT may be signed with (repeatable); default: the signing key's own.",
-    ),
+    trust: list[Path] = TRUST,
     trusted_keys: list[Path] = TRUSTED_KEYS,
     no_sign: bool = o.NO_SIGN,
-    attach: bool = Option(
-        False,
-        "--attach",
-        help="Push the completion's signed statements to the image's repository, replacing the "
-        "deferred ones of the same pipeline there.",
-    ),
-    insecure: bool = Option(
-        False, "--insecure", help="Registry (--attach): skip TLS verification, fall back to HTTP."
-    ),
+    attach: bool = o.ATTACH,
+    insecure: bool = INSECURE,
     fmt: Format = o.FORMAT,
     report: list[str] = o.REPORT,
     quiet: bool = o.QUIET,
-    model: Path | None = Option(
-        None,
-        "--model",
-        metavar="PATH",
-        help=f"A deferred serve stage's model, a host path: bound read-only at {modelpath.IN_SANDBOX} "
-        "in the sandbox, used where it is with --here; without it the stage keeps the earlier plan's path.",
-    ),
+    model: Path | None = o.MODEL,
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
     from imagegate import accept, runner

@@ -74,12 +74,7 @@ CARRY = Option(
     metavar="ATTESTATION",
     help="With --attest: the official image's signed acceptance, carried over to MIRROR as a VSA and a test-result.",
 )
-TRUST = Option(
-    [],
-    "--trust",
-    metavar="PUB",
-    help="With --carry: a key the acceptance may be signed with (repeatable; default: --attest's own).",
-)
+TRUST = _app.TRUST
 
 
 @app.command(
@@ -107,7 +102,7 @@ def compare_cmd(
     platform: str | None = _app.PLATFORM,
     insecure: bool = _app.INSECURE,
     jobs: int | None = _app.JOBS,
-    fmt: Format = Option(Format.table, "--format", help="table (text), or json on stdout."),
+    fmt: Format = _app.FORMAT,
     max_layer_size: str = _app.MAX_LAYER,
     quiet: bool = _app.QUIET,
     timeout: float = _app.TIMEOUT,

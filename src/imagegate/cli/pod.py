@@ -33,14 +33,26 @@ _RENDER_EPILOG = (
 _NAMESPACE = Option(
     "default", "--namespace", "-n", help="Namespace of the Secret, the ConfigMap and the Job."
 )
+_GPUS = Option(
+    0,
+    "--gpus",
+    min=0,
+    help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check "
+    "(pod collect: the N the Pod was rendered with).",
+)
+_WAIT = Option(
+    None,
+    "--timeout",
+    metavar="SECONDS",
+    help="Seconds to wait for the Pod's result (pod run: by default the Job's deadline + 2 minutes; "
+    "pod collect: with --job).",
+)
+# pod collect needs it with --job only (checked where the options are read)
+_CONTEXT = Option(None, "--context", help="The kubectl context (default: kubectl's current one).")
 _EXPECT_DIGEST = Option(
     [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
 )
-_SOURCE = Option(
-    None,
-    "--source",
-    help="For outside stages: read the image from this transport (default: the imageID's digest).",
-)
+_SOURCE = o.SOURCE
 
 
 @dataclass(frozen=True)
@@ -75,12 +87,7 @@ class PodSpec:
     kube_version: str = Option(
         "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas."
     )
-    gpus: int = Option(
-        0,
-        "--gpus",
-        min=0,
-        help="Request nvidia.com/gpu: N and stop hiding GPUs; the run starts with the GPU node check.",
-    )
+    gpus: int = _GPUS
     runtime_class: str | None = Option(
         None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes)."
     )
@@ -194,15 +201,13 @@ def collect_cmd(
         None, "--job", help="Read the Pod, its log and its key Secret from the cluster, by Job name."
     ),
     namespace: str = _NAMESPACE,
-    context: str | None = Option(None, "--context", help="kubectl context, with --job."),
+    context: str | None = _CONTEXT,
     a: o.Accepting = o.Accepting(),
     expect_digest: list[str] = _EXPECT_DIGEST,
     source: str | None = _SOURCE,
     expect_config: str | None = o.EXPECT_CONFIG,
-    timeout: float | None = Option(
-        None, "--timeout", help="With --job: wait up to this many seconds for its Pod to finish first."
-    ),
-    gpus: int = Option(0, "--gpus", min=0, help="The --gpus N the Pod was rendered with."),
+    timeout: float | None = _WAIT,
+    gpus: int = _GPUS,
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     from imagegate import accept, runner
@@ -235,7 +240,7 @@ def run_cmd(
     image: str = typer.Argument(..., help="The image the cluster should run."),
     a: o.Accepting = o.Accepting(),
     spec: PodSpec = PodSpec(),
-    context: str | None = Option(None, "--context", help="kubectl context."),
+    context: str | None = _CONTEXT,
     expect_digest: list[str] = _EXPECT_DIGEST,
     source: str | None = _SOURCE,
     expect_config: str | None = o.EXPECT_CONFIG,
@@ -244,11 +249,7 @@ def run_cmd(
         "--keep",
         help="Leave the Job, ConfigMap and Secret (ttlSecondsAfterFinished still applies to the Job).",
     ),
-    timeout: float | None = Option(
-        None,
-        "--timeout",
-        help="Seconds to wait for the Pod's result (default: the Job's deadline + 2 minutes).",
-    ),
+    timeout: float | None = _WAIT,
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
     from imagegate import accept, runner

@@ -78,17 +78,15 @@ def report(
 )
 def audit(
     inventory: Path = Argument(..., help="Inventory YAML: images with pipelines, (official, mirror) pairs."),
-    out: Path = Option(Path("imagegate-runs"), "--out", "-o", help="Evidence folder of the image runs."),
+    out: Path = Option(Path("imagegate-runs"), "--out", "-o", metavar="FOLDER", help=_app.EVIDENCE_HELP),
     jobs: int = Option(4, "--jobs", "-j", min=1, max=64, help="Items checked at the same time."),
     json_out: Path | None = Option(
         None, "--json", help="Also write the JSON report here ('-': stdout, alone)."
     ),
-    platform: str | None = Option(None, "--platform", help="os/arch[/variant] for the mirror pairs."),
-    memory: str = Option("8g", "--memory", help="Container memory limit of each image run."),
-    verbose: int = Option(
-        0, "--verbose", "-v", count=True, help="More logs on stderr: -v progress, -vv debug."
-    ),
-    quiet: bool = Option(False, "--quiet", "-q", help="No progress, no logs; the table and errors only."),
+    platform: str | None = _app.PLATFORM,
+    memory: str = o.MEMORY,
+    verbose: int = o.VERBOSE,
+    quiet: bool = _app.QUIET,
     timeout: float = _app.TIMEOUT,
     key: list[str] = o.KEY,
     no_sign: bool = o.NO_SIGN,

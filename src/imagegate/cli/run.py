@@ -40,31 +40,16 @@ class Placement:
         metavar="ID",
         help="Leave stage ID out (repeatable): it does not run, so it is DEFERRED (never PASS; `complete` runs it), and the stages that need it SKIPPED.",
     )
-    pull: str = Option(
-        "missing", "--pull", help="Pull IMAGE through the engine: missing (as docker run), never, always."
-    )
+    pull: str = Option("missing", "--pull", help=o.PULL_HELP)
     here: bool = Option(False, "--here", help="Run in this environment: the same as --driver here.")
-    driver: str | None = Option(
-        None,
-        "--driver",
-        metavar="NAME",
-        help="Where the probes run: docker (default; DOCKER_HOST is honoured), podman, rootfs (no engine: IMAGE from any transport, layers verified while unpacked, run under bubblewrap), here.",
-    )
+    driver: str | None = o.DRIVER
     gpus: str | None = o.GPUS
     python: str | None = o.PYTHON
     sign_unisolated: bool = o.SIGN_UNISOLATED
-    source: str | None = Option(
-        None, "--source", help="For the layers stage: read the image from this transport."
-    )
+    source: str | None = o.SOURCE
     expect_config: str | None = o.EXPECT_CONFIG
     cache_dir: str | None = CACHE_DIR
-    model: str | None = Option(
-        None,
-        "--model",
-        metavar="PATH",
-        help=f"The serve stages' model: a host folder bound read-only at {modelpath.IN_SANDBOX} "
-        "(--here: used where it is); checked before anything runs.",
-    )
+    model: str | None = o.MODEL
     all_platforms: bool = Option(
         False,
         "--all-platforms",
@@ -131,7 +116,7 @@ def run(
     ),
     a: o.Accepting = o.Accepting(),
     p: Placement = Placement(),
-    verbose: int = Option(0, "--verbose", "-v", count=True, help="More detail on stderr (-v, -vv)."),
+    verbose: int = o.VERBOSE,
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     from imagegate import accept, runner
