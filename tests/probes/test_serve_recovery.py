@@ -9,6 +9,7 @@ before the model is loaded, a request that breaks the next one, a crash on bad m
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from pathlib import Path
@@ -25,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 port, mode = int(sys.argv[1]), sys.argv[2]
 threading.Timer(120, os._exit, (9,)).start()  # never outlives a test whose probe did not stop it
 state = {"chats": 0, "bad": 0, "dying": False}
-COMPLETION = {"choices": [{"message": {"content": "loading the model"}}]}  # an error in a chat's shape
+COMPLETION = {"choices": [{"message": {"content": "loading the model" + " ." * 200}}]}  # an error, shaped as a chat
 
 
 def log(line):
@@ -82,7 +83,7 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "early" and state["chats"] == 3:  # a 200 without the answer's text
             return self.answer(200, {"choices": [{"message": {"content": None}}], "usage": {"prompt_tokens": 5}})
         if state["bad"] == 1 and mode == "next_fails":
-            return self.answer(500, {"error": "x" * 400})
+            return self.answer(500, {"choices": [{"message": {"content": "x" * 400}}]})
         if state["bad"] == 1 and mode == "next_empty":
             return self.answer(200, {"choices": [], "usage": {"prompt_tokens": 5}})
         self.answer(200, {"choices": [{"message": {"content": "tokens=%s" % req["max_tokens"]}}], "usage": {"prompt_tokens": 5}})
@@ -92,7 +93,8 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 CASES = 7  # serve_media.bad_cases
-LOADING = '503 {"choices": [{"message": {"content": "loading the model"}}]}'
+# What the server says while loading, as the probe quotes an answer (its first 300 characters).
+LOADING = "503 " + json.dumps({"choices": [{"message": {"content": "loading the model" + " ." * 200}}]})
 
 
 @pytest.fixture
@@ -148,13 +150,13 @@ def test_readiness_before_the_first_real_answer_is_named_with_when_it_served(ser
     assert out["status"] == "FAIL"
     timeline, truth = out["data"]["timeline"], out["data"]["readiness"]
     # An error answer is no answer, whatever its body looks like; nor is a 200 without text.
-    assert truth == {"first_request": LOADING, "early": True}
+    assert truth == {"first_request": LOADING[:300], "early": True}
     assert requests(out)[:5] == ["chat max_tokens=1"] * 4 + ["stream"]
     assert timeline["ready_s"] < timeline["serving_s"] < timeline["ready_s"] + 3
     assert timeline["serving_s"] == round(timeline["serving_s"], 3)
     assert out["detail"] == (
         "readiness answered at %.1fs while a 1-token request failed (%s); it served from %.1fs"
-        % (timeline["ready_s"], LOADING, timeline["serving_s"])
+        % (timeline["ready_s"], LOADING[:200], timeline["serving_s"])
     )
     # Once it served, the rest of the stage ran as usual.
     assert len(out["data"]["bad_media"]) == CASES
@@ -164,7 +166,10 @@ def test_readiness_that_never_turns_into_serving_fails_the_stage(serve: Any) -> 
     out = serve("never", stage_timeout=3)
     assert out["status"] == "FAIL"
     ready_s = out["data"]["timeline"]["ready_s"]
-    assert out["detail"] == "readiness answered at %.1fs but no request was served: %s" % (ready_s, LOADING)
+    assert out["detail"] == "readiness answered at %.1fs but no request was served: %s" % (
+        ready_s,
+        LOADING[:200],
+    )
     assert "bad_media" not in out["data"] and "serving_s" not in out["data"]["timeline"]
     assert set(requests(out)) == {"chat max_tokens=1"}
 
@@ -183,7 +188,11 @@ def test_a_bad_request_the_server_fails_on_is_named_with_the_servers_own_line(se
 @pytest.mark.parametrize(
     ("mode", "recovery"),
     [
-        ("next_fails", "the next request: 500 " + '{"error": "' + "x" * 185),
+        # An error status is no answer, even with a chat's text in its body.
+        (
+            "next_fails",
+            ("the next request: 500 " + json.dumps({"choices": [{"message": {"content": "x" * 400}}]}))[:218],
+        ),
         ("next_empty", 'the next request: 200 {"choices": [], "usage": {"prompt_tokens": 5}}'),
         (
             "health_503",
