@@ -84,6 +84,10 @@ def test_generated_from_the_host_gives_exactly_the_gpus_asked_for(host: cdi.Host
     assert nodes(cdi.inject(spec, parse("device=0"))) == sorted([*control, "/dev/nvidia1"])
     assert nodes(cdi.inject(spec, parse("1,0"))) == sorted([*control, "/dev/nvidia0", "/dev/nvidia1"])
     assert nodes(cdi.inject(spec, parse("GPU-bbbb2222"))) == sorted([*control, "/dev/nvidia0"])
+    every = cdi.inject(spec, parse("all"))
+    assert every.devices == ("0", "1")  # each GPU once, not again by its UUID
+    first = cdi.inject(spec, parse("1"))
+    assert first.devices == ("0",) and nodes(first) == sorted([*control, "/dev/nvidia1"])
     one = cdi.inject(spec, parse("device=1"))
     assert nodes(one) == sorted([*control, "/dev/nvidia0"]) and one.devices == ("1",)
     inj = cdi.inject(spec, parse("2"))
@@ -102,18 +106,104 @@ def test_generated_from_the_host_gives_exactly_the_gpus_asked_for(host: cdi.Host
     assert inj.facts()["cdi_spec"].startswith("generated from this host")
 
 
+GENERATED = "generated from this host (no CDI spec in /etc/cdi, /var/run/cdi)"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "message", "hint"),
+    [
+        ("3", f"--gpus 3: {GENERATED} lists 2 GPU(s)", "ask for 2 GPUs at most"),
+        (
+            "0,7",
+            f"--gpus 0,7: 7 not among the GPUs of {GENERATED} (0, GPU-aaaa1111, 1, GPU-bbbb2222)",
+            "name GPUs by index or UUID as the spec lists them, or --gpus all",
+        ),
+        (
+            "GPU-cccc3333",
+            "--gpus GPU-cccc3333: GPU-cccc3333 not among the GPUs",
+            "name GPUs by index or UUID",
+        ),
+    ],
+)
+def test_a_gpu_the_host_lacks_is_refused_naming_it(
+    host: cdi.Host, gpus: str, message: str, hint: str
+) -> None:
+    with pytest.raises(cdi.CdiError) as e:
+        cdi.inject(cdi.generate(host), parse(gpus))
+    assert message in str(e.value) and hint in (e.value.hint or "")
+
+
+def node_spec(source: str, *names: str) -> cdi.Spec:
+    """A spec whose devices are `names`, each with its own node (character devices here: /dev/null)."""
+    return cdi.Spec(
+        source,
+        tuple((n, cdi.Edits(device_nodes=(("/dev/null", f"/dev/nvidia{i}"),))) for i, n in enumerate(names)),
+    )
+
+
+def test_a_spec_that_names_gpus_by_uuid_only_gives_them_all_and_counts_none_by_index() -> None:
+    spec = node_spec("uuids.yaml", "GPU-aaaa1111", "GPU-bbbb2222")
+    every = cdi.inject(spec, parse("all"))
+    assert every.devices == ("GPU-aaaa1111", "GPU-bbbb2222") and nodes(every) == [
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+    ]
+    with pytest.raises(cdi.CdiError) as e:
+        cdi.inject(spec, parse("1"))
+    assert "--gpus 1: uuids.yaml lists 0 GPU(s)" in str(e.value) and e.value.hint == "ask for no GPUs at most"
+
+
 @pytest.mark.parametrize(
     ("gpus", "message"),
     [
-        ("3", "--gpus 3: generated from this host (no CDI spec in /etc/cdi, /var/run/cdi) lists 2 GPU(s)"),
-        ("0,7", "--gpus 0,7: 7 not among the GPUs of generated from this host"),
-        ("GPU-cccc3333", "--gpus GPU-cccc3333: GPU-cccc3333 not among the GPUs"),
+        ("all", "--gpus all: empty.yaml lists no GPU"),
+        ("device=0", "--gpus device=0: 0 not among the GPUs of empty.yaml (none)"),
     ],
 )
-def test_a_gpu_the_host_lacks_is_refused_naming_it(host: cdi.Host, gpus: str, message: str) -> None:
+def test_a_spec_without_devices_gives_no_gpu_and_says_so(gpus: str, message: str) -> None:
     with pytest.raises(cdi.CdiError) as e:
-        cdi.inject(cdi.generate(host), parse(gpus))
+        cdi.inject(cdi.Spec("empty.yaml", ()), parse(gpus))
     assert message in str(e.value)
+
+
+def test_the_gpus_are_numbered_in_bus_order_from_the_driver_else_by_their_nodes(host: cdi.Host) -> None:
+    proc = Path(host.proc_gpus)
+    # No bus line: the folder's name (the driver names it by the bus) orders it.
+    info = proc / "0000:1b:00.0" / "information"
+    info.write_text("\n".join(line for line in info.read_text().splitlines() if "Bus Location" not in line))
+    assert [(n, e.device_nodes[0][1]) for n, e in cdi.generate(host).devices if n.isdigit()] == [
+        ("0", "/dev/nvidia1"),
+        ("1", "/dev/nvidia0"),
+    ]
+    # No driver folder: the /dev/nvidiaN nodes by minor (UUIDs unknown).
+    bare = cdi.Host(dev=host.dev, proc_gpus=str(proc / "none"), ld_cache=host.ld_cache, path=host.path)
+    assert [(n, e.device_nodes) for n, e in cdi.generate(bare).devices] == [
+        ("0", ((f"{host.dev}/nvidia0", "/dev/nvidia0"),)),
+        ("1", ((f"{host.dev}/nvidia1", "/dev/nvidia1"),)),
+    ]
+
+
+def test_a_gpu_whose_information_cannot_be_read_is_refused_not_left_out(host: cdi.Host) -> None:
+    info = Path(host.proc_gpus) / "0000:1b:00.0" / "information"
+    text = info.read_text()
+    info.write_text(text + "x" * (cdi.MAX_GPU_INFORMATION - len(text)))  # 64 KiB: read
+    assert cdi.generate(host).names()[:2] == ["0", "GPU-aaaa1111"]
+    assert cdi.MAX_GPU_INFORMATION == 64 << 10
+    info.write_text(text + "x" * (cdi.MAX_GPU_INFORMATION + 1 - len(text)))
+    with pytest.raises(cdi.CdiError) as e:
+        cdi.for_request(parse("1"), dirs=(), host=host)
+    assert f"{info}: cannot read this GPU's information" in str(e.value)
+    assert "nvidia-ctk cdi generate" in (e.value.hint or "")
+
+
+def test_the_spec_environment_is_applied_but_the_runtime_hooks_own_variable(tmp_path: Path) -> None:
+    env = ["MY_MODE=none", "ZZ_MODE=void", "NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=all"]
+    spec = cdi.Spec("env.yaml", (("0", cdi.Edits()),), cdi.Edits(env=(*env, "JUST_A_NAME", "=x")))
+    inj = cdi.inject(spec, parse("all"))
+    assert dict(inj.env) == {"MY_MODE": "none", "ZZ_MODE": "void", "NVIDIA_DRIVER_CAPABILITIES": "all"}
+    assert [n for n in inj.not_applied if n.startswith("env ")] == [
+        "env NVIDIA_VISIBLE_DEVICES=void: for the NVIDIA container runtime's hook, which does not run here"
+    ]
 
 
 def nvidia_ctk_spec(host: cdi.Host, lib: Path) -> str:
@@ -193,6 +283,8 @@ def test_a_spec_file_is_read_and_applied_in_cdi_order(host: cdi.Host, tmp_path: 
     [
         ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /etc/shadow}]}}]\n", "device node '/etc/shadow' is not under /dev"),
         ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /dev/../etc/x}]}}]\n", "is not under /dev"),
+        ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /dev/./nvidia0}]}}]\n", "device node '/dev/./nvidia0' is not under /dev"),
+        ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /dev/nvidia0/}]}}]\n", "device node '/dev/nvidia0/' is not under /dev"),
         ("kind: nvidia.com/gpu\ndevices: [{name: '0', containerEdits: {deviceNodes: [{path: /dev/nvidia9}]}}]\n", "/dev/nvidia9 is not a character device on this host"),
         ("kind: nvidia.com/gpu\ndevices: [{name: '0'}]\ncontainerEdits: {mounts: [{hostPath: /nonexistent/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1}]}\n", "/nonexistent/libcuda.so.1 is not a file on this host"),
         ("kind: nvidia.com/gpu\ndevices: [{containerEdits: {}}]\n", "a device without a name"),

@@ -5,6 +5,7 @@ as root would hand to the host (device nodes, set-id bits, file capabilities) is
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -204,3 +205,37 @@ def test_device_nodes_set_id_bits_and_capabilities_are_never_written(tmp_path: P
     assert "device nodes: 1 not created (the sandbox's /dev is its own" in notes and "/dev/sda" in notes
     assert "set-id bits: dropped from 1 files" in notes and "/bin/rootshell" in notes
     assert "file capabilities: 1 security.capability attributes not set, e.g. /bin/capped" in notes
+
+
+def test_a_layer_named_by_a_sha512_digest_is_checked_by_sha512(tmp_path: Path) -> None:
+    """OCI allows sha512 digests: a cache hit whose layer must be read again hashes it with the
+    algorithm its digest names, and finds it OK (a sha256 of it would match nothing)."""
+    folder = str(tmp_path / "cache")
+    src = _image(tmp_path, "a")
+    layout = Path(src[4:])
+    index = json.loads((layout / "index.json").read_text())
+    old = layout / "blobs/sha256" / index["manifests"][0]["digest"][7:]
+    manifest = json.loads(old.read_text())
+    top = layout / "blobs/sha256" / manifest["layers"][1]["digest"][7:]
+    data = top.read_bytes()
+    hex512 = hashlib.sha512(data).hexdigest()
+    (layout / "blobs/sha512").mkdir()
+    (layout / "blobs/sha512" / hex512).write_bytes(data)
+    top.unlink()
+    manifest["layers"][1]["digest"] = f"sha512:{hex512}"
+    raw = json.dumps(manifest).encode()
+    (layout / "blobs/sha256" / hashlib.sha256(raw).hexdigest()).write_bytes(raw)
+    index["manifests"][0].update(digest=f"sha256:{hashlib.sha256(raw).hexdigest()}", size=len(raw))
+    (layout / "index.json").write_text(json.dumps(index))
+    with RootCache(folder) as cache:
+        materialize(open_source(src), cache=cache)
+    (Path(folder) / "pairs" / f"sha512-{hex512}").unlink()  # so the cache hit reads it
+    with RootCache(folder) as cache:
+        again = materialize(open_source(src), cache=cache)
+    assert again.cached
+    upper = again.report.layers[1]
+    assert (upper.status.value, upper.actual_digest, upper.pair_recorded_at) == (
+        "OK",
+        f"sha512:{hex512}",
+        None,
+    )

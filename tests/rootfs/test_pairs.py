@@ -10,6 +10,8 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,3 +191,31 @@ def test_a_record_is_read_only_from_a_file_of_the_runners_own_within_its_bound(
     # a digest that cannot name a record, or none at all: nothing is looked up
     for digest in (None, "", "sha256:AB", "../" + DIGEST):
         assert store.get(digest) is None
+
+
+# Reads the record of DIGEST from a folder whose record file is the process's own memory file,
+# bound over it in a mount namespace of its own: a regular file of its own, within the bound,
+# whose read fails (EIO) -- as a record on a failing disk would.
+UNREADABLE = """
+import ctypes, os, sys
+from imagegate.rootfs.pairs import PairStore
+folder, name, digest = sys.argv[1:]
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.mount(b"/proc/self/mem", os.path.join(folder, name).encode(), None, 4096, None) != 0:  # MS_BIND
+    sys.exit("bind mount: " + os.strerror(ctypes.get_errno()))
+try:
+    os.read(os.open(os.path.join(folder, name), os.O_RDONLY), 10)
+except OSError as e:
+    print("read fails:", e.strerror)
+print("record:", PairStore(os.open(folder, os.O_RDONLY | os.O_DIRECTORY)).get(digest))
+"""
+
+
+def test_a_record_that_cannot_be_read_is_as_good_as_absent(folder: tuple[Path, PairStore]) -> None:
+    path, _ = folder
+    name = f"sha256-{'ab' * 32}"
+    _write(path, b"")
+    argv = ["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-c", UNREADABLE]
+    done = subprocess.run([*argv, str(path), name, DIGEST], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["read fails: Input/output error", "record: None"]

@@ -36,6 +36,7 @@ DRIVER_DIR = "/nvidia-driver"  # a top-level folder of the sandbox's own, never 
 LIB_DIR = DRIVER_DIR + "/lib"
 BIN_DIR = DRIVER_DIR + "/bin"
 MAX_SPEC = 4 << 20  # nvidia-ctk's specs are a few KiB
+MAX_GPU_INFORMATION = 64 << 10  # the driver's /proc information file: a dozen short lines
 MAX_SPEC_EVENTS = 200_000  # scalars, mappings and sequences: nvidia-ctk's specs have a few thousand
 REGENERATE = "regenerate it (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml) or remove it"
 
@@ -241,9 +242,14 @@ def _gpus(host: Host) -> list[dict[str, str]]:
     found = []
     for info in glob.glob(os.path.join(host.proc_gpus, "*", "information")):
         try:
-            text = read_regular(info, max_bytes=64 << 10).decode("utf-8", "replace")
-        except (OSError, FileRefused):
-            continue
+            text = read_regular(info, max_bytes=MAX_GPU_INFORMATION).decode("utf-8", "replace")
+        except (OSError, FileRefused) as e:
+            # Left out, every later GPU would take its index: `--gpus 1` another GPU than asked.
+            raise CdiError(
+                f"{info}: cannot read this GPU's information ({e})",
+                hint="check the NVIDIA driver (nvidia-smi), or write a CDI spec: "
+                "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+            ) from e
         fields = dict(
             (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()) if v
         )
