@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from imagegate.attest import keys, sign, verify
+from imagegate.attest import dsse, keys, sign, verify
 from imagegate.attest import statement as st
+from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES
 from imagegate.model import ImageFacts, RunRecord, StageResult, Status
 
 IMAGE, OTHER, CONFIG = "sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64
@@ -28,8 +29,21 @@ def _statement(
     attempt_id: str,
     manifest: str | None = IMAGE,
     completes: dict[str, Any] | None = None,
-    config: str = CONFIG,
+    config: str | None = CONFIG,
+    fingerprint: str | None = None,
+    host: str = "ci",
 ) -> dict[str, Any]:
+    """An attempt's statement about an image (its manifest, else its config digest), or with
+    `fingerprint` about an environment without an image (run --here) on `host`, without GPUs."""
+    environment: dict[str, Any] = {"driver": "docker", "engine": "docker", "gpu": {"present": False}}
+    if fingerprint is not None:
+        manifest = config = None
+        environment = {
+            "driver": "local",
+            "fingerprint": {"sha256": fingerprint},
+            "host": host,
+            "gpu": {"present": False},
+        }
     record = RunRecord(
         attempt_id=attempt_id,
         attempt_dir=attempt_id,
@@ -41,7 +55,7 @@ def _statement(
             config_digest=config,
             manifest_digest=manifest,
         ),
-        environment={"driver": "docker", "engine": "docker", "gpu": {"present": False}},
+        environment=environment,
         stages=[
             StageResult("a", "cli", "inside", Status.PASS, "ok", 1.0),
             StageResult("gpu_cli", "cli", "inside", Status.DEFERRED, "no GPU"),
@@ -61,6 +75,7 @@ def _attempt(
     *,
     manifest: str | None = IMAGE,
     config: str = CONFIG,
+    fingerprint: str | None = None,
     earlier: Path | None = None,
     named: str = "",
 ) -> Path:
@@ -70,18 +85,23 @@ def _attempt(
     folder.mkdir(parents=True)
     completes = None
     if earlier is not None:
-        envelope = (earlier / sign.DSSE_FILE).read_bytes()
         (folder / verify.LINK_COPY).parent.mkdir()
-        (folder / verify.LINK_COPY).write_bytes(envelope)
-        completes = {
-            "attempt": named or earlier.name,
-            "envelopeSha256": hashlib.sha256(envelope).hexdigest(),
-            "verdict": DEFERRED,
-            "stages": ["gpu_cli"],
-            "verifiedWith": key.public.fingerprint,
-        }
-    sign.sign_attempt(folder, _statement(folder.name, manifest, completes, config), key)
+        (folder / verify.LINK_COPY).write_bytes((earlier / sign.DSSE_FILE).read_bytes())
+        completes = _completes(earlier, key, named)
+    sign.sign_attempt(folder, _statement(folder.name, manifest, completes, config, fingerprint), key)
     return folder
+
+
+def _completes(earlier: Path, key: keys.SigningKey, named: str = "") -> dict[str, Any]:
+    """The link `complete` writes: the attempt (`named`, else the earlier folder's name) and the
+    sha256 of its envelope."""
+    return {
+        "attempt": named or earlier.name,
+        "envelopeSha256": hashlib.sha256((earlier / sign.DSSE_FILE).read_bytes()).hexdigest(),
+        "verdict": DEFERRED,
+        "stages": ["gpu_cli"],
+        "verifiedWith": key.public.fingerprint,
+    }
 
 
 def _link(completion: Path, *trusted: keys.SigningKey) -> verify.Check:
@@ -92,8 +112,16 @@ def _link(completion: Path, *trusted: keys.SigningKey) -> verify.Check:
 
 
 def _changed(path: Path) -> None:
-    """The envelope's bytes changed, its meaning not (JSON whitespace): only its digest differs."""
-    path.write_bytes(path.read_bytes().replace(b'"payload"', b'"payload" ', 1))
+    """The envelope's bytes changed, its meaning not (JSON whitespace): only its digest differs,
+    and sorts before the linked one (a link checked by order, not equality, would pass it)."""
+    data = path.read_bytes()
+    linked = hashlib.sha256(data).hexdigest()
+    for spaces in range(1, 200):
+        changed = data.replace(b'"payload"', b'"payload"' + b" " * spaces, 1)
+        if hashlib.sha256(changed).hexdigest() < linked:
+            path.write_bytes(changed)
+            return
+    raise AssertionError("no change found whose digest sorts first")  # 1 in 2 each: never here
 
 
 @pytest.fixture
@@ -164,6 +192,13 @@ def test_a_link_to_another_image_attempt_or_key_fails(tmp_path: Path, key: keys.
         json.dumps(_statement("A", None, config=c)["subject"], sort_keys=True) for c in (OTHER, CONFIG)
     )
     assert link.detail == f"completes attempt A, about another subject: {then} then, {now} now"
+    # the earlier statement's JSON in another key order (another writer's): the same subject
+    earlier = tmp_path / "4" / "A"
+    earlier.mkdir(parents=True)
+    unsorted = json.dumps(_statement("A"), sort_keys=False).encode()
+    assert unsorted != sign.serialize(_statement("A"))  # the subject's name before its digest
+    (earlier / sign.DSSE_FILE).write_bytes(dsse.sign(unsorted, key).to_json())
+    assert _link(_attempt(tmp_path / "4" / "B", key, earlier=earlier), key).outcome == "ok"
     # the link names attempt C; the envelope it links (the copy: nothing named C lies beside) is A
     link = _link(
         _attempt(tmp_path / "2" / "B", key, earlier=_attempt(tmp_path / "2" / "A", key), named="C"), key
@@ -181,6 +216,61 @@ def test_a_link_to_another_image_attempt_or_key_fails(tmp_path: Path, key: keys.
     for trusted in ((key, other_key), (other_key, key)):
         link = _link(later, *trusted)
         assert link.outcome == "ok" and f"verified with key {other_key.public.fingerprint}," in link.detail
+
+
+def test_a_link_to_another_environment_fails_and_to_the_same_one_elsewhere_holds(
+    tmp_path: Path, key: keys.SigningKey
+) -> None:
+    """run --here judges an environment: a completion is about the same one when the fingerprint
+    (the interpreter and its distributions) is the same, whatever else the host records."""
+    earlier = _attempt(tmp_path / "1" / "A", key, fingerprint="e" * 64)
+    link = _link(_attempt(tmp_path / "1" / "B", key, fingerprint="f" * 64, earlier=earlier), key)
+    assert (
+        link.detail
+        == f"completes attempt A, about another environment fingerprint: {'e' * 64} then, {'f' * 64} now"
+    )
+    earlier = _attempt(tmp_path / "2" / "A", key, fingerprint="e" * 64)
+    later = tmp_path / "2" / "B"
+    # another machine (another host, so another subject digest), the same environment
+    statement = _statement("B", fingerprint="e" * 64, completes=_completes(earlier, key), host="gpu")
+    later.mkdir()
+    (later / verify.LINK_COPY).parent.mkdir()
+    (later / verify.LINK_COPY).write_bytes((earlier / sign.DSSE_FILE).read_bytes())
+    sign.sign_attempt(later, statement, key)
+    link = _link(later, key)
+    assert link.outcome == "ok" and link.detail.endswith("same environment fingerprint"), link.detail
+
+
+def test_an_earlier_envelope_that_cannot_be_read_or_is_not_an_attestation_fails_the_link(
+    tmp_path: Path, key: keys.SigningKey
+) -> None:
+    # signed with the trusted key, but not as an in-toto statement: it does not verify
+    earlier = tmp_path / "1" / "A"
+    earlier.mkdir(parents=True)
+    envelope = dsse.sign(sign.serialize(_statement("A")), key, "application/json")
+    (earlier / sign.DSSE_FILE).write_bytes(envelope.to_json())
+    link = _link(_attempt(tmp_path / "1" / "B", key, earlier=earlier), key)
+    assert link.detail == (
+        "completes attempt A: the earlier attestation does not verify: payloadType: is "
+        "'application/json', expected 'application/vnd.in-toto+json'"
+    )
+    # the bytes linked are not an envelope at all
+    earlier = tmp_path / "3" / "A"
+    earlier.mkdir(parents=True)
+    (earlier / sign.DSSE_FILE).write_bytes(b"not an envelope")
+    link = _link(_attempt(tmp_path / "3" / "B", key, earlier=earlier), key)
+    assert link.detail.startswith(
+        f"completes attempt A: the earlier envelope is unreadable ({earlier / sign.DSSE_FILE}: not a DSSE envelope"
+    ), link.detail
+    # the envelope beside is larger than any attestation read: refused, named, never read whole
+    earlier = _attempt(tmp_path / "2" / "A", key)
+    later = _attempt(tmp_path / "2" / "B", key, earlier=earlier)
+    beside = earlier / sign.DSSE_FILE
+    with beside.open("ab") as f:
+        f.truncate(MAX_ATTESTATION_BYTES + 1)
+    link = _link(later, key)
+    assert link.outcome == "failed"
+    assert link.detail.startswith(f"completes attempt A: attestation {beside}: cannot read it: "), link.detail
 
 
 @pytest.mark.parametrize("named", ["sub/A", "..", "."])
