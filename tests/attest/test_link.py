@@ -111,17 +111,18 @@ def _link(completion: Path, *trusted: keys.SigningKey) -> verify.Check:
     return link
 
 
-def _changed(path: Path) -> None:
+def _changed(path: Path, first: bool = True) -> None:
     """The envelope's bytes changed, its meaning not (JSON whitespace): only its digest differs,
-    and sorts before the linked one (a link checked by order, not equality, would pass it)."""
+    and sorts before the linked one (`first`) or after it: a link checked by order, not
+    equality, would pass one of them."""
     data = path.read_bytes()
     linked = hashlib.sha256(data).hexdigest()
     for spaces in range(1, 200):
         changed = data.replace(b'"payload"', b'"payload"' + b" " * spaces, 1)
-        if hashlib.sha256(changed).hexdigest() < linked:
+        if (hashlib.sha256(changed).hexdigest() < linked) == first:
             path.write_bytes(changed)
             return
-    raise AssertionError("no change found whose digest sorts first")  # 1 in 2 each: never here
+    raise AssertionError("no change found whose digest sorts there")  # 1 in 2 each: never here
 
 
 @pytest.fixture
@@ -143,15 +144,16 @@ def test_the_link_holds_where_the_earlier_envelope_lies_beside_and_in_the_copy(
     )
 
 
+@pytest.mark.parametrize("first", [True, False], ids=["sorting-first", "sorting-after"])
 @pytest.mark.parametrize("where", ["beside", "copy"])
 def test_the_earlier_envelope_changed_beside_or_in_the_copy_fails_the_link(
-    tmp_path: Path, key: keys.SigningKey, where: str
+    tmp_path: Path, key: keys.SigningKey, where: str, first: bool
 ) -> None:
     earlier = _attempt(tmp_path / "A", key)
     later = _attempt(tmp_path / "B", key, earlier=earlier)
     changed = earlier / sign.DSSE_FILE if where == "beside" else later / verify.LINK_COPY
     linked = hashlib.sha256(changed.read_bytes()).hexdigest()
-    _changed(changed)
+    _changed(changed, first)
     got = hashlib.sha256(changed.read_bytes()).hexdigest()
     link = _link(later, key)
     assert link.outcome == "failed"

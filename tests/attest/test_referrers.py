@@ -328,6 +328,55 @@ def test_a_referrer_whose_subject_is_another_image_is_skipped(registry: str, tmp
         assert _get(registry, "attest/app", stray, MANIFEST).status_code == 200
 
 
+def test_a_referrer_is_read_only_as_one_layer_of_a_type_read_here(registry: str, tmp_path: Path) -> None:
+    """Entries anyone may list among an image's referrers, each holding the image's statement
+    signed with the trusted key: listed as another artifact type, a manifest with no layer (an
+    artifact of annotations alone), one with two layers, one whose layer is of another media
+    type. None is read as an attestation, and none breaks verify."""
+    key, pub = _keypair(tmp_path)
+    with one_file_image(f"{registry}/attest/app:odd", b"odd referrers\n") as mine:
+        docker("push", mine)
+        digest = _digest(mine)
+        envelope = attach_envelope(_signed(tmp_path, mine, key, "PASS", "odd"))
+        wrapped = json.dumps(bundle.to_bundle(envelope, key.public)).encode()
+        parsed = attach.parse_image(mine)
+        with attach.client_for(parsed) as client:
+            client.upload_blob("attest/app", b"{}")
+            held = {
+                "mediaType": BUNDLE,
+                "digest": client.upload_blob("attest/app", wrapped),
+                "size": len(wrapped),
+            }
+            bare = envelope.to_json(indent=None)
+            other = {"mediaType": "application/vnd.in-toto+json", "size": len(bare)}
+            other["digest"] = client.upload_blob("attest/app", bare)
+            entries = []
+            for listed_as, layers in (
+                ("application/vnd.example.other+json", [held]),
+                (BUNDLE, []),
+                (BUNDLE, [held, held]),
+                (BUNDLE, [other]),
+            ):
+                manifest = {
+                    "schemaVersion": 2,
+                    "mediaType": MANIFEST,
+                    "artifactType": listed_as,
+                    "config": {"mediaType": EMPTY, "digest": EMPTY_DIGEST, "size": 2},
+                    "layers": layers,
+                    "subject": _subject(registry, digest),
+                }
+                raw = json.dumps(manifest).encode()
+                pushed, _ = client.put_referrer("attest/app", raw, MANIFEST)
+                entries.append(
+                    {"mediaType": MANIFEST, "digest": pushed, "size": len(raw), "artifactType": listed_as}
+                )
+            index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": entries}).encode()
+            client.put_manifest("attest/app", "sha256-" + digest.partition(":")[2], index, INDEX)
+        r = cli("verify", "--image", mine, "--key", str(pub))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "no attestation attached to" in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stdout
+
+
 def test_attach_of_an_envelope_no_bundle_names_the_key_of_is_refused(
     registry: str, image: str, tmp_path: Path
 ) -> None:
