@@ -332,7 +332,8 @@ def test_a_referrer_is_read_only_as_one_layer_of_a_type_read_here(registry: str,
     """Entries anyone may list among an image's referrers, each holding the image's statement
     signed with the trusted key: listed as another artifact type, a manifest with no layer (an
     artifact of annotations alone), one with two layers, one whose layer is of another media
-    type. None is read as an attestation, and none breaks verify."""
+    type, one about another subject, one deleted since. None is read as an attestation, and none
+    breaks verify."""
     key, pub = _keypair(tmp_path)
     with one_file_image(f"{registry}/attest/app:odd", b"odd referrers\n") as mine:
         docker("push", mine)
@@ -347,15 +348,18 @@ def test_a_referrer_is_read_only_as_one_layer_of_a_type_read_here(registry: str,
                 "digest": client.upload_blob("attest/app", wrapped),
                 "size": len(wrapped),
             }
-            bare = envelope.to_json(indent=None)
-            other = {"mediaType": "application/vnd.in-toto+json", "size": len(bare)}
-            other["digest"] = client.upload_blob("attest/app", bare)
+            # the bundle as a layer of another media type, sorting before and after the DSSE one
+            others = [{**held, "mediaType": t} for t in ("application/json", "application/vnd.in-toto+json")]
+            here = _subject(registry, digest)
+            elsewhere = [{**here, "digest": f"sha256:{c * 64}"} for c in "0f"]  # before and after it
             entries = []
-            for listed_as, layers in (
-                ("application/vnd.example.other+json", [held]),
-                (BUNDLE, []),
-                (BUNDLE, [held, held]),
-                (BUNDLE, [other]),
+            for listed_as, layers, subject in (
+                ("application/vnd.example.other+json", [held], here),
+                (BUNDLE, [], here),
+                (BUNDLE, [held, held], here),
+                *((BUNDLE, [layer], here) for layer in others),
+                *((BUNDLE, [held], there) for there in elsewhere),
+                (BUNDLE, [held], {**here, "size": 1}),  # deleted once listed: the index names it still
             ):
                 manifest = {
                     "schemaVersion": 2,
@@ -363,7 +367,7 @@ def test_a_referrer_is_read_only_as_one_layer_of_a_type_read_here(registry: str,
                     "artifactType": listed_as,
                     "config": {"mediaType": EMPTY, "digest": EMPTY_DIGEST, "size": 2},
                     "layers": layers,
-                    "subject": _subject(registry, digest),
+                    "subject": subject,
                 }
                 raw = json.dumps(manifest).encode()
                 pushed, _ = client.put_referrer("attest/app", raw, MANIFEST)
@@ -372,6 +376,7 @@ def test_a_referrer_is_read_only_as_one_layer_of_a_type_read_here(registry: str,
                 )
             index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": entries}).encode()
             client.put_manifest("attest/app", "sha256-" + digest.partition(":")[2], index, INDEX)
+            assert client.delete_manifest("attest/app", entries[-1]["digest"])
         r = cli("verify", "--image", mine, "--key", str(pub))
         assert r.returncode == 1, r.stdout + r.stderr
         assert "no attestation attached to" in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stdout
