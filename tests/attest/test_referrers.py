@@ -21,7 +21,7 @@ import pytest
 from imagegate.attest import attach, bundle, dsse, keys, sign
 from imagegate.attest import statement as st
 from imagegate.oci.registry import RegistryClient
-from tests.attest.conftest import cli
+from tests.attest.conftest import cli, docker, one_file_image
 from tests.attest.referrers_front import referrers_front
 from tests.attest.test_registry import _signed
 from tests.attest.test_sigstore_bundle import sigstore_js_verify
@@ -190,9 +190,13 @@ def _refer_by_hand(
     layer: bytes,
     layer_type: str,
     artifact_type: str,
+    *,
+    listed_for: str | None = None,
 ) -> str:
     """Push a referrer of `subject` as another writer would, and list it in the fallback index
-    (the registry has no referrers API): imagegate's earlier form, or another tool's artifact."""
+    (the registry has no referrers API): imagegate's earlier form, or another tool's artifact.
+    `listed_for`: the image digest whose index lists it, when not the subject's (anyone who can
+    push can write an index)."""
     client.upload_blob("attest/app", b"{}")
     manifest = {
         "schemaVersion": 2,
@@ -206,7 +210,7 @@ def _refer_by_hand(
     }
     raw = json.dumps(manifest).encode()
     digest, _ = client.put_referrer("attest/app", raw, MANIFEST)
-    tag = "sha256-" + subject["digest"].partition(":")[2]
+    tag = "sha256-" + (listed_for or subject["digest"]).partition(":")[2]
     got = _get(host, "attest/app", tag, INDEX)
     index: dict[str, Any] = {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
     if got.status_code == 200:
@@ -288,6 +292,94 @@ def test_the_earlier_form_is_read_and_replaced_and_other_artifacts_are_left(
     _delete_tag(registry, "attest/app", attach.attestation_tag(digest))  # the bundle alone, then
     ok = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "PASS")
     assert ok.returncode == 0 and f"referrer {entry['digest']}" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_a_referrer_whose_subject_is_another_image_is_skipped(registry: str, tmp_path: Path) -> None:
+    """A manifest listed among an image's referrers whose subject is another image is not the
+    image's: verify does not read it, though its bundle holds a statement about the image signed
+    with the trusted key, and attach does not replace (delete) it."""
+    key, pub = _keypair(tmp_path)
+    with (
+        one_file_image(f"{registry}/attest/app:skip", b"listed for this one\n") as mine,
+        one_file_image(f"{registry}/attest/app:elsewhere", b"the subject named\n") as other,
+    ):
+        docker("push", mine)
+        docker("push", other)
+        digest = _digest(mine)
+        signed = _signed(tmp_path, mine, key, "PASS", "skip")
+        layer = json.dumps(bundle.to_bundle(attach_envelope(signed), key.public)).encode()
+        parsed = attach.parse_image(mine)
+        with attach.client_for(parsed) as client:
+            stray = _refer_by_hand(
+                client, registry, _subject(registry, _digest(other)), layer, BUNDLE, BUNDLE, listed_for=digest
+            )
+        r = cli("verify", "--image", mine, "--key", str(pub))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "no attestation attached to" in r.stdout + r.stderr, r.stdout + r.stderr
+        # the same bundle referring to this image is read: the subject is what skipped it
+        with attach.client_for(parsed) as client:
+            ours = _refer_by_hand(client, registry, _subject(registry, digest), layer, BUNDLE, BUNDLE)
+        ok = cli("verify", "--image", mine, "--key", str(pub), "--expect-verdict", "PASS")
+        assert ok.returncode == 0 and f"referrer {ours}" in ok.stdout, ok.stdout + ok.stderr
+        # a later attestation replaces this image's referrer, and leaves the other image's
+        r = cli("attach", str(_signed(tmp_path, mine, key, "PASS", "later")), mine)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"replaced referrer {ours}" in r.stdout and stray not in r.stdout, r.stdout
+        assert _get(registry, "attest/app", stray, MANIFEST).status_code == 200
+
+
+def test_a_referrer_is_read_only_as_one_layer_of_a_type_read_here(registry: str, tmp_path: Path) -> None:
+    """Entries anyone may list among an image's referrers, each holding the image's statement
+    signed with the trusted key: listed as another artifact type, a manifest with no layer (an
+    artifact of annotations alone), one with two layers, one whose layer is of another media
+    type, one about another subject, one deleted since. None is read as an attestation, and none
+    breaks verify."""
+    key, pub = _keypair(tmp_path)
+    with one_file_image(f"{registry}/attest/app:odd", b"odd referrers\n") as mine:
+        docker("push", mine)
+        digest = _digest(mine)
+        envelope = attach_envelope(_signed(tmp_path, mine, key, "PASS", "odd"))
+        wrapped = json.dumps(bundle.to_bundle(envelope, key.public)).encode()
+        parsed = attach.parse_image(mine)
+        with attach.client_for(parsed) as client:
+            client.upload_blob("attest/app", b"{}")
+            held = {
+                "mediaType": BUNDLE,
+                "digest": client.upload_blob("attest/app", wrapped),
+                "size": len(wrapped),
+            }
+            # the bundle as a layer of another media type, sorting before and after the DSSE one
+            others = [{**held, "mediaType": t} for t in ("application/json", "application/vnd.in-toto+json")]
+            here = _subject(registry, digest)
+            elsewhere = [{**here, "digest": f"sha256:{c * 64}"} for c in "0f"]  # before and after it
+            entries = []
+            for listed_as, layers, subject in (
+                ("application/vnd.example.other+json", [held], here),
+                (BUNDLE, [], here),
+                (BUNDLE, [held, held], here),
+                *((BUNDLE, [layer], here) for layer in others),
+                *((BUNDLE, [held], there) for there in elsewhere),
+                (BUNDLE, [held], {**here, "size": 1}),  # deleted once listed: the index names it still
+            ):
+                manifest = {
+                    "schemaVersion": 2,
+                    "mediaType": MANIFEST,
+                    "artifactType": listed_as,
+                    "config": {"mediaType": EMPTY, "digest": EMPTY_DIGEST, "size": 2},
+                    "layers": layers,
+                    "subject": subject,
+                }
+                raw = json.dumps(manifest).encode()
+                pushed, _ = client.put_referrer("attest/app", raw, MANIFEST)
+                entries.append(
+                    {"mediaType": MANIFEST, "digest": pushed, "size": len(raw), "artifactType": listed_as}
+                )
+            index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": entries}).encode()
+            client.put_manifest("attest/app", "sha256-" + digest.partition(":")[2], index, INDEX)
+            assert client.delete_manifest("attest/app", entries[-1]["digest"])
+        r = cli("verify", "--image", mine, "--key", str(pub))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "no attestation attached to" in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stdout
 
 
 def test_attach_of_an_envelope_no_bundle_names_the_key_of_is_refused(

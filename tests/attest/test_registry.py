@@ -176,3 +176,5 @@ def test_attach_and_verify_image_agree_on_the_subject(registry: str, image: str,
     late = _signed(tmp_path, image, key, "PASS", "late")
     v = cli("verify", str(late), "--key", str(pub), "--image", image, "--no-evidence")
     assert v.returncode == 0, v.stdout + v.stderr
+    a = cli("attach", str(late), image)
+    assert a.returncode == 0 and "attestation subject" not in a.stderr, a.stdout + a.stderr

@@ -343,7 +343,9 @@ def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     ]
 
 
-def test_verify_takes_a_file_or_an_image(tmp_path: Path, key: keys.SigningKey) -> None:
+def test_verify_of_nothing_is_refused_and_a_file_is_checked_against_the_digest_given(
+    tmp_path: Path, key: keys.SigningKey
+) -> None:
     from imagegate.attest import verify
 
     with pytest.raises(UsageError, match=r"^nothing to verify$") as e:

@@ -121,13 +121,18 @@ def test_complete_refuses_an_attempt_whose_evidence_was_edited(
 def test_a_chain_signed_on_two_machines_verifies_with_both_keys_naming_each(
     earlier: Path, chain_keys: dict[str, tuple[Path, Path, str]], tmp_path: Path
 ) -> None:
-    (_, pub_a, fp_a), (key_b, pub_b, fp_b) = chain_keys["A"], chain_keys["B"]
+    (key_a, pub_a, fp_a), (key_b, pub_b, fp_b) = chain_keys["A"], chain_keys["B"]
     out = earlier.parent.parent
     before = _tree(out)
     # B trusts only itself by default: the earlier attempt (signed by A) is refused, named
     r = _complete(earlier, "--key", str(key_b))
     _refused_and_nothing_written(r, out, before)
-    assert f"no signature verifies with key {fp_b}" in r.stderr and "--trust PUB" in r.stderr
+    assert f"no signature verifies with key {fp_b}:" in r.stderr and "--trust PUB" in r.stderr
+    # --trust names the keys trusted, in place of the signing key's own: signing with A and
+    # trusting only B, A's attempt is refused, and only B is named as tried
+    r = _complete(earlier, "--key", str(key_a), "--trust", str(pub_b))
+    _refused_and_nothing_written(r, out, before)
+    assert f"no signature verifies with key {fp_b}:" in r.stderr and fp_a not in r.stderr, r.stderr
 
     done = _complete(earlier, "--key", str(key_b), "--trust", str(pub_a))
     assert done.returncode == 0, done.stderr
