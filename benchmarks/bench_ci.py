@@ -51,6 +51,9 @@ def main() -> int:
     args = parser.parse_args()
     stress = None
     with tempfile.TemporaryDirectory(prefix="bench-ci-") as tmp:
+        # mkdtemp's folder is the user's alone: the tests that run the CLI as another user
+        # (setpriv) need to read the clone's venv, as in any CI checkout
+        Path(tmp).chmod(0o755)
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         if args.stress:
