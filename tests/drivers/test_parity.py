@@ -24,9 +24,16 @@ CASES = {
 }
 
 
+# Stages whose own code may say what it likes about itself: the hostile image's `evil` stage
+# leaves a daemon that rewrites result files, its own among them, and whether it lands a whole
+# forged PASS or half a file (an ERROR) is a race of its own making. Another stage's status and
+# the verdict are never its to decide: those are compared (tests/run/test_trust.py).
+OWN_WORD = {"evil"}
+
+
 def outcome(statement: dict) -> tuple[str, dict[str, str]]:  # type: ignore[type-arg]
     p = statement["predicate"]
-    return p["verdict"], {s["id"]: s["status"] for s in p["stages"]}
+    return p["verdict"], {s["id"]: s["status"] for s in p["stages"] if s["id"] not in OWN_WORD}
 
 
 @pytest.mark.parametrize("name", list(CASES))
