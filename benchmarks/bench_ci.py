@@ -57,11 +57,30 @@ def counts(junit: Path) -> dict[str, int]:
     return {"tests": len(cases), "failed": bad, "skipped": skipped, "passed": len(cases) - bad - skipped}
 
 
+STORES = (Path("/var/lib/docker"), Path("/var/lib/containers"))
+
+
+def empty(path: Path) -> None:
+    """Remove what is inside `path`: the mounts below it first (Podman mounts its overlay store on
+    itself), deepest first; `path` itself stays, as it may be a mount point the machine provides."""
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(f"{path}/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], check=False)
+    if path.is_dir():
+        for child in path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+
+
 def make_bare() -> None:
     """The machine as a new one is, for the set-up CI does (see the module's docstring)."""
     subprocess.run(["bash", str(ROOT / "scripts" / "engines.sh"), "stop"], check=True)
     for _ in range(120):  # the engines unmount their containers' layers as they stop
-        if subprocess.run(["pgrep", "-x", "dockerd|containerd|podman|docker-registry"]).returncode:
+        if subprocess.run(
+            ["pgrep", "-x", "dockerd|containerd|podman|docker-registry"], capture_output=True
+        ).returncode:
             break
         time.sleep(0.5)
     else:
@@ -80,12 +99,11 @@ def make_bare() -> None:
     )
     subprocess.run(["apt-get", "clean"], check=True)
     home = Path.home()
-    for path in [Path("/var/lib/apt/lists"), Path("/var/lib/docker"), Path("/var/lib/containers"),
-                 *(home / c for c in HOME_CACHES)]:  # fmt: skip
-        shutil.rmtree(path, ignore_errors=True)
-    left = [p for p in (Path("/var/lib/docker"), Path("/var/lib/containers")) if p.exists()]
+    for path in [Path("/var/lib/apt/lists"), *STORES, *(home / c for c in HOME_CACHES)]:
+        empty(path)
+    left = [str(p) for p in STORES if p.exists() and any(p.iterdir())]
     if left:
-        raise SystemExit(f"bench_ci: could not remove {', '.join(map(str, left))} (still mounted?)")
+        raise SystemExit(f"bench_ci: could not empty {', '.join(left)}; stop what uses it, then run again")
     Path("/var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
     print(f"bare: purged {' '.join(installed) or 'nothing'}; stores and caches removed", flush=True)
 
