@@ -3,6 +3,7 @@
     python scripts/mutation.py gpu_worker rootfs_reuse      # mutation/<name>.toml each
     python scripts/mutation.py --all                         # every mutation/*.toml
     python scripts/mutation.py --record FILE gpu_worker      # the scores, merged into FILE (JSON)
+    python scripts/mutation.py --check                       # is every recorded score still this code's?
 
 Each mutation/<name>.toml is a cosmic-ray config (its `[cosmic-ray]` table: the module and the
 test files that cover it) plus imagegate's own table: the functions to mutate (the ones that carry
@@ -14,11 +15,19 @@ environment variable (mutmut 3's trampoline) would not cross into the container.
 The score is killed / (all - equivalent); a mutant whose tests time out counts as killed (it
 broke the run), one that does not even import as killed too (cosmic-ray's "incompetent").
 Exit 0 when every module reached its goal, 1 when one did not, 3 on a usage error.
+
+`--check` runs nothing: it reads the records (benchmarks/records/*-mutation*.json, the newest
+entry per config) and says, per mutation/<name>.toml, whether its score still stands: recorded,
+at or above the goal, for the functions the config names, and none of those functions changed
+since the recorded commit (their source compared, so an edit elsewhere in the module keeps the
+score). Exit 1 names each score that no longer stands and the command that measures it again
+(tests/test_mutation_records.py runs the check in CI, so a score cannot fall silently).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import os
@@ -185,12 +194,85 @@ def _commit() -> dict[str, Any]:
     return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(changed)}
 
 
+RECORDS = ROOT / "benchmarks" / "records"
+
+
+def _functions_source(text: str, names: set[str]) -> dict[str, list[str]]:
+    """Each named function's (or class's) source, every definition of that name in the module."""
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in names:
+            found.setdefault(node.name, []).append(ast.get_source_segment(text, node) or "")
+    return found
+
+
+def newest_scores() -> dict[str, dict[str, Any]]:
+    """Per config name, its newest recorded score (by when it was measured)."""
+    newest: dict[str, dict[str, Any]] = {}
+    for path in sorted(RECORDS.glob("*-mutation*.json")):
+        for name, r in json.loads(path.read_text())["modules"].items():
+            if name not in newest or r["at"] > newest[name]["at"]:
+                newest[name] = {**r, "record": path.name}
+    return newest
+
+
+def check() -> list[str]:
+    """What no longer stands: one line per config whose recorded score is missing, below the goal,
+    for other functions, or for functions changed since it was measured."""
+    import tomllib  # the check runs in CI's environment, without the mutation extra
+
+    problems = []
+    scores = newest_scores()
+    for config in sorted(CONFIGS.glob("*.toml")):
+        name = config.stem
+        rerun = f"re-run: python scripts/mutation.py --record benchmarks/records/DATE-mutation.json {name}"
+        cfg = tomllib.loads(config.read_text())
+        functions = set(cfg["imagegate"]["functions"])
+        r = scores.get(name)
+        if r is None:
+            problems.append(f"{name}: no recorded score; {rerun}")
+            continue
+        if not r["passed"] or r["dirty"]:
+            why = "below the goal" if not r["passed"] else "measured on uncommitted changes"
+            problems.append(f"{name}: the score in {r['record']} is {why}; {rerun}")
+            continue
+        if set(r["functions"]) != functions or r["module"] != cfg["cosmic-ray"]["module-path"]:
+            problems.append(f"{name}: {r['record']} measured other functions than the config names; {rerun}")
+            continue
+        then = subprocess.run(
+            ["git", "show", f"{r['commit']}:{r['module']}"], cwd=ROOT, capture_output=True, text=True
+        )
+        if then.returncode != 0:
+            problems.append(
+                f"{name}: commit {r['commit']} of {r['record']} is not in this clone (a full clone has it)"
+            )
+            continue
+        now = (ROOT / r["module"]).read_text()
+        old, new = _functions_source(then.stdout, functions), _functions_source(now, functions)
+        changed = sorted(f for f in functions if old.get(f) != new.get(f))
+        if changed:
+            problems.append(
+                f"{name}: {', '.join(changed)} changed in {r['module']} since {r['commit']} ({r['record']}); {rerun}"
+            )
+    return problems
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help="names of mutation/<name>.toml")
     parser.add_argument("--all", action="store_true", help="every mutation/*.toml")
     parser.add_argument("--record", type=Path, help="merge the scores into this JSON record")
+    parser.add_argument(
+        "--check", action="store_true", help="run nothing: does every recorded score still stand?"
+    )
     args = parser.parse_args(argv)
+    if args.check:
+        problems = check()
+        for line in problems:
+            print(f"mutation: {line}", file=sys.stderr)
+        if not problems:
+            print(f"mutation: every score stands ({len(list(CONFIGS.glob('*.toml')))} configs)")
+        return 1 if problems else 0
     names = sorted(p.stem for p in CONFIGS.glob("*.toml")) if args.all else args.modules
     unknown = [n for n in names if not (CONFIGS / f"{n}.toml").is_file()]
     if not names or unknown:

@@ -358,6 +358,15 @@ def attach(
                 },
             }
         )
+    pushed = _put_tag(client, repo, tag, old, layers)
+    return Attached(pinned, tag, pushed, layer_digest, len(layers), False, tuple(replaced))
+
+
+def _put_tag(
+    client: RegistryClient, repo: str, tag: str, old: dict[str, Any] | None, layers: list[dict[str, Any]]
+) -> str:
+    """Push the .att tag's new manifest: `layers`, with the earlier manifest's media types and
+    annotations kept (another tool's manifest there stays its form)."""
     config = _config(client, repo, old, [str(x.get("digest")) for x in layers])
     config_digest = client.upload_blob(repo, config)
     media_type = str(old.get("mediaType") or OCI_MANIFEST) if old else OCI_MANIFEST
@@ -374,8 +383,7 @@ def attach(
     if old and old.get("annotations"):
         manifest["annotations"] = old["annotations"]
     raw = json.dumps(manifest, separators=(",", ":")).encode()
-    pushed = client.put_manifest(repo, tag, raw, media_type)
-    return Attached(pinned, tag, pushed, layer_digest, len(layers), False, tuple(replaced))
+    return client.put_manifest(repo, tag, raw, media_type)
 
 
 def layer_envelope(client: RegistryClient, repo: str, layer: Any, budget: ReadBudget) -> dsse.Envelope | None:

@@ -168,43 +168,9 @@ def build_index_statement(
     """The statement about the index `index_digest` (`repository` registry/repository) made
     from `runs`, each of which must be about a platform the index lists (its subject that
     platform's manifest), one run a platform."""
-    if not runs:
-        raise UsageError(f"{reference}: no run given: an index statement combines the runs of its platforms")
-    by_digest: dict[str, PlatformRun] = {}
-    listed = {p.digest: p.platform for p in listing.platforms}
-    for run in runs:
-        digest = run.manifest_digest
-        if digest not in listed:
-            names = ", ".join(f"{p.platform} {short_digest(p.digest)}" for p in listing.platforms)
-            raise UsageError(
-                f"{run.source}: a run of {digest or 'an image no registry manifest names'}, which "
-                f"{reference} ({short_digest(index_digest)}) does not list: it lists {names}",
-                hint="give runs of the index's platform manifests (run REPO@<platform digest>)",
-            )
-        if digest in by_digest:
-            raise UsageError(
-                f"{run.source} and {by_digest[digest].source}: two runs of {listed[digest]} ({short_digest(digest)})",
-                hint="give one run a platform: the latest (a completion, where there is one)",
-            )
-        by_digest[digest] = run
+    by_digest = _runs_by_platform(reference, index_digest, listing, runs)
     pipeline = _pipeline(runs)
-    entries = []
-    for n, p in enumerate(listing.platforms):
-        found = by_digest.get(p.digest)
-        entry: dict[str, Any] = {"platform": p.platform, "manifestDigest": p.digest, "ran": found is not None}
-        if found is not None:
-            pred = found.predicate
-            entry.update(
-                verdict=str(pred.get("verdict")),
-                levels=levels(dict(found.statement)),
-                attempt=str((pred.get("attempt") or {}).get("id")),
-                finishedOn=pred.get("finishedOn"),
-                attestation={
-                    "path": f"{PLATFORM_COPIES}/{n:02d}/attestation.dsse.json",
-                    "sha256": hashlib.sha256(found.envelope).hexdigest(),
-                },
-            )
-        entries.append(entry)
+    entries = [_platform_entry(n, p, by_digest.get(p.digest)) for n, p in enumerate(listing.platforms)]
     verdict = index_verdict([e.get("verdict") for e in entries], [e["platform"] for e in entries])
     reached = common_levels([e.get("levels") if e["ran"] else None for e in entries])
     algo, _, hexd = index_digest.partition(":")
@@ -233,6 +199,51 @@ def build_index_statement(
             "imagegate": {"version": version},
         },
     }
+
+
+def _runs_by_platform(
+    reference: str, index_digest: str, listing: IndexListing, runs: Sequence[PlatformRun]
+) -> dict[str, PlatformRun]:
+    """Each run by the platform manifest it judged: one a platform, each a platform the index lists."""
+    if not runs:
+        raise UsageError(f"{reference}: no run given: an index statement combines the runs of its platforms")
+    by_digest: dict[str, PlatformRun] = {}
+    listed = {p.digest: p.platform for p in listing.platforms}
+    for run in runs:
+        digest = run.manifest_digest
+        if digest not in listed:
+            names = ", ".join(f"{p.platform} {short_digest(p.digest)}" for p in listing.platforms)
+            raise UsageError(
+                f"{run.source}: a run of {digest or 'an image no registry manifest names'}, which "
+                f"{reference} ({short_digest(index_digest)}) does not list: it lists {names}",
+                hint="give runs of the index's platform manifests (run REPO@<platform digest>)",
+            )
+        if digest in by_digest:
+            raise UsageError(
+                f"{run.source} and {by_digest[digest].source}: two runs of {listed[digest]} ({short_digest(digest)})",
+                hint="give one run a platform: the latest (a completion, where there is one)",
+            )
+        by_digest[digest] = run
+    return by_digest
+
+
+def _platform_entry(n: int, p: Listed, found: PlatformRun | None) -> dict[str, Any]:
+    """The index statement's entry for the index's nth platform: whether it ran, and its run's
+    verdict, levels and the copy of its attestation."""
+    entry: dict[str, Any] = {"platform": p.platform, "manifestDigest": p.digest, "ran": found is not None}
+    if found is not None:
+        pred = found.predicate
+        entry.update(
+            verdict=str(pred.get("verdict")),
+            levels=levels(dict(found.statement)),
+            attempt=str((pred.get("attempt") or {}).get("id")),
+            finishedOn=pred.get("finishedOn"),
+            attestation={
+                "path": f"{PLATFORM_COPIES}/{n:02d}/attestation.dsse.json",
+                "sha256": hashlib.sha256(found.envelope).hexdigest(),
+            },
+        )
+    return entry
 
 
 def verdict_accepted(verdict: str) -> bool:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from imagegate.attest import dsse
 from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES, one_envelope, read_bounded, read_envelopes
@@ -25,6 +25,10 @@ from imagegate.errors import UsageError
 from imagegate.evidence import sha256_file
 from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest, short_digest
+
+if TYPE_CHECKING:  # imported where used: verifying a file never loads the registry layers
+    from imagegate.attest import attach
+    from imagegate.oci.reference import Reference
 
 CheckOutcome = Literal["ok", "failed", "skipped"]
 # The keys an attestation, or any envelope of its chain, may be signed with: one, or several
@@ -544,25 +548,8 @@ def verify_image(
         if attach.names_a_registry(image) or local is not None:
             raise
         raise attach.not_found_anywhere(image, e) from e
-    pinned = f"{ref.registry}/{ref.repository}@{remote.digests[0]}"
     if not fetched:
-        rep = Report(pinned)
-        index = ""
-        if remote.platforms:  # a run judges one platform: its statements name that manifest
-            listed = ", ".join(f"{p} {d}" for p, d in remote.platforms)
-            index = (
-                f"; {image} names an index, and a run attests the platform manifest that ran "
-                f"({listed}): verify --image {ref.registry}/{ref.repository}@<that digest>; a "
-                f"statement about the index itself comes from its platforms' runs: imagegate "
-                f"index {image} RUN..."
-            )
-        rep.add(
-            "attestation",
-            "failed",
-            f"no attestation attached to {pinned} (tag {attach.attestation_tag(remote.digests[0])}, "
-            f"nor as a referrer){index}",
-        )
-        return rep
+        return _none_attached(image, ref, remote)
     reports = [
         verify_envelope(
             f.envelope,
@@ -578,6 +565,31 @@ def verify_image(
     chosen = choose(reports, predicate_type)
     assert chosen is not None
     return chosen
+
+
+def _none_attached(image: str, ref: Reference, remote: attach.RemoteImage) -> Report:
+    """The failed report of an image with nothing attached, saying where it looked, and for an
+    index, that a run attests the platform manifest that ran."""
+    from imagegate.attest import attach
+
+    pinned = f"{ref.registry}/{ref.repository}@{remote.digests[0]}"
+    rep = Report(pinned)
+    index = ""
+    if remote.platforms:  # a run judges one platform: its statements name that manifest
+        listed = ", ".join(f"{p} {d}" for p, d in remote.platforms)
+        index = (
+            f"; {image} names an index, and a run attests the platform manifest that ran "
+            f"({listed}): verify --image {ref.registry}/{ref.repository}@<that digest>; a "
+            f"statement about the index itself comes from its platforms' runs: imagegate "
+            f"index {image} RUN..."
+        )
+    rep.add(
+        "attestation",
+        "failed",
+        f"no attestation attached to {pinned} (tag {attach.attestation_tag(remote.digests[0])}, "
+        f"nor as a referrer){index}",
+    )
+    return rep
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,14 @@
 import enum
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 from typer import Argument
 
 from imagegate.cli import _app
+from imagegate.cli._accept import grouped
 from imagegate.cli._app import Option, app
 from imagegate.errors import UsageError
 from imagegate.names import KEY_ENV, PASSWORD_ENV, PREDICATE_TYPE
@@ -47,6 +49,43 @@ def keygen(
     console_attest.render_keypair(private, public, key, passphrase=bool(password))
 
 
+@dataclass(frozen=True)
+class Verifying:
+    """verify's options: the keys, what the statement must say, where its evidence is."""
+
+    key: list[Path] = Option(
+        [],
+        "--key",
+        "-k",
+        metavar="PUB",
+        help="A signer's public key (PEM); repeatable: each envelope of a chain may be signed by any of them.",
+    )
+    trusted_keys: list[Path] = _app.TRUSTED_KEYS
+    image: str | None = Option(
+        None, "--image", help="The image the subject must be: a registry reference or a sha256: digest."
+    )
+    expect_verdict: str | None = Option(
+        None,
+        "--expect-verdict",
+        help="Accept only this verdict, in place of the rule (e.g. PASS: a deferred one fails; FAIL: check a rejection was signed).",
+    )
+    require_complete: bool = _app.REQUIRE_COMPLETE
+    evidence: Path | None = Option(
+        None,
+        "--evidence",
+        help="The attempt folder to check the evidence in (default: beside the attestation).",
+    )
+    signature_only: bool = Option(
+        False,
+        "--signature-only",
+        help="Check the signed statement only (signature, subject, verdict), not the evidence files it lists.",
+    )
+    no_evidence: bool = Option(False, "--no-evidence", hidden=True)  # the earlier name
+    predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect.")
+    insecure: bool = _app.INSECURE
+    timeout: float = _app.VERIFY_TIMEOUT
+
+
 @app.command(
     epilog="Examples:\n\n"
     "  imagegate verify runs/sha256-ab12…/20260101T000000.000Z-1a2b3c/attestation.dsse.json --key imagegate.pub\n\n"
@@ -62,42 +101,13 @@ def keygen(
     "Exit 0 when it verifies and is accepted, 1 naming what differs or the verdict refused, 2 "
     "when the registry could not be read (or --timeout passed), 3 for unreadable input."
 )
+@grouped
 def verify(
     attestation: Path | None = Argument(
         None,
         help="attestation.dsse.json, .intoto.jsonl or .sigstore.json; omit with --image to fetch from the registry.",
     ),
-    key: list[Path] = Option(
-        [],
-        "--key",
-        "-k",
-        metavar="PUB",
-        help="A signer's public key (PEM); repeatable: each envelope of a chain may be signed by any of them.",
-    ),
-    trusted_keys: list[Path] = _app.TRUSTED_KEYS,
-    image: str | None = Option(
-        None, "--image", help="The image the subject must be: a registry reference or a sha256: digest."
-    ),
-    expect_verdict: str | None = Option(
-        None,
-        "--expect-verdict",
-        help="Accept only this verdict, in place of the rule (e.g. PASS: a deferred one fails; FAIL: check a rejection was signed).",
-    ),
-    require_complete: bool = _app.REQUIRE_COMPLETE,
-    evidence: Path | None = Option(
-        None,
-        "--evidence",
-        help="The attempt folder to check the evidence in (default: beside the attestation).",
-    ),
-    signature_only: bool = Option(
-        False,
-        "--signature-only",
-        help="Check the signed statement only (signature, subject, verdict), not the evidence files it lists.",
-    ),
-    no_evidence: bool = Option(False, "--no-evidence", hidden=True),  # the earlier name
-    predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect."),
-    insecure: bool = _app.INSECURE,
-    timeout: float = _app.VERIFY_TIMEOUT,
+    v: Verifying = Verifying(),
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest import keys
@@ -106,23 +116,23 @@ def verify(
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
     from imagegate.report import console_attest
 
-    trusted = keys.trusted_keys(key, trusted_keys)
+    trusted = keys.trusted_keys(v.key, v.trusted_keys)
     if not trusted:
         raise UsageError(
             "no public key to verify with", hint="pass --key PUB (repeatable) or --trusted-keys FILE"
         )
-    with _app.within(timeout):
+    with _app.within(v.timeout):
         report = verify_attestation(
             attestation,
             trusted,
-            image=image,
-            evidence_dir=evidence,
-            evidence=not (signature_only or no_evidence),
-            expect_verdict=expect_verdict,
-            predicate_type=predicate_type,
-            insecure=insecure,
+            image=v.image,
+            evidence_dir=v.evidence,
+            evidence=not (v.signature_only or v.no_evidence),
+            expect_verdict=v.expect_verdict,
+            predicate_type=v.predicate_type,
+            insecure=v.insecure,
         )
-    ok, conclusion = accepts(report, expect_verdict=expect_verdict, require_complete=require_complete)
+    ok, conclusion = accepts(report, expect_verdict=v.expect_verdict, require_complete=v.require_complete)
     console_attest.render_verify(report, conclusion)
     raise typer.Exit(EXIT_ACCEPTED if ok else EXIT_REJECTED)
 

@@ -15,7 +15,76 @@ from imagegate.gpus import parse as gpus_parse
 from imagegate.sizes import parse_memory
 
 if TYPE_CHECKING:  # imported where used: `complete --help` loads none of the layers below
+    from imagegate import accept
     from imagegate.attest import keys
+    from imagegate.complete import Earlier
+    from imagegate.drivers.interface import Driver
+
+
+@dataclasses.dataclass(frozen=True)
+class Completing:
+    """complete's request: its options, checked before anything is verified or run."""
+
+    gpus: str | None = o.GPUS
+    here: bool = Option(False, "--here", help="Run in this environment: the same as --driver here.")
+    driver: str | None = o.DRIVER
+    python: str | None = o.PYTHON
+    sign_unisolated: bool = o.SIGN_UNISOLATED
+    out: Path | None = Option(None, "--out", "-o", metavar="FOLDER", help=EVIDENCE_HELP)
+    timeout: float | None = o.TIMEOUT
+    memory: str = o.MEMORY
+    pull: str | None = Option(None, "--pull", help=o.PULL_HELP)
+    require_complete: bool = o.REQUIRE_COMPLETE
+    key: list[str] = o.KEY
+    trust: list[Path] = TRUST
+    trusted_keys: list[Path] = TRUSTED_KEYS
+    no_sign: bool = o.NO_SIGN
+    attach: bool = o.ATTACH
+    insecure: bool = INSECURE
+    fmt: Format = o.FORMAT
+    report: list[str] = o.REPORT
+    quiet: bool = o.QUIET
+    model: Path | None = o.MODEL
+
+    def outputs(self, notify: o.Notify) -> "accept.Outputs":
+        from imagegate import accept
+
+        accept.check_timeout(self.timeout)
+        parse_memory(self.memory)
+        return accept.outputs(
+            self.report,
+            statement_on_stdout=self.fmt is Format.json,
+            key=o.signing_key(self.key),
+            no_sign=self.no_sign,
+            require_complete=self.require_complete,
+            notify=notify,
+            warn=o.warn,
+        )
+
+    def make_driver(
+        self, earlier: "Earlier", outputs: "accept.Outputs", mounted: Path | None, notify: o.Notify
+    ) -> "Driver":
+        """The driver of the deferred stages: the rootfs one reads the transport the earlier attempt
+        judged (no engine), and unpacks the root only when its config digest is the one judged."""
+        from imagegate import accept
+        from imagegate.drivers.select import DriverName, driver_name
+
+        name = driver_name(self.driver, self.here)
+        rootfs = name is DriverName.rootfs
+        was = earlier.predicate.get("image") or {}
+        return accept.driver_for(
+            here=False,
+            name=name,
+            python=self.python,
+            memory=self.memory,
+            pull=self.pull or ("missing" if rootfs else "never"),
+            expect_config=str(was["configDigest"]) if rootfs and was.get("configDigest") else None,
+            gpus=gpus_parse(self.gpus),
+            notify=notify,
+            key=outputs.key,
+            sign_unisolated=self.sign_unisolated,
+            model=mounted,  # --here: bound in where it is, when it lives under /tmp
+        )
 
 
 @app.command(
@@ -35,79 +104,36 @@ if TYPE_CHECKING:  # imported where used: `complete --help` loads none of the la
     "test-result to the image the earlier attempt judged in its registry, as run --attach does, "
     "replacing the deferred statements of the same pipeline there. Exit codes as for run."
 )
+@o.grouped
 def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
-    gpus: str | None = o.GPUS,
-    here: bool = Option(False, "--here", help="Run in this environment: the same as --driver here."),
-    driver: str | None = o.DRIVER,
-    python: str | None = o.PYTHON,
-    sign_unisolated: bool = o.SIGN_UNISOLATED,
-    out: Path | None = Option(None, "--out", "-o", metavar="FOLDER", help=EVIDENCE_HELP),
-    timeout: float | None = o.TIMEOUT,
-    memory: str = o.MEMORY,
-    pull: str | None = Option(None, "--pull", help=o.PULL_HELP),
-    require_complete: bool = o.REQUIRE_COMPLETE,
-    key: list[str] = o.KEY,
-    trust: list[Path] = TRUST,
-    trusted_keys: list[Path] = TRUSTED_KEYS,
-    no_sign: bool = o.NO_SIGN,
-    attach: bool = o.ATTACH,
-    insecure: bool = INSECURE,
-    fmt: Format = o.FORMAT,
-    report: list[str] = o.REPORT,
-    quiet: bool = o.QUIET,
-    model: Path | None = o.MODEL,
+    c: Completing = Completing(),
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
     from imagegate import accept, runner
     from imagegate import complete as completing
     from imagegate.drivers.select import DriverName, driver_name
 
-    notify = o.notifier(quiet or fmt is Format.json)  # stdout then is the statement's alone
+    notify = o.notifier(c.quiet or c.fmt is Format.json)  # stdout then is the statement's alone
     with o.interrupts():
-        accept.check_timeout(timeout)
-        parse_memory(memory)
-        mounted = modelpath.check(str(model)) if model else None
-        outputs = accept.outputs(
-            report,
-            statement_on_stdout=fmt is Format.json,
-            key=o.signing_key(key),
-            no_sign=no_sign,
-            require_complete=require_complete,
-            notify=notify,
-            warn=o.warn,
-        )
-        trusted = _trusted(trust, trusted_keys, outputs.key)
-        gpu = gpus_parse(gpus)
-        name = driver_name(driver, here)
-        seen_at = modelpath.in_sandbox(mounted, name is DriverName.here) if mounted else None
+        outputs = c.outputs(notify)
+        mounted = modelpath.check(str(c.model)) if c.model else None
+        trusted = _trusted(c.trust, c.trusted_keys, outputs.key)
+        gpu = gpus_parse(c.gpus)
+        here = driver_name(c.driver, c.here) is DriverName.here
+        seen_at = modelpath.in_sandbox(mounted, here) if mounted else None
         earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted, seen_at)
         notify(f"{earlier.dir.name} verified with key {earlier.signer}")
-        if attach:
-            outputs = dataclasses.replace(outputs, attach=True, insecure=insecure)
-            accept.check_outputs(outputs, _attach_to(earlier.predicate), no_sign=no_sign)
-        rootfs = name is DriverName.rootfs
-        was = earlier.predicate.get("image") or {}
-        with accept.within(prep, timeout):  # the earlier attempt is verified: now the clock runs
-            made = accept.driver_for(
-                here=False,
-                name=name,
-                python=python,
-                memory=memory,
-                pull=pull or ("missing" if rootfs else "never"),  # rootfs reads the transport, no engine
-                # The root is unpacked only when its config digest is the one judged.
-                expect_config=str(was["configDigest"]) if rootfs and was.get("configDigest") else None,
-                gpus=gpu,
-                notify=notify,
-                key=outputs.key,
-                sign_unisolated=sign_unisolated,
-                model=mounted,  # --here: bound in where it is, when it lives under /tmp
-            )
-            opts = runner.RunOptions(pipeline="", timeout=timeout, jobs=os.cpu_count() or 1)
+        if c.attach:
+            outputs = dataclasses.replace(outputs, attach=True, insecure=c.insecure)
+            accept.check_outputs(outputs, _attach_to(earlier.predicate), no_sign=c.no_sign)
+        with accept.within(prep, c.timeout):  # the earlier attempt is verified: now the clock runs
+            made = c.make_driver(earlier, outputs, mounted, notify)
+            opts = runner.RunOptions(pipeline="", timeout=c.timeout, jobs=os.cpu_count() or 1)
             observer = completing.CompletionObserver(earlier, made, opts, notify)
-            root = out or earlier.dir.parent.parent  # beside the earlier attempt by default
+            root = c.out or earlier.dir.parent.parent  # beside the earlier attempt by default
             done = accept.accept(prep, observer, root, outputs, notify)
-    o.finish(done, fmt, quiet)
+    o.finish(done, c.fmt, c.quiet)
 
 
 def _trusted(

@@ -16,7 +16,7 @@ from imagegate.gpus import GpuRequest
 from imagegate.gpus import parse as gpus_parse
 
 if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline models, the drivers
-    from imagegate import accept, runner
+    from imagegate import accept, multiplatform, runner
     from imagegate.drivers.interface import Driver
     from imagegate.drivers.select import DriverName
 
@@ -159,23 +159,9 @@ def _all_platforms(
 ) -> NoReturn:
     """`run --all-platforms`: one run a platform this host runs, then the index statement."""
     from imagegate import accept, multiplatform, runner
-    from imagegate.attest.attach import names_a_registry
-    from imagegate.drivers.select import DriverName
-    from imagegate.report import console as console_report
-    from imagegate.report import console_attest
     from imagegate.report.progress import run_shown
 
-    if image is None or name is DriverName.here or not names_a_registry(image):
-        raise UsageError(
-            f"--all-platforms: {image or 'no IMAGE'} is not an image in a registry; it reads the index "
-            "IMAGE names there",
-            hint="name the multi-platform image with its registry, e.g. registry.example/team/app:1",
-        )
-    if a.report:
-        raise UsageError(
-            "--all-platforms and --report: each platform's run is an attempt of its own",
-            hint="leave --report out and render each attempt later: imagegate report ATTEMPT",
-        )
+    image = _index_reference(image, a, name)
     outputs = a.outputs(image, notify)
     if outputs.key is None:
         raise UsageError(
@@ -199,13 +185,41 @@ def _all_platforms(
             require_complete=a.require_complete,
             notify=notify,
         )
-    if a.fmt is Format.json:
+    _show_index(done, judged, a.fmt)
+    raise typer.Exit(judged.code)
+
+
+def _show_index(done: "list[accept.Accepted]", judged: "multiplatform.IndexJudged", fmt: Format) -> None:
+    """The index statement (--format json), or each platform's table and then the index's."""
+    if fmt is Format.json:
         from imagegate.attest.sign import serialize
 
         sys.stdout.write(serialize(judged.statement).decode() + "\n")
-    else:
-        console = console_report.make_console()
-        for one in done:
-            console_report.render(one.record, console, rejected_by=one.rejected_by)
-        console_attest.render_index(judged.statement, judged.folder)
-    raise typer.Exit(judged.code)
+        return
+    from imagegate.report import console as console_report
+    from imagegate.report import console_attest
+
+    console = console_report.make_console()
+    for one in done:
+        console_report.render(one.record, console, rejected_by=one.rejected_by)
+    console_attest.render_index(judged.statement, judged.folder)
+
+
+def _index_reference(image: str | None, a: o.Accepting, name: "DriverName | None") -> str:
+    """--all-platforms reads the index IMAGE names in its registry, and each platform's run is an
+    attempt of its own (no single --report)."""
+    from imagegate.attest.attach import names_a_registry
+    from imagegate.drivers.select import DriverName
+
+    if image is None or name is DriverName.here or not names_a_registry(image):
+        raise UsageError(
+            f"--all-platforms: {image or 'no IMAGE'} is not an image in a registry; it reads the index "
+            "IMAGE names there",
+            hint="name the multi-platform image with its registry, e.g. registry.example/team/app:1",
+        )
+    if a.report:
+        raise UsageError(
+            "--all-platforms and --report: each platform's run is an attempt of its own",
+            hint="leave --report out and render each attempt later: imagegate report ATTEMPT",
+        )
+    return image

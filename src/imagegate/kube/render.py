@@ -305,24 +305,8 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
             f"--deadline {opts.deadline_s:g}s is shorter than the stages' timeouts added up "
             f"({prep.deadline(None):g}s), before the image pull: the Job may be stopped mid-run"
         )
+    configmap, secret = _bundle_and_key(prep, name, opts.namespace)
     labels = {**MANAGED_BY, RUN_LABEL: name}
-    configmap = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": opts.namespace, "labels": dict(labels)},
-        # Immutable: nobody can swap the bundle under a running Pod (the controller survives it
-        # anyway), and the kubelet need not watch it.
-        "immutable": True,
-        "binaryData": {BUNDLE_KEY: base64.b64encode(prep.bundle.data).decode("ascii")},
-    }
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": opts.namespace, "labels": dict(labels)},
-        "type": "Opaque",
-        "immutable": True,
-        "data": {SECRET_KEY: base64.b64encode(protocol.new_key().hex().encode()).decode("ascii")},
-    }
     python = opts.python or prep.loaded.pipeline.python or "python3"
     job = {
         "apiVersion": "batch/v1",
@@ -345,6 +329,29 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
         },
     }
     return Rendered(name, opts.namespace, ref, configmap, job, secret, tuple(notes))
+
+
+def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ConfigMap holding the probes' bundle and the Secret holding the run's protocol key."""
+    labels = {**MANAGED_BY, RUN_LABEL: name}
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        # Immutable: nobody can swap the bundle under a running Pod (the controller survives it
+        # anyway), and the kubelet need not watch it.
+        "immutable": True,
+        "binaryData": {BUNDLE_KEY: base64.b64encode(prep.bundle.data).decode("ascii")},
+    }
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "type": "Opaque",
+        "immutable": True,
+        "data": {SECRET_KEY: base64.b64encode(protocol.new_key().hex().encode()).decode("ascii")},
+    }
+    return configmap, secret
 
 
 def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str, Any]:

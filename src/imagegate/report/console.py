@@ -109,14 +109,7 @@ def render(
     console.print(table)
     if not wide:
         console.print("tokens: " + " ".join(s.token for s in record.stages), soft_wrap=True, highlight=False)
-    # The full reasons of every stage that did not pass, one problem a line: the table keeps one.
-    for s in record.stages:
-        parts = split_reasons(s.detail)
-        if s.status is Status.PASS or (len(parts) <= 1 and (limit is None or len(s.detail) <= limit)):
-            continue
-        console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
-        for part in parts:
-            console.print(f"  - {part}", soft_wrap=True, highlight=False, markup=False)
+    _full_reasons(record, console, limit)
     note = view.deferred_note(record)  # the token names the deferred stages, not what they held back
     verdict = Text.assemble(
         "verdict: ", (record.verdict, verdict_style(record.verdict)), f" ({note})" if note else ""
@@ -132,6 +125,17 @@ def render(
     console.print(f"evidence: {record.attempt_dir}", soft_wrap=True, highlight=False)
     if provenance is not None and not provenance.ok:
         render_provenance(provenance, console)  # under the verdict too: the last lines a log shows
+
+
+def _full_reasons(record: RunRecord, console: Console, limit: int | None) -> None:
+    """The full reasons of every stage that did not pass, one problem a line: the table keeps one."""
+    for s in record.stages:
+        parts = split_reasons(s.detail)
+        if s.status is Status.PASS or (len(parts) <= 1 and (limit is None or len(s.detail) <= limit)):
+            continue
+        console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
+        for part in parts:
+            console.print(f"  - {part}", soft_wrap=True, highlight=False, markup=False)
 
 
 def render_text(record: RunRecord, width: int = 160, provenance: Provenance | None = None) -> str:
