@@ -6,12 +6,14 @@ development dependency, runs a real acceptance against the engine (a PASS and a 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tests.helpers import DOCKER_SOCK
 
@@ -32,10 +34,16 @@ def _pip(*args: str, python: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("dist")
+    _pip("wheel", "--no-deps", "-w", str(work), str(ROOT), python=Path(sys.executable))
+    (built,) = work.glob("imagegate-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("install")
-    _pip("wheel", "--no-deps", "-w", str(work / "dist"), str(ROOT), python=Path(sys.executable))
-    (wheel,) = (work / "dist").glob("imagegate-*.whl")
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", str(work / "venv")], check=True, timeout=300)
     _pip("install", str(wheel), python=work / "venv" / "bin" / "python")
@@ -79,3 +87,52 @@ def test_pod_render_names_the_kube_extra_until_it_is_installed(venv: Path, tmp_p
     _pip("install", "kubernetes-validate>=1.30", python=venv / "bin" / "python")
     done = _imagegate(venv, "pod", "render", "example/app:1", cwd=tmp_path)
     assert done.returncode == 0 and "kind: Job" in done.stdout, done.stderr
+
+
+def _head() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_version_names_the_commit_the_wheel_was_built_from(venv: Path, tmp_path: Path) -> None:
+    said = _imagegate(venv, "--version", cwd=tmp_path)
+    assert said.returncode == 0, said.stderr
+    m = re.fullmatch(r"imagegate (\S+) \(commit ([0-9a-f]{7,})(, with uncommitted changes)?\)\n", said.stdout)
+    assert m is not None, said.stdout
+    assert _head().startswith(m.group(2))
+    assert f"+g{m.group(2)}" in m.group(1)  # the version itself names the commit (setuptools-scm)
+
+
+def test_a_source_tree_without_git_builds_the_fallback_version(tmp_path: Path) -> None:
+    """An archive of the source (no .git): the version pyproject.toml names as the fallback."""
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+    (tmp_path / "src").mkdir()
+    subprocess.run(["tar", "-x", "-C", str(tmp_path / "src")], input=archive, check=True)
+    _pip(
+        "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(tmp_path / "src"), python=Path(sys.executable)
+    )
+    fallback = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["version"][
+        "fallback-version"
+    ]
+    assert [w.name for w in (tmp_path / "dist").glob("*.whl")] == [f"imagegate-{fallback}-py3-none-any.whl"]
+
+
+@pytest.mark.parametrize("tool", ["pipx", "uv"])
+def test_pipx_and_uv_install_the_wheel_as_a_command(tool: str, wheel: Path, tmp_path: Path) -> None:
+    """As users install command-line tools: `pipx install FILE`, `uv tool install FILE` (each in
+    its own venv, its command on PATH), from the built file (the name is not published)."""
+    bin_dir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"PIPX_HOME": str(tmp_path / "home"), "PIPX_BIN_DIR": str(tmp_path / "bin"),
+            "UV_TOOL_DIR": str(tmp_path / "home"), "UV_TOOL_BIN_DIR": str(tmp_path / "bin"),
+            "UV_PYTHON_DOWNLOADS": "never"}  # fmt: skip
+    argv = [str(bin_dir / "pipx"), "install", str(wheel)]
+    if tool == "uv":
+        argv = [str(bin_dir / "uv"), "tool", "install", "--python", sys.executable, str(wheel)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    said = subprocess.run(
+        [str(tmp_path / "bin" / "imagegate"), "--version"], capture_output=True, text=True, env=env
+    )
+    assert said.returncode == 0 and said.stdout.startswith("imagegate ") and "(commit " in said.stdout, said

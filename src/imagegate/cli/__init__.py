@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> None:
 def run_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["--version"]:  # asked in every CI log: answered before the app is imported
-        from imagegate import __version__
+        from imagegate import version_line
 
-        print(f"imagegate {__version__}")
+        print(version_line())
         return 0
 
     import typer

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from typer import Argument
 
-from imagegate import __version__, deadline
+from imagegate import deadline, version_line
 from imagegate.errors import ImagegateError
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def report_error(err: ImagegateError) -> int:
 
 def version_callback(value: bool) -> None:
     if value:
-        print(f"imagegate {__version__}")
+        print(version_line())
         raise typer.Exit(0)
 
 
