@@ -282,11 +282,26 @@ def userns_refusal(bwrap_stderr: str) -> str:
             "bwrap-userns-restrict, then `apparmor_parser -r /etc/apparmor.d/bwrap-userns-restrict`), "
             "or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"
         )
+    if "mount proc" in said[0]:
+        # The namespaces were made: an engine's masked /proc paths stop the sandbox's own /proc.
+        return (
+            f"bwrap could not mount the sandbox's /proc ({said[0]}); inside a container, the engine's "
+            f"masked /proc paths forbid it: docker run {CONTAINER_FLAGS}, or a privileged container"
+        )
     return (
         f"bwrap could not make the sandbox's namespaces ({said[0]}); inside a container this "
-        "needs a seccomp profile that allows unshare/clone of user namespaces (docker run "
-        "--security-opt seccomp=unconfined) or a privileged container"
+        "needs a seccomp profile that allows unshare/clone of user namespaces and an unmasked "
+        f"/proc: docker run {CONTAINER_FLAGS}, or a privileged container"
     )
+
+
+# What `docker run` needs for bubblewrap inside (image/Dockerfile; tests/install/test_image.py):
+# the default seccomp profile refuses user namespaces, the masked /proc paths refuse a new /proc,
+# and on AppArmor hosts the default profile refuses the mounts.
+CONTAINER_FLAGS = (
+    "--security-opt seccomp=unconfined --security-opt systempaths=unconfined "
+    "--security-opt apparmor=unconfined (AppArmor hosts)"
+)
 
 
 _checked: dict[str, str] = {}
