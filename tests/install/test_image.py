@@ -45,7 +45,10 @@ def _docker_run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", "run", "--rm", *args], capture_output=True, text=True, timeout=600)
 
 
-def test_the_image_is_not_root_and_names_its_version(image: str) -> None:
+def test_the_image_is_small_not_root_and_names_its_version(image: str) -> None:
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", image],
+                              capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    assert size <= 400_000_000  # README: the base root, a Python venv, imagegate's dependencies
     uid = _docker_run("--entrypoint", "id", image, "-u")
     assert uid.stdout.strip() == "10001", uid.stderr
     version = _docker_run(image, "--version")
