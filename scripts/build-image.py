@@ -6,7 +6,10 @@ Debian sources and `docker import`ed (kept, tagged by its package list, for the 
 imagegate's wheel is built from this tree and every dependency downloaded as a wheel here, so the
 build itself needs no network.
 
-Usage: python scripts/build-image.py [--tag TAG]    (default: imagegate:VERSION)
+Usage: python scripts/build-image.py [--tag TAG] [--suite SUITE]
+  --tag    the image's tag (default: imagegate:VERSION)
+  --suite  the Debian release of the root: bookworm (12, Python 3.11; the default) or trixie
+           (13, Python 3.13)
 Needs: mmdebstrap, a Docker engine (DOCKER_HOST is honoured), pip's index for the dependencies.
 Prints the tag built.
 """
@@ -25,9 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "images"))
 from build import debian_mirrors  # noqa: E402  (the machine's Debian sources, as the test images use)
 
-# python3-venv for the install; bubblewrap, libseccomp2 and util-linux (prlimit) for --driver rootfs
-PACKAGES = ["python3", "python3-venv", "bubblewrap", "libseccomp2", "util-linux", "ca-certificates"]
-SUITE = "bookworm"
+# python3-venv for the install; bubblewrap, libseccomp2 and util-linux (prlimit) for --driver rootfs;
+# passwd for its user (Debian 13's apt variant leaves it out)
+PACKAGES = ["python3", "python3-venv", "bubblewrap", "libseccomp2", "util-linux", "passwd", "ca-certificates"]
+# Debian release -> its python3 (the dependencies' wheels are downloaded for it)
+PYTHONS = {"bookworm": "3.11", "trixie": "3.13"}
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "linux_x86_64"]
 
 
 def sh(*argv: str, env: dict[str, str] | None = None) -> str:
@@ -39,13 +45,13 @@ def sh(*argv: str, env: dict[str, str] | None = None) -> str:
     return done.stdout.strip()
 
 
-def base_image(tmp: Path) -> str:
-    tag = "imagegate-base:" + SUITE + "-" + hashlib.sha256(",".join(PACKAGES).encode()).hexdigest()[:12]
+def base_image(tmp: Path, suite: str) -> str:
+    tag = "imagegate-base:" + suite + "-" + hashlib.sha256(",".join(PACKAGES).encode()).hexdigest()[:12]
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
     root = tmp / "root.tar"
-    sh("mmdebstrap", "--quiet", "--variant=apt", "--include=" + ",".join(PACKAGES), SUITE, str(root),
-       *debian_mirrors(SUITE))  # fmt: skip
+    sh("mmdebstrap", "--quiet", "--variant=apt", "--include=" + ",".join(PACKAGES), suite, str(root),
+       *debian_mirrors(suite))  # fmt: skip
     sh("docker", "import", str(root), tag)
     return tag
 
@@ -53,19 +59,26 @@ def base_image(tmp: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tag", help="the image's tag (default: imagegate:VERSION)")
+    parser.add_argument(
+        "--suite", choices=sorted(PYTHONS), default="bookworm", help="the root's Debian release"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="imagegate-image-") as t:
         tmp = Path(t)
         pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "-q"]
         subprocess.run([*pip, "--no-deps", "-w", str(tmp / "dist"), str(ROOT)], check=True)
         (wheel,) = (tmp / "dist").glob("imagegate-*.whl")
-        # Every dependency as a wheel, for the Debian 12 Python this host shares (3.11, x86_64).
-        subprocess.run([*pip, "-w", str(tmp / "ctx" / "wheels"), str(wheel)], check=True)
+        # Every dependency as a wheel, for the root's Python (whatever this host's is).
+        python = PYTHONS[args.suite]
+        download = [sys.executable, "-m", "pip", "--disable-pip-version-check", "download", "-q",
+                    "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+                    *(f"--platform={p}" for p in PLATFORMS), "-d", str(tmp / "ctx" / "wheels"), str(wheel)]  # fmt: skip
+        subprocess.run(download, check=True)
         (tmp / "ctx" / "Dockerfile").write_bytes((ROOT / "image" / "Dockerfile").read_bytes())
         version = wheel.name.split("-")[1]
         tag = args.tag or f"imagegate:{version.replace('+', '-')}"
         # The classic builder, with no network: everything the RUN installs is in the context.
-        sh("docker", "build", "-q", "--force-rm", "--network", "none", "--build-arg", f"BASE={base_image(tmp)}",
+        sh("docker", "build", "-q", "--force-rm", "--network", "none", "--build-arg", f"BASE={base_image(tmp, args.suite)}",
            "-t", tag, str(tmp / "ctx"), env=dict(os.environ, DOCKER_BUILDKIT="0"))  # fmt: skip
     print(tag)
     return 0

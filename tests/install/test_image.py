@@ -24,15 +24,19 @@ ROOTFS_FLAGS = ["--security-opt", "seccomp=unconfined", "--security-opt", "syste
                 "--security-opt", "apparmor=unconfined"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def image(engine: str) -> str:
+def _build(tag: str, *args: str) -> str:
     built = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "build-image.py"), "--tag", TAG],
+        [sys.executable, str(ROOT / "scripts" / "build-image.py"), "--tag", tag, *args],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-3000:]
-    assert built.stdout.strip() == TAG
-    return TAG
+    assert built.stdout.strip() == tag
+    return tag
+
+
+@pytest.fixture(scope="module")
+def image(engine: str) -> str:
+    return _build(TAG)
 
 
 @pytest.fixture
@@ -56,6 +60,20 @@ def test_the_image_is_small_not_root_and_names_its_version(image: str) -> None:
 
 
 def test_against_the_hosts_engine_through_its_socket(image: str, images: dict[str, str], work: Path) -> None:
+    _accepts_and_rejects_through_the_socket(image, images, work)
+
+
+def test_python_3_13_from_a_debian_13_root_accepts_and_rejects(
+    engine: str, images: dict[str, str], work: Path
+) -> None:
+    """The Python versions claimed are the ones tested: 3.11 (Debian 12, this host's) and 3.13."""
+    trixie = _build("imagegate-test/imagegate:trixie", "--suite", "trixie")
+    python = _docker_run("--entrypoint", "python3", trixie, "--version")
+    assert python.stdout.startswith("Python 3.13."), python.stdout + python.stderr
+    _accepts_and_rejects_through_the_socket(trixie, images, work)
+
+
+def _accepts_and_rejects_through_the_socket(image: str, images: dict[str, str], work: Path) -> None:
     engine = ["--network", "none", "-v", f"{SOCKET}:{SOCKET}", "--group-add", str(os.stat(SOCKET).st_gid),
               "-v", f"{work}:/work", image, "run", images["python"], "-p", "python", "--no-sign"]  # fmt: skip
     ok = _docker_run(*engine, "-m", "json")
