@@ -36,6 +36,7 @@ from tests.install.ci_runners import (
 ROOT = Path(__file__).resolve().parents[2]
 ACTION = ROOT / "action.yml"
 GITLAB = ROOT / "ci" / "gitlab" / "imagegate.gitlab-ci.yml"
+RELEASE = ROOT / ".github" / "workflows" / "release.yml"
 TEKTON = ROOT / "ci" / "tekton" / "imagegate-task.yaml"
 TEKTON_SCHEMA = Path(__file__).parent / "data" / "tekton" / "task-v1.schema.json"
 # The imagegate these tests run with: the steps' install is skipped by pointing at it, but once.
@@ -77,6 +78,12 @@ def _with_a_job(template: dict[str, Any]) -> dict[str, Any]:
     ("schema", "path", "complete", "break_it"),
     [
         ("vendor.github-actions", ACTION, lambda d: d, lambda d: d["runs"].update(using="compost")),
+        (
+            "vendor.github-workflows",
+            RELEASE,
+            lambda d: {("on" if k is True else k): v for k, v in d.items()},  # YAML 1.1 reads `on` as true
+            lambda d: d["jobs"]["publish"]["permissions"].update({"id-token": "sometimes"}),
+        ),
         (
             "vendor.gitlab-ci",
             GITLAB,
@@ -321,3 +328,22 @@ def test_the_tekton_task_names_the_missing_source_workspace(tmp_path: Path) -> N
     step, _ = _tekton(tmp_path, image="app:1")
     assert step.returncode == 3 and "no source workspace" in step.output, step.output
     assert step.results["exit-code"] == "3"
+
+
+def test_the_release_workflow_publishes_a_tag_by_trusted_publishing_alone() -> None:
+    """What PyPI's trusted publishing needs and what keeps it narrow: run on a version tag only;
+    the build job reads the whole history (the version is the tag's) and holds no token; only the
+    publish job, in its environment, may ask for the OIDC token; no stored secret anywhere."""
+    text = RELEASE.read_text()
+    doc = yaml.safe_load(text)
+    on = doc[True]  # YAML 1.1 reads the key `on` as true
+    assert on == {"push": {"tags": ["v*"]}}
+    assert doc["permissions"] == {}
+    build, publish = doc["jobs"]["build"], doc["jobs"]["publish"]
+    assert build["permissions"] == {"contents": "read"}
+    checkout = next(s for s in build["steps"] if str(s.get("uses", "")).startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] == 0
+    assert publish["needs"] == "build" and publish["environment"] == "pypi"
+    assert publish["permissions"] == {"id-token": "write"}
+    assert publish["steps"][-1]["uses"].startswith("pypa/gh-action-pypi-publish@")
+    assert "secrets." not in text and "password" not in text
