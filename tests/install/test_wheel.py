@@ -119,15 +119,16 @@ def test_a_source_tree_without_git_builds_the_fallback_version(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("tool", ["pipx", "uv"])
-def test_pipx_and_uv_install_the_wheel_as_a_command(tool: str, wheel: Path, tmp_path: Path) -> None:
-    """As users install command-line tools: `pipx install FILE`, `uv tool install FILE` (each in
-    its own venv, its command on PATH), from the built file (the name is not published)."""
+def test_pipx_and_uv_install_it_as_a_command(tool: str, wheel: Path, tmp_path: Path) -> None:
+    """As users install command-line tools, each in its own venv with its command on PATH (the
+    name is not published): README's `pipx install .` from the checkout, and `uv tool install
+    FILE` from the built wheel."""
     bin_dir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"PIPX_HOME": str(tmp_path / "home"), "PIPX_BIN_DIR": str(tmp_path / "bin"),
             "UV_TOOL_DIR": str(tmp_path / "home"), "UV_TOOL_BIN_DIR": str(tmp_path / "bin"),
             "UV_PYTHON_DOWNLOADS": "never"}  # fmt: skip
-    argv = [str(bin_dir / "pipx"), "install", str(wheel)]
+    argv = [str(bin_dir / "pipx"), "install", str(ROOT)]
     if tool == "uv":
         argv = [str(bin_dir / "uv"), "tool", "install", "--python", sys.executable, str(wheel)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
