@@ -6,6 +6,11 @@ cli under vLLM's CpuPlatform, av_roundtrip) against the same probes run by hand 
 against the probes one after another. Prints the medians; goal: <= 1.0 s added against the
 baseline of the same parallelism, each; prints PASS or FAIL and exits 1 on a miss.
 
+Then where imagegate's added time goes, each part timed the same way, interleaved: its start-up
+(`--version`), the modules a run imports (the command, the use case, the runner, the docker
+driver, signing, the reports), and an empty container's life (create, start, wait, remove) in the
+image, times the containers imagegate made (one per group of stages, from its evidence).
+
 Usage: benchmarks/bench_run_overhead.py [--image imagegate-test/vllm-like:latest] [--reps 5] [--record F]
 (needs the engine and the test image: scripts/setup.sh vllm-like); --record writes the result
 as a dated JSON record (benchmarks/records/).
@@ -14,6 +19,7 @@ as a dated JSON record (benchmarks/records/).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -101,6 +107,33 @@ def measure(commands: dict[str, list[str]], reps: int) -> dict[str, list[float]]
     return times
 
 
+# What a run imports before its first container, as the command's own lazy imports reach them.
+RUN_IMPORTS = (
+    "import imagegate.cli.run, imagegate.accept, imagegate.runner, imagegate.drivers.docker, "
+    "imagegate.attest.sign, imagegate.report.console"
+)
+
+
+def containers_made(runs: Path) -> int:
+    """The containers a default-`--jobs` run made: a controller's events log each in its evidence
+    (`--jobs 1` makes one, the fewest: the default's runs have the most)."""
+    return max(
+        (len(list(a.parent.glob("controller*.events.log"))) for a in runs.glob("*/*/run.json")), default=0
+    )
+
+
+def breakdown(medians: dict[str, float], containers: int) -> dict[str, float]:
+    """The added time (default --jobs, against by hand in parallel) and the parts that explain it."""
+    added = medians["imagegate (default --jobs)"] - medians["by hand, the probes in parallel"]
+    startup = medians["start-up: imagegate --version"]
+    imports = medians["start-up and the run's imports"] - startup
+    # The by-hand run pays one container's life too: imagegate's extra ones are the rest.
+    extra = (containers - 1) * medians["an empty container's life"]
+    return {"added_s": added, "start_up_s": startup, "run_imports_s": imports,
+            "extra_containers": containers - 1, "extra_containers_s": extra,
+            "unexplained_s": added - startup - imports - extra}  # fmt: skip
+
+
 def goals_of(m: dict[str, float]) -> list[Goal]:
     """Each imagegate run against the by-hand run with the same parallelism."""
     pairs = [
@@ -137,17 +170,27 @@ def main() -> int:
                 "imagegate --jobs 1": [*ours, "--jobs", "1"],
                 "by hand, one after another": [*docker, BY_HAND],
                 "by hand, the probes in parallel": [*docker, BY_HAND_PARALLEL],
+                "start-up: imagegate --version": [imagegate, "--version"],
+                "start-up and the run's imports": [sys.executable, "-c", RUN_IMPORTS],
+                "an empty container's life": [*docker, "true"],
             },
             args.reps,
         )
+        containers = containers_made(Path(tmp) / "runs")
     medians = {name: statistics.median(t) for name, t in times.items()}
     print(f"image: {args.image}, {args.reps} runs each, interleaved, medians")
     for name, m in medians.items():
         print(f"  {name:<34} {m:6.2f} s")
+    parts = breakdown(medians, containers)
+    print(
+        f"added {parts['added_s']:+.2f} s: start-up {parts['start_up_s']:.2f} s, the run's imports "
+        f"{parts['run_imports_s']:.2f} s, {parts['extra_containers']} more container(s) "
+        f"{parts['extra_containers_s']:.2f} s, the rest {parts['unexplained_s']:+.2f} s"
+    )
     goals = goals_of(medians)
     code = print_goals(goals)
     if args.record:
-        results = {"runs_s": times, "medians_s": medians}
+        results = {"runs_s": times, "medians_s": medians, "breakdown": parts, "load_average": os.getloadavg()}
         write(args.record, "bench_run_overhead", {"image": args.image, "reps": args.reps}, results, goals)
     return code
 
