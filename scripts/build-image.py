@@ -10,6 +10,7 @@ Usage: python scripts/build-image.py [--tag TAG] [--suite SUITE]
   --tag    the image's tag (default: imagegate:VERSION)
   --suite  the Debian release of the root: bookworm (12, Python 3.11; the default) or trixie
            (13, Python 3.13)
+  --base-only  make (or find) the Debian root alone (CI makes both beside its tests)
 Needs: mmdebstrap, a Docker engine (DOCKER_HOST is honoured), pip's index for the dependencies.
 Prints the tag built.
 """
@@ -62,7 +63,12 @@ def main() -> int:
     parser.add_argument(
         "--suite", choices=sorted(PYTHONS), default="bookworm", help="the root's Debian release"
     )
+    parser.add_argument("--base-only", action="store_true", help="make (or find) the Debian root alone")
     args = parser.parse_args()
+    if args.base_only:
+        with tempfile.TemporaryDirectory(prefix="imagegate-base-") as t:
+            print(base_image(Path(t), args.suite))
+        return 0
     with tempfile.TemporaryDirectory(prefix="imagegate-image-") as t:
         tmp = Path(t)
         pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "-q"]
