@@ -1,4 +1,4 @@
-"""Why a GPU node is not fit, named (probes/gpu_causes.py): a GPU in use before the check, a PCIe
+"""Why a GPU node is not fit, named (probes/pending/gpu_causes.py, not yet in the node check): a GPU in use before the check, a PCIe
 link below its maximum under load, Xid events, NVLink links down, on the real H200's recorded
 `nvidia-smi -q` and the forms nvidia-smi's queries and the driver's Xid lines print. No GPU is
 faked: each case is judged from data."""
@@ -14,7 +14,7 @@ from tests.probes.test_parsers import load
 
 @pytest.fixture(scope="module")
 def gc():  # type: ignore[no-untyped-def]
-    return load("gpu_causes")
+    return load("pending.gpu_causes")
 
 
 def _nodes(text: str) -> list:  # type: ignore[type-arg]

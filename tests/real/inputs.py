@@ -19,9 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OWN = {"cli": "cli", "find_spec": "find_spec", "pip_check": "pip_check", "av_roundtrip": "av_roundtrip",
        "inventory": "inventory", "gpu_preflight": "gpu_preflight", "gpu_worker": "gpu_preflight",
        "serve": "serve", "serve_process": "serve", "serve_http": "serve", "serve_media": "serve",
-       "serve_engines": "serve",
-       # not yet called by any probe (its module says why): the input of no pipeline until it is
-       "gpu_causes": "gpu_causes"}  # fmt: skip
+       "serve_engines": "serve"}  # fmt: skip
 # The runner's files a verdict is computed by, whatever the pipeline: which stages run and which
 # wait (plan), the bundle sent in and the run of it (bundle, runner, workers, accept), what the
 # controller's output means (protocol), the verdict from the stages' statuses (model), the

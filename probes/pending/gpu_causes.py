@@ -3,8 +3,10 @@ the check, a PCIe link below its maximum under load, Xid events by NVIDIA's Xid 
 links down or recovering, and the likeliest cause of a missed figure. Pure functions over what
 nvidia-smi and the kernel log print (tests/probes/test_gpu_causes.py).
 
-Not yet called by gpu_preflight: wiring it in changes the node check's inputs, and the SGLang
-records (scripts/real-frameworks.py), whose pipelines run it, are re-run with that change.
+Pending (probes/pending/: in no bundle, an input of no record): gpu_preflight does not call it yet.
+Wiring it in (it moves to probes/, a helper of gpu_preflight in the probe registry) changes the
+node check's inputs, so the SGLang records (scripts/real-frameworks.py), whose pipelines run the
+node check, are re-run with that change.
 """
 
 from __future__ import annotations
