@@ -55,6 +55,21 @@ wait_for() {  # wait_for SECONDS CMD...
   return 1
 }
 
+# An engine this script started from a checkout since removed (a CI clone, a benchmark's) runs in
+# a deleted folder, and Podman's conmon fails there ("Failed to get working directory"): it is
+# stopped and started again. The engines start from / so that they outlive any checkout.
+orphaned() {  # orphaned NAME: the engine recorded under NAME runs in a folder that is gone
+  local pid
+  pid=$(cat "$state/$1.pid" 2>/dev/null) || return 1
+  [[ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" == *" (deleted)" ]] || return 1
+  echo "engines: $1 (pid $pid) runs in a removed folder: starting it again" >&2
+  kill "$pid" 2>/dev/null
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+}
+orphaned dockerd || true
+orphaned podman || true
+cd /
+
 if ! docker -H unix:///var/run/docker.sock version >/dev/null 2>&1; then
   # No CAP_SYS_RESOURCE here (lowered ulimits), cgroup v1/hybrid (cgroupfs), no bridge/iptables.
   nohup dockerd --host unix:///var/run/docker.sock \
