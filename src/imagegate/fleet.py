@@ -1,0 +1,132 @@
+"""A GPU fleet judged as fleets are: every node's node-check figures beside its peers' (issue: the
+node check a GPU fleet runs). azurehpc-health-checks and SuperBench compare each node with
+expected values and with its peers; here a node is compared with the median of the nodes of its
+GPU model, only where that model has enough nodes to make a median mean something.
+
+Pure functions over what each node's check measured (the `node_check` stage's data, as
+probes/gpu_preflight.py writes it): the figures of a node, the peers' medians, each node's
+deviation, the nodes below their peers (suspect: their own verdict stays PASS), and the
+`kubectl` commands an operator would run for the unfit and suspect ones (printed, never run here).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# A node more than this fraction below the median of its GPU model's nodes is suspect.
+SUSPECT_BELOW = 0.10
+# The fewest nodes of one GPU model whose median is a peer figure (two nodes: which one is off?).
+MIN_PEERS = 3
+# Each figure: higher is better. The node's own is its weakest GPU's (one slow GPU slows a job).
+FIGURES = (
+    "bf16_tflops",
+    "bf16_sustained_tflops",
+    "hbm_copy_gbps",
+    "h2d_gbps",
+    "d2h_gbps",
+    "allreduce_busbw_gbps",
+)
+LABEL = "imagegate.dev/node-check"
+
+
+def figures_of(data: Mapping[str, Any]) -> dict[str, float]:
+    """A node's figures from its node check's data: per figure the weakest GPU's (or rank's)."""
+    per: dict[str, list[float]] = {}
+
+    def add(name: str, value: Any) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            per.setdefault(name, []).append(float(value))
+
+    for g in (data.get("matmul") or {}).get("gpus") or []:
+        add("bf16_tflops", g.get("tflops"))
+        add("bf16_sustained_tflops", (g.get("sustained") or {}).get("last_second_tflops"))
+    for g in (data.get("bandwidth") or {}).get("gpus") or []:
+        for name in ("hbm_copy_gbps", "h2d_gbps", "d2h_gbps"):
+            add(name, g.get(name))
+    for r in (data.get("allreduce") or {}).get("ranks") or []:
+        add("allreduce_busbw_gbps", r.get("busbw_gbps"))
+    return {name: min(values) for name, values in per.items()}
+
+
+def gpu_model(data: Mapping[str, Any]) -> str:
+    """The node's GPU model, from torch's device names (one model a node; mixed ones joined)."""
+    names = sorted({str(d.get("name")) for d in (data.get("facts") or {}).get("devices") or []})
+    return "/".join(names) or "unknown"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node's result: its name, the node check's status (PASS, ERROR …) and what it measured."""
+
+    name: str
+    status: str
+    model: str
+    figures: Mapping[str, float]
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Judged:
+    node: Node
+    verdict: str  # fit, suspect, unfit
+    deviations: Mapping[str, float] = field(default_factory=dict)  # figure -> value / median - 1
+    why: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fleet:
+    nodes: tuple[Judged, ...]
+    medians: Mapping[str, Mapping[str, float]]  # model -> figure -> median (models with peers)
+    floors_only: tuple[str, ...]  # models with fewer than MIN_PEERS nodes: their floors alone
+
+
+def judge(
+    nodes: Sequence[Node], *, suspect_below: float = SUSPECT_BELOW, min_peers: int = MIN_PEERS
+) -> Fleet:
+    """Each node fit, suspect or unfit. Unfit: its own check did not pass. Suspect: it passed, but a
+    figure is more than `suspect_below` under the median of the passing nodes of its GPU model
+    (where that model has `min_peers` passing nodes or more)."""
+    passing: dict[str, list[Node]] = {}
+    for n in nodes:
+        if n.status == "PASS":
+            passing.setdefault(n.model, []).append(n)
+    medians = {
+        model: {
+            f: statistics.median(vals)
+            for f in FIGURES
+            if (vals := [n.figures[f] for n in peers if f in n.figures])
+        }
+        for model, peers in passing.items()
+        if len(peers) >= min_peers
+    }
+    judged = []
+    for n in nodes:
+        if n.status != "PASS":
+            judged.append(Judged(n, "unfit", {}, (f"node check {n.status}: {n.detail}".rstrip(": "),)))
+            continue
+        median = medians.get(n.model, {})
+        deviations = {f: n.figures[f] / m - 1 for f, m in median.items() if f in n.figures and m > 0}
+        low = [
+            f"{f} {n.figures[f]:.1f}, {-d:.0%} below the median {median[f]:.1f} of {len(passing[n.model])} {n.model} nodes"
+            for f, d in deviations.items()
+            if d < -suspect_below
+        ]
+        judged.append(Judged(n, "suspect" if low else "fit", deviations, tuple(low)))
+    few = tuple(sorted({n.model for n in nodes} - medians.keys()))
+    return Fleet(tuple(judged), medians, few)
+
+
+def commands(fleet: Fleet) -> list[str]:
+    """What an operator would run: label every judged node with its verdict, and keep new work off
+    the unfit ones (a NoSchedule taint: running work stays). Printed, never run by imagegate."""
+    out = []
+    for j in fleet.nodes:
+        if j.verdict == "fit":
+            continue
+        out.append(f"kubectl label node {j.node.name} {LABEL}={j.verdict} --overwrite")
+        if j.verdict == "unfit":
+            out.append(f"kubectl taint node {j.node.name} {LABEL}=unfit:NoSchedule --overwrite")
+    return out

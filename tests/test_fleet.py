@@ -1,0 +1,125 @@
+"""A fleet's nodes judged beside their peers (src/imagegate/fleet.py), from a real H200's node-check
+figures (benchmarks/records/2026-12-01-1936-gpu-rootfs-nvidia-h200-cdi-spec.json) and perturbed
+copies of them: exactly the nodes below their peers are flagged, and only where there are peers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imagegate import fleet
+
+RECORD = (
+    Path(__file__).resolve().parents[1]
+    / "benchmarks/records/2026-12-01-1936-gpu-rootfs-nvidia-h200-cdi-spec.json"
+)
+
+
+def _measured() -> dict[str, float]:
+    figures = json.loads(RECORD.read_text())["figures"]
+    return {
+        k: figures[f"gpu0_{k}"]["node_check"]
+        for k in ("bf16_tflops", "bf16_sustained_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps")
+    }
+
+
+H200 = _measured()
+
+
+def _data(scale: dict[str, float] | None = None, gpus: int = 1, model: str = "NVIDIA H200") -> dict[str, Any]:
+    """A node check's data in gpu_preflight's form, each figure the H200's times its scale."""
+    s = {k: (scale or {}).get(k, 1.0) for k in H200}
+    return {
+        "facts": {"devices": [{"index": i, "name": model} for i in range(gpus)]},
+        "matmul": {"gpus": [{"index": i, "tflops": H200["bf16_tflops"] * s["bf16_tflops"],
+                             "sustained": {"last_second_tflops": H200["bf16_sustained_tflops"] * s["bf16_sustained_tflops"]}}
+                            for i in range(gpus)]},
+        "bandwidth": {"gpus": [{"index": i, "hbm_copy_gbps": H200["hbm_copy_gbps"] * s["hbm_copy_gbps"],
+                                "h2d_gbps": H200["h2d_gbps"] * s["h2d_gbps"], "d2h_gbps": H200["d2h_gbps"] * s["d2h_gbps"]}
+                               for i in range(gpus)]},
+    }  # fmt: skip
+
+
+def _node(name: str, status: str = "PASS", **kw: Any) -> fleet.Node:
+    data = _data(**kw)
+    return fleet.Node(
+        name,
+        status,
+        fleet.gpu_model(data),
+        fleet.figures_of(data),
+        "" if status == "PASS" else "node not fit: x",
+    )
+
+
+def test_a_nodes_figures_are_its_weakest_gpus() -> None:
+    data = _data(gpus=2)
+    data["matmul"]["gpus"][1]["tflops"] = 600.0
+    data["allreduce"] = {"ranks": [{"rank": 0, "busbw_gbps": 380.0}, {"rank": 1, "busbw_gbps": 360.0}]}
+    got = fleet.figures_of(data)
+    assert got["bf16_tflops"] == 600.0 and got["allreduce_busbw_gbps"] == 360.0
+    assert got["hbm_copy_gbps"] == pytest.approx(4252.13)
+    assert fleet.gpu_model(data) == "NVIDIA H200"
+
+
+def test_exactly_the_node_below_its_peers_is_suspect() -> None:
+    nodes = [
+        _node("gpu-a"),
+        _node("gpu-b", scale={"bf16_tflops": 0.99}),
+        _node("gpu-c", scale={"hbm_copy_gbps": 1.02}),
+        _node("gpu-d", scale={"bf16_tflops": 0.85}),  # 15 % below: passes the 0.5-of-the-limit floors
+        _node("gpu-e", scale={"h2d_gbps": 0.92, "d2h_gbps": 0.92}),  # 8 %: within the 10 %
+    ]
+    judged = {j.node.name: j for j in fleet.judge(nodes).nodes}
+    assert {n: j.verdict for n, j in judged.items()} == {
+        "gpu-a": "fit", "gpu-b": "fit", "gpu-c": "fit", "gpu-d": "suspect", "gpu-e": "fit",
+    }  # fmt: skip
+    (why,) = judged["gpu-d"].why
+    assert why.startswith("bf16_tflops 664.2, 15% below the median 781.4 of 5 NVIDIA H200 nodes")
+    assert judged["gpu-d"].deviations["bf16_tflops"] == pytest.approx(-0.15)
+    # a tighter bound flags the 8 % one too
+    tight = {j.node.name: j.verdict for j in fleet.judge(nodes, suspect_below=0.05).nodes}
+    assert tight["gpu-e"] == "suspect" and tight["gpu-b"] == "fit"
+
+
+def test_peers_only_within_one_model_with_enough_passing_nodes() -> None:
+    nodes = [
+        _node("h-1"), _node("h-2"), _node("h-3", scale={"bf16_tflops": 0.8}),
+        # two of another model: no median, their floors alone, however far apart they are
+        _node("a-1", model="NVIDIA A100-SXM4-80GB"), _node("a-2", model="NVIDIA A100-SXM4-80GB", scale={"bf16_tflops": 0.5}),
+        # an unfit node is not a peer: it neither counts toward the three nor moves the median
+        _node("h-4", status="ERROR", scale={"bf16_tflops": 0.1}),
+    ]  # fmt: skip
+    judged = fleet.judge(nodes)
+    verdicts = {j.node.name: j.verdict for j in judged.nodes}
+    assert verdicts == {
+        "h-1": "fit",
+        "h-2": "fit",
+        "h-3": "suspect",
+        "a-1": "fit",
+        "a-2": "fit",
+        "h-4": "unfit",
+    }
+    assert judged.floors_only == ("NVIDIA A100-SXM4-80GB",)
+    assert judged.medians["NVIDIA H200"]["bf16_tflops"] == pytest.approx(H200["bf16_tflops"])
+    two = fleet.judge([*nodes[:2], _node("h-x", scale={"bf16_tflops": 0.5})])
+    assert {j.verdict for j in two.nodes} == {"fit", "suspect"}  # three H200 nodes: a median
+    assert {j.verdict for j in fleet.judge(nodes[:2]).nodes} == {"fit"}  # two: floors alone
+    with_unfit = fleet.judge([*nodes[:2], nodes[-1]])  # two passing and an unfit one: no peers
+    assert with_unfit.floors_only == ("NVIDIA H200",) and not with_unfit.medians
+
+
+def test_the_commands_an_operator_would_run() -> None:
+    nodes = [
+        _node("h-1"),
+        _node("h-2"),
+        _node("h-3", scale={"hbm_copy_gbps": 0.7}),
+        _node("h-4", status="ERROR"),
+    ]
+    assert fleet.commands(fleet.judge(nodes)) == [
+        "kubectl label node h-3 imagegate.dev/node-check=suspect --overwrite",
+        "kubectl label node h-4 imagegate.dev/node-check=unfit --overwrite",
+        "kubectl taint node h-4 imagegate.dev/node-check=unfit:NoSchedule --overwrite",
+    ]
