@@ -130,3 +130,50 @@ def commands(fleet: Fleet) -> list[str]:
         if j.verdict == "unfit":
             out.append(f"kubectl taint node {j.node.name} {LABEL}=unfit:NoSchedule --overwrite")
     return out
+
+
+def as_json(fleet: Fleet, unverified: Sequence[str] = ()) -> dict[str, Any]:
+    """The report as data: each node's verdict, figures and deviations, the medians, the commands."""
+    return {
+        "nodes": [
+            {
+                "name": j.node.name,
+                "model": j.node.model,
+                "check": j.node.status,
+                "verdict": j.verdict,
+                "figures": dict(j.node.figures),
+                "deviations": {f: round(d, 4) for f, d in j.deviations.items()},
+                "why": list(j.why),
+            }
+            for j in fleet.nodes
+        ],
+        "medians": {m: dict(f) for m, f in fleet.medians.items()},
+        "floorsOnly": list(fleet.floors_only),
+        "unverified": list(unverified),
+        "commands": commands(fleet),
+    }
+
+
+def table(fleet: Fleet, unverified: Sequence[str] = ()) -> list[str]:
+    """The report in lines: a row a node (each figure with its deviation from the median), then why
+    each one not fit is so, the models judged by their floors alone, and the commands."""
+    shown = [f for f in FIGURES if any(f in j.node.figures for j in fleet.nodes)]
+    rows = [["node", "model", "check", "verdict", *shown]]
+    for j in fleet.nodes:
+        cells = [
+            f"{j.node.figures[f]:.1f}" + (f" ({j.deviations[f]:+.0%})" if f in j.deviations else "")
+            if f in j.node.figures
+            else "-"
+            for f in shown
+        ]
+        rows.append([j.node.name, j.node.model, j.node.status, j.verdict, *cells])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    out += [f"{j.node.name}: {why}" for j in fleet.nodes for why in j.why]
+    out += [
+        f"{m}: fewer than the peers a median needs: its nodes are judged by the floors alone"
+        for m in fleet.floors_only
+    ]
+    out += [f"not verified: {u}" for u in unverified]
+    out += commands(fleet)
+    return out

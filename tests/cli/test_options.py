@@ -21,7 +21,7 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     # a verdict's statement on stdout vs. a command's data as JSON vs. a report's formats
     "--format": {
         "statement": {"run", "complete", "pod run", "pod collect"},
-        "data": {"layers", "compare", "index", "cache unpack", "cache list"},
+        "data": {"layers", "compare", "index", "cache unpack", "cache list", "fleet report"},
         "report": {"report"},
     },
     # devices for this host's sandbox vs. nvidia.com/gpu requested for a Pod
@@ -33,7 +33,7 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     "--key": {
         "signing": {"run", "complete", "index", "audit", "pod run", "pod collect"},
         "chain": {"verify"},
-        "report": {"report"},
+        "report": {"report", "fleet report"},
         "hidden": {"pod render"},
     },
     "--no-sign": {"sign": {"run", "complete", "audit", "pod run", "pod collect"}, "hidden": {"pod render"}},

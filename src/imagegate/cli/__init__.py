@@ -32,6 +32,7 @@ COMMAND_MODULES = {
     "attach": "attest",
     "index": "attest",
     "pod": "pod",
+    "fleet": "fleet",
     "report": "report",
     "audit": "report",
 }

@@ -100,6 +100,14 @@ CACHE_DIR = Option(
     help="The root cache folder, yours alone (mode 0700) [$XDG_CACHE_HOME/imagegate/roots].",
 )
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
+# report and fleet report: the one key the attestations they read must verify with
+ATTESTATION_KEY = Option(
+    None,
+    "--key",
+    "-k",
+    help="Public key (PEM) the attestation must verify with; without it the "
+    "signature is not checked (and the report says so).",
+)
 # One deadline over the whole command (imagegate.deadline): a stalled or trickling server ends it.
 # One meaning, one text; the default is each command's own (shown by the parser).
 TIMEOUT_HELP = (

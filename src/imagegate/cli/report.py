@@ -47,13 +47,7 @@ def report(
         ReportFormat.table, "--format", "-f", help="table, json, junit, markdown, html, sarif or github."
     ),
     output: Path | None = Option(None, "--output", "-o", help="Write to this file instead of stdout."),
-    key: Path | None = Option(
-        None,
-        "--key",
-        "-k",
-        help="Public key (PEM) the attestation must verify with; without it the "
-        "signature is not checked (and the report says so).",
-    ),
+    key: Path | None = _app.ATTESTATION_KEY,
 ) -> None:
     """Render a report again from an attempt's signed statement, in any format."""
     from imagegate.attest.keys import load_public_key

@@ -1,0 +1,117 @@
+"""Command: fleet report (every node's node check beside its peers). Parse, call imagegate.fleet,
+render."""
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from typer import Argument
+
+from imagegate.cli import _app
+from imagegate.cli._app import Format, Option, app
+from imagegate.errors import UsageError
+
+if TYPE_CHECKING:  # imported where used: `fleet --help` loads none of the layers below
+    from imagegate import fleet
+
+fleet_app = typer.Typer(
+    help=(
+        "A GPU fleet judged as a fleet: each node's node check beside the nodes of its GPU model.\n\n"
+        "Examples:\n\n  imagegate fleet report gpu-1=runs/a/… gpu-2=runs/b/… gpu-3=runs/c/… --key ci.pub"
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(fleet_app, name="fleet")
+
+
+@fleet_app.command(
+    "report",
+    epilog="Each NODE=ATTEMPT names a node and the attempt of the node check that ran on it (`-p gpu`, "
+    "or any pipeline with a node_check stage; an image folder means its latest attempt). A node is "
+    "unfit when its check did not pass; suspect when it passed but a figure (BF16 TFLOP/s, held, "
+    "HBM, host↔GPU, all-reduce bus bandwidth; a node's is its weakest GPU's) is more than "
+    "--suspect-below under the median of the passing nodes of its GPU model, where there are "
+    "--min-peers of them (else the node check's own floors alone). Prints the kubectl label and "
+    "taint commands for them, never runs them. With --key every attempt must verify with it. "
+    "Exit 0 when every node is fit, 1 when one is suspect or unfit (or does not verify), 3 for "
+    "unreadable input.\n\nExamples:\n\n"
+    "  imagegate fleet report gpu-1=runs/gpu-1/sha256-…/<attempt> gpu-2=runs/gpu-2/sha256-… gpu-3=… --key ci.pub\n\n"
+    "  imagegate fleet report gpu-1=… gpu-2=… gpu-3=… --suspect-below 0.05 --format json",
+)
+def report(
+    nodes: list[str] = Argument(..., metavar="NODE=ATTEMPT...", help="A node's name and its attempt folder."),
+    key: Path | None = _app.ATTESTATION_KEY,
+    suspect_below: float = Option(
+        0.10,
+        "--suspect-below",
+        metavar="FRACTION",
+        help="How far under its peers' median a figure is suspect.",
+    ),
+    min_peers: int = Option(
+        3, "--min-peers", metavar="N", help="Passing nodes of one GPU model a median needs."
+    ),
+    fmt: Format = _app.FORMAT,
+) -> None:
+    """Judge every node's node check beside its peers; say which nodes to label or taint."""
+    import json
+
+    from imagegate import fleet
+    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+
+    if not 0 < suspect_below < 1 or min_peers < 2:
+        raise UsageError(
+            f"--suspect-below {suspect_below:g} / --min-peers {min_peers}: a fraction between 0 and 1, "
+            "and 2 peers or more",
+            hint="e.g. --suspect-below 0.1 --min-peers 3",
+        )
+    read, unverified = _read(nodes, key)
+    judged = fleet.judge(read, suspect_below=suspect_below, min_peers=min_peers)
+    if fmt is Format.json:
+        print(
+            json.dumps({**fleet.as_json(judged, unverified), "signaturesChecked": key is not None}, indent=1)
+        )
+    else:
+        for line in fleet.table(judged, unverified):
+            print(line)
+        if key is None:
+            print("signatures not checked: give --key PUB to check every attempt's")
+    fit = all(j.verdict == "fit" for j in judged.nodes) and not unverified
+    raise typer.Exit(EXIT_ACCEPTED if fit else EXIT_REJECTED)
+
+
+def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[str]]":
+    """Each NODE=ATTEMPT as a fleet.Node, from the attempt's signed statement and its node check's
+    evidence; the attempts that did not verify with `key`, named."""
+    from imagegate import fleet
+    from imagegate.attest import keys
+    from imagegate.report.load import read_attempt, resolve_attempt
+
+    public = keys.load_public_key(key) if key else None
+    read, unverified, seen = [], [], set()
+    for item in given:
+        name, sep, folder = item.partition("=")
+        attempt = resolve_attempt(Path(folder)).resolve() if sep and folder else None
+        if attempt is None or not name or name in seen or attempt in seen:
+            why = "not NODE=ATTEMPT" if attempt is None or not name else "a node or an attempt named twice"
+            raise UsageError(
+                f"{item!r}: {why}", hint="give each node once, with its own attempt: gpu-1=runs/…/<attempt>"
+            )
+        seen |= {name, attempt}
+        loaded = read_attempt(attempt, public)
+        if key and not loaded.provenance.ok:
+            unverified.append(f"{name}: {loaded.provenance.lines()[0]}")
+        stage = next((s for s in loaded.record.stages if s.probe == "gpu_preflight"), None)
+        if stage is None:
+            raise UsageError(
+                f"{name}={folder}: this attempt ran no node check", hint="run -p gpu on the node"
+            )
+        read.append(
+            fleet.Node(
+                name,
+                stage.status.value,
+                fleet.gpu_model(stage.data),
+                fleet.figures_of(stage.data),
+                stage.detail,
+            )
+        )
+    return read, unverified
