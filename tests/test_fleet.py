@@ -123,3 +123,51 @@ def test_the_commands_an_operator_would_run() -> None:
         "kubectl label node h-4 imagegate.dev/node-check=unfit --overwrite",
         "kubectl taint node h-4 imagegate.dev/node-check=unfit:NoSchedule --overwrite",
     ]
+
+
+def _k8s_node(
+    name: str, gpus: int | None = 8, product: str | None = "NVIDIA-H200", **extra: Any
+) -> dict[str, Any]:
+    """A node as `kubectl get nodes -o json` lists it (the fields read), with the labels NVIDIA's
+    GPU operator sets (gpu-feature-discovery) and what its device plugin makes allocatable."""
+    labels = {"kubernetes.io/hostname": name, **({"nvidia.com/gpu.product": product} if product else {})}
+    allocatable = {
+        "cpu": "96",
+        "memory": "2Ti",
+        **({"nvidia.com/gpu": str(gpus)} if gpus is not None else {}),
+    }
+    allocatable |= extra.pop("allocatable", {})
+    labels |= extra.pop("labels", {})
+    return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": allocatable}}
+
+
+def _k8s_pod(node: str, name: str, phase: str = "Running", gpu: bool = True) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": "8"} if gpu else {"cpu": "1"}
+    return {"metadata": {"namespace": "team", "name": name},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": limits}}]},
+            "status": {"phase": phase}}  # fmt: skip
+
+
+def test_the_gpu_nodes_to_check_and_the_ones_skipped_with_why() -> None:
+    nodes = {"items": [
+        _k8s_node("h200-a"), _k8s_node("h200-b"),
+        _k8s_node("cpu-1", gpus=None, product=None),  # not a GPU node: not listed at all
+        _k8s_node("mig-1", gpus=0, allocatable={"nvidia.com/mig-1g.18gb": "56"}, labels={"nvidia.com/mig.config": "all-1g.18gb"}),
+        _k8s_node("no-plugin", gpus=None),
+        _k8s_node("busy-1"), _k8s_node("done-1"),
+    ]}  # fmt: skip
+    pods = {"items": [
+        _k8s_pod("busy-1", "train-0"),
+        _k8s_pod("done-1", "old", phase="Succeeded"),  # finished: holds no GPU
+        _k8s_pod("h200-a", "web", gpu=False),  # no GPU asked: no matter
+    ]}  # fmt: skip
+    found, skipped = fleet.targets(nodes, pods)
+    assert found == [fleet.Target("h200-a", "NVIDIA-H200", 8), fleet.Target("h200-b", "NVIDIA-H200", 8),
+                     fleet.Target("done-1", "NVIDIA-H200", 8)]  # fmt: skip
+    assert skipped == [
+        "mig-1: MIG mode (nvidia.com/mig-1g.18gb): whole GPUs only, skipped",
+        "no-plugin: no allocatable nvidia.com/gpu (is the device plugin running there?)",
+        "busy-1: GPU work running (team/train-0): cordon it first (kubectl cordon busy-1), then check it once they finish",
+    ]
+    # without the pods, busy-1 is a target too
+    assert [t.node for t in fleet.targets(nodes)[0]] == ["h200-a", "h200-b", "busy-1", "done-1"]

@@ -177,3 +177,60 @@ def table(fleet: Fleet, unverified: Sequence[str] = ()) -> list[str]:
     out += [f"not verified: {u}" for u in unverified]
     out += commands(fleet)
     return out
+
+
+# -- which nodes: the GPU operator's labels and the node's allocatable GPUs ------------------------
+# GPU feature discovery (NVIDIA GPU operator) labels every GPU node with its product; the device
+# plugin makes nvidia.com/gpu allocatable; a MIG-partitioned node offers nvidia.com/mig-* slices.
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_CONFIG = "nvidia.com/mig.config"
+
+
+@dataclass(frozen=True)
+class Target:
+    node: str
+    product: str
+    gpus: int
+
+
+def targets(
+    nodes: Mapping[str, Any], pods: Mapping[str, Any] | None = None
+) -> tuple[list[Target], list[str]]:
+    """The GPU nodes of `kubectl get nodes -o json` to check, each with all its GPUs, and the ones
+    skipped, each with why: MIG-partitioned (whole GPUs only here), no allocatable GPU, or GPU
+    work running on it (from `kubectl get pods -A -o json`: cordon it first)."""
+    busy: dict[str, list[str]] = {}
+    for pod in (pods or {}).get("items") or []:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        wants = any(
+            GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})
+            for c in spec.get("containers") or []
+        )
+        if wants and spec.get("nodeName") and status.get("phase") in ("Pending", "Running"):
+            meta = pod.get("metadata") or {}
+            busy.setdefault(spec["nodeName"], []).append(f"{meta.get('namespace')}/{meta.get('name')}")
+    found, skipped = [], []
+    for item in nodes.get("items") or []:
+        name = str((item.get("metadata") or {}).get("name"))
+        labels = (item.get("metadata") or {}).get("labels") or {}
+        allocatable = (item.get("status") or {}).get("allocatable") or {}
+        product = labels.get(GPU_PRODUCT)
+        slices = sorted(k for k in allocatable if k.startswith("nvidia.com/mig-"))
+        gpus = int(str(allocatable.get(GPU_RESOURCE, "0")) or 0)
+        if product is None and not gpus and not slices:
+            continue  # not a GPU node
+        if slices or labels.get(MIG_CONFIG, "all-disabled") != "all-disabled":
+            skipped.append(
+                f"{name}: MIG mode ({', '.join(slices) or labels.get(MIG_CONFIG)}): whole GPUs only, skipped"
+            )
+        elif not gpus:
+            skipped.append(f"{name}: no allocatable {GPU_RESOURCE} (is the device plugin running there?)")
+        elif name in busy:
+            skipped.append(
+                f"{name}: GPU work running ({', '.join(busy[name])}): cordon it first "
+                f"(kubectl cordon {name}), then check it once they finish"
+            )
+        else:
+            found.append(Target(name, str(product or "unknown"), gpus))
+    return found, skipped

@@ -85,3 +85,39 @@ def test_bad_input_is_refused_naming_it(case: str, attempts: tuple[Path, list[Pa
         "no node check": "ran no node check",
         "not NODE=ATTEMPT": "not NODE=ATTEMPT",
     }[case] in error
+
+
+def test_render_pins_one_validated_job_per_gpu_node_requesting_all_its_gpus(tmp_path: Path) -> None:
+    """The objects are validated against the Kubernetes schemas by the command itself (the kube
+    extra); here: one Job per node to check, pinned to it, all its GPUs, a cordon tolerated."""
+    import yaml
+
+    from tests.test_fleet import _k8s_node, _k8s_pod
+
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": [
+        _k8s_node("h200-a"), _k8s_node("node.with.dots", gpus=4), _k8s_node("busy-1"),
+        _k8s_node("cpu-1", gpus=None, product=None),
+    ]}))  # fmt: skip
+    (tmp_path / "pods.json").write_text(json.dumps({"items": [_k8s_pod("busy-1", "train-0")]}))
+    image = "registry.example/team/torch@sha256:" + "ab" * 32
+    done = _imagegate("fleet", "render", image, "--nodes", "nodes.json", "--pods", "pods.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "imagegate: skipped busy-1: GPU work running (team/train-0)" in done.stderr
+    jobs = [d for d in yaml.safe_load_all(done.stdout) if d["kind"] == "Job"]
+    assert [j["spec"]["template"]["spec"]["nodeSelector"] for j in jobs] == [
+        {"kubernetes.io/hostname": "h200-a"}, {"kubernetes.io/hostname": "node.with.dots"},
+    ]  # fmt: skip
+    names = [j["metadata"]["name"] for j in jobs]
+    assert names[0] == "imagegate-node-check-h200-a" and len(set(names)) == 2
+    for job, gpus in zip(jobs, ("8", "4"), strict=True):
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus
+        assert container["image"] == image
+        assert {
+            "key": "node.kubernetes.io/unschedulable",
+            "operator": "Exists",
+            "effect": "NoSchedule",
+        } in pod["tolerations"]
+    bad = _imagegate("fleet", "render", image, "--nodes", "pods.json", cwd=tmp_path)
+    assert bad.returncode == 3 and "no GPU node to check" in bad.stderr

@@ -100,6 +100,11 @@ CACHE_DIR = Option(
     help="The root cache folder, yours alone (mode 0700) [$XDG_CACHE_HOME/imagegate/roots].",
 )
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
+# The Kubernetes objects: pod render/run/collect and fleet render
+KUBE_NAMESPACE = Option(
+    "default", "--namespace", "-n", help="Namespace of the Secret, the ConfigMap and the Job."
+)
+KUBE_VERSION = Option("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
 # report and fleet report: the one key the attestations they read must verify with
 ATTESTATION_KEY = Option(
     None,

@@ -115,3 +115,64 @@ def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[s
             )
         )
     return read, unverified
+
+
+@fleet_app.command(
+    "render",
+    epilog="Reads the nodes (and the pods, to skip nodes with GPU work) as kubectl prints them: "
+    "`kubectl get nodes -o json`, `kubectl get pods -A -o json`. Each GPU node (labelled "
+    "nvidia.com/gpu.product by the GPU operator, or with allocatable nvidia.com/gpu) gets its own "
+    "Secret, ConfigMap and Job, pinned to it (kubernetes.io/hostname), requesting all its GPUs, "
+    "tolerating a cordon (check a node after cordoning it), running the node check (-p gpu) in "
+    "IMAGE, each object validated against the Kubernetes schemas. MIG-partitioned nodes, nodes "
+    "without allocatable GPUs and nodes with GPU work running are named on stderr and skipped.\n\n"
+    "Examples:\n\n"
+    "  kubectl get nodes -o json > nodes.json; kubectl get pods -A -o json > pods.json\n\n"
+    "  imagegate fleet render myorg/torch@sha256:<digest> --nodes nodes.json --pods pods.json | kubectl apply -f -",
+)
+def render(
+    image: str = Argument(..., help="The image with the torch to check each node with, by digest."),
+    nodes: Path = Option(..., "--nodes", metavar="FILE", help="kubectl get nodes -o json."),
+    pods: Path | None = Option(None, "--pods", metavar="FILE", help="kubectl get pods -A -o json."),
+    namespace: str = _app.KUBE_NAMESPACE,
+    kube_version: str = _app.KUBE_VERSION,
+) -> None:
+    """Print one node check Job (with its Secret and ConfigMap) per GPU node of a cluster."""
+    import hashlib
+    import sys
+
+    from imagegate import fleet, runner
+    from imagegate.files import read_named
+    from imagegate.kube import render as kube_render
+    from imagegate.oci import untrusted_json
+
+    def listing(path: Path, what: str) -> dict[str, object]:
+        try:  # a big cluster's pods: 64 MiB, bounded before it is read, like every file named here
+            doc = untrusted_json.loads(read_named(path, what=what, max_bytes=64 << 20), max_bytes=64 << 20)
+        except untrusted_json.UntrustedJSONError as e:
+            raise UsageError(f"{path}: {e}", hint=f"write it with: kubectl get {what} -o json") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+            raise UsageError(
+                f"{path}: not a Kubernetes list ({what})", hint=f"write it with: kubectl get {what} -o json"
+            )
+        return doc
+
+    found, skipped = fleet.targets(listing(nodes, "nodes"), listing(pods, "pods") if pods else None)
+    for why in skipped:
+        print(f"imagegate: skipped {why}", file=sys.stderr)
+    if not found:
+        raise UsageError(
+            f"{nodes}: no GPU node to check", hint="list the cluster's nodes: kubectl get nodes -o json"
+        )
+    preps: dict[int, runner.Prepared] = {}
+    for n, t in enumerate(found):
+        prep = preps.setdefault(t.gpus, runner.prepare(runner.RunOptions(pipeline="gpu", gpus=str(t.gpus))))
+        name = f"imagegate-node-check-{t.node}".lower()
+        if len(name) > 52 or not all(c.isalnum() or c == "-" for c in name):
+            name = f"imagegate-node-check-{hashlib.sha256(t.node.encode()).hexdigest()[:12]}"
+        rendered = kube_render.render_checked(
+            prep, image, kube_version, namespace=namespace, name=name, gpus=t.gpus,
+            node_selector=[f"kubernetes.io/hostname={t.node}"],
+            toleration=["node.kubernetes.io/unschedulable:NoSchedule"],
+        )  # fmt: skip
+        sys.stdout.write(("---\n" if n else "") + rendered.yaml())  # one YAML stream, every node's

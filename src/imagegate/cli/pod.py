@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from imagegate.cli import _accept as o
+from imagegate.cli import _app
 from imagegate.cli._app import Option, app
 
 if TYPE_CHECKING:  # imported where used: `pod --help` loads neither the run nor the cluster's modules
@@ -30,9 +31,7 @@ _RENDER_EPILOG = (
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
-_NAMESPACE = Option(
-    "default", "--namespace", "-n", help="Namespace of the Secret, the ConfigMap and the Job."
-)
+_NAMESPACE = _app.KUBE_NAMESPACE
 _GPUS = Option(
     0,
     "--gpus",
@@ -84,9 +83,7 @@ class PodSpec:
         None, "--python", help="The image's interpreter (default: the pipeline's python:, else python3)."
     )
     run_as_user: int | None = Option(None, "--run-as-user", help="runAsUser (and runAsNonRoot unless 0).")
-    kube_version: str = Option(
-        "1.30", "--kube-version", help="Validate against this Kubernetes version's schemas."
-    )
+    kube_version: str = _app.KUBE_VERSION
     gpus: int = _GPUS
     runtime_class: str | None = Option(
         None, "--runtime-class", help="runtimeClassName, e.g. nvidia (GPU nodes)."
