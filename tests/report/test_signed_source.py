@@ -4,6 +4,7 @@ file, or an attempt that was never signed; the exit code says so too."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagegate.attest import keys
+from imagegate.attest.sign import DSSE_FILE
 from tests.helpers import Result, imagegate
 from tests.report.test_junit import validate
 
@@ -135,3 +137,31 @@ def test_an_edited_evidence_file_is_not_shown(signed: Path) -> None:
     assert r.returncode == 1, r.stderr
     assert "an edited fact" not in r.stdout
     assert f"result.json in {result.parent}: differs from its sha256 in the statement" in r.stdout
+
+
+@pytest.mark.parametrize("how", ["two envelopes", "another payloadType", "not an acceptance"])
+def test_an_unreadable_attestation_is_flagged_and_fails(
+    signed: Path, keypair: tuple[Path, Path], how: str
+) -> None:
+    """An attestation file that holds no one readable acceptance vouches for nothing: the report
+    says so, and why, and shows statement.json for what it is."""
+    path = signed / DSSE_FILE
+    envelope = json.loads(path.read_text())
+    if how == "two envelopes":
+        path.write_text(json.dumps(envelope) + "\n" + json.dumps(envelope) + "\n")
+        why = f"{path}: holds more than one envelope"
+    elif how == "another payloadType":
+        path.write_text(json.dumps({**envelope, "payloadType": "text/plain"}))
+        why = f"{path}: payloadType 'text/plain' is not an in-toto statement"
+    else:
+        payload = base64.b64encode(json.dumps({"predicate": {"stages": []}}).encode()).decode()
+        path.write_text(json.dumps({**envelope, "payload": payload}))
+        why = f"{path}: not an imagegate acceptance statement"
+    for fmt in ("table", "json"):
+        for key in ((), ("--key", str(keypair[1]))):
+            r = report(signed, fmt, *key)
+            assert r.returncode == 1, (fmt, key, r.stdout, r.stderr)
+            shown = r.stderr if fmt == "json" else r.stdout
+            assert "ATTESTATION UNREADABLE" in shown and why in shown, (fmt, shown)
+            assert "signature verified" not in shown and "SIGNATURE FAILED" not in shown
+    assert report(signed, "json").stdout == (signed / "statement.json").read_text()

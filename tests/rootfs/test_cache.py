@@ -216,3 +216,117 @@ def test_prune_keeps_the_work_folder_of_a_live_run(tmp_path: Path) -> None:
         pruner.prune(0)
         assert Path(work, "rootfs").is_dir()
     assert os.listdir(Path(folder) / "work") == []
+
+
+def _cached(tmp_path: Path) -> tuple[str, Path, Path]:
+    """An image whose root is in a fresh cache: (source, cache folder, its entry)."""
+    src, folder = _image(tmp_path, "a", 1000), tmp_path / "cache"
+    with RootCache(str(folder)) as cache:
+        materialize(open_source(src), cache=cache)
+    (entry,) = (folder / "roots").iterdir()
+    return src, folder, entry
+
+
+def _plant(entry: Path, how: str, elsewhere: Path) -> str:
+    """What someone else writes into the entry; the words the refusal says it in."""
+    nobody = 65534
+    if how == "entry-symlink":
+        shutil.move(entry, elsewhere)
+        entry.symlink_to(elsewhere)
+        return "not a folder (a symlink?)"
+    if how == "entry-file":
+        shutil.rmtree(entry)
+        entry.write_text("")
+        return "not a folder (a symlink?)"
+    if how == "entry-owner":
+        os.chown(entry, nobody, nobody)
+        return "owned by another user"
+    if how == "lock-symlink":
+        (entry / "lock").unlink()
+        (entry / "lock").symlink_to(elsewhere)
+        return "its lock is a symlink"
+    record = entry / "root.json"
+    if how == "root.json-symlink":
+        shutil.move(record, elsewhere)
+        record.symlink_to(elsewhere)
+        return "root.json is a symlink"
+    if how == "root.json-owner":
+        os.chown(record, nobody, nobody)
+        return "root.json is not a file of this user"
+    if how == "root.json-fifo":
+        record.unlink()
+        os.mkfifo(record)
+        return "root.json is not a file of this user"
+    if how == "another-chain":
+        doc = json.loads(record.read_text())
+        doc["root"]["chain_id"] = "sha256:" + "b" * 64
+        record.write_text(json.dumps(doc))
+        return f"root.json names another chainID (sha256:{'b' * 64})"
+    rootfs = entry / "rootfs"
+    if how == "rootfs-symlink":
+        shutil.move(rootfs, elsewhere)
+        rootfs.symlink_to(elsewhere)
+        return f"rootfs is a symlink (to {elsewhere}), not a folder"
+    if how == "rootfs-owner":
+        os.chown(rootfs, nobody, nobody)
+        return "rootfs is not a folder of this user"
+    assert how == "rootfs-file"
+    shutil.rmtree(rootfs)
+    rootfs.write_text("")
+    return "rootfs is not a folder of this user"
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "entry-symlink",
+        "entry-file",
+        "entry-owner",
+        "lock-symlink",
+        "root.json-symlink",
+        "root.json-owner",
+        "root.json-fifo",
+        "another-chain",
+        "rootfs-symlink",
+        "rootfs-owner",
+        "rootfs-file",
+    ],
+)
+def test_an_entry_imagegate_did_not_make_is_refused_never_used(tmp_path: Path, how: str) -> None:
+    """A root run as found must be one this user's imagegate made: anything else in its place is
+    refused, named, and left for the user to look at, never unpacked over nor followed."""
+    if os.geteuid() != 0 and how.endswith("-owner"):
+        pytest.skip("giving a file to another user needs root")
+    src, folder, entry = _cached(tmp_path)
+    what = _plant(entry, how, tmp_path / "elsewhere")
+    with RootCache(str(folder)) as cache, pytest.raises(UsageError) as e:
+        materialize(open_source(src), cache=cache)
+    assert str(e.value) == (
+        f"root cache {folder}: roots/{entry.name}: {what}: imagegate did not make this entry; not used"
+    )
+    assert e.value.hint == (
+        f"remove it (imagegate cache remove sha256:{entry.name} --cache-dir {folder}) and find out "
+        "who wrote into this folder"
+    )
+    assert os.path.lexists(entry)
+
+
+@pytest.mark.parametrize("how", ["older-format", "no-root.json", "not-json", "oversized"])
+def test_an_entry_that_cannot_be_read_is_unpacked_again(tmp_path: Path, how: str) -> None:
+    """An entry of this user's that cannot be read (an older imagegate's, a run cut short) is not
+    a root to run: the image is unpacked again, from its verified layers, in its place."""
+    src, folder, entry = _cached(tmp_path)
+    record = entry / "root.json"
+    if how == "older-format":
+        record.write_text(json.dumps({**json.loads(record.read_text()), "format": 0}))
+    elif how == "no-root.json":
+        record.unlink()
+    elif how == "not-json":
+        record.write_text(record.read_text()[:-2])
+    else:  # valid JSON, past the bound on what is read
+        record.write_text(record.read_text() + " " * (16 << 20))
+    with RootCache(str(folder)) as cache:
+        again = materialize(open_source(src), cache=cache)
+    assert not again.cached and again.path == str(entry / "rootfs")
+    assert Path(again.path, "a.bin").stat().st_size == 1000
+    assert json.loads(record.read_text())["format"] == 1
