@@ -5,6 +5,7 @@ file, or an attempt that was never signed; the exit code says so too."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import shutil
 import sys
@@ -139,7 +140,9 @@ def test_an_edited_evidence_file_is_not_shown(signed: Path) -> None:
     assert f"result.json in {result.parent}: differs from its sha256 in the statement" in r.stdout
 
 
-@pytest.mark.parametrize("how", ["two envelopes", "another payloadType", "not an acceptance"])
+@pytest.mark.parametrize(
+    "how", ["two envelopes", "payloadType text/plain", "payloadType application/json", "not an acceptance"]
+)
 def test_an_unreadable_attestation_is_flagged_and_fails(
     signed: Path, keypair: tuple[Path, Path], how: str
 ) -> None:
@@ -150,9 +153,10 @@ def test_an_unreadable_attestation_is_flagged_and_fails(
     if how == "two envelopes":
         path.write_text(json.dumps(envelope) + "\n" + json.dumps(envelope) + "\n")
         why = f"{path}: holds more than one envelope"
-    elif how == "another payloadType":
-        path.write_text(json.dumps({**envelope, "payloadType": "text/plain"}))
-        why = f"{path}: payloadType 'text/plain' is not an in-toto statement"
+    elif how.startswith("payloadType "):
+        kind = how.split(" ", 1)[1]
+        path.write_text(json.dumps({**envelope, "payloadType": kind}))
+        why = f"{path}: payloadType {kind!r} is not an in-toto statement"
     else:
         payload = base64.b64encode(json.dumps({"predicate": {"stages": []}}).encode()).decode()
         path.write_text(json.dumps({**envelope, "payload": payload}))
@@ -165,3 +169,26 @@ def test_an_unreadable_attestation_is_flagged_and_fails(
             assert "ATTESTATION UNREADABLE" in shown and why in shown, (fmt, shown)
             assert "signature verified" not in shown and "SIGNATURE FAILED" not in shown
     assert report(signed, "json").stdout == (signed / "statement.json").read_text()
+
+
+def test_every_edited_evidence_file_is_said_whichever_its_new_digest(signed: Path) -> None:
+    """A changed file is a changed file: each stage's result.json edited is named, one whose new
+    sha256 sorts before the one the statement lists and one whose sha256 sorts after it."""
+    statement = json.loads((signed / "statement.json").read_text())
+    listed = {
+        f["path"]: f["sha256"] for s in statement["predicate"]["stages"] for f in s.get("evidence") or []
+    }
+    results = sorted(signed.glob("stages/*/result.json"))
+    assert len(results) == 2
+    for result, before in zip(results, (True, False), strict=True):
+        was, doc = listed[str(result.relative_to(signed))], json.loads(result.read_text())
+        for n in range(200):
+            doc["data"] = {"forged": "x" * n}
+            data = json.dumps(doc).encode()
+            if (hashlib.sha256(data).hexdigest() < was) is before:
+                break
+        result.write_bytes(data)
+    r = report(signed, "markdown")
+    assert r.returncode == 1, r.stderr
+    for result in results:
+        assert f"result.json in {result.parent}: differs from its sha256 in the statement" in r.stdout

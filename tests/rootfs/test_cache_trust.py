@@ -9,9 +9,12 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import tarfile
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -296,3 +299,55 @@ def test_a_folder_that_cannot_be_made_is_named_with_why(tmp_path: Path) -> None:
         RootCache(str(folder))
     assert str(e.value) == f"root cache {folder}: cannot create {folder}: Not a directory"
     assert e.value.hint == "choose a writable folder with --cache-dir (or IMAGEGATE_CACHE)"
+
+
+def test_a_folder_made_for_the_cache_then_swapped_for_a_symlink_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between making a parent folder and using it, someone who can write beside it puts a symlink
+    in its place: the cache would then live wherever the link points. Refused, as any symlink."""
+    elsewhere, made = tmp_path / "elsewhere", tmp_path / "a"
+    elsewhere.mkdir(mode=0o700)
+    mkdir = os.mkdir
+
+    def then_swapped(path: str, mode: int = 0o777, **kw: Any) -> None:
+        mkdir(path, mode, **kw)
+        if path == str(made):
+            os.rmdir(path)
+            os.symlink(elsewhere, path)
+
+    monkeypatch.setattr(os, "mkdir", then_swapped)
+    with pytest.raises(UsageError, match=rf"^root cache {made}: it is a symlink \(to {elsewhere}\)"):
+        RootCache(str(made / "b" / "cache"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_a_folder_or_subfolder_of_root_is_refused_to_a_user(tmp_path: Path) -> None:
+    """A cache that root wrote into (a run with sudo) is not the user's own any more: refused
+    to the user, whichever uid is the lower."""
+    user = 54321
+    shared = Path(tempfile.mkdtemp(prefix="imagegate-uid-"))  # a place the user can reach
+    try:
+        shared.chmod(0o711)
+        theirs, mine = shared / "theirs", shared / "mine"
+        theirs.mkdir(mode=0o755)  # root's
+        mine.mkdir(mode=0o700)
+        os.chown(mine, user, user)
+        (mine / "roots").mkdir(mode=0o755)  # root's, inside the user's folder
+        os.seteuid(user)
+        try:
+            with pytest.raises(UsageError) as folder_error:
+                RootCache(str(theirs))
+            with pytest.raises(UsageError) as sub_error:
+                RootCache(str(mine))
+        finally:
+            os.seteuid(0)
+        assert str(folder_error.value).startswith(
+            f"root cache {theirs}: owned by uid 0 (root), not by uid {user} who runs imagegate"
+        )
+        assert (
+            str(sub_error.value)
+            == f"root cache {mine}: roots/ is owned by uid 0 (root), not by uid {user}; not used"
+        )
+    finally:
+        shutil.rmtree(shared)
