@@ -141,7 +141,14 @@ def test_an_edited_evidence_file_is_not_shown(signed: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "how", ["two envelopes", "payloadType text/plain", "payloadType application/json", "not an acceptance"]
+    "how",
+    [
+        "two envelopes",
+        "payloadType text/plain",
+        "payloadType application/json",
+        "payload not JSON",
+        "not an acceptance",
+    ],
 )
 def test_an_unreadable_attestation_is_flagged_and_fails(
     signed: Path, keypair: tuple[Path, Path], how: str
@@ -157,6 +164,9 @@ def test_an_unreadable_attestation_is_flagged_and_fails(
         kind = how.split(" ", 1)[1]
         path.write_text(json.dumps({**envelope, "payloadType": kind}))
         why = f"{path}: payloadType {kind!r} is not an in-toto statement"
+    elif how == "payload not JSON":
+        path.write_text(json.dumps({**envelope, "payload": base64.b64encode(b"not JSON").decode()}))
+        why = f"{path}: cannot read it: "
     else:
         payload = base64.b64encode(json.dumps({"predicate": {"stages": []}}).encode()).decode()
         path.write_text(json.dumps({**envelope, "payload": payload}))
