@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -257,11 +258,12 @@ def _plant(entry: Path, how: str, elsewhere: Path) -> str:
         record.unlink()
         os.mkfifo(record)
         return "root.json is not a file of this user"
-    if how == "another-chain":
+    if how.startswith("another-chain-"):  # one that sorts before the entry's, one after
+        other = "sha256:" + ("0" if how.endswith("lower") else "f") * 64
         doc = json.loads(record.read_text())
-        doc["root"]["chain_id"] = "sha256:" + "b" * 64
+        doc["root"]["chain_id"] = other
         record.write_text(json.dumps(doc))
-        return f"root.json names another chainID (sha256:{'b' * 64})"
+        return f"root.json names another chainID ({other})"
     rootfs = entry / "rootfs"
     if how == "rootfs-symlink":
         shutil.move(rootfs, elsewhere)
@@ -286,7 +288,8 @@ def _plant(entry: Path, how: str, elsewhere: Path) -> str:
         "root.json-symlink",
         "root.json-owner",
         "root.json-fifo",
-        "another-chain",
+        "another-chain-lower",
+        "another-chain-higher",
         "rootfs-symlink",
         "rootfs-owner",
         "rootfs-file",
@@ -311,14 +314,33 @@ def test_an_entry_imagegate_did_not_make_is_refused_never_used(tmp_path: Path, h
     assert os.path.lexists(entry)
 
 
-@pytest.mark.parametrize("how", ["older-format", "no-root.json", "not-json", "oversized"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "older-format",
+        "newer-format",
+        "no-root.json",
+        "not-json",
+        "oversized",
+        "no-record",
+        "record-not-an-object",
+        "no-rootfs",
+    ],
+)
 def test_an_entry_that_cannot_be_read_is_unpacked_again(tmp_path: Path, how: str) -> None:
     """An entry of this user's that cannot be read (an older imagegate's, a run cut short) is not
     a root to run: the image is unpacked again, from its verified layers, in its place."""
     src, folder, entry = _cached(tmp_path)
     record = entry / "root.json"
-    if how == "older-format":
-        record.write_text(json.dumps({**json.loads(record.read_text()), "format": 0}))
+    if how in ("older-format", "newer-format"):
+        format_ = 0 if how == "older-format" else 2
+        record.write_text(json.dumps({**json.loads(record.read_text()), "format": format_}))
+    elif how == "no-record":
+        record.write_text(json.dumps({"format": 1}))
+    elif how == "record-not-an-object":
+        record.write_text(json.dumps({"format": 1, "root": []}))
+    elif how == "no-rootfs":
+        shutil.rmtree(entry / "rootfs")
     elif how == "no-root.json":
         record.unlink()
     elif how == "not-json":
@@ -330,3 +352,53 @@ def test_an_entry_that_cannot_be_read_is_unpacked_again(tmp_path: Path, how: str
     assert not again.cached and again.path == str(entry / "rootfs")
     assert Path(again.path, "a.bin").stat().st_size == 1000
     assert json.loads(record.read_text())["format"] == 1
+
+
+def test_a_root_json_up_to_the_bound_is_read(tmp_path: Path) -> None:
+    src, folder, entry = _cached(tmp_path)
+    record = entry / "root.json"
+    text = record.read_text()
+    record.write_text(" " * ((16 << 20) - len(text.encode())) + text)  # 16 MiB: a byte less is not JSON
+    with RootCache(str(folder)) as cache:
+        again = materialize(open_source(src), cache=cache)
+    assert again.cached and again.path == str(entry / "rootfs")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+@pytest.mark.parametrize("how", ["entry-owner", "root.json-owner", "rootfs-owner"])
+def test_an_entry_root_wrote_into_a_users_cache_is_refused_to_the_user(how: str) -> None:
+    """A run with sudo over the user's cache leaves root's files in it: not the user's own, so
+    refused to the user as any other user's, whichever uid is the lower."""
+    user = 54321
+    shared = Path(tempfile.mkdtemp(prefix="imagegate-uid-"))  # a place the user can reach
+    try:
+        shared.chmod(0o711)
+        src, folder, entry = _cached(shared)
+        for top, dirs, files in os.walk(shared / "cache"):
+            for name in (top, *(os.path.join(top, n) for n in (*dirs, *files))):
+                os.lchown(name, user, user)
+        made_by_root = {
+            "entry-owner": entry,
+            "root.json-owner": entry / "root.json",
+            "rootfs-owner": entry / "rootfs",
+        }
+        os.lchown(made_by_root[how], 0, 0)
+        made_by_root[how].chmod(
+            0o755 if made_by_root[how].is_dir() else 0o644
+        )  # readable: refused for its owner
+        what = {
+            "entry-owner": "owned by another user",
+            "root.json-owner": "root.json is not a file of this user",
+            "rootfs-owner": "rootfs is not a folder of this user",
+        }[how]
+        os.seteuid(user)
+        try:
+            with RootCache(str(folder)) as cache, pytest.raises(UsageError) as e:
+                materialize(open_source(src), cache=cache)
+        finally:
+            os.seteuid(0)
+        assert str(e.value) == (
+            f"root cache {folder}: roots/{entry.name}: {what}: imagegate did not make this entry; not used"
+        )
+    finally:
+        shutil.rmtree(shared)
