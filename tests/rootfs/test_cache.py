@@ -3,6 +3,7 @@ kept, two runs unpacking the same image at once; and its CLI."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -402,3 +403,26 @@ def test_an_entry_root_wrote_into_a_users_cache_is_refused_to_the_user(how: str)
         )
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_root_json_that_fails_to_open_is_not_taken_for_a_planted_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache on a network home folder: a stale file handle (ESTALE) opening root.json is an
+    entry that could not be read then, not one someone planted: no refusal, the entry is read
+    again (under the build lock) and its root used."""
+    src, folder, entry = _cached(tmp_path)
+    real_open, stale_once = os.open, [True]
+
+    def stale(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if path == "root.json" and stale_once:
+            stale_once.clear()
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    with RootCache(str(folder)) as cache:
+        monkeypatch.setattr(os, "open", stale)
+        again = materialize(open_source(src), cache=cache)
+        monkeypatch.undo()
+    assert not stale_once and again.cached and again.path == str(entry / "rootfs")
+    assert Path(again.path, "a.bin").stat().st_size == 1000
