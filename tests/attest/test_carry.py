@@ -57,3 +57,25 @@ def test_an_acceptance_that_does_not_accept_the_image_is_not_carried(tmp_path: P
     with pytest.raises(UsageError) as e:
         mirror.verified_acceptance(path, (key.public,), IMAGE)
     assert str(e.value) == f"--carry {path}: verdict {verdict} does not accept the image: nothing to carry"
+
+
+def test_an_acceptance_is_carried_without_the_evidence_folder_it_was_signed_in(tmp_path: Path) -> None:
+    """The acceptance carried is often the one file fetched from the official image's referrers:
+    its signature and subject vouch for it, the run's evidence files are not at hand."""
+    key = keys.generate()
+    statement = _statement("A")
+    for stage in statement["predicate"]["stages"]:
+        stage["status"] = "PASS"
+    statement["predicate"]["verdict"] = "PASS"
+    statement["predicate"]["evidence"] = [{"path": "run.json", "sha256": "0" * 64}]
+    (tmp_path / "A").mkdir()
+    signed = sign.sign_attempt(tmp_path / "A", statement, key).files[0]
+    alone = tmp_path / "fetched" / signed.name
+    alone.parent.mkdir()
+    alone.write_bytes(signed.read_bytes())
+    carried, name, data = mirror.verified_acceptance(alone, (key.public,), IMAGE)
+    assert (carried["predicate"]["evidence"], name, data) == (
+        [{"path": "run.json", "sha256": "0" * 64}],
+        signed.name,
+        signed.read_bytes(),
+    )

@@ -34,6 +34,21 @@ stages:
       command: [{python}, -c, "import time; time.sleep(60)"]
 """
 
+# A stage that passes and one skipped: `run --here` has no image whose layers it could read.
+LAYERS_HERE_PIPELINE = """\
+apiVersion: imagegate/v1
+name: layers-here
+stages:
+  - id: runs
+    probe: cli
+    timeout: 1m
+    with:
+      command: [{python}, -c, "pass"]
+  - id: layers
+    probe: layers
+    timeout: 1m
+"""
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -69,11 +84,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory, policy_keys: Keys) -> dict[st
 
 def make_runs(tmp: Path, policy_keys: Keys) -> dict[str, Path]:
     """name -> attempt folder under `tmp`: pass, fail, error, deferred, skipped, other_key,
-    completion, gpu_pass (the stand-in)."""
+    completion, gpu_pass (the stand-in), layers_skipped (PASS with a stage skipped)."""
     py = ("--python", sys.executable, "-p", "python")
     error_pipe, gpu_pipe = tmp / "error.yaml", tmp / "gpu.yaml"
     error_pipe.write_text(ERROR_PIPELINE.format(python=sys.executable))
     gpu_pipe.write_text(GPU_PIPELINE.format(python=sys.executable))
+    here_pipe = tmp / "layers-here.yaml"
+    here_pipe.write_text(LAYERS_HERE_PIPELINE.format(python=sys.executable))
     made = {
         "pass": _run(tmp / "pass", policy_keys.key, *py, "-m", "json"),
         "fail": _run(tmp / "fail", policy_keys.key, *py, "-m", "no_such_module_anywhere"),
@@ -81,6 +98,7 @@ def make_runs(tmp: Path, policy_keys: Keys) -> dict[str, Path]:
         "deferred": _run(tmp / "deferred", policy_keys.key, "-p", str(gpu_pipe)),
         "skipped": _run(tmp / "skipped", policy_keys.key, *py, "-m", "json", "--skip", "pip_check"),
         "other_key": _run(tmp / "other", policy_keys.other_key, *py, "-m", "json"),
+        "layers_skipped": _run(tmp / "layers_skipped", policy_keys.key, "-p", str(here_pipe)),
     }
     done = imagegate("complete", str(made["deferred"]), "--here", "--key", str(policy_keys.key), "-q")
     assert done.returncode == 0, done.stdout + done.stderr

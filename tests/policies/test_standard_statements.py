@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from imagegate.attest import dsse, keys, sign
-from imagegate.attest.vsa import RUN_FIELD
+from imagegate.attest.vsa import RUN_FIELD, VERIFIER_ID
 from tests.policies.conftest import Keys, payload, result_statement, vsa
 
 
@@ -23,6 +23,8 @@ def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
         "gpu_pass": ("PASS", "PASSED", gpu, "PASSED"),
         "deferred": ("CPU_PASS_GPU_ENV_DEFERRED", "PASSED", cpu, "WARNED"),
         "skipped": ("CPU_PASS_PIP_CHECK_DEFERRED", "FAILED", ["FAILED"], "WARNED"),
+        # PASS, with a stage that did not run: no level, and a test-result that is not PASSED
+        "layers_skipped": ("PASS", "FAILED", ["FAILED"], "WARNED"),
         "fail": ("FAIL", "FAILED", ["FAILED"], "FAILED"),
         "error": ("ERROR", "FAILED", ["FAILED"], "FAILED"),
     }
@@ -56,6 +58,14 @@ def test_the_vsa_lists_what_ran_was_deferred_and_left_out(runs: dict[str, Path])
     assert stages["deferred"]["deferred"] == ["gpu_env"] and stages["deferred"]["gpuStages"] == ["gpu_env"]
     assert stages["deferred"]["userSkipped"] == [] and stages["pass"]["passed"] == ["pip_check", "find_spec"]
     assert vsa(runs["skipped"])["predicate"][RUN_FIELD]["verdict"] == "CPU_PASS_PIP_CHECK_DEFERRED"
+    assert stages["layers_skipped"] == {
+        "passed": ["runs"],
+        "failed": [],
+        "deferred": [],
+        "skipped": ["layers"],
+        "userSkipped": [],
+        "gpuStages": [],
+    }
 
 
 def test_test_result_names_pipeline_and_probes_bundle_by_digest(runs: dict[str, Path]) -> None:
@@ -69,6 +79,9 @@ def test_test_result_names_pipeline_and_probes_bundle_by_digest(runs: dict[str, 
     }
     v = vsa(attempt)["predicate"]
     assert v["timeVerified"] == pred["finishedOn"] and v["policy"]["digest"] == config[0]["digest"]
+    # the verifier, as the VSA spec asks: who verified, with which version
+    assert v["verifier"] == {"id": VERIFIER_ID, "version": {"imagegate": pred["imagegate"]["version"]}}
+    assert pred["imagegate"]["version"] not in ("", "None")
 
 
 def test_standard_statements_are_signed_with_the_runs_key(runs: dict[str, Path], policy_keys: Keys) -> None:

@@ -4,6 +4,8 @@ file, or an attempt that was never signed; the exit code says so too."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from imagegate.attest import keys
+from imagegate.attest.sign import DSSE_FILE
 from tests.helpers import Result, imagegate
 from tests.report.test_junit import validate
 
@@ -135,3 +138,67 @@ def test_an_edited_evidence_file_is_not_shown(signed: Path) -> None:
     assert r.returncode == 1, r.stderr
     assert "an edited fact" not in r.stdout
     assert f"result.json in {result.parent}: differs from its sha256 in the statement" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "two envelopes",
+        "payloadType text/plain",
+        "payloadType application/json",
+        "payload not JSON",
+        "not an acceptance",
+    ],
+)
+def test_an_unreadable_attestation_is_flagged_and_fails(
+    signed: Path, keypair: tuple[Path, Path], how: str
+) -> None:
+    """An attestation file that holds no one readable acceptance vouches for nothing: the report
+    says so, and why, and shows statement.json for what it is."""
+    path = signed / DSSE_FILE
+    envelope = json.loads(path.read_text())
+    if how == "two envelopes":
+        path.write_text(json.dumps(envelope) + "\n" + json.dumps(envelope) + "\n")
+        why = f"{path}: holds more than one envelope"
+    elif how.startswith("payloadType "):
+        kind = how.split(" ", 1)[1]
+        path.write_text(json.dumps({**envelope, "payloadType": kind}))
+        why = f"{path}: payloadType {kind!r} is not an in-toto statement"
+    elif how == "payload not JSON":
+        path.write_text(json.dumps({**envelope, "payload": base64.b64encode(b"not JSON").decode()}))
+        why = f"{path}: cannot read it: "
+    else:
+        payload = base64.b64encode(json.dumps({"predicate": {"stages": []}}).encode()).decode()
+        path.write_text(json.dumps({**envelope, "payload": payload}))
+        why = f"{path}: not an imagegate acceptance statement"
+    for fmt in ("table", "json"):
+        for key in ((), ("--key", str(keypair[1]))):
+            r = report(signed, fmt, *key)
+            assert r.returncode == 1, (fmt, key, r.stdout, r.stderr)
+            shown = r.stderr if fmt == "json" else r.stdout
+            assert "ATTESTATION UNREADABLE" in shown and why in shown, (fmt, shown)
+            assert "signature verified" not in shown and "SIGNATURE FAILED" not in shown
+    assert report(signed, "json").stdout == (signed / "statement.json").read_text()
+
+
+def test_every_edited_evidence_file_is_said_whichever_its_new_digest(signed: Path) -> None:
+    """A changed file is a changed file: each stage's result.json edited is named, one whose new
+    sha256 sorts before the one the statement lists and one whose sha256 sorts after it."""
+    statement = json.loads((signed / "statement.json").read_text())
+    listed = {
+        f["path"]: f["sha256"] for s in statement["predicate"]["stages"] for f in s.get("evidence") or []
+    }
+    results = sorted(signed.glob("stages/*/result.json"))
+    assert len(results) == 2
+    for result, before in zip(results, (True, False), strict=True):
+        was, doc = listed[str(result.relative_to(signed))], json.loads(result.read_text())
+        for n in range(200):
+            doc["data"] = {"forged": "x" * n}
+            data = json.dumps(doc).encode()
+            if (hashlib.sha256(data).hexdigest() < was) is before:
+                break
+        result.write_bytes(data)
+    r = report(signed, "markdown")
+    assert r.returncode == 1, r.stderr
+    for result in results:
+        assert f"result.json in {result.parent}: differs from its sha256 in the statement" in r.stdout

@@ -3,11 +3,13 @@ kept, two runs unpacking the same image at once; and its CLI."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -216,3 +218,211 @@ def test_prune_keeps_the_work_folder_of_a_live_run(tmp_path: Path) -> None:
         pruner.prune(0)
         assert Path(work, "rootfs").is_dir()
     assert os.listdir(Path(folder) / "work") == []
+
+
+def _cached(tmp_path: Path) -> tuple[str, Path, Path]:
+    """An image whose root is in a fresh cache: (source, cache folder, its entry)."""
+    src, folder = _image(tmp_path, "a", 1000), tmp_path / "cache"
+    with RootCache(str(folder)) as cache:
+        materialize(open_source(src), cache=cache)
+    (entry,) = (folder / "roots").iterdir()
+    return src, folder, entry
+
+
+def _plant(entry: Path, how: str, elsewhere: Path) -> str:
+    """What someone else writes into the entry; the words the refusal says it in."""
+    nobody = 65534
+    if how == "entry-symlink":
+        shutil.move(entry, elsewhere)
+        entry.symlink_to(elsewhere)
+        return "not a folder (a symlink?)"
+    if how == "entry-file":
+        shutil.rmtree(entry)
+        entry.write_text("")
+        return "not a folder (a symlink?)"
+    if how == "entry-owner":
+        os.chown(entry, nobody, nobody)
+        return "owned by another user"
+    if how == "lock-symlink":
+        (entry / "lock").unlink()
+        (entry / "lock").symlink_to(elsewhere)
+        return "its lock is a symlink"
+    record = entry / "root.json"
+    if how == "root.json-symlink":
+        shutil.move(record, elsewhere)
+        record.symlink_to(elsewhere)
+        return "root.json is a symlink"
+    if how == "root.json-owner":
+        os.chown(record, nobody, nobody)
+        return "root.json is not a file of this user"
+    if how == "root.json-fifo":
+        record.unlink()
+        os.mkfifo(record)
+        return "root.json is not a file of this user"
+    if how.startswith("another-chain-"):  # one that sorts before the entry's, one after
+        other = "sha256:" + ("0" if how.endswith("lower") else "f") * 64
+        doc = json.loads(record.read_text())
+        doc["root"]["chain_id"] = other
+        record.write_text(json.dumps(doc))
+        return f"root.json names another chainID ({other})"
+    rootfs = entry / "rootfs"
+    if how == "rootfs-symlink":
+        shutil.move(rootfs, elsewhere)
+        rootfs.symlink_to(elsewhere)
+        return f"rootfs is a symlink (to {elsewhere}), not a folder"
+    if how == "rootfs-owner":
+        os.chown(rootfs, nobody, nobody)
+        return "rootfs is not a folder of this user"
+    assert how == "rootfs-file"
+    shutil.rmtree(rootfs)
+    rootfs.write_text("")
+    return "rootfs is not a folder of this user"
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "entry-symlink",
+        "entry-file",
+        "entry-owner",
+        "lock-symlink",
+        "root.json-symlink",
+        "root.json-owner",
+        "root.json-fifo",
+        "another-chain-lower",
+        "another-chain-higher",
+        "rootfs-symlink",
+        "rootfs-owner",
+        "rootfs-file",
+    ],
+)
+def test_an_entry_imagegate_did_not_make_is_refused_never_used(tmp_path: Path, how: str) -> None:
+    """A root run as found must be one this user's imagegate made: anything else in its place is
+    refused, named, and left for the user to look at, never unpacked over nor followed."""
+    if os.geteuid() != 0 and how.endswith("-owner"):
+        pytest.skip("giving a file to another user needs root")
+    src, folder, entry = _cached(tmp_path)
+    what = _plant(entry, how, tmp_path / "elsewhere")
+    with RootCache(str(folder)) as cache, pytest.raises(UsageError) as e:
+        materialize(open_source(src), cache=cache)
+    assert str(e.value) == (
+        f"root cache {folder}: roots/{entry.name}: {what}: imagegate did not make this entry; not used"
+    )
+    assert e.value.hint == (
+        f"remove it (imagegate cache remove sha256:{entry.name} --cache-dir {folder}) and find out "
+        "who wrote into this folder"
+    )
+    assert os.path.lexists(entry)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "older-format",
+        "newer-format",
+        "no-root.json",
+        "not-json",
+        "oversized",
+        "no-record",
+        "record-not-an-object",
+        "no-rootfs",
+    ],
+)
+def test_an_entry_that_cannot_be_read_is_unpacked_again(tmp_path: Path, how: str) -> None:
+    """An entry of this user's that cannot be read (an older imagegate's, a run cut short) is not
+    a root to run: the image is unpacked again, from its verified layers, in its place."""
+    src, folder, entry = _cached(tmp_path)
+    record = entry / "root.json"
+    if how in ("older-format", "newer-format"):
+        format_ = 0 if how == "older-format" else 2
+        record.write_text(json.dumps({**json.loads(record.read_text()), "format": format_}))
+    elif how == "no-record":
+        record.write_text(json.dumps({"format": 1}))
+    elif how == "record-not-an-object":
+        record.write_text(json.dumps({"format": 1, "root": []}))
+    elif how == "no-rootfs":
+        shutil.rmtree(entry / "rootfs")
+    elif how == "no-root.json":
+        record.unlink()
+    elif how == "not-json":
+        record.write_text(record.read_text()[:-2])
+    else:  # valid JSON, past the bound on what is read
+        record.write_text(record.read_text() + " " * (16 << 20))
+    with RootCache(str(folder)) as cache:
+        again = materialize(open_source(src), cache=cache)
+    assert not again.cached and again.path == str(entry / "rootfs")
+    assert Path(again.path, "a.bin").stat().st_size == 1000
+    assert json.loads(record.read_text())["format"] == 1
+
+
+def test_a_root_json_up_to_the_bound_is_read(tmp_path: Path) -> None:
+    src, folder, entry = _cached(tmp_path)
+    record = entry / "root.json"
+    text = record.read_text()
+    record.write_text(" " * ((16 << 20) - len(text.encode())) + text)  # 16 MiB: a byte less is not JSON
+    with RootCache(str(folder)) as cache:
+        again = materialize(open_source(src), cache=cache)
+    assert again.cached and again.path == str(entry / "rootfs")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+@pytest.mark.parametrize("how", ["entry-owner", "root.json-owner", "rootfs-owner"])
+def test_an_entry_root_wrote_into_a_users_cache_is_refused_to_the_user(how: str) -> None:
+    """A run with sudo over the user's cache leaves root's files in it: not the user's own, so
+    refused to the user as any other user's, whichever uid is the lower."""
+    user = 54321
+    shared = Path(tempfile.mkdtemp(prefix="imagegate-uid-"))  # a place the user can reach
+    try:
+        shared.chmod(0o711)
+        src, folder, entry = _cached(shared)
+        for top, dirs, files in os.walk(shared / "cache"):
+            for name in (top, *(os.path.join(top, n) for n in (*dirs, *files))):
+                os.lchown(name, user, user)
+        made_by_root = {
+            "entry-owner": entry,
+            "root.json-owner": entry / "root.json",
+            "rootfs-owner": entry / "rootfs",
+        }
+        os.lchown(made_by_root[how], 0, 0)
+        made_by_root[how].chmod(
+            0o755 if made_by_root[how].is_dir() else 0o644
+        )  # readable: refused for its owner
+        what = {
+            "entry-owner": "owned by another user",
+            "root.json-owner": "root.json is not a file of this user",
+            "rootfs-owner": "rootfs is not a folder of this user",
+        }[how]
+        os.seteuid(user)
+        try:
+            with RootCache(str(folder)) as cache, pytest.raises(UsageError) as e:
+                materialize(open_source(src), cache=cache)
+        finally:
+            os.seteuid(0)
+        assert str(e.value) == (
+            f"root cache {folder}: roots/{entry.name}: {what}: imagegate did not make this entry; not used"
+        )
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_root_json_that_fails_to_open_is_not_taken_for_a_planted_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache on a network home folder: a stale file handle (ESTALE) opening root.json is an
+    entry that could not be read then, not one someone planted: no refusal, the entry is read
+    again (under the build lock) and its root used."""
+    src, folder, entry = _cached(tmp_path)
+    real_open, stale_once = os.open, [True]
+
+    def stale(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if path == "root.json" and stale_once:
+            stale_once.clear()
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    with RootCache(str(folder)) as cache:
+        monkeypatch.setattr(os, "open", stale)
+        again = materialize(open_source(src), cache=cache)
+        monkeypatch.undo()
+    assert not stale_once and again.cached and again.path == str(entry / "rootfs")
+    assert Path(again.path, "a.bin").stat().st_size == 1000

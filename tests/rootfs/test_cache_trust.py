@@ -9,9 +9,12 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import tarfile
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,3 +242,112 @@ def test_a_layer_named_by_a_sha512_digest_is_checked_by_sha512(tmp_path: Path) -
         f"sha512:{hex512}",
         None,
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_cache_folder_of_another_user_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """Another user's folder, or one with another user's subfolder, could hold roots and pairs
+    they planted: refused before anything is read from it or written into it."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 54321, 54321)  # a uid with no name
+    with pytest.raises(UsageError) as e:
+        RootCache(str(theirs))
+    assert str(e.value) == (
+        f"root cache {theirs}: owned by uid 54321, not by uid 0 (root) who runs imagegate: that user "
+        "could plant roots and verified pairs in it; not used"
+    )
+    assert e.value.hint == "use a folder of your own (--cache-dir or IMAGEGATE_CACHE)"
+    assert os.listdir(theirs) == []
+    mine = tmp_path / "mine"
+    with RootCache(str(mine)):
+        pass
+    os.chown(mine / "roots", 54321, 54321)
+    with pytest.raises(UsageError) as e:
+        RootCache(str(mine))
+    assert str(e.value) == f"root cache {mine}: roots/ is owned by uid 54321, not by uid 0 (root); not used"
+    assert e.value.hint == f"remove {mine / 'roots'} and look at who wrote into this folder"
+    # The default folder's parent is made for imagegate too: another user's is refused as well.
+    (tmp_path / "xdg" / "imagegate").mkdir(parents=True)
+    os.chown(tmp_path / "xdg" / "imagegate", 54321, 54321)
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        with pytest.raises(UsageError, match=rf"^root cache {tmp_path}/xdg/imagegate: owned by uid 54321"):
+            RootCache()
+
+
+@pytest.mark.parametrize(
+    ("mode", "who"), [(0o770, "write"), (0o702, "write"), (0o750, "reach"), (0o701, "reach")]
+)
+def test_a_given_folder_others_can_write_or_reach_is_refused_unchanged(
+    tmp_path: Path, mode: int, who: str
+) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    folder.chmod(mode)
+    with pytest.raises(UsageError) as e:
+        RootCache(str(folder))
+    assert str(e.value) == f"root cache {folder}: mode {mode:04o}: group/others can {who} it; not used"
+    assert e.value.hint == f"chmod 700 {folder} (it must be yours alone), or use another --cache-dir"
+    assert stat.S_IMODE(folder.stat().st_mode) == mode and os.listdir(folder) == []
+
+
+def test_a_folder_that_cannot_be_made_is_named_with_why(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    folder = tmp_path / "file" / "cache"
+    with pytest.raises(UsageError) as e:
+        RootCache(str(folder))
+    assert str(e.value) == f"root cache {folder}: cannot create {folder}: Not a directory"
+    assert e.value.hint == "choose a writable folder with --cache-dir (or IMAGEGATE_CACHE)"
+
+
+def test_a_folder_made_for_the_cache_then_swapped_for_a_symlink_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between making a parent folder and using it, someone who can write beside it puts a symlink
+    in its place: the cache would then live wherever the link points. Refused, as any symlink."""
+    elsewhere, made = tmp_path / "elsewhere", tmp_path / "a"
+    elsewhere.mkdir(mode=0o700)
+    mkdir = os.mkdir
+
+    def then_swapped(path: str, mode: int = 0o777, **kw: Any) -> None:
+        mkdir(path, mode, **kw)
+        if path == str(made):
+            os.rmdir(path)
+            os.symlink(elsewhere, path)
+
+    monkeypatch.setattr(os, "mkdir", then_swapped)
+    with pytest.raises(UsageError, match=rf"^root cache {made}: it is a symlink \(to {elsewhere}\)"):
+        RootCache(str(made / "b" / "cache"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_a_folder_or_subfolder_of_root_is_refused_to_a_user(tmp_path: Path) -> None:
+    """A cache that root wrote into (a run with sudo) is not the user's own any more: refused
+    to the user, whichever uid is the lower."""
+    user = 54321
+    shared = Path(tempfile.mkdtemp(prefix="imagegate-uid-"))  # a place the user can reach
+    try:
+        shared.chmod(0o711)
+        theirs, mine = shared / "theirs", shared / "mine"
+        theirs.mkdir(mode=0o755)  # root's
+        mine.mkdir(mode=0o700)
+        os.chown(mine, user, user)
+        (mine / "roots").mkdir(mode=0o755)  # root's, inside the user's folder
+        os.seteuid(user)
+        try:
+            with pytest.raises(UsageError) as folder_error:
+                RootCache(str(theirs))
+            with pytest.raises(UsageError) as sub_error:
+                RootCache(str(mine))
+        finally:
+            os.seteuid(0)
+        assert str(folder_error.value).startswith(
+            f"root cache {theirs}: owned by uid 0 (root), not by uid {user} who runs imagegate"
+        )
+        assert (
+            str(sub_error.value)
+            == f"root cache {mine}: roots/ is owned by uid 0 (root), not by uid {user}; not used"
+        )
+    finally:
+        shutil.rmtree(shared)
