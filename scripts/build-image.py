@@ -27,14 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "images"))
-from build import debian_mirrors  # noqa: E402  (the machine's Debian sources, as the test images use)
+from build import PLATFORMS, debian_mirrors, image_exists  # noqa: E402  (as the test images use them)
 
 # python3-venv for the install; bubblewrap, libseccomp2 and util-linux (prlimit) for --driver rootfs;
 # passwd for its user (Debian 13's apt variant leaves it out)
 PACKAGES = ["python3", "python3-venv", "bubblewrap", "libseccomp2", "util-linux", "passwd", "ca-certificates"]
 # Debian release -> its python3 (the dependencies' wheels are downloaded for it)
 PYTHONS = {"bookworm": "3.11", "trixie": "3.13"}
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "linux_x86_64"]
 
 
 def sh(*argv: str, env: dict[str, str] | None = None) -> str:
@@ -48,7 +47,7 @@ def sh(*argv: str, env: dict[str, str] | None = None) -> str:
 
 def base_image(tmp: Path, suite: str) -> str:
     tag = "imagegate-base:" + suite + "-" + hashlib.sha256(",".join(PACKAGES).encode()).hexdigest()[:12]
-    if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
+    if image_exists(tag):
         return tag
     root = tmp / "root.tar"
     sh("mmdebstrap", "--quiet", "--variant=apt", "--include=" + ",".join(PACKAGES), suite, str(root),

@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # imported where used: `complete --help` loads none of the la
     from imagegate.attest import keys
     from imagegate.complete import Earlier
     from imagegate.drivers.interface import Driver
+    from imagegate.drivers.select import DriverName
+    from imagegate.gpus import GpuRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +64,19 @@ class Completing:
         )
 
     def make_driver(
-        self, earlier: "Earlier", outputs: "accept.Outputs", mounted: Path | None, notify: o.Notify
+        self,
+        earlier: "Earlier",
+        outputs: "accept.Outputs",
+        name: "DriverName | None",
+        gpu: "GpuRequest | None",
+        mounted: Path | None,
+        notify: o.Notify,
     ) -> "Driver":
         """The driver of the deferred stages: the rootfs one reads the transport the earlier attempt
         judged (no engine), and unpacks the root only when its config digest is the one judged."""
         from imagegate import accept
-        from imagegate.drivers.select import DriverName, driver_name
+        from imagegate.drivers.select import DriverName
 
-        name = driver_name(self.driver, self.here)
         rootfs = name is DriverName.rootfs
         was = earlier.predicate.get("image") or {}
         return accept.driver_for(
@@ -79,7 +86,7 @@ class Completing:
             memory=self.memory,
             pull=self.pull or ("missing" if rootfs else "never"),
             expect_config=str(was["configDigest"]) if rootfs and was.get("configDigest") else None,
-            gpus=gpus_parse(self.gpus),
+            gpus=gpu,
             notify=notify,
             key=outputs.key,
             sign_unisolated=self.sign_unisolated,
@@ -120,7 +127,8 @@ def complete(
         mounted = modelpath.check(str(c.model)) if c.model else None
         trusted = _trusted(c.trust, c.trusted_keys, outputs.key)
         gpu = gpus_parse(c.gpus)
-        here = driver_name(c.driver, c.here) is DriverName.here
+        name = driver_name(c.driver, c.here)
+        here = name is DriverName.here
         seen_at = modelpath.in_sandbox(mounted, here) if mounted else None
         earlier, prep = completing.prepare(attempt, gpu.spec if gpu else None, trusted, seen_at)
         notify(f"{earlier.dir.name} verified with key {earlier.signer}")
@@ -128,7 +136,7 @@ def complete(
             outputs = dataclasses.replace(outputs, attach=True, insecure=c.insecure)
             accept.check_outputs(outputs, _attach_to(earlier.predicate), no_sign=c.no_sign)
         with accept.within(prep, c.timeout):  # the earlier attempt is verified: now the clock runs
-            made = c.make_driver(earlier, outputs, mounted, notify)
+            made = c.make_driver(earlier, outputs, name, gpu, mounted, notify)
             opts = runner.RunOptions(pipeline="", timeout=c.timeout, jobs=os.cpu_count() or 1)
             observer = completing.CompletionObserver(earlier, made, opts, notify)
             root = c.out or earlier.dir.parent.parent  # beside the earlier attempt by default

@@ -166,7 +166,9 @@ def render(
         )
     preps: dict[int, runner.Prepared] = {}
     for n, t in enumerate(found):
-        prep = preps.setdefault(t.gpus, runner.prepare(runner.RunOptions(pipeline="gpu", gpus=str(t.gpus))))
+        if t.gpus not in preps:  # one plan and bundle per GPU count, not per node
+            preps[t.gpus] = runner.prepare(runner.RunOptions(pipeline="gpu", gpus=str(t.gpus)))
+        prep = preps[t.gpus]
         name = f"imagegate-node-check-{t.node}".lower()
         if len(name) > 52 or not all(c.isalnum() or c == "-" for c in name):
             name = f"imagegate-node-check-{hashlib.sha256(t.node.encode()).hexdigest()[:12]}"

@@ -31,7 +31,6 @@ _RENDER_EPILOG = (
     "(only --priority-class); the bundle is a whole-volume ConfigMap mount found by its stable "
     "path; pick nodes that can run the image with --node-selector and --toleration."
 )
-_NAMESPACE = _app.KUBE_NAMESPACE
 _GPUS = Option(
     0,
     "--gpus",
@@ -58,7 +57,7 @@ _SOURCE = o.SOURCE
 class PodSpec:
     """What render and run put in the Job (kube.render.PodOptions), and the schemas it must pass."""
 
-    namespace: str = _NAMESPACE
+    namespace: str = _app.KUBE_NAMESPACE
     name: str | None = Option(
         None,
         "--name",
@@ -197,7 +196,7 @@ def collect_cmd(
     job: str | None = Option(
         None, "--job", help="Read the Pod, its log and its key Secret from the cluster, by Job name."
     ),
-    namespace: str = _NAMESPACE,
+    namespace: str = _app.KUBE_NAMESPACE,
     context: str | None = _CONTEXT,
     a: o.Accepting = o.Accepting(),
     expect_digest: list[str] = _EXPECT_DIGEST,
