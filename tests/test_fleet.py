@@ -62,6 +62,11 @@ def test_a_nodes_figures_are_its_weakest_gpus() -> None:
     assert got["bf16_tflops"] == 600.0 and got["allreduce_busbw_gbps"] == 360.0
     assert got["hbm_copy_gbps"] == pytest.approx(4252.13)
     assert fleet.gpu_model(data) == "NVIDIA H200"
+    # a figure that is no finite positive number (JSON's Infinity, NaN, a bool, zero) is no figure
+    one = _data()
+    for bogus in (float("inf"), float("nan"), True, 0):
+        one["matmul"]["gpus"][0]["tflops"] = bogus
+        assert "bf16_tflops" not in fleet.figures_of(one), bogus
 
 
 def test_exactly_the_node_below_its_peers_is_suspect() -> None:

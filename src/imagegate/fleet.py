@@ -11,6 +11,7 @@ deviation, the nodes below their peers (suspect: their own verdict stays PASS), 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,13 @@ def figures_of(data: Mapping[str, Any]) -> dict[str, float]:
     per: dict[str, list[float]] = {}
 
     def add(name: str, value: Any) -> None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        # JSON may carry Infinity or NaN: a figure is a finite positive number, else none
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
+        ):
             per.setdefault(name, []).append(float(value))
 
     for g in (data.get("matmul") or {}).get("gpus") or []:
