@@ -7,10 +7,17 @@ rendezvous over a file (no network), on values whose sum is known exactly; bus b
 nccl-tests defines it. Every step runs in a child process bounded by a timeout and killed
 whole (gpu_worker.py). The image's torch is imported only in those children.
 
+Before any load, each GPU's memory used and utilization over about a second: a GPU another
+process uses is ERROR before any figure (gpu_causes.busy_before). While the pinned copies run, the
+PCIe link is read (an idle GPU lowers its generation); NVLink state and errors, Xid events of the
+kernel log: each judged with its cause (gpu_causes), and a figure missed is said with the
+likeliest cause the facts support.
+
 Statuses: FAIL when the image cannot run kernels here (its arch list does not cover the GPU,
 or the driver is older than its CUDA runtime needs) -- the image's fault; ERROR "node not fit:
 ..." when the node is (a wrong or non-finite result, a threshold missed, a step that hung or
-crashed) -- never a FAIL of the image. The judgement is in pure functions below.
+crashed, a GPU in use, a link down) -- never a FAIL of the image. The judgement is in pure
+functions below.
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from . import capture, gpu_worker
+from . import capture, gpu_causes, gpu_worker
 
 # CUDA runtime major version -> the oldest Linux driver that runs it (CUDA minor-version
 # compatibility; NVIDIA CUDA Toolkit release notes, "CUDA Toolkit and Minimum Required Driver
@@ -142,7 +150,9 @@ LIMITS = {
     "H200": {"bf16_tflops": 989.0, "hbm_gbps": 4800.0, "pcie_gbps": 64.0, "nvlink_gbps": 450.0},
 }
 # Clock event reasons that are the node's fault; a software power cap under full load is not.
-FAULT_REASONS = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
+FAULT_REASONS = gpu_causes.FAULT_REASONS
+LOAD_SAMPLES = 5  # the load before the check: read this many times, SAMPLE_EVERY_S apart (~1 s)
+SAMPLE_EVERY_S = 0.2
 DEFAULT_MIN_FRACTION = 0.5  # of the physical limit, for a measured figure without its own threshold
 
 
@@ -326,10 +336,11 @@ def busbw(nbytes: int, seconds: float, world: int) -> float:
     return gpu_worker.busbw(gpu_worker.gbps(nbytes, seconds) or 0.0, world)
 
 
-def judge(facts: dict, matmul, allreduce, params: dict, bandwidth=None, nodes=None) -> dict:
+def judge(facts: dict, matmul, allreduce, params: dict, bandwidth=None, nodes=None, host=None) -> dict:
     """The stage's status and detail from what was measured. `matmul`/`allreduce`: the worker
-    results, or {"error": ...}, or None when not run. Image problems FAIL; node problems are
-    ERROR 'node not fit: ...'."""
+    results, or {"error": ...}, or None when not run; `host`: host_facts with the PCIe link read
+    under load (pcie_under_load). Image problems FAIL; node problems are ERROR 'node not fit:
+    ...', a missed figure followed by its likeliest cause."""
     devices = facts.get("devices") or []
     image_problems = image_fit(facts, devices)
     if image_problems:
@@ -345,8 +356,13 @@ def judge(facts: dict, matmul, allreduce, params: dict, bandwidth=None, nodes=No
         judge_allreduce(allreduce, params, node_problems, said)
     if bandwidth is not None:
         judge_bandwidth(bandwidth, devices, params, node_problems, said)
+    missed = len(node_problems)
+    downgrades = judge_links(host or {}, node_problems, said)
     if nodes:
         node_problems += node_faults(nodes, params)
+    cause = gpu_causes.likeliest_cause(nodes or [], downgrades) if missed else ""
+    if cause:
+        node_problems.insert(missed, cause)
     names = sorted({d["name"] for d in devices})
     head = "%d x %s, torch %s (CUDA %s), driver %s" % (
         len(devices),
@@ -358,6 +374,20 @@ def judge(facts: dict, matmul, allreduce, params: dict, bandwidth=None, nodes=No
     if node_problems:
         return {"status": "ERROR", "detail": NODE_UNFIT + "; ".join(node_problems) + " [" + head + "]"}
     return {"status": "PASS", "detail": head + ": " + "; ".join(said)}
+
+
+def judge_links(host: dict, node_problems: list, said: list) -> list:
+    """PCIe below its maximum under load, NVLink links down or recovering, Xid events whose action
+    is a reset or a reboot: unfit; an application's Xid, or a log not readable, said. Returns the
+    PCIe downgrades (a cause of a missed figure)."""
+    downgrades = gpu_causes.link_downgrades((host.get("pcie_under_load") or {}).get("samples") or [])
+    node_problems += downgrades
+    node_problems += gpu_causes.nvlink_problems(host.get("nvlink") or {})
+    if "xid" in host:
+        problems, notes = gpu_causes.judge_xids(host["xid"])
+        node_problems += problems
+        said += notes
+    return downgrades
 
 
 def image_fit(facts: dict, devices: list) -> list:
@@ -628,11 +658,74 @@ def host_facts() -> dict:
     return out
 
 
+def query(smi: str, fields: str) -> tuple:
+    """(text, None) of `nvidia-smi --query-gpu=FIELDS` (csv, no header, no units), or (None, why)."""
+    try:
+        done = capture.run([smi, "--query-gpu=" + fields, "--format=csv,noheader,nounits"], timeout=15)
+    except OSError as e:
+        return None, str(e)
+    text = done.out.text()
+    if done.timed_out or done.returncode:
+        last = ((text + done.err.text()).strip().splitlines() or ["exit %s" % done.returncode])[-1]
+        return None, "nvidia-smi --query-gpu: %s" % ("timed out" if done.timed_out else last[:200])
+    return text, None
+
+
+def load_before(smi: str) -> dict:
+    """Memory used and utilization per GPU, LOAD_SAMPLES times over about a second, before any
+    load (a busy GPU may be idle at one instant)."""
+    samples: list = []
+    for i in range(LOAD_SAMPLES):
+        text, why = query(smi, gpu_causes.LOAD_QUERY)
+        if text is None:
+            return {"samples": samples, "error": why}
+        samples.append(gpu_causes.parse_load(text))
+        if i + 1 < LOAD_SAMPLES:
+            time.sleep(SAMPLE_EVERY_S)
+    return {"samples": samples}
+
+
+@contextlib.contextmanager
+def sampling(smi, fields: str, parse):
+    """Reads `fields` every SAMPLE_EVERY_S in a thread while the block runs (the PCIe link during
+    the pinned copies); yields {"samples": [...]} (and "error" when a read failed). No nvidia-smi:
+    an empty dict."""
+    got: dict = {}
+    if not smi:
+        yield got
+        return
+    got["samples"] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:  # at least one read, however short the block
+            text, why = query(smi, fields)
+            if text is None:
+                got["error"] = why
+                return
+            got["samples"].append(parse(text))
+            if stop.wait(SAMPLE_EVERY_S):
+                return
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield got
+    finally:
+        stop.set()
+        t.join(timeout=20)
+
+
 def smi_node(smi: str) -> dict:
     """The node's state before any load: `nvidia-smi -q` (node_facts) and the topology matrix
     (`nvidia-smi topo -m`: NVLink/PCIe between GPUs, CPU and NUMA affinity per GPU)."""
     out: dict = {}
-    for key, argv, limit in (("q", [smi, "-q"], 60), ("topology", [smi, "topo", "-m"], 30)):
+    for key, argv, limit in (
+        ("q", [smi, "-q"], 60),
+        ("topology", [smi, "topo", "-m"], 30),
+        ("nvlink_status", [smi, "nvlink", "-s"], 30),
+        ("nvlink_errors", [smi, "nvlink", "-e"], 30),
+    ):
         try:
             done = capture.run(argv, timeout=limit)
         except OSError as e:
@@ -644,12 +737,16 @@ def smi_node(smi: str) -> dict:
                 " ".join(argv[1:]),
                 "timed out"
                 if done.timed_out
-                else (text.strip().splitlines() or ["exit %s" % done.returncode])[-1],
+                else ((text + done.err.text()).strip().splitlines() or ["exit %s" % done.returncode])[-1],
             )
         elif key == "q":
             out["node"] = node_facts(text)
-        else:
+        elif key == "topology":
             out["topology"] = text[:16384]
+        else:
+            out[key] = text[:65536]
+    if "nvlink_status" in out:
+        out["nvlink"] = gpu_causes.parse_nvlink(out.pop("nvlink_status"), out.pop("nvlink_errors", ""))
     return out
 
 
@@ -678,8 +775,20 @@ def run(params: dict) -> dict:
 
 
 def _run(params: dict, tmp: str) -> dict:
+    smi = shutil.which("nvidia-smi")
+    load = load_before(smi) if smi else {}  # first: before anything of ours is on a GPU
     host = host_facts()
+    host["load_before"] = load
     data = {"host": host, "params": params}
+    busy = gpu_causes.busy_before(
+        load.get("samples") or [],
+        host.get("node") or [],
+        params.get("max_busy_used_mib", gpu_causes.MAX_USED_MIB),
+        params.get("max_busy_utilization_pct", gpu_causes.MAX_UTILIZATION_PCT),
+    )
+    if busy:
+        data["unfit"] = "node"
+        return {"status": "ERROR", "detail": NODE_UNFIT + "; ".join(busy), "data": data}
     facts = _worker("facts", [], float(params.get("facts_timeout", 120)), tmp)
     if facts.get("error"):
         if "No module named 'torch'" in facts["error"] or "ModuleNotFoundError" in facts["error"]:
@@ -719,12 +828,13 @@ def _run(params: dict, tmp: str) -> dict:
             float(params.get("matmul_timeout", 300)),
             tmp,
         )
-        bandwidth = _worker(
-            "bandwidth",
-            [params.get("bandwidth_bytes", 1 << 30), params.get("bandwidth_iters", 10)],
-            float(params.get("bandwidth_timeout", 300)),
-            tmp,
-        )
+        with sampling(smi, gpu_causes.PCIE_QUERY, gpu_causes.parse_pcie) as host["pcie_under_load"]:
+            bandwidth = _worker(
+                "bandwidth",
+                [params.get("bandwidth_bytes", 1 << 30), params.get("bandwidth_iters", 10)],
+                float(params.get("bandwidth_timeout", 300)),
+                tmp,
+            )
         data["bandwidth"] = bandwidth
         world = len(facts["devices"])
         if world >= 2:
@@ -732,7 +842,7 @@ def _run(params: dict, tmp: str) -> dict:
         else:
             allreduce = {"skipped": "all-reduce skipped: 1 GPU (it needs 2 or more)"}
         data["matmul"], data["allreduce"] = matmul, allreduce
-    verdict = judge(facts, matmul, allreduce, params, bandwidth, host.get("node"))
+    verdict = judge(facts, matmul, allreduce, params, bandwidth, host.get("node"), host)
     data["fraction_of_limit"] = fractions(data)
     data["unfit"] = (
         "image"

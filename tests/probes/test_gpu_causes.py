@@ -1,10 +1,11 @@
-"""Why a GPU node is not fit, named (probes/pending/gpu_causes.py, not yet in the node check): a GPU in use before the check, a PCIe
+"""Why a GPU node is not fit, named (probes/gpu_causes.py, called by the node check): a GPU in use before the check, a PCIe
 link below its maximum under load, Xid events, NVLink links down, on the real H200's recorded
 `nvidia-smi -q` and the forms nvidia-smi's queries and the driver's Xid lines print. No GPU is
 faked: each case is judged from data."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tests.probes.test_parsers import load
 
 @pytest.fixture(scope="module")
 def gc():  # type: ignore[no-untyped-def]
-    return load("pending.gpu_causes")
+    return load("gpu_causes")
 
 
 def _nodes(text: str) -> list:  # type: ignore[type-arg]
@@ -139,3 +140,91 @@ def test_the_likeliest_cause_of_a_missed_figure(gc) -> None:  # type: ignore[no-
         "GPU 00000000:18:00.0 clocks slowed by HW Slowdown; GPU 00000000:18:00.0 has uncorrected ECC errors"
     )
     assert gc.likeliest_cause([{"bus_id": "x", "event_reasons_active": ["SW Power Cap"]}], []) == ""
+
+
+# -- wired into the node check (probes/gpu_preflight.py) -----------------------------------------
+# A GPU cannot start here: `nvidia-smi` is a fake on PATH (named as such), a shell script that
+# prints what the real one prints for each query (the H200's `-q` recorded above), so the node
+# check's own code reads it as it reads the real one.
+
+
+def _fake_smi(folder: Path, load_rows: str, pcie_rows: str = "0, 5, 5, 16, 16\n") -> Path:
+    (folder / "q.txt").write_text(H200_Q)
+    (folder / "load.txt").write_text(load_rows)
+    (folder / "pcie.txt").write_text(pcie_rows)
+    smi = folder / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in\n'
+        f'  -q) cat "{folder}/q.txt" ;;\n'
+        f'  --query-gpu=index,memory.used*) cat "{folder}/load.txt" ;;\n'
+        f'  --query-gpu=index,pcie*) cat "{folder}/pcie.txt" ;;\n'
+        '  nvlink) echo "nvlink: not supported" >&2; exit 3 ;;\n'
+        "  *) exit 0 ;;\n"
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    return smi
+
+
+@pytest.fixture()
+def gp():  # type: ignore[no-untyped-def]
+    return load("gpu_preflight")
+
+
+def test_a_busy_gpu_ends_the_check_before_any_worker_names_the_cause(gp, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _fake_smi(tmp_path, "0, 120000, 143771, 0, 0\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    out = gp.run({})
+    assert out["status"] == "ERROR"
+    assert out["detail"] == (
+        "node not fit: GPU 0 in use before the check: 120000 MiB used, 0 % utilization (another process)"
+    )
+    data = out["data"]
+    assert "facts" not in data and "matmul" not in data and data["unfit"] == "node"  # no worker ran
+    assert len(data["host"]["load_before"]["samples"]) == gp.LOAD_SAMPLES
+    # the thresholds are the pipeline's parameters
+    assert not gp.run({"max_busy_used_mib": 200000})["detail"].startswith("node not fit: GPU 0 in use")
+
+
+def test_an_idle_gpu_goes_on_to_the_workers(gp, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _fake_smi(tmp_path, IDLE)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    out = gp.run({})
+    # no torch in this interpreter: the facts worker ran and said so (the busy check let it)
+    assert out["detail"].startswith("no torch in this image"), out["detail"]
+    assert out["data"]["host"]["nvlink_status_error"].endswith("nvlink: not supported")
+
+
+def test_the_pcie_link_is_read_while_the_block_runs(gp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    smi = _fake_smi(tmp_path, IDLE, "0, 3, 5, 16, 16\n")
+    gc = load("gpu_causes")
+    with gp.sampling(str(smi), gc.PCIE_QUERY, gc.parse_pcie) as got:
+        pass
+    assert got["samples"] == [[{"index": 0, "gen": 3.0, "gen_max": 5.0, "width": 16.0, "width_max": 16.0}]]
+    with gp.sampling(None, gc.PCIE_QUERY, gc.parse_pcie) as none:
+        pass
+    assert none == {}
+
+
+H200 = {"devices": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0"}], "torch": "2.9.0",
+        "cuda_runtime": "12.8", "arch_list": ["sm_90"], "driver": "580.159.04"}  # fmt: skip
+MATMUL_SLOW = {"gpus": [{"index": 0, "size": 8192, "tflops": 331.0, "finite": True, "relative_error": 0.001,
+                         "tolerance": 0.01}]}  # fmt: skip
+
+
+def test_links_and_logs_are_judged_and_a_missed_figure_gets_its_likeliest_cause(gp) -> None:  # type: ignore[no-untyped-def]
+    gc = load("gpu_causes")
+    down = {"pcie_under_load": {"samples": [gc.parse_pcie("0, 3, 5, 16, 16\n")]},
+            "xid": {"readable": True, "events": ["NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus."]}}  # fmt: skip
+    got = gp.judge(H200, MATMUL_SLOW, None, {"min_tflops": 494.5}, host=down)
+    assert got["status"] == "ERROR"
+    assert got["detail"].startswith(
+        "node not fit: GPU 0: 331.0 TFLOP/s < min_tflops 494.5; likeliest cause: GPU 0: PCIe link gen 3 x16 "
+        "under load, its maximum gen 5 x16 (link downgraded); GPU 0: PCIe link gen 3 x16"
+    ), got["detail"]
+    assert "Xid 79 (GPU has fallen off the bus) since boot: reboot the node" in got["detail"]
+    # the same figure met, an idle log unreadable: PASS, the log's state said
+    fast = {"gpus": [dict(MATMUL_SLOW["gpus"][0], tflops=700.0)]}
+    fine = gp.judge(H200, fast, None, {"min_tflops": 494.5}, host={"xid": {"readable": False, "why": "no dmesg in the image"}})  # fmt: skip
+    assert fine["status"] == "PASS" and "Xid events not readable (no dmesg in the image)" in fine["detail"]

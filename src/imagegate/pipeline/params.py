@@ -266,6 +266,20 @@ class GpuPreflightParams(Params):
     max_ecc_uncorrected: int = Field(
         default=0, ge=0, description="Uncorrected ECC errors since the driver loaded above this: not fit."
     )
+    # DCGM's diagnostics refuse a GPU another process uses; its memory bandwidth test one whose
+    # memory-controller utilization is above 10 %. A CUDA context holds about 0.5 GiB.
+    max_busy_utilization_pct: float = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="A GPU whose utilization (compute or memory) in the ~1 s before any load is above "
+        "this: in use by another process, ERROR before any figure.",
+    )
+    max_busy_used_mib: float = Field(
+        default=1024,
+        ge=0,
+        description="A GPU with more memory used (MiB) before any load: in use by another process.",
+    )
 
 
 def check_regex(v: str) -> str:

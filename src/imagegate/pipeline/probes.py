@@ -153,7 +153,7 @@ PROBES: dict[str, Probe] = {
             "gpu_preflight",
             "inside",
             GpuPreflightParams,
-            helpers=("gpu_worker",),
+            helpers=("gpu_worker", "gpu_causes"),
             facts=FactRules(
                 carried=(
                     "facts",

@@ -1,12 +1,8 @@
 """gpu_causes: why a GPU node is not fit, named before (or beside) any figure: a GPU in use before
 the check, a PCIe link below its maximum under load, Xid events by NVIDIA's Xid catalog, NVLink
 links down or recovering, and the likeliest cause of a missed figure. Pure functions over what
-nvidia-smi and the kernel log print (tests/probes/test_gpu_causes.py).
-
-Pending (probes/pending/: in no bundle, an input of no record): gpu_preflight does not call it yet.
-Wiring it in (it moves to probes/, a helper of gpu_preflight in the probe registry) changes the
-node check's inputs, so the SGLang records (scripts/real-frameworks.py), whose pipelines run the
-node check, are re-run with that change.
+nvidia-smi and the kernel log print (tests/probes/test_gpu_causes.py); gpu_preflight reads the
+facts and calls them.
 """
 
 from __future__ import annotations
@@ -77,7 +73,9 @@ def parse_load(text: str) -> list:
     ]  # fmt: skip
 
 
-def busy_before(samples: list, nodes: list) -> list:
+def busy_before(
+    samples: list, nodes: list, max_used_mib: float = MAX_USED_MIB, max_util_pct: float = MAX_UTILIZATION_PCT
+) -> list:
     """Each GPU in use before any load, from nvidia-smi read several times over about a second
     (`samples`: a parse_load list each) and the processes `nvidia-smi -q` lists (`nodes`, in index
     order; from inside a container's PID namespace it lists none, hence the figures)."""
@@ -93,7 +91,7 @@ def busy_before(samples: list, nodes: list) -> list:
     problems = []
     for index in sorted(seen.keys() | listed):
         was = seen.get(index, {"used": 0.0, "util": 0.0})
-        if was["used"] > MAX_USED_MIB or was["util"] > MAX_UTILIZATION_PCT or index in listed:
+        if was["used"] > max_used_mib or was["util"] > max_util_pct or index in listed:
             problems.append(
                 "GPU %d in use before the check: %d MiB used, %d %% utilization (%s)"
                 % (
