@@ -7,7 +7,9 @@ no network, as a GPU node with nothing installed would do it:
       imagegate complete ATTEMPT --driver rootfs --gpus all          -> PASS, linked to (b)
       imagegate verify COMPLETION                                    the chain
   (c) a plain-torch baseline of the same figures, on this machine's python, in the same run;
-  (d) --driver docker --gpus all where an engine with a GPU runtime answers (else said so).
+  (d) --driver docker --gpus all where an engine with a GPU runtime answers (else said so);
+  (e) the GPU taken by another process (plain torch on this machine: computing, then holding most
+      of the memory idle): the node check must end ERROR naming GPU 0 in use, before any figure.
 
 Writes DATE-HHMM-gpu-rootfs-KIND.json (the summary: every figure beside its baseline and the
 physical limit, the goals) and .log into RECORDS (default benchmarks/records), and the evidence
@@ -321,6 +323,60 @@ def compare(node: dict, base: dict) -> dict:
     return rows
 
 
+# Another tenant of the GPU: "compute" runs bf16 matmuls without end, "hold" takes most of the
+# memory and sleeps. It prints "ready" once it is on the GPU.
+OTHER_TENANT = r"""
+import sys, time
+import torch
+what = sys.argv[1]
+if what == "compute":
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    print("ready", flush=True)
+    while True:
+        for _ in range(50):
+            a @ a
+        torch.cuda.synchronize()
+else:
+    held = torch.empty(100 << 30, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    time.sleep(3600)
+"""
+
+
+def busy_gpu(log: Log, ig: list, ref: str, rootfs: list, work: str) -> dict:
+    """(e) The node check on GPU 0 while another process uses it: ERROR naming the cause, with no
+    figure measured (no matmul, no bandwidth in the evidence)."""
+    script = os.path.join(work, "other_tenant.py")
+    with open(script, "w") as f:
+        f.write(OTHER_TENANT)
+    out: dict = {}
+    for what in ("compute", "hold"):
+        own = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        own["CUDA_VISIBLE_DEVICES"] = "0"
+        other = subprocess.Popen([sys.executable, script, what], stdout=subprocess.PIPE, text=True, env=own)
+        try:
+            ready = other.stdout.readline().strip() if other.stdout else ""
+            time.sleep(2)  # its load shows in nvidia-smi's utilization
+            runs = os.path.join(work, "busy-" + what)
+            rc, sec = log.run(
+                [*ig, "run", ref, "-p", "gpu", *rootfs, "--gpus", "device=0", "--no-sign", "-o", runs]
+            )
+        finally:
+            other.kill()
+            other.wait()
+        node = node_data(predicate(latest(runs)))
+        out[what] = {"other_process": ready, "exit": rc, "seconds": sec, "verdict": predicate(latest(runs)).get("verdict"),
+                     "detail": node.get("detail"), "figures_measured": [k for k in ("matmul", "bandwidth", "allreduce") if node.get(k)],
+                     "load_before": (node.get("host") or {}).get("load_before")}  # fmt: skip
+        log.say("busy (%s): %s %s" % (what, out[what]["verdict"], out[what]["detail"]))
+    return out
+
+
+def stage_seconds(pred: dict, stage: str) -> float | None:
+    return next((s.get("duration_s") for s in pred.get("stages", []) if s.get("id") == stage), None)
+
+
 def docker_gpus(log: Log, ig: list, ref: str, runs: str) -> dict:
     """--driver docker --gpus all, where an engine answers; else why not."""
     if shutil.which("docker") is None:
@@ -409,7 +465,8 @@ def main() -> int:
     pa = predicate(first_run)
     node = node_data(pa)
     env = pa.get("environment") or {}
-    summary["node_check"] = {"exit": rc, "seconds": sec, "verdict": pa.get("verdict"), "detail": node.get("detail"),
+    summary["node_check"] = {"exit": rc, "seconds": sec, "stage_s": stage_seconds(pa, "node_check"),
+                             "verdict": pa.get("verdict"), "detail": node.get("detail"),
                              "gpu_injection": env.get("gpu_injection"), "image_source": env.get("image_source")}  # fmt: skip
     # (c) the plain-torch baseline, right after
     with open(os.path.join(work, "baseline.py"), "w") as f:
@@ -450,6 +507,8 @@ def main() -> int:
         "verify_exit": rc3,
     }
     summary["docker_gpus"] = docker_gpus(log, ig, ref, os.path.join(work, "docker-runs"))
+    summary["busy"] = busy_gpu(log, ig, ref, rootfs, work)
+    in_use = "node not fit: GPU 0 in use before the check"
     goals = {
         "node_check_pass": pa.get("verdict") == "PASS",
         "figures_within_10_percent": bool(summary["figures"])
@@ -457,6 +516,11 @@ def main() -> int:
         "chain_pass": pc.get("verdict") == "PASS"
         and rc3 == 0
         and predicate(deferred).get("verdict", "").endswith("_DEFERRED"),
+        "node_check_within_30_s": (summary["node_check"]["stage_s"] or 1e9) <= 30,
+        "busy_error_named_before_any_figure": all(
+            b["verdict"] == "ERROR" and (b["detail"] or "").startswith(in_use) and not b["figures_measured"]
+            for b in summary["busy"].values()
+        ),
     }
     summary["goals"] = goals
     with open(os.path.join(records, name + ".json"), "w") as f:
