@@ -374,7 +374,7 @@ def busy_gpu(log: Log, ig: list, ref: str, rootfs: list, work: str) -> dict:
 
 
 def stage_seconds(pred: dict, stage: str) -> float | None:
-    return next((s.get("duration_s") for s in pred.get("stages", []) if s.get("id") == stage), None)
+    return next((s.get("durationSeconds") for s in pred.get("stages", []) if s.get("id") == stage), None)
 
 
 def docker_gpus(log: Log, ig: list, ref: str, runs: str) -> dict:
