@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Any other module (the controller, capture, versions, ...) is shared by every stage.
 OWN = {"cli": "cli", "find_spec": "find_spec", "pip_check": "pip_check", "av_roundtrip": "av_roundtrip",
        "inventory": "inventory", "gpu_preflight": "gpu_preflight", "gpu_worker": "gpu_preflight",
+       "gpu_causes": "gpu_preflight",
        "serve": "serve", "serve_process": "serve", "serve_http": "serve", "serve_media": "serve",
        "serve_engines": "serve"}  # fmt: skip
 # The runner's files a verdict is computed by, whatever the pipeline: which stages run and which
