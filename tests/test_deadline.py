@@ -102,6 +102,30 @@ def test_the_module_level_helpers_follow_the_current_deadline() -> None:
     assert deadline.current() is None
 
 
+def test_a_nested_deadline_ends_by_the_outer_one_and_names_it() -> None:
+    """An item of a batch with a longer timeout than what is left of the command's: the command's
+    comes first, and its option is the one named."""
+    with deadline.covering(0.0, "--timeout"), deadline.covering(600.0, "timeout of the entry") as inner:
+        assert inner.expired() and inner.option == "--timeout"
+    with deadline.covering(600.0, "--timeout"), deadline.covering(5.0, "timeout of the entry") as inner:
+        assert inner.remaining() <= 5.0 and inner.option == "timeout of the entry"
+
+
+def test_the_deadline_the_user_named_is_the_one_road_to_the_work() -> None:
+    """--timeout reaches the in-image deadline only through the command's deadline: a part with
+    its own time (the stages' timeouts added up) keeps it under a default deadline, and gets all
+    of a deadline the user named; never more than the command has left."""
+    assert deadline.budget(30.0) == 30.0  # no deadline: the part's own
+    with deadline.covering(3600.0):  # a default (run without --timeout)
+        assert deadline.budget(30.0) == 30.0
+    with deadline.covering(3600.0, explicit=True):  # --timeout 3600
+        assert 3590.0 < deadline.budget(30.0) <= 3600.0
+    with deadline.covering(10.0, explicit=True):  # --timeout 10: less than the stages' time
+        assert deadline.budget(30.0) <= 10.0
+    with deadline.covering(10.0):
+        assert deadline.budget(30.0) <= 10.0
+
+
 def test_a_passed_deadline_names_what_every_thread_waited_for() -> None:
     d = Deadline(1.5, "--deadline")
     err = d.error()
@@ -203,3 +227,17 @@ def test_armed_does_nothing_without_a_deadline_or_outside_the_main_thread() -> N
 
 def pending() -> float:
     return signal.getitimer(signal.ITIMER_REAL)[0]
+
+
+def test_run_timeout_reaches_the_stages_only_through_the_commands_deadline() -> None:
+    from imagegate import accept, runner
+
+    prep = runner.prepare(runner.RunOptions(pipeline="python"))
+    own = sum(s.timeout for s in prep.inside.stages) + runner.STARTUP_SLACK_S
+    assert prep.deadline() == own  # outside a command: the stages' own time
+    with accept.within(prep, None):  # run with no --timeout
+        assert prep.deadline() == own
+    with accept.within(prep, 7200.0):  # run --timeout 7200: the stages may take all of it
+        assert own < prep.deadline() <= 7200.0
+    with accept.within(prep, 5.0):  # run --timeout 5
+        assert prep.deadline() <= 5.0

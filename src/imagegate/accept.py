@@ -278,7 +278,7 @@ def accept(
 def within(prep: Prepared, timeout: float | None) -> Iterator[None]:
     """The whole command under one deadline (Prepared.overall): making the driver, getting the
     image, the stages; a wait past it ends with DeadlineReached naming what it waited for."""
-    with deadline.covering(prep.overall(timeout)):
+    with deadline.covering(prep.overall(timeout), explicit=timeout is not None):
         yield
 
 

@@ -64,8 +64,13 @@ def started(stat: bytes) -> int:
 
 
 class Deadline:
-    def __init__(self, seconds: float, option: str = "--timeout", start: float | None = None) -> None:
-        self.seconds, self.option = seconds, option
+    """`explicit`: the user named it (--timeout), so every part of the command may take all of it
+    (budget); otherwise it is a default, and each part keeps its own time too."""
+
+    def __init__(
+        self, seconds: float, option: str = "--timeout", start: float | None = None, explicit: bool = False
+    ) -> None:
+        self.seconds, self.option, self.explicit = seconds, option, explicit
         self.end = (time.monotonic() if start is None else start) + seconds
         self._lock = threading.Lock()
         self._waits: dict[int, str] = {}  # thread id -> what it waits for now
@@ -134,6 +139,15 @@ def cap(seconds: float | None) -> float | None:
     return seconds if _current is None else _current.cap(seconds)
 
 
+def budget(seconds: float) -> float:
+    """The time of a part of the command whose own time is `seconds` (the in-image stages'
+    timeouts added up), ending by the command's deadline; a deadline the user named (--timeout) is
+    the part's whole: it is the one road by which --timeout reaches the work."""
+    if _current is not None and _current.explicit:
+        return _current.cap(None)
+    return seconds if _current is None else _current.cap(seconds)
+
+
 def expired_error(what: str) -> DeadlineReached | None:
     """The DeadlineReached to raise instead of a read error that the deadline caused, or None."""
     return _current.error(what) if _current is not None and _current.expired() else None
@@ -149,11 +163,16 @@ def waiting(what: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def covering(seconds: float, option: str = "--timeout") -> Iterator[Deadline]:
-    """The deadline of the command that runs inside the block."""
+def covering(seconds: float, option: str = "--timeout", *, explicit: bool = False) -> Iterator[Deadline]:
+    """The deadline of the command (or, nested, of one item of it) that runs inside the block;
+    a nested one ends by the outer one."""
     global _current
     # The outermost deadline is the command's: it started with the process.
-    outer, _current = _current, Deadline(seconds, option, process_start() if _current is None else None)
+    outer = _current
+    inner = Deadline(seconds, option, process_start() if outer is None else None, explicit)
+    if outer is not None and outer.end < inner.end:  # the command's deadline comes first
+        inner.seconds, inner.option, inner.end = outer.seconds, outer.option, outer.end
+    _current = inner
     try:
         yield _current
     finally:

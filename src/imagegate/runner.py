@@ -30,7 +30,6 @@ class RunOptions:
     pipeline: str
     modules: Sequence[str] = ()
     out: Path = Path("imagegate-runs")
-    timeout: float | None = None  # the whole command's; default: Prepared.overall
     source: str | None = None  # --source: where outside stages read the image
     expect_config: str | None = None
     advisory_db: Path | None = None  # --advisory-db: adds the audit, overrides a stage's own folder
@@ -92,11 +91,11 @@ class Prepared:
         py = self.plan.python
         return [py] if py else ["python3", "python"]
 
-    def deadline(self, override: float | None, ids: Sequence[str] | None = None) -> float:
-        """The in-image deadline of the stages `ids` (default: all of them, one controller),
-        ending by the command's deadline."""
+    def deadline(self, ids: Sequence[str] | None = None) -> float:
+        """The in-image deadline of the stages `ids` (default: all of them, one controller): their
+        timeouts added up, ending by the command's deadline (all of it, when --timeout named it)."""
         stages = [s for s in self.inside.stages if ids is None or s.id in ids]
-        return deadline.cap(override or sum(s.timeout for s in stages) + STARTUP_SLACK_S) or 0.0
+        return deadline.budget(sum(s.timeout for s in stages) + STARTUP_SLACK_S)
 
     def overall(self, timeout: float | None) -> float:
         """The whole command's deadline: --timeout, or getting the image (PREPARE_S) and every
@@ -259,7 +258,7 @@ def run_inside(
     def one(ids: list[str]) -> ControllerRun:
         key = protocol.new_key()  # this controller's event key: only it gets it
         stream = protocol.EventStream(key, ids, relay)
-        deadline = prep.deadline(opts.timeout, ids)
+        deadline = prep.deadline(ids)
         began = _now()
         br = driver.run_bundle(
             BundleRequest(

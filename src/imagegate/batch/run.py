@@ -95,14 +95,14 @@ def run_image(
     if require is None:
         require = inv.image_list.defaults.require_complete
     try:
-        ropts = runner.RunOptions(
-            pipeline=pipeline, modules=entry.modules, out=opts.out, timeout=entry.timeout
-        )
+        ropts = runner.RunOptions(pipeline=pipeline, modules=entry.modules, out=opts.out)
         notify = lambda m: log.debug("%s: %s", name, m)  # noqa: E731
         prep = runner.prepare(ropts)
-        observer = runner.DriverObserver(make_driver(), entry.image, ropts, notify)
-        # The same use case as `run`: the attempt concluded, signed, its statement written.
-        done = accept.accept(prep, observer, opts.out, opts.outputs, notify)
+        # The entry's timeout is its deadline, within the command's: getting the image, the stages.
+        with accept.within(prep, entry.timeout):
+            observer = runner.DriverObserver(make_driver(), entry.image, ropts, notify)
+            # The same use case as `run`: the attempt concluded, signed, its statement written.
+            done = accept.accept(prep, observer, opts.out, opts.outputs, notify)
     except Exception as e:
         return _failed("image", name, entry.image, e, t0)
     record = done.record

@@ -137,7 +137,7 @@ def complete(
             accept.check_outputs(outputs, _attach_to(earlier.predicate), no_sign=c.no_sign)
         with accept.within(prep, c.timeout):  # the earlier attempt is verified: now the clock runs
             made = c.make_driver(earlier, outputs, name, gpu, mounted, notify)
-            opts = runner.RunOptions(pipeline="", timeout=c.timeout, jobs=os.cpu_count() or 1)
+            opts = runner.RunOptions(pipeline="", jobs=os.cpu_count() or 1)
             observer = completing.CompletionObserver(earlier, made, opts, notify)
             root = c.out or earlier.dir.parent.parent  # beside the earlier attempt by default
             done = accept.accept(prep, observer, root, outputs, notify)

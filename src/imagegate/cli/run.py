@@ -62,7 +62,6 @@ class Placement:
     ) -> "runner.RunOptions":
         return a.run_options(
             model=model,
-            timeout=self.timeout,
             source=self.source,
             expect_config=self.expect_config,
             gpus=gpu.spec if gpu else None,

@@ -366,23 +366,8 @@ class DockerDriver(DriverBase):
             timed_out = not _read_frames(raw, out, err, deadline, cancel)
             exit_code = None if timed_out else self._wait_exit(cid, deadline)
             cannot = self._cannot_run(image, interpreter, cid, exit_code, out.total, err.value())
-            if cannot is not None:
-                return cannot
-            return BundleRun(
-                out.value(),
-                err.value(),
-                exit_code,
-                timed_out=exit_code is None,
-                interpreter=interpreter,
-                stdout_total=out.total,
-                stderr_total=err.total,
-                error="overall deadline reached; container killed" if exit_code is None else None,
-                facts={
-                    "container_id": cid,
-                    "container_name": name,
-                    "memory": self.memory,
-                    "pids_limit": self.pids,
-                },
+            return (
+                cannot if cannot is not None else self._finished(out, err, exit_code, interpreter, cid, name)
             )
         except docker.errors.APIError as e:
             if self.gpus is not None and _no_gpu_runtime(e):
@@ -394,6 +379,33 @@ class DockerDriver(DriverBase):
                     sock.close()
             with interrupts.critical():
                 self._remove(name)
+
+    def _finished(
+        self,
+        out: CappedBuffer,
+        err: CappedBuffer,
+        exit_code: int | None,
+        interpreter: str,
+        cid: str,
+        name: str,
+    ) -> BundleRun:
+        """What the container's run gives the runner: its output, its end, the sandbox's facts."""
+        return BundleRun(
+            out.value(),
+            err.value(),
+            exit_code,
+            timed_out=exit_code is None,
+            interpreter=interpreter,
+            stdout_total=out.total,
+            stderr_total=err.total,
+            error="overall deadline reached; container killed" if exit_code is None else None,
+            facts={
+                "container_id": cid,
+                "container_name": name,
+                "memory": self.memory,
+                "pids_limit": self.pids,
+            },
+        )
 
     def _create(self, image: ImageFacts, interpreter: str, sha: str, name: str) -> str:
         """The container, isolated, created (not started): its ID."""

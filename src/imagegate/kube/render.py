@@ -277,7 +277,7 @@ def pinned(image: str, digest: str | None) -> tuple[str, str | None]:
 def job_deadline(prep: Prepared, given: float | None) -> int:
     if given is not None:
         return max(1, round(given))
-    return round(max(DEFAULT_DEADLINE_S, prep.deadline(None) + PULL_ALLOWANCE_S))
+    return round(max(DEFAULT_DEADLINE_S, prep.deadline() + PULL_ALLOWANCE_S))
 
 
 def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
@@ -300,10 +300,10 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
             "collect still records the imageID it ran (give --digest to pin it)"
         )
     deadline = job_deadline(prep, opts.deadline_s)
-    if opts.deadline_s is not None and opts.deadline_s < prep.deadline(None):
+    if opts.deadline_s is not None and opts.deadline_s < prep.deadline():
         notes.append(
             f"--deadline {opts.deadline_s:g}s is shorter than the stages' timeouts added up "
-            f"({prep.deadline(None):g}s), before the image pull: the Job may be stopped mid-run"
+            f"({prep.deadline():g}s), before the image pull: the Job may be stopped mid-run"
         )
     configmap, secret = _bundle_and_key(prep, name, opts.namespace)
     labels = {**MANAGED_BY, RUN_LABEL: name}
