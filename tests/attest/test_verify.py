@@ -317,7 +317,7 @@ def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """What `imagegate run` does: resolve the key before the run (the default key is made on
     first use), run, sign the attempt (the statement the runner wrote), verify it."""
     from imagegate import runner
-    from imagegate.accept import Outputs, accept
+    from imagegate.accept import Outputs, Request, accept
     from imagegate.attest import verify
     from imagegate.drivers.local import LocalDriver
 
@@ -327,7 +327,7 @@ def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert said and "created a signing key" in said[0]
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path / "out")
     observer = runner.DriverObserver(LocalDriver(None), None, opts)
-    done = accept(runner.prepare(opts), observer, opts.out, Outputs(key=key))
+    done = accept(Request(runner.prepare(opts), observer, opts.out, Outputs(key=key)))
     record, signed = done.record, done.signed
     assert signed is not None
     assert json.loads((Path(record.attempt_dir) / "statement.json").read_text()) == done.statement

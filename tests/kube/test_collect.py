@@ -25,7 +25,7 @@ def collect_record(
 ) -> RunRecord:
     """A finished Pod through the accept use case, as `pod collect` runs it, unsigned."""
     observer = collect.PodObserver(pod, log, **kw)
-    return accept.accept(prep, observer, opts.out, accept.Outputs()).record
+    return accept.accept(accept.Request(prep, observer, opts.out)).record
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -26,7 +26,7 @@ def run_pod(
 ) -> RunRecord:
     """One run in a Pod through the accept use case, as `pod run` runs it, unsigned."""
     observer = podrun.PodRunObserver(rendered, cluster, **kw)
-    return accept.accept(prep, observer, opts.out, accept.Outputs()).record
+    return accept.accept(accept.Request(prep, observer, opts.out)).record
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -295,12 +295,12 @@ def test_the_runner_is_non_dumpable_while_it_holds_a_key(tmp_path: Path) -> None
     os.chown(key, 65534, 65534)
     code = (
         "import os, subprocess, sys\n"
-        "from imagegate import accept\n"
+        "from imagegate.cli import _checks\n"
         "def peek():  # another process of this user reads this one's environment\n"
         "    p = subprocess.run(['cat', '/proc/%d/environ' % os.getpid()], capture_output=True, text=True)\n"
         "    return 'read' if p.returncode == 0 else p.stderr.strip()\n"
         "print('before:', peek())\n"
-        "accept.outputs(key=sys.argv[1])\n"
+        "_checks.outputs(key=sys.argv[1])\n"
         "print('after:', peek())\n"
     )
     try:

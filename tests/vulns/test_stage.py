@@ -178,7 +178,7 @@ def test_an_outside_stage_honours_requires(tmp_path: Path, advisory_db: Path) ->
     )
     opts = runner.RunOptions(pipeline=str(p), out=tmp_path / "out", advisory_db=advisory_db)
     observer = runner.DriverObserver(LocalDriver(sys.executable), "local", opts)
-    record = accept.accept(runner.prepare(opts), observer, opts.out, accept.Outputs()).record
+    record = accept.accept(accept.Request(runner.prepare(opts), observer, opts.out)).record
     audit = next(s for s in record.stages if s.id == "audit")
     assert audit.status is Status.DEFERRED, audit.detail
     assert audit.detail.startswith("requires gpu, not present here; ran for the record: ")

@@ -102,7 +102,7 @@ def run_image(
         with accept.within(prep, entry.timeout):
             observer = runner.DriverObserver(make_driver(), entry.image, ropts, notify)
             # The same use case as `run`: the attempt concluded, signed, its statement written.
-            done = accept.accept(prep, observer, opts.out, opts.outputs, notify)
+            done = accept.accept(accept.Request(prep, observer, opts.out, opts.outputs), notify)
     except Exception as e:
         return _failed("image", name, entry.image, e, t0)
     record = done.record

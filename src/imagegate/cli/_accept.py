@@ -43,7 +43,7 @@ PIPELINE = Option(
     help="Built-in name (python, vllm, vllm-serve, sglang, sglang-disagg, sglang-serve) or a YAML file.",
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
-# run, complete: by default 30 min to get the image plus the stages' timeouts (accept.check_timeout)
+# run, complete: by default 30 min to get the image plus the stages' timeouts (_checks.check_timeout)
 TIMEOUT = Option(None, "--timeout", metavar="SECONDS", help=_app.TIMEOUT_HELP)
 KEY = SIGNING_KEY
 NO_SIGN = Option(False, "--no-sign", help="Do not sign the attempt.")
@@ -153,9 +153,9 @@ class Accepting:
         return RunOptions(self.pipeline, self.module, self.out, advisory_db=self.advisory_db, **kw)
 
     def outputs(self, reference: str | None, notify: Notify) -> "accept.Outputs":
-        from imagegate import accept
+        from imagegate.cli import _checks
 
-        return accept.outputs(
+        return _checks.outputs(
             self.report,
             key=signing_key(self.key),
             no_sign=self.no_sign,

@@ -137,7 +137,7 @@ EVIDENCE_HELP = "Evidence folder; each run adds a new attempt (complete: by defa
 def within(seconds: float) -> Iterator[deadline.Deadline]:
     """The command's body under its --timeout: every wait in it ends by then (exit 2, naming
     what it waited for)."""
-    from imagegate.accept import check_timeout
+    from imagegate.cli._checks import check_timeout
 
     check_timeout(seconds)
     with deadline.covering(seconds) as d, deadline.armed():

@@ -49,11 +49,11 @@ class Completing:
     model: Path | None = o.MODEL
 
     def outputs(self, notify: o.Notify) -> "accept.Outputs":
-        from imagegate import accept
+        from imagegate.cli import _checks
 
-        accept.check_timeout(self.timeout)
+        _checks.check_timeout(self.timeout)
         parse_memory(self.memory)
-        return accept.outputs(
+        return _checks.outputs(
             self.report,
             statement_on_stdout=self.fmt is Format.json,
             key=o.signing_key(self.key),
@@ -74,24 +74,22 @@ class Completing:
     ) -> "Driver":
         """The driver of the deferred stages: the rootfs one reads the transport the earlier attempt
         judged (no engine), and unpacks the root only when its config digest is the one judged."""
-        from imagegate import accept
-        from imagegate.drivers.select import DriverName
+        from imagegate.cli import _checks
+        from imagegate.drivers.select import DriverName, DriverOptions
 
         rootfs = name is DriverName.rootfs
         was = earlier.predicate.get("image") or {}
-        return accept.driver_for(
-            here=False,
-            name=name,
-            python=self.python,
-            memory=self.memory,
-            pull=self.pull or ("missing" if rootfs else "never"),
+        opts = DriverOptions(
+            self.memory,
+            self.pull or ("missing" if rootfs else "never"),
+            notify,
+            gpu,
+            self.python,
             expect_config=str(was["configDigest"]) if rootfs and was.get("configDigest") else None,
-            gpus=gpu,
-            notify=notify,
-            key=outputs.key,
             sign_unisolated=self.sign_unisolated,
             model=mounted,  # --here: bound in where it is, when it lives under /tmp
         )
+        return _checks.make_driver(name, opts, outputs.key)
 
 
 @app.command(
@@ -140,7 +138,7 @@ def complete(
             opts = runner.RunOptions(pipeline="", jobs=os.cpu_count() or 1)
             observer = completing.CompletionObserver(earlier, made, opts, notify)
             root = c.out or earlier.dir.parent.parent  # beside the earlier attempt by default
-            done = accept.accept(prep, observer, root, outputs, notify)
+            done = accept.accept(accept.Request(prep, observer, root, outputs), notify)
     o.finish(done, c.fmt, c.quiet)
 
 

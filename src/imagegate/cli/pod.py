@@ -207,17 +207,18 @@ def collect_cmd(
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
     from imagegate import accept, runner
+    from imagegate.cli import _checks
     from imagegate.kube import podrun
     from imagegate.kube.collect import PodObserver
 
     notify = o.notifier(a.silent)
-    accept.check_timeout(timeout)
-    accept.check_expect_config(expect_config)
+    _checks.check_timeout(timeout)
+    _checks.check_expect_config(expect_config)
     prep = runner.prepare(a.run_options(gpus=_gpus(gpus), source=source, expect_config=expect_config))
-    accept.check_stage_inputs(prep, expect_config)
+    _checks.check_stage_inputs(prep, expect_config)
     pod_obj, log, key = podrun.finished_pod(logs, pod, job, namespace, context, timeout, notify, secret)
     observer = PodObserver(pod_obj, log, secret=key, expect_digests=expect_digest, notify=notify)
-    done = accept.accept(prep, observer, a.out, a.outputs(observer.reference, notify), notify)
+    done = accept.accept(accept.Request(prep, observer, a.out, a.outputs(observer.reference, notify)), notify)
     o.finish(done, a.fmt, a.quiet)
 
 
@@ -249,18 +250,19 @@ def run_cmd(
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
     from imagegate import accept, runner
+    from imagegate.cli import _checks
     from imagegate.kube import kubectl, podrun
 
     notify = o.notifier(a.silent)
     with o.interrupts():
-        accept.check_timeout(timeout)
-        accept.check_expect_config(expect_config)
+        _checks.check_timeout(timeout)
+        _checks.check_expect_config(expect_config)
         prep = runner.prepare(
             a.run_options(
                 gpus=_gpus(spec.gpus), source=source, expect_config=expect_config, **spec.plan_words()
             )
         )
-        accept.check_stage_inputs(prep, expect_config)
+        _checks.check_stage_inputs(prep, expect_config)
         outputs = a.outputs(image, notify)
         observer = podrun.PodRunObserver(
             spec.render(prep, image, notify),
@@ -270,5 +272,5 @@ def run_cmd(
             limit_s=timeout,
             notify=notify,
         )
-        done = accept.accept(prep, observer, a.out, outputs, notify)
+        done = accept.accept(accept.Request(prep, observer, a.out, outputs), notify)
     o.finish(done, a.fmt, a.quiet)

@@ -86,7 +86,8 @@ def audit(
     no_sign: bool = o.NO_SIGN,
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
-    from imagegate import accept, batch  # lazy: keeps CLI start-up fast
+    from imagegate import batch  # lazy: keeps CLI start-up fast
+    from imagegate.cli import _checks
     from imagegate.drivers.docker import DockerDriver
     from imagegate.report import batch as batch_view
     from imagegate.report.console import make_console
@@ -96,7 +97,7 @@ def audit(
     parse_memory(memory)  # before any item runs: a typo is one error, not one per image
     err = make_console(stderr=True)
     # The key (and its passphrase) before any item runs: each image's attempt is signed.
-    outputs = accept.outputs(key=o.signing_key(key), no_sign=no_sign, warn=o.warn)
+    outputs = _checks.outputs(key=o.signing_key(key), no_sign=no_sign, warn=o.warn)
     setup_logging(verbose, quiet)
     items = batch.load(inventory)
     with _app.within(timeout), ItemsBar(len(items), "audit", quiet=quiet, console=err) as bar:

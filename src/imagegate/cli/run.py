@@ -78,23 +78,22 @@ class Placement:
         notify: o.Notify,
         model: Path | None = None,
     ) -> "Driver":
-        from imagegate import accept
+        from imagegate.cli import _checks
+        from imagegate.drivers.select import DriverOptions
 
-        return accept.driver_for(
-            model=model,
-            here=False,
-            name=name,
-            python=self.python,
-            memory=self.memory,
-            pull=self.pull,
-            gpus=gpu,
-            notify=notify,
-            expect_config=self.expect_config,
+        opts = DriverOptions(
+            self.memory,
+            self.pull,
+            notify,
+            gpu,
+            self.python,
+            self.expect_config,
             insecure=a.insecure,
-            key=outputs.key,
             sign_unisolated=self.sign_unisolated,
             cache_dir=self.cache_dir,
+            model=model,
         )
+        return _checks.make_driver(name, opts, outputs.key)
 
 
 @app.command(
@@ -119,6 +118,7 @@ def run(
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
     from imagegate import accept, runner
+    from imagegate.cli import _checks
     from imagegate.drivers.select import DriverName, driver_name
     from imagegate.report.progress import run_shown, setup_logging
 
@@ -126,22 +126,22 @@ def run(
     notify = o.notifier(a.silent)
     with o.interrupts():
         name = driver_name(p.driver, p.here)
-        accept.check_run_input(image, name, p.jobs, p.timeout, p.memory, p.expect_config)
+        _checks.check_run_input(image, name, p.jobs, p.timeout, p.memory, p.expect_config)
         gpu = gpus_parse(p.gpus)
         model = modelpath.check(p.model) if p.model else None
         here = name is DriverName.here
         opts = p.run_options(a, gpu, modelpath.in_sandbox(model, here) if model else None)
         prep = runner.prepare(opts)
-        accept.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
+        _checks.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
         if p.all_platforms:
             _all_platforms(image, a, p, name, gpu, model, opts, prep, notify)
         outputs = a.outputs(image, notify)
         with accept.within(prep, p.timeout):  # the engine is asked from here on
             driver = p.make_driver(name, gpu, outputs, a, notify, model)
-            accept.check_rootfs_reference(image, name)
+            _checks.check_rootfs_reference(image, name)
             with run_shown(a.silent) as display:
                 observer = runner.DriverObserver(driver, image, opts, notify, display)
-                done = accept.accept(prep, observer, a.out, outputs, notify)
+                done = accept.accept(accept.Request(prep, observer, a.out, outputs), notify)
     o.finish(done, a.fmt, a.quiet)
 
 
@@ -171,7 +171,7 @@ def _all_platforms(
         driver = p.make_driver(name, gpu, outputs, a, notify, model)
         with run_shown(a.silent) as display:
             observer = runner.DriverObserver(driver, pinned, opts, notify, display)
-            return accept.accept(prep, observer, a.out, outputs, notify)
+            return accept.accept(accept.Request(prep, observer, a.out, outputs), notify)
 
     with accept.within(prep, p.timeout):
         done, judged = multiplatform.run_platforms(
