@@ -110,3 +110,20 @@ def test_a_command_run_beside_a_completion_variable_still_checks_its_values(env:
     # Values are left unchecked only while typer completes; a command that runs checks them.
     r = imagegate("layers", "oci:/nonexistent", "--jobs", "many", env=env)
     assert r.returncode == 3 and "--jobs" in r.stderr and "integer" in r.stderr, r.stderr
+
+
+# What a `run` of an image the engine holds loads before its first container, by the modules the
+# command itself reaches: the verification, registries (httpx) and signing load when a stage
+# verifies, a registry is read, or the attempt is signed, after the probes ran.
+RUN_PATH = (
+    "import sys\n"
+    "import imagegate.cli.run, imagegate.accept, imagegate.runner, imagegate.drivers.docker\n"
+    "import imagegate.cli._checks, imagegate.drivers.select\n"
+    "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'cryptography') "
+    "or m in ('imagegate.oci.verify', 'imagegate.oci.registry', 'imagegate.attest.sign'))))\n"
+)
+
+
+def test_a_run_loads_verification_registries_and_signing_only_when_it_uses_them() -> None:
+    p = subprocess.run([sys.executable, "-c", RUN_PATH], capture_output=True, text=True, check=True)
+    assert p.stdout.split() == [], p.stdout

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -48,8 +48,10 @@ from imagegate.oci.digest import is_digest
 from imagegate.oci.manifest import Platform
 from imagegate.oci.ran import RanManifest, ran_manifest
 from imagegate.oci.reference import ImageName, parse_image_name
-from imagegate.oci.sources.interface import Source
-from imagegate.oci.verify import VerifyReport
+
+if TYPE_CHECKING:  # loaded when an image is verified or read from a registry, not to run one
+    from imagegate.oci.sources.interface import Source
+    from imagegate.oci.verify import VerifyReport
 
 LABEL = "io.imagegate.run"
 # Who made a container: a container is a leftover only when all of these name this machine's

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from imagegate.deadline import DeadlineReached
 from imagegate.errors import ImagegateError
@@ -24,7 +25,9 @@ from imagegate.oci.manifest import (
     platform_matches,
 )
 from imagegate.oci.reference import parse_reference
-from imagegate.oci.registry import RegistryClient
+
+if TYPE_CHECKING:
+    from imagegate.oci.registry import RegistryClient
 
 MAX_REPO_DIGESTS = 4  # an image pulled from, or pushed to, more registries than this is rare
 MAX_INDEX_ENTRIES = 64  # manifests of one index read while looking for the config
@@ -151,6 +154,8 @@ def _search(
 
 
 def _client(endpoint: str, insecure: bool) -> RegistryClient:
+    from imagegate.oci.registry import RegistryClient  # here: an image with no registry never loads httpx
+
     return RegistryClient(endpoint, insecure=insecure, retries=REGISTRY_RETRIES)
 
 

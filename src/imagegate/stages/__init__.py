@@ -8,18 +8,20 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from imagegate.model import ImageFacts, StageResult, Status
-from imagegate.oci.sources.interface import Source
-from imagegate.oci.verify import Progress, VerifyReport
 from imagegate.pipeline.probes import PROBES
+
+if TYPE_CHECKING:  # the verification loads with the stage that verifies, not with every run
+    from imagegate.oci.sources.interface import Source
+    from imagegate.oci.verify import Progress, VerifyReport
 
 # How to read the image the probes ran, from where they ran it (the docker driver: its engine,
 # by image ID), within `timeout` seconds (None: no limit); None where a driver has no such way.
-ImageSourceOpener = Callable[[float | None], Source | None]
+ImageSourceOpener = Callable[[float | None], "Source | None"]
 
 
 @dataclass
