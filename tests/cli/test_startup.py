@@ -115,15 +115,21 @@ def test_a_command_run_beside_a_completion_variable_still_checks_its_values(env:
 # What a `run` of an image the engine holds loads before its first container, by the modules the
 # command itself reaches: the verification, registries (httpx) and signing load when a stage
 # verifies, a registry is read, or the attempt is signed, after the probes ran.
+# A quiet or JSON run (CI's) draws nothing: no console, no progress, so no rich either.
 RUN_PATH = (
     "import sys\n"
     "import imagegate.cli.run, imagegate.accept, imagegate.runner, imagegate.drivers.docker\n"
     "import imagegate.cli._checks, imagegate.drivers.select\n"
-    "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'cryptography') "
+    "from imagegate.cli import _accept\n"
+    "from imagegate.report import progress\n"
+    "_accept.notifier(True)('said to no one')\n"
+    "with progress.run_shown(True):\n"
+    "    pass\n"
+    "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'cryptography', 'rich') "
     "or m in ('imagegate.oci.verify', 'imagegate.oci.registry', 'imagegate.attest.sign'))))\n"
 )
 
 
-def test_a_run_loads_verification_registries_and_signing_only_when_it_uses_them() -> None:
+def test_a_run_loads_verification_registries_signing_and_a_console_only_when_it_uses_them() -> None:
     p = subprocess.run([sys.executable, "-c", RUN_PATH], capture_output=True, text=True, check=True)
     assert p.stdout.split() == [], p.stdout

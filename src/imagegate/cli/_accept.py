@@ -207,14 +207,12 @@ def grouped(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def notifier(quiet: bool) -> Notify:
+    if quiet:  # a quiet or JSON run loads no console at all
+        return lambda _m: None
     from rich.console import Console  # here: `--help` and completion never build a console
 
     err = Console(stderr=True)
-    return (
-        (lambda _m: None)
-        if quiet
-        else (lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False))
-    )
+    return lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False)
 
 
 def warn(message: str) -> None:
@@ -237,14 +235,15 @@ def interrupts() -> Iterator[None]:
 
 def finish(done: "accept.Accepted", fmt: Format, quiet: bool) -> NoReturn:
     """The outcome: the statement (--format json) or the table; exit with the verdict's code."""
-    from imagegate.report import console as console_report
-    from imagegate.report import formats
-
     if fmt is Format.json:
+        from imagegate.report import formats
+
         sys.stdout.write(formats.statement_text(done.statement))  # as signed, byte for byte
         if not quiet:  # stdout is the statement's alone; where the evidence went still matters
             print(f"imagegate: evidence: {done.record.attempt_dir}", file=sys.stderr)
     else:
+        from imagegate.report import console as console_report
+
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
         console = console_report.make_console(stderr=done.used_stdout)
         console_report.render(done.record, console, rejected_by=done.rejected_by)

@@ -12,21 +12,10 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+if TYPE_CHECKING:  # rich loads when something is shown: a quiet or JSON run never draws
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
-if TYPE_CHECKING:
     from imagegate.oci.verify import Progress as LayerProgress
     from imagegate.runner import Display
 
@@ -54,6 +43,15 @@ class ItemsBar:
     """One bar counting finished items (audit), on a terminal; inert elsewhere or when quiet."""
 
     def __init__(self, total: int, label: str, *, quiet: bool, console: Console | None = None) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         self.console = console or Console(stderr=True)
         self.enabled = not quiet and self.console.is_terminal
         self._lock = threading.Lock()
@@ -94,6 +92,8 @@ class StageView:
     list comes from the controller's start event."""
 
     def __init__(self, *, console: Console | None = None) -> None:
+        from rich.console import Console
+
         self.console = console or Console(stderr=True, highlight=False)
         self.ids: list[str] = []
         self.done = 0
@@ -107,6 +107,15 @@ class StageView:
         return f"running {self.ids[self.done]}" if self.done < len(self.ids) else "finishing"
 
     def event(self, ev: dict[str, object]) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         if ev.get("event") == "start":
             plan = ev.get("plan_stages")
             self.ids = [str(x) for x in plan] if isinstance(plan, list) else []
@@ -154,6 +163,15 @@ class LayerBars:
     """A rich progress bar per blob with throughput (layers, compare, the layers stage of a run)."""
 
     def __init__(self, console: Console):
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         self.progress = Progress(
             TextColumn("{task.description}", markup=False),
             BarColumn(),
@@ -262,6 +280,8 @@ def run_shown(silent: bool) -> Iterator[Display]:
     if silent:
         yield Display()
         return
+    from rich.console import Console
+
     err = Console(stderr=True, highlight=False)
     bars = LayerBars(err) if err.is_terminal else None
     try:
@@ -276,6 +296,8 @@ def run_shown(silent: bool) -> Iterator[Display]:
 def layer_progress(quiet: bool) -> Iterator[LayerProgress]:
     """The progress of reading an image's blobs (layers, compare, cache unpack), on stderr: bars
     on a terminal, a line every 15 s of an engine's silent export elsewhere, nothing when quiet."""
+    from rich.console import Console
+
     from imagegate.oci.verify import NoProgress
 
     err = Console(stderr=True, highlight=False, markup=False)
