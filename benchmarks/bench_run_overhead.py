@@ -8,18 +8,29 @@ baseline of the same parallelism, each; prints PASS or FAIL and exits 1 on a mis
 
 Then where imagegate's added time goes, each part timed the same way, interleaved: its start-up
 (`--version`), the modules a run imports (the command, the use case, the runner, the docker
-driver, signing, the reports), and an empty container's life (create, start, wait, remove) in the
-image, times the containers imagegate made (one per group of stages, from its evidence).
+driver, signing, the reports), the libraries no run can do without (typer, rich, pydantic, the
+Docker SDK, PyYAML), and an empty container's life (create, start, wait, remove) in the image,
+times the containers imagegate made (one per group of stages, from its evidence). And each
+default run's own timeline, from its evidence against the wall clock around it: before the
+attempt (start-up, imports, the plan, the engine asked about the image), to the first stage's
+start (the containers created and started, the bundle sent, the controller up), the stages,
+after them (the controllers' end, the containers removed), after the attempt (signing, reports).
 
-Usage: benchmarks/bench_run_overhead.py [--image imagegate-test/vllm-like:latest] [--reps 5] [--record F]
-(needs the engine and the test image: scripts/setup.sh vllm-like); --record writes the result
-as a dated JSON record (benchmarks/records/).
+Usage: benchmarks/bench_run_overhead.py [--image imagegate-test/vllm-like:latest] [--reps 5]
+       [--stress] [--record F]
+(needs the engine and the test image: scripts/setup.sh vllm-like); --stress runs `stress-ng
+--cpu N` (N: the CPU count) beside every measurement; --record writes the result as a dated
+JSON record (benchmarks/records/).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +40,7 @@ from pathlib import Path
 
 from record import Goal, print_goals, write
 
-GOAL_ADDED_S = 1.0
+GOAL_ADDED_S = 0.5
 
 PIPELINE = """\
 apiVersion: imagegate/v1
@@ -84,10 +95,12 @@ BY_HAND_PARALLEL = (
 )
 
 
-def timed(argv: list[str]) -> float:
-    t0 = time.perf_counter()
+def timed(argv: list[str], spans: list[tuple[float, float]] | None = None) -> float:
+    t0, w0 = time.perf_counter(), time.time()
     p = subprocess.run(argv, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
+    if spans is not None:
+        spans.append((w0, w0 + elapsed))
     if p.returncode not in (0,):
         sys.exit(
             f"bench: {' '.join(argv[:4])}... exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
@@ -95,16 +108,48 @@ def timed(argv: list[str]) -> float:
     return elapsed
 
 
-def measure(commands: dict[str, list[str]], reps: int) -> dict[str, list[float]]:
+def measure(
+    commands: dict[str, list[str]], reps: int, traced: str, runs: Path
+) -> tuple[dict[str, list[float]], list[dict[str, float]]]:
     """Each command `reps` times, interleaved so that the machine's drift hits all alike, after
-    one untimed run of each (the page cache and the engine warm)."""
+    one untimed run of each (the page cache and the engine warm); and the timeline of each timed
+    run of `traced` (an imagegate run writing into `runs`)."""
     for argv in commands.values():
         timed(argv)
     times: dict[str, list[float]] = {name: [] for name in commands}
+    lines: list[dict[str, float]] = []
     for _ in range(reps):
         for name, argv in commands.items():
-            times[name].append(timed(argv))
-    return times
+            spans: list[tuple[float, float]] = []
+            times[name].append(timed(argv, spans))
+            if name == traced:
+                lines.append(timeline(newest_attempt(runs), *spans[0]))
+    return times, lines
+
+
+def newest_attempt(runs: Path) -> Path:
+    return max((p.parent for p in runs.glob("*/*/statement.json")), key=lambda p: p.stat().st_mtime)
+
+
+def _wall(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def timeline(attempt: Path, spawned: float, exited: float) -> dict[str, float]:
+    """Where one run's seconds went, from its statement (startedOn, finishedOn, each stage's
+    start and duration, on the run's clock) against the wall clock around the process."""
+    pred = json.loads((attempt / "statement.json").read_text())["predicate"]
+    began, ended = _wall(pred["startedOn"]), _wall(pred["finishedOn"])
+    stages = [s for s in pred["stages"] if s.get("startedSeconds") is not None]
+    first = min(s["startedSeconds"] for s in stages)
+    last = max(s["startedSeconds"] + s["durationSeconds"] for s in stages)
+    return {
+        "before_attempt_s": began - spawned,
+        "to_first_stage_s": first,
+        "stages_s": last - first,
+        "after_stages_s": (ended - began) - last,
+        "after_attempt_s": exited - ended,
+    }
 
 
 # What a run imports before its first container, as the command's own lazy imports reach them.
@@ -112,6 +157,8 @@ RUN_IMPORTS = (
     "import imagegate.cli.run, imagegate.accept, imagegate.runner, imagegate.drivers.docker, "
     "imagegate.attest.sign, imagegate.report.console"
 )
+# The libraries no run can do without: the command line, the pipeline's models, the engine's API.
+FLOOR_IMPORTS = "import typer, rich.console, pydantic, docker, yaml"
 
 
 def containers_made(runs: Path) -> int:
@@ -151,11 +198,30 @@ def goals_of(m: dict[str, float]) -> list[Goal]:
     ]
 
 
+@contextlib.contextmanager
+def stressed(on: bool):  # type: ignore[no-untyped-def]
+    """stress-ng --cpu N (every CPU busy) for the block's length, when asked."""
+    if not on:
+        yield
+        return
+    exe = shutil.which("stress-ng")
+    if exe is None:
+        sys.exit("bench: --stress needs stress-ng (apt-get install stress-ng)")
+    p = subprocess.Popen([exe, "--cpu", str(os.cpu_count() or 1), "--quiet"])
+    try:
+        time.sleep(2)  # the load is there before the first measurement
+        yield
+    finally:
+        p.terminate()
+        p.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--image", default="imagegate-test/vllm-like:latest")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--record", type=Path, default=None, help="write a dated JSON record here")
+    ap.add_argument("--stress", action="store_true", help="run stress-ng --cpu N beside it")
     args = ap.parse_args()
     imagegate = str(Path(sys.executable).parent / "imagegate")
     docker = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", args.image, "-c"]
@@ -164,18 +230,22 @@ def main() -> int:
         pipe.write_text(PIPELINE)
         ours = [imagegate, "run", args.image, "-p", str(pipe), "-o", str(Path(tmp) / "runs"), "-q"]
         ours += ["--format", "json"]
-        times = measure(
-            {
-                "imagegate (default --jobs)": ours,
-                "imagegate --jobs 1": [*ours, "--jobs", "1"],
-                "by hand, one after another": [*docker, BY_HAND],
-                "by hand, the probes in parallel": [*docker, BY_HAND_PARALLEL],
-                "start-up: imagegate --version": [imagegate, "--version"],
-                "start-up and the run's imports": [sys.executable, "-c", RUN_IMPORTS],
-                "an empty container's life": [*docker, "true"],
-            },
-            args.reps,
-        )
+        with stressed(args.stress):
+            times, lines = measure(
+                {
+                    "imagegate (default --jobs)": ours,
+                    "imagegate --jobs 1": [*ours, "--jobs", "1"],
+                    "by hand, one after another": [*docker, BY_HAND],
+                    "by hand, the probes in parallel": [*docker, BY_HAND_PARALLEL],
+                    "start-up: imagegate --version": [imagegate, "--version"],
+                    "start-up and the run's imports": [sys.executable, "-c", RUN_IMPORTS],
+                    "start-up and the libraries alone": [sys.executable, "-c", FLOOR_IMPORTS],
+                    "an empty container's life": [*docker, "true"],
+                },
+                args.reps,
+                "imagegate (default --jobs)",
+                Path(tmp) / "runs",
+            )
         containers = containers_made(Path(tmp) / "runs")
     medians = {name: statistics.median(t) for name, t in times.items()}
     print(f"image: {args.image}, {args.reps} runs each, interleaved, medians")
@@ -187,11 +257,17 @@ def main() -> int:
         f"{parts['run_imports_s']:.2f} s, {parts['extra_containers']} more container(s) "
         f"{parts['extra_containers_s']:.2f} s, the rest {parts['unexplained_s']:+.2f} s"
     )
+    phases = {k: statistics.median(line[k] for line in lines) for k in lines[0]}
+    print(
+        "a default run's timeline (medians): " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in phases.items())
+    )
     goals = goals_of(medians)
     code = print_goals(goals)
     if args.record:
-        results = {"runs_s": times, "medians_s": medians, "breakdown": parts, "load_average": os.getloadavg()}
-        write(args.record, "bench_run_overhead", {"image": args.image, "reps": args.reps}, results, goals)
+        results = {"runs_s": times, "medians_s": medians, "breakdown": parts, "timeline_medians_s": phases,
+                   "timelines_s": lines, "load_average": os.getloadavg()}  # fmt: skip
+        arguments = {"image": args.image, "reps": args.reps, "stress": args.stress}
+        write(args.record, "bench_run_overhead", arguments, results, goals)
     return code
 
 
