@@ -13,6 +13,7 @@ from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `fleet --help` loads none of the layers below
     from imagegate import fleet
+    from imagegate.attest import keys
 
 fleet_app = typer.Typer(
     help=(
@@ -100,6 +101,8 @@ def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[s
         loaded = read_attempt(attempt, public)
         if key and not loaded.provenance.ok:
             unverified.append(f"{name}: {loaded.provenance.lines()[0]}")
+        if public is not None and (wrong := _node_statement(name, attempt, public)):
+            unverified.append(f"{name}: {wrong}")
         stage = next((s for s in loaded.record.stages if s.probe == "gpu_preflight"), None)
         if stage is None:
             raise UsageError(
@@ -115,6 +118,24 @@ def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[s
             )
         )
     return read, unverified
+
+
+def _node_statement(name: str, attempt: Path, public: "keys.PublicKey") -> str | None:
+    """What is wrong with the node's own statement (`fleet run --key` signs one beside the
+    attempt), or None when it verifies and names this node; an attempt without one has none to check."""
+    from imagegate.attest import nodecheck
+    from imagegate.files import read_named
+
+    path = attempt / nodecheck.NODE_FILE
+    if not path.is_file():
+        return None
+    try:
+        raw = read_named(path, what="the node statement", max_bytes=nodecheck.MAX_ENVELOPE_BYTES)
+        statement = nodecheck.verify_node(raw, public)
+    except UsageError as e:
+        return f"{path.name}: {e}"
+    node = statement["predicate"]["node"]
+    return None if node == name else f"{path.name}: names node {node!r}, not {name!r}"
 
 
 @fleet_app.command(
