@@ -5,12 +5,14 @@ Pod's log is a real controller run of the real bundle on this machine, with that
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from imagegate import accept, runner
 from imagegate.kube import collect, fleetrun, podrun, render
@@ -34,14 +36,12 @@ class FleetCluster(FakeCluster):
         return sum(1 for kind, _ in self.objects if kind == "job")
 
     def create(self, objects: Sequence[dict[str, Any]]) -> None:
-        with self.lock:
-            self.calls.append("create")
-            for obj in objects:
-                key = (obj["kind"].lower(), obj["metadata"]["name"])
-                assert key not in self.objects, f"{key} already exists"
-                self.objects[key] = copy.deepcopy(obj)
-                if obj["kind"] == "Job":
-                    self.pod_list.append(self._pod_for(obj))
+        with self.lock:  # FakeCluster's create, as if this Job's Pods were the only ones
+            others, self.pod_list = self.pod_list, []
+            try:
+                super().create(objects)
+            finally:
+                self.pod_list = others + self.pod_list
             self.most_alive = max(self.most_alive, self._alive())
 
     def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
@@ -142,17 +142,29 @@ def _unfit(runs: list[fleetrun.NodeRun]) -> list[str]:
     ]
 
 
+def _run(
+    cluster: FleetCluster,
+    plan: runner.Prepared,
+    out: Path,
+    n: int,
+    parallel: int,
+    deadline_s: float,
+    poll_s: float,
+) -> list[fleetrun.NodeRun]:
+    clock = Clock()
+    waits = podrun.Waits(poll_s=poll_s, clock=clock, sleep=clock.sleep)
+    return fleetrun.run_fleet(
+        _jobs(plan, NODES[:n]), cluster, _attempt(out), parallel=parallel, deadline_s=deadline_s, waits=waits
+    )
+
+
 def test_one_failing_node_of_five_is_the_one_flagged_then_fit_on_a_re_run(
     tmp_path: Path,
     prep: runner.Prepared,  # noqa: F811
     real_log: Callable[[bytes], bytes],  # noqa: F811
 ) -> None:
-    clock = Clock()
-    waits = podrun.Waits(poll_s=2, clock=clock, sleep=clock.sleep)
     cluster = FleetCluster(real_log, failing=["imagegate-node-check-gpu-3"])
-    runs = fleetrun.run_fleet(
-        _jobs(prep, NODES), cluster, _attempt(tmp_path / "1"), parallel=2, deadline_s=3600, waits=waits
-    )
+    runs = _run(cluster, prep, tmp_path / "1", 5, parallel=2, deadline_s=3600, poll_s=2)
     assert [r.node for r in runs] == NODES
     assert _unfit(runs) == ["gpu-3"]
     by_node = {r.node: r for r in runs}
@@ -164,9 +176,7 @@ def test_one_failing_node_of_five_is_the_one_flagged_then_fit_on_a_re_run(
     assert not cluster.objects and fleetrun.left_behind(runs) == []
     # The same fleet again, gpu-3 mended: nothing flagged, and the cluster again left empty.
     again = FleetCluster(real_log)
-    runs = fleetrun.run_fleet(
-        _jobs(prep, NODES), again, _attempt(tmp_path / "2"), parallel=3, deadline_s=3600, waits=waits
-    )
+    runs = _run(again, prep, tmp_path / "2", 5, parallel=3, deadline_s=3600, poll_s=2)
     assert _unfit(runs) == [] and 1 <= again.most_alive <= 3 and not again.objects
 
 
@@ -175,12 +185,8 @@ def test_the_deadline_ends_the_fleet_with_nothing_left(
     prep: runner.Prepared,  # noqa: F811
     real_log: Callable[[bytes], bytes],  # noqa: F811
 ) -> None:
-    clock = Clock()
-    waits = podrun.Waits(poll_s=5, clock=clock, sleep=clock.sleep)
     cluster = FleetCluster(real_log, pending=10**6)  # no Pod ever starts
-    runs = fleetrun.run_fleet(
-        _jobs(prep, NODES[:4]), cluster, _attempt(tmp_path), parallel=2, deadline_s=60, waits=waits
-    )
+    runs = _run(cluster, prep, tmp_path, 4, parallel=2, deadline_s=60, poll_s=5)
     assert _unfit(runs) == NODES[:4]
     assert all(r.record is None or r.error is None for r in runs)
     started = [r for r in runs if r.record is not None]
@@ -210,8 +216,74 @@ def test_an_interrupt_stops_every_node_and_deletes_its_objects(
             raise KeyboardInterrupt
         return _attempt(tmp_path)(job, observer)
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(accept.Interrupted) as e:
         fleetrun.run_fleet(
             _jobs(prep, NODES), cluster, interrupting, parallel=2, deadline_s=10**6, waits=waits
         )
     assert not cluster.objects and calls <= 3  # the queued nodes never started
+    assert e.value.left == accept.NOTHING_LEFT  # each started node deleted its objects
+
+
+def test_cli_fleet_run_signs_each_nodes_statement_and_reports_the_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleet run` in-process, FleetCluster standing in for the API server behind kubectl (none
+    can start here); each Pod's log is the real controller running the real node check bundle on
+    this machine, which has no GPU: every node's check does not pass, so every node is unfit, each
+    with its own signed statement naming it, and nothing is left in the cluster."""
+    from typer.testing import CliRunner
+
+    from imagegate.attest import keys, nodecheck
+    from imagegate.cli import app
+    from tests.helpers import controller_output
+    from tests.test_fleet import _k8s_node
+
+    gpu_prep = runner.prepare(runner.RunOptions(pipeline="gpu", gpus="8"))  # as fleet run plans it
+    cluster = FleetCluster(lambda k: controller_output(gpu_prep, k), pending=0)
+    monkeypatch.setattr("imagegate.kube.kubectl.KubectlCluster", lambda context=None: cluster)
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": [_k8s_node(n) for n in NODES[:3]]}))
+    key = keys.generate()
+    (tmp_path / "k.pem").write_bytes(keys.private_pem(key, None))
+    args = ["fleet", "run", f"myorg/torch@{DIGEST}", "--nodes", str(tmp_path / "nodes.json"), "--jobs", "2",
+            "-o", str(tmp_path / "runs"), "--key", str(tmp_path / "k.pem"), "--format", "json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert [(n["name"], n["verdict"]) for n in doc["nodes"]] == [(n, "unfit") for n in NODES[:3]]
+    assert not cluster.objects and cluster.most_alive <= 2
+    for node, attempt in doc["attempts"].items():
+        raw = (Path(attempt) / nodecheck.NODE_FILE).read_bytes()
+        statement = nodecheck.verify_node(raw, key.public)
+        assert statement["subject"][0]["name"] == f"node/{node}"
+        assert statement["predicate"]["image"]["reference"] == f"myorg/torch@{DIGEST}"
+
+
+def test_cli_fleet_collect_reads_the_jobs_applied_earlier_and_deletes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleet render | kubectl apply`, then `fleet collect`: each node's Job found by the name
+    render gives it, collected and reported; the objects stay (FleetCluster, as above)."""
+    from typer.testing import CliRunner
+
+    from imagegate.cli import app
+    from tests.helpers import controller_output
+    from tests.test_fleet import _k8s_node
+
+    gpu_prep = runner.prepare(runner.RunOptions(pipeline="gpu", gpus="8"))
+    cluster = FleetCluster(lambda k: controller_output(gpu_prep, k), pending=0)
+    monkeypatch.setattr("imagegate.kube.kubectl.KubectlCluster", lambda context=None: cluster)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))  # the default key, made on first use
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": [_k8s_node(n) for n in NODES[:3]]}))
+    image = f"myorg/torch@{DIGEST}"
+    args = ["--nodes", str(tmp_path / "nodes.json"), "-o", str(tmp_path / "runs"), "--format", "json"]
+    missing = CliRunner().invoke(app, ["fleet", "collect", image, *args])
+    assert missing.exit_code == 2, missing.output  # nothing applied yet: no node has a result
+    applied = CliRunner().invoke(app, ["fleet", "render", image, "--nodes", str(tmp_path / "nodes.json")])
+    for doc in yaml.safe_load_all(applied.stdout):
+        cluster.create([doc])
+    done = CliRunner().invoke(app, ["fleet", "collect", image, *args])
+    assert done.exit_code == 1, done.output  # every node's check ran, on a machine without a GPU
+    assert [(n["name"], n["verdict"]) for n in json.loads(done.stdout)["nodes"]] == [
+        (n, "unfit") for n in NODES[:3]
+    ]
+    assert sum(1 for kind, _ in cluster.objects if kind == "job") == 3

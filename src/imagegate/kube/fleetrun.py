@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from imagegate.accept import Interrupted
 from imagegate.errors import EngineError
 from imagegate.kube.cluster import Cluster, ClusterError
 from imagegate.kube.podrun import PodRunObserver, Waits
@@ -61,7 +62,7 @@ def run_fleet(
     notify: Notify = lambda _m: None,
 ) -> list[NodeRun]:
     """Every node's run, in the order given. On an interrupt: the running nodes stop waiting and
-    delete their objects, then the interrupt goes on, with what may be left in `runs`."""
+    delete their objects, then accept.Interrupted says what may be left, each with its command."""
     end = waits.clock() + deadline_s
     stop = threading.Event()
     runs = [NodeRun(j.node) for j in jobs]
@@ -96,9 +97,13 @@ def run_fleet(
         try:
             for f in futures:
                 f.result()
-        except BaseException:
+        except KeyboardInterrupt:
             stop.set()  # the running ones end their wait and delete; the queued ones never start
-            raise
+            interrupted = True
+        else:
+            interrupted = False
+    if interrupted:  # after every node ended: what may be left is known by then
+        raise Interrupted("; ".join(left_behind(runs)) or None)
     return runs
 
 
