@@ -85,3 +85,25 @@ def test_uuids_from_torch_alone_and_oversized_envelopes(tmp_path: Path) -> None:
     assert nodecheck.gpu_uuids({}) == []
     with pytest.raises(UsageError, match="over"):
         nodecheck.verify_node(b" " * (nodecheck.MAX_ENVELOPE_BYTES + 1), keys.generate().public)
+
+
+def test_a_node_below_its_peers_is_suspect_while_its_statement_keeps_pass(tmp_path: Path) -> None:
+    from imagegate import fleet
+
+    key = keys.generate()
+    scales = {"gpu-1": None, "gpu-2": None, "gpu-3": {"hbm_copy_gbps": 0.8}, "gpu-4": None}
+    signed = {
+        n: nodecheck.verify_node(_signed(tmp_path, key, n, "PASS", scale=s), key.public)
+        for n, s in scales.items()
+    }
+    nodes = [
+        fleet.Node(n, st["predicate"]["verdict"], st["predicate"]["model"], st["predicate"]["figures"])
+        for n, st in signed.items()
+    ]
+    verdicts = {j.node.name: j.verdict for j in fleet.judge(nodes).nodes}
+    assert verdicts == {"gpu-1": "fit", "gpu-2": "fit", "gpu-3": "suspect", "gpu-4": "fit"}
+    assert signed["gpu-3"]["predicate"]["verdict"] == "PASS"
+    assert (
+        signed["gpu-3"]["predicate"]["figures"]["hbm_copy_gbps"]
+        < signed["gpu-1"]["predicate"]["figures"]["hbm_copy_gbps"]
+    )
