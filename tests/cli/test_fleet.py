@@ -121,3 +121,24 @@ def test_render_pins_one_validated_job_per_gpu_node_requesting_all_its_gpus(tmp_
         } in pod["tolerations"]
     bad = _imagegate("fleet", "render", image, "--nodes", "pods.json", cwd=tmp_path)
     assert bad.returncode == 3 and "no GPU node to check" in bad.stderr
+
+
+def test_a_nodes_own_statement_is_verified_with_the_key(attempts: tuple[Path, list[Path]]) -> None:
+    """An attempt with the node's signed statement beside it (as `fleet run --key` leaves it): it
+    verifies for the node it names; one naming another node, or signed by another key, is named."""
+    import shutil
+
+    from imagegate.attest import keys, nodecheck
+
+    work, (a, _) = attempts
+    key = keys.load_signing_key(work / "ci.key")
+    seq = []
+    for n, (signer, node) in enumerate([(key, "gpu-1"), (key, "gpu-9"), (keys.generate(), "gpu-1")]):
+        copy = shutil.copytree(a, work / f"signed{n}" / a.parent.name / a.name)
+        statement = nodecheck.node_statement(node, "DEFERRED", "", {}, {"digest": None})
+        nodecheck.sign_node(copy, statement, signer)
+        done = _imagegate("fleet", "report", f"gpu-1={copy}", "--key", "ci.pub", cwd=work)
+        seq.append([line for line in done.stdout.splitlines() if line.startswith("not verified")])
+    assert seq[0] == []
+    assert seq[1] == ["not verified: gpu-1: node-check.dsse.json: names node 'gpu-9', not 'gpu-1'"]
+    assert seq[2] and "signature does not verify" in seq[2][0]

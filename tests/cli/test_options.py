@@ -14,6 +14,8 @@ import typer.main
 
 from imagegate.cli import load_all
 
+# the commands that write an attempt and sign it: --key is a signing key and --out the evidence
+_SIGNED = ("run", "complete", "index", "audit", "pod run", "pod collect", "fleet run", "fleet collect")
 # option -> meaning -> the commands (space-joined paths) that give the name that meaning
 MEANINGS: dict[str, dict[str, set[str]]] = {
     # this run's statements to the image vs. an index's statements to the index digest
@@ -21,17 +23,31 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     # a verdict's statement on stdout vs. a command's data as JSON vs. a report's formats
     "--format": {
         "statement": {"run", "complete", "pod run", "pod collect"},
-        "data": {"layers", "compare", "index", "cache unpack", "cache list", "fleet report"},
+        "data": {
+            "layers",
+            "compare",
+            "index",
+            "cache unpack",
+            "cache list",
+            "fleet report",
+            "fleet run",
+            "fleet collect",
+        },
         "report": {"report"},
     },
     # devices for this host's sandbox vs. nvidia.com/gpu requested for a Pod
     "--gpus": {"devices": {"run", "complete"}, "pod": {"pod render", "pod run", "pod collect"}},
     # what runs in parallel: stage groups, layers, inventory items
-    "--jobs": {"stages": {"run"}, "layers": {"layers", "compare"}, "items": {"audit"}},
+    "--jobs": {
+        "stages": {"run"},
+        "layers": {"layers", "compare"},
+        "items": {"audit"},
+        "nodes": {"fleet run"},
+    },
     # a signing key; the public keys a chain is verified with; the one key a report checks;
     # render signs nothing (hidden, accepted from older scripts)
     "--key": {
-        "signing": {"run", "complete", "index", "audit", "pod run", "pod collect"},
+        "signing": set(_SIGNED),
         "chain": {"verify"},
         "report": {"report", "fleet report"},
         "hidden": {"pod render"},
@@ -39,7 +55,7 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     "--no-sign": {"sign": {"run", "complete", "audit", "pod run", "pod collect"}, "hidden": {"pod render"}},
     # the evidence folder; the folder compare writes its signed files to; keygen's file prefix
     "--out": {
-        "evidence": {"run", "complete", "index", "audit", "pod run", "pod collect"},
+        "evidence": set(_SIGNED),
         "signed files": {"compare"},
         "prefix": {"keygen"},
     },
@@ -47,7 +63,17 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     "--python": {"host": {"run", "complete"}, "image": {"pod render", "pod run"}},
     # the command's own deadline vs. how long pod waits for its Pod's result
     "--timeout": {
-        "deadline": {"run", "complete", "layers", "compare", "verify", "index", "audit", "cache unpack"},
+        "deadline": {
+            "run",
+            "complete",
+            "layers",
+            "compare",
+            "verify",
+            "index",
+            "audit",
+            "cache unpack",
+            "fleet run",
+        },
         "pod": {"pod run", "pod collect"},
     },
 }

@@ -12,7 +12,11 @@ from imagegate.cli._app import Format, Option, app
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `fleet --help` loads none of the layers below
-    from imagegate import fleet
+    from imagegate import accept, fleet
+    from imagegate.attest import keys
+    from imagegate.kube import fleetrun
+    from imagegate.model import RunRecord, StageResult
+    from imagegate.runner import Notify
 
 fleet_app = typer.Typer(
     help=(
@@ -22,6 +26,11 @@ fleet_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(fleet_app, name="fleet")
+
+_IMAGE = Argument(..., help="The image with the torch to check each node with, by digest.")
+_OUT = Option(Path("imagegate-runs"), "--out", "-o", metavar="FOLDER", help=_app.EVIDENCE_HELP)
+_NODES = Option(..., "--nodes", metavar="FILE", help="kubectl get nodes -o json.")
+_PODS = Option(None, "--pods", metavar="FILE", help="kubectl get pods -A -o json.")
 
 
 @fleet_app.command(
@@ -53,8 +62,6 @@ def report(
     fmt: Format = _app.FORMAT,
 ) -> None:
     """Judge every node's node check beside its peers; say which nodes to label or taint."""
-    import json
-
     from imagegate import fleet
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 
@@ -66,23 +73,38 @@ def report(
         )
     read, unverified = _read(nodes, key)
     judged = fleet.judge(read, suspect_below=suspect_below, min_peers=min_peers)
+    _print(judged, unverified, fmt, {"signaturesChecked": key is not None})
+    if fmt is Format.table and key is None:
+        print("signatures not checked: give --key PUB to check every attempt's")
+    fit = all(j.verdict == "fit" for j in judged.nodes) and not unverified
+    raise typer.Exit(EXIT_ACCEPTED if fit else EXIT_REJECTED)
+
+
+def _print(judged: "fleet.Fleet", unverified: list[str], fmt: Format, extra: dict[str, object]) -> None:
+    """The fleet report, a table or JSON (with `extra` keys), on stdout."""
+    import json
+
+    from imagegate import fleet
+
     if fmt is Format.json:
-        print(
-            json.dumps({**fleet.as_json(judged, unverified), "signaturesChecked": key is not None}, indent=1)
-        )
+        print(json.dumps({**fleet.as_json(judged, unverified), **extra}, indent=1))
     else:
         for line in fleet.table(judged, unverified):
             print(line)
-        if key is None:
-            print("signatures not checked: give --key PUB to check every attempt's")
-    fit = all(j.verdict == "fit" for j in judged.nodes) and not unverified
-    raise typer.Exit(EXIT_ACCEPTED if fit else EXIT_REJECTED)
+
+
+def _node(name: str, stage: "StageResult") -> "fleet.Node":
+    """A node as the fleet judges it, from its node check stage."""
+    from imagegate import fleet
+
+    return fleet.Node(
+        name, stage.status.value, fleet.gpu_model(stage.data), fleet.figures_of(stage.data), stage.detail
+    )
 
 
 def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[str]]":
     """Each NODE=ATTEMPT as a fleet.Node, from the attempt's signed statement and its node check's
     evidence; the attempts that did not verify with `key`, named."""
-    from imagegate import fleet
     from imagegate.attest import keys
     from imagegate.report.load import read_attempt, resolve_attempt
 
@@ -100,21 +122,33 @@ def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[s
         loaded = read_attempt(attempt, public)
         if key and not loaded.provenance.ok:
             unverified.append(f"{name}: {loaded.provenance.lines()[0]}")
+        if public is not None and (wrong := _node_statement(name, attempt, public)):
+            unverified.append(f"{name}: {wrong}")
         stage = next((s for s in loaded.record.stages if s.probe == "gpu_preflight"), None)
         if stage is None:
             raise UsageError(
                 f"{name}={folder}: this attempt ran no node check", hint="run -p gpu on the node"
             )
-        read.append(
-            fleet.Node(
-                name,
-                stage.status.value,
-                fleet.gpu_model(stage.data),
-                fleet.figures_of(stage.data),
-                stage.detail,
-            )
-        )
+        read.append(_node(name, stage))
     return read, unverified
+
+
+def _node_statement(name: str, attempt: Path, public: "keys.PublicKey") -> str | None:
+    """What is wrong with the node's own statement (`fleet run --key` signs one beside the
+    attempt), or None when it verifies and names this node; an attempt without one has none to check."""
+    from imagegate.attest import nodecheck
+    from imagegate.files import read_named
+
+    path = attempt / nodecheck.NODE_FILE
+    if not path.is_file():
+        return None
+    try:
+        raw = read_named(path, what="the node statement", max_bytes=nodecheck.MAX_ENVELOPE_BYTES)
+        statement = nodecheck.verify_node(raw, public)
+    except UsageError as e:
+        return f"{path.name}: {e}"
+    node = statement["predicate"]["node"]
+    return None if node == name else f"{path.name}: names node {node!r}, not {name!r}"
 
 
 @fleet_app.command(
@@ -131,33 +165,31 @@ def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[s
     "  imagegate fleet render myorg/torch@sha256:<digest> --nodes nodes.json --pods pods.json | kubectl apply -f -",
 )
 def render(
-    image: str = Argument(..., help="The image with the torch to check each node with, by digest."),
-    nodes: Path = Option(..., "--nodes", metavar="FILE", help="kubectl get nodes -o json."),
-    pods: Path | None = Option(None, "--pods", metavar="FILE", help="kubectl get pods -A -o json."),
+    image: str = _IMAGE,
+    nodes: Path = _NODES,
+    pods: Path | None = _PODS,
     namespace: str = _app.KUBE_NAMESPACE,
     kube_version: str = _app.KUBE_VERSION,
 ) -> None:
     """Print one node check Job (with its Secret and ConfigMap) per GPU node of a cluster."""
+    import sys
+
+    for n, job in enumerate(_node_jobs(image, nodes, pods, namespace, kube_version)):
+        sys.stdout.write(("---\n" if n else "") + job.rendered.yaml())  # one YAML stream, every node's
+
+
+def _node_jobs(
+    image: str, nodes: Path, pods: Path | None, namespace: str, kube_version: str
+) -> "list[fleetrun.NodeJob]":
+    """One node check Job per GPU node of the listings (the skipped ones named on stderr)."""
     import hashlib
     import sys
 
     from imagegate import fleet, runner
-    from imagegate.files import read_named
+    from imagegate.kube import fleetrun
     from imagegate.kube import render as kube_render
-    from imagegate.oci import untrusted_json
 
-    def listing(path: Path, what: str) -> dict[str, object]:
-        try:  # a big cluster's pods: 64 MiB, bounded before it is read, like every file named here
-            doc = untrusted_json.loads(read_named(path, what=what, max_bytes=64 << 20), max_bytes=64 << 20)
-        except untrusted_json.UntrustedJSONError as e:
-            raise UsageError(f"{path}: {e}", hint=f"write it with: kubectl get {what} -o json") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
-            raise UsageError(
-                f"{path}: not a Kubernetes list ({what})", hint=f"write it with: kubectl get {what} -o json"
-            )
-        return doc
-
-    found, skipped = fleet.targets(listing(nodes, "nodes"), listing(pods, "pods") if pods else None)
+    found, skipped = fleet.targets(_listing(nodes, "nodes"), _listing(pods, "pods") if pods else None)
     for why in skipped:
         print(f"imagegate: skipped {why}", file=sys.stderr)
     if not found:
@@ -165,7 +197,8 @@ def render(
             f"{nodes}: no GPU node to check", hint="list the cluster's nodes: kubectl get nodes -o json"
         )
     preps: dict[int, runner.Prepared] = {}
-    for n, t in enumerate(found):
+    jobs = []
+    for t in found:
         if t.gpus not in preps:  # one plan and bundle per GPU count, not per node
             preps[t.gpus] = runner.prepare(runner.RunOptions(pipeline="gpu", gpus=str(t.gpus)))
         prep = preps[t.gpus]
@@ -177,4 +210,142 @@ def render(
             node_selector=[f"kubernetes.io/hostname={t.node}"],
             toleration=["node.kubernetes.io/unschedulable:NoSchedule"],
         )  # fmt: skip
-        sys.stdout.write(("---\n" if n else "") + rendered.yaml())  # one YAML stream, every node's
+        jobs.append(fleetrun.NodeJob(t.node, prep, rendered))
+    return jobs
+
+
+def _listing(path: Path, what: str) -> dict[str, object]:
+    """A Kubernetes list as kubectl prints it, bounded before it is read (untrusted input)."""
+    from imagegate.files import read_named
+    from imagegate.oci import untrusted_json
+
+    try:  # a big cluster's pods: 64 MiB, bounded before it is read, like every file named here
+        doc = untrusted_json.loads(read_named(path, what=what, max_bytes=64 << 20), max_bytes=64 << 20)
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"{path}: {e}", hint=f"write it with: kubectl get {what} -o json") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+        raise UsageError(
+            f"{path}: not a Kubernetes list ({what})", hint=f"write it with: kubectl get {what} -o json"
+        )
+    return doc
+
+
+@fleet_app.command(
+    "run",
+    epilog="Each GPU node's node check Job, as `fleet render` makes it, run as `pod run` runs one: "
+    "created, waited for, collected into an attempt under --out, deleted (also on an interrupt "
+    "or at the deadline; what may be left is named, with the command that removes it). At most "
+    "--jobs nodes at a time, all within --timeout. With a signing key each node's attempt is "
+    "signed, and beside it the node's own statement (node-check.dsse.json: the node and its "
+    "GPUs' UUIDs as subject). Then the fleet report, as `fleet report` prints it. Exit 0 when "
+    "every node is fit, 1 when one is suspect or unfit, 2 when a node has no result (not started "
+    "before the deadline, or the cluster refused), 3 for unreadable input.\n\n"
+    "Examples:\n\n"
+    "  imagegate fleet run myorg/torch@sha256:<digest> --jobs 2 --nodes nodes.json --pods pods.json -n checks",
+)
+def run_cmd(
+    image: str = _IMAGE,
+    jobs: int = Option(4, "--jobs", min=1, metavar="N", help="Nodes checked at once."),
+    nodes: Path = _NODES,
+    pods: Path | None = _PODS,
+    namespace: str = _app.KUBE_NAMESPACE,
+    kube_version: str = _app.KUBE_VERSION,
+    timeout: float = _app.TIMEOUT,
+    out: Path = _OUT,
+    key: list[str] = _app.SIGNING_KEY,
+    fmt: Format = _app.FORMAT,
+) -> None:
+    """Run the node check on every GPU node, N at a time within one deadline; report the fleet."""
+    from imagegate import accept
+    from imagegate.cli import _accept as o
+    from imagegate.kube import fleetrun, kubectl
+    from imagegate.model import RunRecord
+
+    notify = o.notifier(fmt is Format.json)
+    with o.interrupts():
+        node_jobs = _node_jobs(image, nodes, pods, namespace, kube_version)
+        outputs = accept.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
+
+        def attempt(job: fleetrun.NodeJob, observer: object) -> RunRecord:
+            return _accept_one(job, observer, out / job.node, outputs, notify)
+
+        runs = fleetrun.run_fleet(
+            node_jobs, kubectl.KubectlCluster(), attempt, parallel=jobs, deadline_s=timeout, notify=notify
+        )
+    _report_runs(runs, outputs.key, fmt)
+
+
+def _accept_one(
+    job: "fleetrun.NodeJob", observer: object, out: Path, outputs: "accept.Outputs", notify: "Notify"
+) -> "RunRecord":
+    """The one call of the acceptance use case for a node's Job (its observer: the Job's run)."""
+    from imagegate import accept
+
+    return accept.accept(job.prep, observer, out, outputs, notify).record  # type: ignore[arg-type]
+
+
+def _report_runs(runs: "list[fleetrun.NodeRun]", key: "keys.SigningKey | None", fmt: Format) -> None:
+    """Each node's statement signed beside its attempt (with a key), then the fleet report; the
+    exit code says whether a node is unfit, or has no result at all."""
+    from imagegate import fleet
+    from imagegate.attest import nodecheck
+    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNDECIDED
+
+    nodes, no_result = [], []
+    for r in runs:
+        stage = next((s for s in r.record.stages if s.probe == "gpu_preflight"), None) if r.record else None
+        if r.record is None or stage is None:
+            no_result.append(r.node)
+            nodes.append(fleet.Node(r.node, "ERROR", "unknown", {}, r.error or "no node check ran"))
+            continue
+        nodes.append(_node(r.node, stage))
+        if key is not None:
+            image = {"reference": r.record.image.reference, "digest": r.record.image.manifest_digest}
+            statement = nodecheck.node_statement(r.node, stage.status.value, stage.detail, stage.data, image)
+            nodecheck.sign_node(Path(r.record.attempt_dir), statement, key)
+    judged = fleet.judge(nodes)
+    _print(judged, [], fmt, {"attempts": {r.node: r.record.attempt_dir for r in runs if r.record}})
+    if all(j.verdict == "fit" for j in judged.nodes):
+        raise typer.Exit(EXIT_ACCEPTED)
+    raise typer.Exit(EXIT_UNDECIDED if no_result else EXIT_REJECTED)
+
+
+@fleet_app.command(
+    "collect",
+    epilog="The node check Jobs applied earlier (`fleet render ... | kubectl apply -f -`), each "
+    "collected as `pod collect --job` collects one: its Pod, log and event key read from the "
+    "cluster by the Job's name (the same names `fleet render` gives for the same --nodes), into "
+    "an attempt under --out; nothing is deleted. Then the fleet report and exit codes as for "
+    "`fleet run`.\n\nExamples:\n\n"
+    "  imagegate fleet collect myorg/torch@sha256:<digest> --nodes nodes.json -n checks --key ci.key",
+)
+def collect_cmd(
+    image: str = _IMAGE,
+    out: Path = _OUT,
+    key: list[str] = _app.SIGNING_KEY,
+    fmt: Format = _app.FORMAT,
+    nodes: Path = _NODES,
+    pods: Path | None = _PODS,
+    namespace: str = _app.KUBE_NAMESPACE,
+    kube_version: str = _app.KUBE_VERSION,
+) -> None:
+    """Collect every GPU node's node check Job run earlier; report the fleet."""
+    from imagegate import accept
+    from imagegate.cli import _accept as o
+    from imagegate.errors import EngineError
+    from imagegate.kube import fleetrun, kubectl, podrun
+    from imagegate.kube.collect import PodObserver
+
+    notify = o.notifier(fmt is Format.json)
+    outputs = accept.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
+    cluster, runs = kubectl.KubectlCluster(), []
+    for job in _node_jobs(image, nodes, pods, namespace, kube_version):
+        run = fleetrun.NodeRun(job.node)
+        try:
+            pod, log, secret = podrun.pod_and_log(cluster, job.rendered.name, namespace, notify=notify)
+            observer = PodObserver(pod, log, secret=secret, notify=notify)
+            run.record = _accept_one(job, observer, out / job.node, outputs, notify)
+        except (EngineError, UsageError) as e:  # this node has no result; the others still count
+            run.error = str(e)
+        runs.append(run)
+    _report_runs(runs, outputs.key, fmt)

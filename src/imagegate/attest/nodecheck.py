@@ -1,0 +1,119 @@
+"""A node's check as a signed fact: an in-toto statement whose subject is the node (its name, and
+each of its GPUs by UUID) and whose predicate carries the node check's verdict, the node's figures
+and the image that ran the check. The acceptance statement's subject is an image; a fleet's
+scheduler, labeller or auditor asks about a node, so the node is the subject here.
+
+The subject's digests are sha256 of the names they stand beside: in-toto matches subjects by
+digest, and a verifier recomputes them, so a subject renamed after signing fails twice (the
+signature, and the digest beside the new name)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from imagegate import __version__, fleet
+from imagegate.attest import dsse
+from imagegate.attest.keys import PublicKey, SigningKey
+from imagegate.attest.sign import serialize
+from imagegate.attest.statement import STATEMENT_TYPE
+from imagegate.errors import UsageError
+from imagegate.oci import untrusted_json
+
+NODE_PREDICATE_TYPE = "https://imagegate.dev/attestations/node-check/v1"
+NODE_FILE = "node-check.dsse.json"
+MAX_ENVELOPE_BYTES = 1 << 20  # a node's statement is a few KiB: anything far larger is not one
+_GPU_PREFIX = "GPU-"  # nvidia-smi writes the UUID with it, torch without: one spelling signed
+
+
+def gpu_uuids(data: Mapping[str, Any]) -> list[str]:
+    """The node's GPU UUIDs from its check's data: nvidia-smi's (the host's view), else torch's."""
+    found: list[str] = []
+    host = (data.get("host") or {}).get("nvidia_smi") or []
+    devices = (data.get("facts") or {}).get("devices") or []
+    for row in [*host, *devices]:
+        raw = row.get("uuid") if isinstance(row, Mapping) else None
+        if isinstance(raw, str) and raw.strip():
+            uuid = raw.strip()
+            uuid = uuid if uuid.startswith(_GPU_PREFIX) else _GPU_PREFIX + uuid
+            if uuid not in found:
+                found.append(uuid)
+    return found
+
+
+def _digest(name: str) -> dict[str, str]:
+    return {"sha256": hashlib.sha256(name.encode()).hexdigest()}
+
+
+def subject(node: str, uuids: list[str]) -> list[dict[str, Any]]:
+    """The node first, then each GPU as node/UUID."""
+    names = [f"node/{node}", *(f"node/{node}/gpu/{u}" for u in uuids)]
+    return [{"name": n, "digest": _digest(n)} for n in names]
+
+
+def node_statement(
+    node: str, status: str, detail: str, data: Mapping[str, Any], image: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The statement for one node: `status` and `detail` are the node check stage's, `data` what
+    it measured, `image` the reference and digest of the image that ran it."""
+    uuids = gpu_uuids(data)
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subject(node, uuids),
+        "predicateType": NODE_PREDICATE_TYPE,
+        "predicate": {
+            "node": node,
+            "gpus": uuids,
+            "model": fleet.gpu_model(data),
+            "verdict": status,
+            "detail": detail,
+            "figures": fleet.figures_of(data),
+            "image": dict(image),
+            "checkedOn": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "imagegate": {"version": __version__},
+        },
+    }
+
+
+def sign_node(folder: Path, statement: dict[str, Any], key: SigningKey) -> Path:
+    """The DSSE envelope of `statement`, written once into `folder` (never replacing one)."""
+    path = folder / NODE_FILE
+    try:
+        with open(path, "xb") as f:
+            f.write(dsse.sign(serialize(statement), key).to_json())
+    except FileExistsError as e:
+        raise UsageError(
+            f"{path}: already exists; a node's check is signed once", hint="check the node again"
+        ) from e
+    return path
+
+
+def verify_node(raw: bytes, key: PublicKey) -> dict[str, Any]:
+    """The statement of a node's envelope, once its signature verifies with `key`, its type is
+    the node check's and each subject's digest is its name's. UsageError otherwise, saying which."""
+    if len(raw) > MAX_ENVELOPE_BYTES:
+        raise UsageError(f"node statement: over {MAX_ENVELOPE_BYTES} bytes: not one imagegate signs")
+    envelope = dsse.from_json(raw)
+    if envelope.payload_type != dsse.INTOTO_PAYLOAD_TYPE or not envelope.verified_by(key):
+        raise UsageError(
+            "node statement: the signature does not verify with the given key",
+            hint="give the public key of the key that signed the fleet run",
+        )
+    try:
+        statement = untrusted_json.loads(envelope.payload, max_bytes=MAX_ENVELOPE_BYTES)
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"node statement: payload: {e}") from e
+    if not isinstance(statement, dict) or statement.get("predicateType") != NODE_PREDICATE_TYPE:
+        raise UsageError(f"node statement: not a {NODE_PREDICATE_TYPE} statement")
+    predicate = statement.get("predicate") or {}
+    node, uuids = predicate.get("node"), predicate.get("gpus")
+    if (
+        not isinstance(node, str)
+        or not isinstance(uuids, list)
+        or statement.get("subject") != subject(node, [str(u) for u in uuids])
+    ):
+        raise UsageError(f"node statement: its subject is not node {node!r} and its GPUs {uuids!r}")
+    return statement
