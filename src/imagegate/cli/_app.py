@@ -105,6 +105,7 @@ KUBE_NAMESPACE = Option(
     "default", "--namespace", "-n", help="Namespace of the Secret, the ConfigMap and the Job."
 )
 KUBE_VERSION = Option("1.30", "--kube-version", help="Validate against this Kubernetes version's schemas.")
+KUBE_CONTEXT = Option(None, "--context", help="The kubectl context (default: kubectl's current one).")
 # report and fleet report: the one key the attestations they read must verify with
 ATTESTATION_KEY = Option(
     None,

@@ -250,38 +250,48 @@ def run_cmd(
     pods: Path | None = _PODS,
     namespace: str = _app.KUBE_NAMESPACE,
     kube_version: str = _app.KUBE_VERSION,
+    context: str | None = _app.KUBE_CONTEXT,
     timeout: float = _app.TIMEOUT,
     out: Path = _OUT,
     key: list[str] = _app.SIGNING_KEY,
     fmt: Format = _app.FORMAT,
 ) -> None:
     """Run the node check on every GPU node, N at a time within one deadline; report the fleet."""
-    from imagegate import accept
     from imagegate.cli import _accept as o
-    from imagegate.kube import fleetrun, kubectl
+    from imagegate.cli import _checks
+    from imagegate.kube import fleetrun, kubectl, podrun
     from imagegate.model import RunRecord
 
     notify = o.notifier(fmt is Format.json)
     with o.interrupts():
         node_jobs = _node_jobs(image, nodes, pods, namespace, kube_version)
-        outputs = accept.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
+        outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
 
-        def attempt(job: fleetrun.NodeJob, observer: object) -> RunRecord:
+        def attempt(job: fleetrun.NodeJob, observer: podrun.PodRunObserver) -> RunRecord:
             return _accept_one(job, observer, out / job.node, outputs, notify)
 
         runs = fleetrun.run_fleet(
-            node_jobs, kubectl.KubectlCluster(), attempt, parallel=jobs, deadline_s=timeout, notify=notify
+            node_jobs,
+            kubectl.KubectlCluster(context=context),
+            attempt,
+            parallel=jobs,
+            deadline_s=timeout,
+            notify=notify,
         )
     _report_runs(runs, outputs.key, fmt)
 
 
 def _accept_one(
-    job: "fleetrun.NodeJob", observer: object, out: Path, outputs: "accept.Outputs", notify: "Notify"
+    job: "fleetrun.NodeJob",
+    observer: "accept.Observer",
+    out: Path,
+    outputs: "accept.Outputs",
+    notify: "Notify",
 ) -> "RunRecord":
     """The one call of the acceptance use case for a node's Job (its observer: the Job's run)."""
     from imagegate import accept
 
-    return accept.accept(job.prep, observer, out, outputs, notify).record  # type: ignore[arg-type]
+    return accept.accept(accept.Request(job.prep, observer, out, outputs), notify).record
 
 
 def _report_runs(runs: "list[fleetrun.NodeRun]", key: "keys.SigningKey | None", fmt: Format) -> None:
@@ -328,17 +338,18 @@ def collect_cmd(
     pods: Path | None = _PODS,
     namespace: str = _app.KUBE_NAMESPACE,
     kube_version: str = _app.KUBE_VERSION,
+    context: str | None = _app.KUBE_CONTEXT,
 ) -> None:
     """Collect every GPU node's node check Job run earlier; report the fleet."""
-    from imagegate import accept
     from imagegate.cli import _accept as o
+    from imagegate.cli import _checks
     from imagegate.errors import EngineError
     from imagegate.kube import fleetrun, kubectl, podrun
     from imagegate.kube.collect import PodObserver
 
     notify = o.notifier(fmt is Format.json)
-    outputs = accept.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
-    cluster, runs = kubectl.KubectlCluster(), []
+    outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
+    cluster, runs = kubectl.KubectlCluster(context=context), []
     for job in _node_jobs(image, nodes, pods, namespace, kube_version):
         run = fleetrun.NodeRun(job.node)
         try:

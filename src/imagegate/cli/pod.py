@@ -46,7 +46,7 @@ _WAIT = Option(
     "pod collect: with --job).",
 )
 # pod collect needs it with --job only (checked where the options are read)
-_CONTEXT = Option(None, "--context", help="The kubectl context (default: kubectl's current one).")
+_CONTEXT = _app.KUBE_CONTEXT
 _EXPECT_DIGEST = Option(
     [], "--expect-digest", help="The digest the cluster must run (repeatable; default: the pinned digest)."
 )
