@@ -16,11 +16,17 @@ attempt (start-up, imports, the plan, the engine asked about the image), to the 
 start (the containers created and started, the bundle sent, the controller up), the stages,
 after them (the controllers' end, the containers removed), after the attempt (signing, reports).
 
+With --rootfs, the `--driver rootfs` warm path too: the image pushed to a registry on
+127.0.0.1, one cold run to fill a root cache, then `imagegate run docker://REG/IMAGE --driver
+rootfs` with that cache warm (no engine: DOCKER_HOST points nowhere), against the same probes by
+hand in bubblewrap on the cached root (read-only, network and every namespace unshared), both in
+parallel, timed interleaved with the rest and held to the same goal.
+
 Usage: benchmarks/bench_run_overhead.py [--image imagegate-test/vllm-like:latest] [--reps 5]
-       [--stress] [--record F]
-(needs the engine and the test image: scripts/setup.sh vllm-like); --stress runs `stress-ng
---cpu N` (N: the CPU count) beside every measurement; --record writes the result as a dated
-JSON record (benchmarks/records/).
+       [--stress] [--rootfs] [--record F]
+(needs the engine and the test image: scripts/setup.sh vllm-like; --rootfs: docker-registry and
+bubblewrap too); --stress runs `stress-ng --cpu N` (N: the CPU count) beside every measurement;
+--record writes the result as a dated JSON record (benchmarks/records/).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import time
 from pathlib import Path
 
 from record import Goal, print_goals, write
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GOAL_ADDED_S = 0.5
 
@@ -109,21 +117,21 @@ def timed(argv: list[str], spans: list[tuple[float, float]] | None = None) -> fl
 
 
 def measure(
-    commands: dict[str, list[str]], reps: int, traced: str, runs: Path
-) -> tuple[dict[str, list[float]], list[dict[str, float]]]:
+    commands: dict[str, list[str]], reps: int, traced: dict[str, Path]
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]]]:
     """Each command `reps` times, interleaved so that the machine's drift hits all alike, after
     one untimed run of each (the page cache and the engine warm); and the timeline of each timed
-    run of `traced` (an imagegate run writing into `runs`)."""
+    run of the `traced` ones (imagegate runs, each writing into its folder)."""
     for argv in commands.values():
         timed(argv)
     times: dict[str, list[float]] = {name: [] for name in commands}
-    lines: list[dict[str, float]] = []
+    lines: dict[str, list[dict[str, float]]] = {name: [] for name in traced}
     for _ in range(reps):
         for name, argv in commands.items():
             spans: list[tuple[float, float]] = []
             times[name].append(timed(argv, spans))
-            if name == traced:
-                lines.append(timeline(newest_attempt(runs), *spans[0]))
+            if name in traced:
+                lines[name].append(timeline(newest_attempt(traced[name]), *spans[0]))
     return times, lines
 
 
@@ -181,12 +189,18 @@ def breakdown(medians: dict[str, float], containers: int) -> dict[str, float]:
             "unexplained_s": added - startup - imports - extra}  # fmt: skip
 
 
+ROOTFS_WARM = "imagegate --driver rootfs, warm"
+ROOTFS_BY_HAND = "by hand in bwrap on the root, in parallel"
+
+
 def goals_of(m: dict[str, float]) -> list[Goal]:
     """Each imagegate run against the by-hand run with the same parallelism."""
     pairs = [
         ("imagegate (default --jobs)", "by hand, the probes in parallel", "parallel"),
         ("imagegate --jobs 1", "by hand, one after another", "serial"),
     ]
+    if ROOTFS_WARM in m:
+        pairs.append((ROOTFS_WARM, ROOTFS_BY_HAND, "rootfs, parallel"))
     return [
         Goal(
             f"seconds {ours} adds to the probes run by hand ({how})",
@@ -196,6 +210,46 @@ def goals_of(m: dict[str, float]) -> list[Goal]:
         )
         for ours, hand, how in pairs
     ]
+
+
+@contextlib.contextmanager
+def rootfs_commands(image: str, work: Path, pipe: Path):  # type: ignore[no-untyped-def]
+    """The warm `--driver rootfs` run and its by-hand twin: the image pushed to a registry on
+    127.0.0.1, one cold run filling the root cache (untimed), the cached root found by its
+    python3."""
+    sys.path.insert(0, str(ROOT))
+    from tests.oci.infra import start_registry  # the same registry the tests start
+
+    reg = start_registry(work / "registry")
+    try:
+        ref = f"{reg.host}/bench/{image.rsplit('/', 1)[-1]}"
+        for argv in (["docker", "tag", image, ref], ["docker", "push", "-q", ref], ["docker", "rmi", ref]):
+            subprocess.run(argv, check=True, capture_output=True)
+        env = ["env", f"XDG_CACHE_HOME={work / 'cache'}", "DOCKER_HOST=unix:///nonexistent"]
+        ours = [*env, str(Path(sys.executable).parent / "imagegate"), "run", f"docker://{ref}"]
+        ours += [
+            "--driver",
+            "rootfs",
+            "-p",
+            str(pipe),
+            "-o",
+            str(work / "runs-rootfs"),
+            "-q",
+            "--format",
+            "json",
+        ]
+        timed(ours)  # cold: fills the cache
+        root = next((work / "cache").glob("**/roots/*/**/usr/local/bin/python3"), None) or next(
+            (work / "cache").glob("**/roots/*/**/usr/bin/python3")
+        )
+        top = root.parents[3] if "local" in root.parts[-3:] else root.parents[2]
+        bwrap = ["bwrap", "--ro-bind", str(top), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                 "--unshare-all", "--die-with-parent", "--clearenv", "--setenv", "HOME", "/tmp",
+                 "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                 "sh", "-c", BY_HAND_PARALLEL]  # fmt: skip
+        yield {ROOTFS_WARM: ours, ROOTFS_BY_HAND: bwrap}
+    finally:
+        reg.stop()
 
 
 @contextlib.contextmanager
@@ -222,6 +276,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--record", type=Path, default=None, help="write a dated JSON record here")
     ap.add_argument("--stress", action="store_true", help="run stress-ng --cpu N beside it")
+    ap.add_argument("--rootfs", action="store_true", help="the --driver rootfs warm path too")
     args = ap.parse_args()
     imagegate = str(Path(sys.executable).parent / "imagegate")
     docker = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", args.image, "-c"]
@@ -230,9 +285,12 @@ def main() -> int:
         pipe.write_text(PIPELINE)
         ours = [imagegate, "run", args.image, "-p", str(pipe), "-o", str(Path(tmp) / "runs"), "-q"]
         ours += ["--format", "json"]
-        with stressed(args.stress):
+        with contextlib.ExitStack() as stack:
+            extra = stack.enter_context(rootfs_commands(args.image, Path(tmp), pipe)) if args.rootfs else {}
+            stack.enter_context(stressed(args.stress))
             times, lines = measure(
                 {
+                    **extra,
                     "imagegate (default --jobs)": ours,
                     "imagegate --jobs 1": [*ours, "--jobs", "1"],
                     "by hand, one after another": [*docker, BY_HAND],
@@ -243,8 +301,8 @@ def main() -> int:
                     "an empty container's life": [*docker, "true"],
                 },
                 args.reps,
-                "imagegate (default --jobs)",
-                Path(tmp) / "runs",
+                {"imagegate (default --jobs)": Path(tmp) / "runs"}
+                | ({ROOTFS_WARM: Path(tmp) / "runs-rootfs"} if args.rootfs else {}),
             )
         containers = containers_made(Path(tmp) / "runs")
     medians = {name: statistics.median(t) for name, t in times.items()}
@@ -257,16 +315,21 @@ def main() -> int:
         f"{parts['run_imports_s']:.2f} s, {parts['extra_containers']} more container(s) "
         f"{parts['extra_containers_s']:.2f} s, the rest {parts['unexplained_s']:+.2f} s"
     )
-    phases = {k: statistics.median(line[k] for line in lines) for k in lines[0]}
-    print(
-        "a default run's timeline (medians): " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in phases.items())
-    )
+    phases = {
+        name: {k: statistics.median(line[k] for line in runs) for k in runs[0]}
+        for name, runs in lines.items()
+    }
+    for name, medians_of in phases.items():
+        print(
+            f"{name}: a run's timeline (medians): "
+            + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in medians_of.items())
+        )
     goals = goals_of(medians)
     code = print_goals(goals)
     if args.record:
         results = {"runs_s": times, "medians_s": medians, "breakdown": parts, "timeline_medians_s": phases,
                    "timelines_s": lines, "load_average": os.getloadavg()}  # fmt: skip
-        arguments = {"image": args.image, "reps": args.reps, "stress": args.stress}
+        arguments = {"image": args.image, "reps": args.reps, "stress": args.stress, "rootfs": args.rootfs}
         write(args.record, "bench_run_overhead", arguments, results, goals)
     return code
 

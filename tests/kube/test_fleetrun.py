@@ -130,7 +130,7 @@ def _jobs(plan: runner.Prepared, nodes: Sequence[str]) -> list[fleetrun.NodeJob]
 
 def _attempt(out: Path) -> fleetrun.Attempt:
     def one(job: fleetrun.NodeJob, observer: podrun.PodRunObserver) -> RunRecord:
-        return accept.accept(job.prep, observer, out / job.node, accept.Outputs()).record
+        return accept.accept(accept.Request(job.prep, observer, out / job.node)).record
 
     return one
 
