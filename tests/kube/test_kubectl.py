@@ -80,3 +80,29 @@ def test_no_kubectl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ClusterError, match="not found"):
         KubectlCluster()
+
+
+@pytest.mark.parametrize(("command", "code"), [("run", 2), ("collect", 1)])
+def test_fleet_talks_to_the_named_context_only(
+    kubectl: Path, tmp_path: Path, command: str, code: int
+) -> None:
+    """`fleet run/collect --context`: every kubectl call names it (a fleet's nodes are in one
+    cluster, and the current context may be another's). The stand-in's Job never ends: run has
+    no result for the node at its deadline (exit 2); collect reads the Pod's log as it is, a
+    check that never ran, so the node is unfit (exit 1)."""
+    import subprocess
+
+    from tests.test_fleet import _k8s_node
+
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": [_k8s_node("h200-a")]}))
+    image = "registry.example/team/torch@sha256:" + "ab" * 32
+    done = subprocess.run(
+        [sys.executable, "-m", "imagegate", "fleet", command, image, "--nodes", "nodes.json",
+         "--context", "acceptance", "-n", "checks", "-o", "out", *(["--timeout", "5"] if command == "run" else [])],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert "h200-a" in done.stdout
+    argvs = [x["argv"] for x in calls(kubectl)]
+    assert argvs and all(a[:2] == ["--context", "acceptance"] for a in argvs)
+    assert any("imagegate-node-check-h200-a" in " ".join(a) for a in argvs)
