@@ -125,7 +125,7 @@ RUN_PATH = (
     "_accept.notifier(True)('said to no one')\n"
     "with progress.run_shown(True):\n"
     "    pass\n"
-    "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'cryptography', 'rich') "
+    "print(' '.join(sorted(m for m, mod in sys.modules.items() if mod is not None and m.split('.')[0] in ('httpx', 'cryptography', 'rich') "
     "or m in ('imagegate.oci.verify', 'imagegate.oci.registry', 'imagegate.attest.sign'))))\n"
 )
 
@@ -133,3 +133,18 @@ RUN_PATH = (
 def test_a_run_loads_verification_registries_signing_and_a_console_only_when_it_uses_them() -> None:
     p = subprocess.run([sys.executable, "-c", RUN_PATH], capture_output=True, text=True, check=True)
     assert p.stdout.split() == [], p.stdout
+
+
+def test_a_registry_client_loads_no_console_nor_httpx_command_line() -> None:
+    # httpx's package loads its own CLI (click, rich's progress and syntax, pygments) whenever they
+    # are installed, as they are here beside typer: a registry read of a quiet run needs none.
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys, imagegate.oci.registry, httpx\n"
+         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'pygments', 'click'))))\n"
+         "httpx.main()"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    loaded, _, said = p.stdout.partition("\n")
+    assert loaded == "", loaded
+    # httpx's own stand-in for its CLI answers, so nothing of httpx was broken on the way
+    assert p.returncode == 1 and "httpx[cli]" in said, p.stdout + p.stderr

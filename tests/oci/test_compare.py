@@ -156,11 +156,13 @@ def test_uncompressed_copy_against_its_registry_copy(
     # Pushed as they are (a registry client would compress them again): uncompressed blobs.
     manifest = (d / "manifest.json").read_bytes()
     doc = json.loads(manifest)
+    # A repository of its own: uncompressed blobs in team/app would be reused as they are by a
+    # later skopeo push there with --dest-compress (the zstd mirror would come out uncompressed).
     with RegistryClient(mirror.host) as client:
         for desc in [doc["config"], *doc["layers"]]:
-            client.upload_blob("team/app", (d / desc["digest"].split(":")[1]).read_bytes(), desc["digest"])
-        client.put_manifest("team/app", "plain", manifest, DOCKER_MANIFEST)
-    plain = f"{mirror.host}/team/app:plain"
+            client.upload_blob("team/plain", (d / desc["digest"].split(":")[1]).read_bytes(), desc["digest"])
+        client.put_manifest("team/plain", "1", manifest, DOCKER_MANIFEST)
+    plain = f"{mirror.host}/team/plain:1"
     r = imagegate("compare", pushed.ref, plain)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"compared uncompressed layers: docker://{plain} holds its layers uncompressed" in r.stdout
