@@ -10,6 +10,9 @@ no network, as a GPU node with nothing installed would do it:
   (d) --driver docker --gpus all where an engine with a GPU runtime answers (else said so);
   (e) the GPU taken by another process (plain torch on this machine: computing, then holding most
       of the memory idle): the node check must end ERROR naming GPU 0 in use, before any figure.
+  (f) those attempts as a fleet's nodes: each node's statement signed as `fleet run --key` signs it,
+      then `fleet report --key`: the idle GPU alone fit (exit 0), the busy ones unfit beside it
+      (exit 1), every statement verified.
 
 Writes DATE-HHMM-gpu-rootfs-KIND.json (the summary: every figure beside its baseline and the
 physical limit, the goals) and .log into RECORDS (default benchmarks/records), and the evidence
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMITS = {"bf16_tflops": 989.0, "hbm_gbps": 4800.0, "pcie_gbps": 64.0, "nvlink_gbps": 450.0}  # H200
@@ -359,17 +363,43 @@ def busy_gpu(log: Log, ig: list, ref: str, rootfs: list, work: str) -> dict:
             ready = other.stdout.readline().strip() if other.stdout else ""
             time.sleep(2)  # its load shows in nvidia-smi's utilization
             runs = os.path.join(work, "busy-" + what)
-            rc, sec = log.run(
-                [*ig, "run", ref, "-p", "gpu", *rootfs, "--gpus", "device=0", "--no-sign", "-o", runs]
-            )
+            rc, sec = log.run([*ig, "run", ref, "-p", "gpu", *rootfs, "--gpus", "device=0", "-o", runs])
         finally:
             other.kill()
             other.wait()
         node = node_data(predicate(latest(runs)))
-        out[what] = {"other_process": ready, "exit": rc, "seconds": sec, "verdict": predicate(latest(runs)).get("verdict"),
+        out[what] = {"attempt": latest(runs), "other_process": ready, "exit": rc, "seconds": sec, "verdict": predicate(latest(runs)).get("verdict"),
                      "detail": node.get("detail"), "figures_measured": [k for k in ("matmul", "bandwidth", "allreduce") if node.get(k)],
                      "load_before": (node.get("host") or {}).get("load_before")}  # fmt: skip
         log.say("busy (%s): %s %s" % (what, out[what]["verdict"], out[what]["detail"]))
+    return out
+
+
+def fleet_of(log: Log, ig: list, work: str, idle: str | None, busy: dict) -> dict:
+    """(f) These attempts as a fleet's nodes: each node's statement signed as `fleet run --key` signs
+    it (nodecheck.sign_attempt), then `fleet report --key`: the idle GPU alone fit (exit 0); with the
+    busy ones as two more nodes, those unfit and the report exit 1; every statement verified."""
+    from imagegate.attest import keys, nodecheck
+    from imagegate.report.load import read_attempt
+
+    key = keys.load_signing_key(Path(work) / "key.key")
+    nodes = {"h200-idle": idle, **{"h200-busy-" + w: b.get("attempt") for w, b in busy.items()}}
+    out: dict = {"statements": {}}
+    for node, attempt in nodes.items():
+        signed = nodecheck.sign_attempt(node, read_attempt(Path(attempt)).record, key) if attempt else None
+        if signed:
+            st = nodecheck.verify_node(signed.read_bytes(), key.public)
+            out["statements"][node] = {"subject": [x["name"] for x in st["subject"]],
+                                       "verdict": st["predicate"]["verdict"], "figures": st["predicate"]["figures"]}  # fmt: skip
+    for name, chosen in (("idle_alone", ["h200-idle"]), ("with_busy", list(nodes))):
+        argv = [*ig, "fleet", "report", *("%s=%s" % (n, nodes[n]) for n in chosen),
+                "--key", os.path.join(work, "key.pub"), "--format", "json"]  # fmt: skip
+        p = subprocess.run(argv, capture_output=True, text=True)
+        log.f.write("$ %s\n%s%s== exit %d\n" % (" ".join(argv), p.stdout, p.stderr, p.returncode))
+        doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+        out[name] = {"exit": p.returncode, "nodes": {n["name"]: n["verdict"] for n in doc.get("nodes", [])},
+                     "not_verified": doc.get("unverified"), "commands": doc.get("commands")}  # fmt: skip
+        log.say("fleet report (%s): exit %d %s" % (name, p.returncode, out[name]["nodes"]))
     return out
 
 
@@ -508,6 +538,7 @@ def main() -> int:
     }
     summary["docker_gpus"] = docker_gpus(log, ig, ref, os.path.join(work, "docker-runs"))
     summary["busy"] = busy_gpu(log, ig, ref, rootfs, work)
+    summary["fleet"] = fleet_of(log, ig, work, first_run, summary["busy"])
     in_use = "node not fit: GPU 0 in use before the check"
     goals = {
         "node_check_pass": pa.get("verdict") == "PASS",
@@ -517,6 +548,11 @@ def main() -> int:
         and rc3 == 0
         and predicate(deferred).get("verdict", "").endswith("_DEFERRED"),
         "node_check_within_30_s": (summary["node_check"]["stage_s"] or 1e9) <= 30,
+        "fleet_judges_busy_unfit_all_verified": summary["fleet"]["idle_alone"]["exit"] == 0
+        and summary["fleet"]["with_busy"]["exit"] == 1
+        and summary["fleet"]["with_busy"]["nodes"]
+        == {"h200-idle": "fit", "h200-busy-compute": "unfit", "h200-busy-hold": "unfit"}
+        and not summary["fleet"]["with_busy"]["not_verified"],
         "busy_error_named_before_any_figure": all(
             b["verdict"] == "ERROR" and (b["detail"] or "").startswith(in_use) and not b["figures_measured"]
             for b in summary["busy"].values()

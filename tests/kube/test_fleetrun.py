@@ -235,6 +235,7 @@ def test_cli_fleet_run_signs_each_nodes_statement_and_reports_the_fleet(
 
     from imagegate.attest import keys, nodecheck
     from imagegate.cli import app
+    from imagegate.report.load import load_attempt
     from tests.helpers import controller_output
     from tests.test_fleet import _k8s_node
 
@@ -255,7 +256,10 @@ def test_cli_fleet_run_signs_each_nodes_statement_and_reports_the_fleet(
         raw = (Path(attempt) / nodecheck.NODE_FILE).read_bytes()
         statement = nodecheck.verify_node(raw, key.public)
         assert statement["subject"][0]["name"] == f"node/{node}"
-        assert statement["predicate"]["image"]["reference"] == f"myorg/torch@{DIGEST}"
+        # the image that ran the check, by the digest the run read, and the check's own verdict
+        assert statement["predicate"]["image"] == {"reference": f"myorg/torch@{DIGEST}", "digest": DIGEST}
+        stage = next(s for s in load_attempt(Path(attempt)).stages if s.probe == "gpu_preflight")
+        assert statement["predicate"]["verdict"] == stage.status.value
 
 
 def test_cli_fleet_collect_reads_the_jobs_applied_earlier_and_deletes_nothing(

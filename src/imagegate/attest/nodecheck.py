@@ -13,7 +13,7 @@ import datetime as dt
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imagegate import __version__, fleet
 from imagegate.attest import dsse
@@ -22,6 +22,9 @@ from imagegate.attest.sign import serialize
 from imagegate.attest.statement import STATEMENT_TYPE
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
+
+if TYPE_CHECKING:
+    from imagegate.model import RunRecord
 
 NODE_PREDICATE_TYPE = "https://imagegate.dev/attestations/node-check/v1"
 NODE_FILE = "node-check.dsse.json"
@@ -89,6 +92,17 @@ def sign_node(folder: Path, statement: dict[str, Any], key: SigningKey) -> Path:
             f"{path}: already exists; a node's check is signed once", hint="check the node again"
         ) from e
     return path
+
+
+def sign_attempt(node: str, record: RunRecord, key: SigningKey) -> Path | None:
+    """The node's statement from an attempt's node check, signed beside it: what `fleet run --key`
+    writes for each node. None when the attempt ran no node check (nothing to say of the node)."""
+    stage = next((s for s in record.stages if s.probe == "gpu_preflight"), None)
+    if stage is None:
+        return None
+    image = {"reference": record.image.reference, "digest": record.image.manifest_digest}
+    statement = node_statement(node, stage.status.value, stage.detail, stage.data, image)
+    return sign_node(Path(record.attempt_dir), statement, key)
 
 
 def verify_node(raw: bytes, key: PublicKey) -> dict[str, Any]:

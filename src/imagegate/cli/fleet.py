@@ -310,9 +310,7 @@ def _report_runs(runs: "list[fleetrun.NodeRun]", key: "keys.SigningKey | None", 
             continue
         nodes.append(_node(r.node, stage))
         if key is not None:
-            image = {"reference": r.record.image.reference, "digest": r.record.image.manifest_digest}
-            statement = nodecheck.node_statement(r.node, stage.status.value, stage.detail, stage.data, image)
-            nodecheck.sign_node(Path(r.record.attempt_dir), statement, key)
+            nodecheck.sign_attempt(r.node, r.record, key)
     judged = fleet.judge(nodes)
     _print(judged, [], fmt, {"attempts": {r.node: r.record.attempt_dir for r in runs if r.record}})
     if all(j.verdict == "fit" for j in judged.nodes):
