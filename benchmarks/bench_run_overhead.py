@@ -278,6 +278,8 @@ def main() -> int:
     ap.add_argument("--stress", action="store_true", help="run stress-ng --cpu N beside it")
     ap.add_argument("--rootfs", action="store_true", help="the --driver rootfs warm path too")
     args = ap.parse_args()
+    # The machine's own load, before this benchmark adds its own (the record's end figure has both).
+    load_before = [round(x, 2) for x in os.getloadavg()]
     imagegate = str(Path(sys.executable).parent / "imagegate")
     docker = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", args.image, "-c"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -328,7 +330,8 @@ def main() -> int:
     code = print_goals(goals)
     if args.record:
         results = {"runs_s": times, "medians_s": medians, "breakdown": parts, "timeline_medians_s": phases,
-                   "timelines_s": lines, "load_average": os.getloadavg()}  # fmt: skip
+                   "timelines_s": lines, "load_average": os.getloadavg(),
+                   "load_average_before": load_before}  # fmt: skip
         arguments = {"image": args.image, "reps": args.reps, "stress": args.stress, "rootfs": args.rootfs}
         write(args.record, "bench_run_overhead", arguments, results, goals)
     return code
