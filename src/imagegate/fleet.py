@@ -15,7 +15,10 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from imagegate.model import RunRecord, StageResult
 
 # A node more than this fraction below the median of its GPU model's nodes is suspect.
 SUSPECT_BELOW = 0.10
@@ -31,6 +34,11 @@ FIGURES = (
     "allreduce_busbw_gbps",
 )
 LABEL = "imagegate.dev/node-check"
+
+
+def node_check(record: RunRecord) -> StageResult | None:
+    """The attempt's node check stage (the gpu_preflight probe's), or None when it ran none."""
+    return next((s for s in record.stages if s.probe == "gpu_preflight"), None)
 
 
 def figures_of(data: Mapping[str, Any]) -> dict[str, float]:

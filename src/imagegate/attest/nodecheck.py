@@ -97,7 +97,7 @@ def sign_node(folder: Path, statement: dict[str, Any], key: SigningKey) -> Path:
 def sign_attempt(node: str, record: RunRecord, key: SigningKey) -> Path | None:
     """The node's statement from an attempt's node check, signed beside it: what `fleet run --key`
     writes for each node. None when the attempt ran no node check (nothing to say of the node)."""
-    stage = next((s for s in record.stages if s.probe == "gpu_preflight"), None)
+    stage = fleet.node_check(record)
     if stage is None:
         return None
     image = {"reference": record.image.reference, "digest": record.image.manifest_digest}

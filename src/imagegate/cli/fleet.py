@@ -105,6 +105,7 @@ def _node(name: str, stage: "StageResult") -> "fleet.Node":
 def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[str]]":
     """Each NODE=ATTEMPT as a fleet.Node, from the attempt's signed statement and its node check's
     evidence; the attempts that did not verify with `key`, named."""
+    from imagegate import fleet
     from imagegate.attest import keys
     from imagegate.report.load import read_attempt, resolve_attempt
 
@@ -124,7 +125,7 @@ def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[s
             unverified.append(f"{name}: {loaded.provenance.lines()[0]}")
         if public is not None and (wrong := _node_statement(name, attempt, public)):
             unverified.append(f"{name}: {wrong}")
-        stage = next((s for s in loaded.record.stages if s.probe == "gpu_preflight"), None)
+        stage = fleet.node_check(loaded.record)
         if stage is None:
             raise UsageError(
                 f"{name}={folder}: this attempt ran no node check", hint="run -p gpu on the node"
@@ -303,7 +304,7 @@ def _report_runs(runs: "list[fleetrun.NodeRun]", key: "keys.SigningKey | None", 
 
     nodes, no_result = [], []
     for r in runs:
-        stage = next((s for s in r.record.stages if s.probe == "gpu_preflight"), None) if r.record else None
+        stage = fleet.node_check(r.record) if r.record else None
         if r.record is None or stage is None:
             no_result.append(r.node)
             nodes.append(fleet.Node(r.node, "ERROR", "unknown", {}, r.error or "no node check ran"))
