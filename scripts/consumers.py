@@ -432,7 +432,7 @@ def other_image_case(s: Setting, image: str, other: str, runs: dict[str, Path]) 
     parsed = attach.parse_image(b)
     with attach.client_for(parsed) as client:
         for env in referrers.standard_beside(made, referrers.read_envelopes(made)[0]):
-            attach.attach(client, parsed, env, allow_other_subject=True)
+            attach.append(client, attach.resolve(client, parsed), env)
     steps.append({"attach": "A's statement copied onto B (by hand: attach refuses it)"})
     judged = _judge(s, b, CPU_POD, "one-B-copied")
     judged["docs"], judged["of"] = {"kyverno": F, "policy-controller": F}, "B"

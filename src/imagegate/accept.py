@@ -177,10 +177,9 @@ def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, n
             ref = ref.with_digest(image.manifest_digest)
     with attach.client_for(ref, insecure=insecure) as client:
         # The standard statements too: admission policies are written against them.
-        pairs = [
-            referrers.attach_and_refer(client, ref, envelope, signed.material)
-            for envelope in (signed.envelope, *signed.standard)
-        ]
+        todo = [(envelope, signed.material) for envelope in (signed.envelope, *signed.standard)]
+        trusted = (signed.public,) if signed.public is not None else ()
+        pairs = referrers.attach_and_refer(client, ref, todo, trusted, str(signed.dsse_path))
     done, referred = pairs[-1]
     notify(
         f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s); referrers via {referred.via})"
@@ -188,6 +187,8 @@ def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, n
     gone = [g.describe() for d, r in pairs for g in (*d.replaced, *r.replaced)]
     if gone:
         notify(f"replaced {', '.join(gone)}: {console_attest.REPLACED_KEPT}")
+    for kept in console_attest.kept(pairs):
+        notify(f"kept {kept}")
     left = console_attest.remaining(pairs, ref.repository)
     if left is not None:
         print(f"imagegate: {left}", file=sys.stderr)

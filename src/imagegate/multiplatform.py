@@ -114,9 +114,9 @@ def judge_index(
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)
         with attach.client_for(pinned, insecure=insecure) as client:
+            todo = [(env, signed.material) for env in (signed.envelope, *signed.standard)]
             pairs = tuple(
-                referrers.attach_and_refer(client, pinned, env, signed.material)
-                for env in (signed.envelope, *signed.standard)
+                referrers.attach_and_refer(client, pinned, todo, (key.public,), str(signed.dsse_path))
             )
         from imagegate.report import console_attest
 

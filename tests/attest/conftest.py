@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
+import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
@@ -101,6 +104,26 @@ def signed(attempt: Path, keypair: tuple[Path, Path]) -> sign.Signed:
 
 # A real registry (Debian's docker-registry on 127.0.0.1, no auth) and an image pushed to it by
 # the real Docker engine, per test module.
+def pub_of(key: keys.SigningKey, folder: Path) -> Path:
+    """The key's public half in a file under `folder`: what `attach --key` and `verify --key` read."""
+    path = folder / f"signer-{hashlib.sha256(key.public.pem).hexdigest()[:12]}.pub"
+    if not path.exists():
+        path.write_bytes(key.public.pem)
+    return path
+
+
+_CLOCK = itertools.count()
+_BASE = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+
+
+def said_now() -> tuple[str, str]:
+    """(startedOn, finishedOn) of a made-up run, each later than the one before in this process
+    and within the shipped policies' 168h: statements made in order are said in that order."""
+    end = _BASE + datetime.timedelta(seconds=next(_CLOCK) * 2 + 1)
+    fmt = "%Y-%m-%dT%H:%M:%S.000Z"
+    return (end - datetime.timedelta(seconds=1)).strftime(fmt), end.strftime(fmt)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

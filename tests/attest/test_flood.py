@@ -38,7 +38,7 @@ def flooded(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         key = keys.generate()
         (tmp_path / "k.pub").write_bytes(key.public.pem)
         passed = _signed(tmp_path, ref, key, "PASS", "ok")
-        done = imagegate("attach", str(passed), ref, timeout=120)
+        done = imagegate("attach", str(passed), ref, "--key", str(tmp_path / "k.pub"), timeout=120)
         assert done.rc == 0, done.stderr
         yield ref, tmp_path / "k.pub", tmp_path
         docker("rmi", "-f", ref)

@@ -69,7 +69,7 @@ def test_the_registry_has_no_referrers_api_and_attach_keeps_the_fallback_tag(
     assert api.status_code == 404  # distribution 2.8: the API is not there
     key, pub = _keypair(tmp_path)
     signed = _signed(tmp_path, image, key, "PASS", "ref")
-    r = cli("attach", str(signed), image)
+    r = cli("attach", str(signed), image, "--key", str(pub))
     assert r.returncode == 0, r.stdout + r.stderr
     fallback = "sha256-" + digest.partition(":")[2]
     assert f"listed by tag {fallback}" in r.stdout
@@ -85,7 +85,7 @@ def test_the_registry_has_no_referrers_api_and_attach_keeps_the_fallback_tag(
     (tmp_path / "referrer.sigstore.json").write_bytes(blob)
     js = sigstore_js_verify(tmp_path / "referrer.sigstore.json", pub)
     assert js.returncode == 0 and js.stdout.startswith("VERIFIED"), js.stdout + js.stderr
-    again = cli("attach", str(signed), image)
+    again = cli("attach", str(signed), image, "--key", str(pub))
     assert again.returncode == 0 and "already a referrer" in again.stdout
     assert _get(registry, "attest/app", fallback, INDEX).json() == index  # listed once
 
@@ -99,7 +99,7 @@ def test_the_registry_has_no_referrers_api_and_attach_keeps_the_fallback_tag(
     assert cli("verify", "--image", image, "--key", str(pub)).returncode == 1  # nothing left anywhere
     parsed = attach.parse_image(image)
     with attach.client_for(parsed) as client:
-        attach.attach(client, parsed, attach_envelope(signed))
+        attach.append(client, attach.resolve(client, parsed), attach_envelope(signed))
     ok = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "PASS")
     assert ok.returncode == 0 and ".att layer 1" in ok.stdout, ok.stdout
 
@@ -119,7 +119,7 @@ def test_a_registry_with_the_referrers_api_indexes_them_itself(
     with referrers_front(registry) as front:
         via_front = image.replace(registry, front)
         digest = _digest(via_front)
-        r = cli("attach", str(signed), via_front)
+        r = cli("attach", str(signed), via_front, "--key", str(pub))
         assert r.returncode == 0, r.stdout + r.stderr
         assert "listed by the referrers API" in r.stdout
         listed = httpx.get(f"http://{front}/v2/attest/app/referrers/{digest}", timeout=10).json()["manifests"]
@@ -276,7 +276,7 @@ def test_the_earlier_form_is_read_and_replaced_and_other_artifacts_are_left(
     assert found.returncode == 0 and f"referrer {earlier}" in found.stdout, found.stdout + found.stderr
 
     passed = _signed(tmp_path, image, key, "PASS", "later")
-    r = cli("attach", str(passed), image)
+    r = cli("attach", str(passed), image, "--key", str(pub))
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"replaced referrer {earlier} (acceptance FAIL)" in r.stdout
     fallback = "sha256-" + digest.partition(":")[2]
@@ -322,7 +322,7 @@ def test_a_referrer_whose_subject_is_another_image_is_skipped(registry: str, tmp
         ok = cli("verify", "--image", mine, "--key", str(pub), "--expect-verdict", "PASS")
         assert ok.returncode == 0 and f"referrer {ours}" in ok.stdout, ok.stdout + ok.stderr
         # a later attestation replaces this image's referrer, and leaves the other image's
-        r = cli("attach", str(_signed(tmp_path, mine, key, "PASS", "later")), mine)
+        r = cli("attach", str(_signed(tmp_path, mine, key, "PASS", "later")), mine, "--key", str(pub))
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"replaced referrer {ours}" in r.stdout and stray not in r.stdout, r.stdout
         assert _get(registry, "attest/app", stray, MANIFEST).status_code == 200
@@ -390,11 +390,11 @@ def test_a_referrer_is_read_only_as_one_layer_of_a_type_read_here(registry: str,
 def test_attach_of_an_envelope_no_bundle_names_the_key_of_is_refused(
     registry: str, image: str, tmp_path: Path
 ) -> None:
-    key, _ = _keypair(tmp_path)
+    key, pub = _keypair(tmp_path)
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(_signed(tmp_path, image, key, "PASS", "copied"), alone / "attestation.dsse.json")
-    r = cli("attach", str(alone / "attestation.dsse.json"), image)
+    r = cli("attach", str(alone / "attestation.dsse.json"), image, "--key", str(pub))
     assert r.returncode == 3, r.stdout + r.stderr
     assert "no Sigstore bundle holds it" in r.stderr and "attach attestation.sigstore.json" in r.stderr
     assert "attached" not in r.stdout  # refused before anything was pushed

@@ -17,7 +17,7 @@ from imagegate.attest import attach, keys, sign
 from imagegate.attest import statement as st
 from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
 from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
-from tests.attest.conftest import cli, docker
+from tests.attest.conftest import cli, docker, pub_of, said_now
 
 pytestmark = pytest.mark.engine
 
@@ -31,16 +31,25 @@ def _signed(
     *,
     pushed: bool = True,
     pipeline: str = "python",
+    source: str | None = None,
+    said: tuple[str, str] | None = None,
 ) -> Path:
-    """An attestation of `ref` by `pipeline` (its VSA and test-result beside it); `pushed=False`:
-    made before the push, its subject the config digest."""
+    """An attestation of `ref` by `pipeline` (its VSA and test-result beside it, `source` the
+    pipeline's source, default `builtin:<pipeline>`); `pushed=False`: made before the push, its
+    subject the config digest. Said (`said`: startedOn, finishedOn) after every one made before."""
+    started, finished = said or said_now()
     parsed = attach.parse_image(ref)
     with attach.client_for(parsed) as client:
         remote = attach.resolve(client, parsed)
     rec = RunRecord(
         attempt_id=name,
         attempt_dir=str(tmp_path / name),
-        pipeline={"name": pipeline, "version": "1", "sha256": "a" * 64, "source": f"builtin:{pipeline}"},
+        pipeline={
+            "name": pipeline,
+            "version": "1",
+            "sha256": "a" * 64,
+            "source": source or f"builtin:{pipeline}",
+        },
         plan={"apiVersion": "imagegate/v1", "pipeline": {}, "stages": []},
         image=ImageFacts(
             reference=ref,
@@ -60,8 +69,8 @@ def _signed(
                 evidence=[EvidenceFile("a", "0" * 64, 0)],
             )
         ],
-        started_at="2026-01-01T00:00:00.000Z",
-        finished_at="2026-01-01T00:00:01.000Z",
+        started_at=started,
+        finished_at=finished,
         verdict=verdict,
         imagegate_version="0.1.0",
     )
@@ -84,7 +93,7 @@ def test_attach_adds_like_cosign_and_verify_fetches(registry: str, image: str, t
     pub.write_bytes(key.public.pem)
     first = _signed(tmp_path, image, key, "PASS", "one")
 
-    r = cli("attach", str(first), image)
+    r = cli("attach", str(first), image, "--key", str(pub))
     assert r.returncode == 0, r.stderr
     tag, m1 = _att(registry, image)
     assert tag.startswith("sha256-") and tag.endswith(".att") and tag in r.stdout
@@ -105,16 +114,22 @@ def test_attach_adds_like_cosign_and_verify_fetches(registry: str, image: str, t
 
     # Another pipeline's attestation is added; the earlier layers are kept as they were.
     second = _signed(tmp_path, image, key, "FAIL", "two", pipeline="other")
-    r = cli("attach", str(second.parent / sign.BUNDLE_FILE), image)
+    r = cli("attach", str(second.parent / sign.BUNDLE_FILE), image, "--key", str(pub))
     assert r.returncode == 0, r.stderr
     _, m2 = _att(registry, image)
     assert len(m2["layers"]) == 6 and m2["layers"][:3] == m1["layers"]
     # Attaching the same envelopes again changes nothing.
-    r = cli("attach", str(first), image)
+    r = cli("attach", str(first), image, "--key", str(pub))
     assert r.returncode == 0 and r.stdout.count("already attached") == 3
     assert _att(registry, image)[1] == m2
 
+    # Every pipeline's statements are read, as the shipped ClusterPolicy reads them: the other
+    # pipeline's FAIL decides, unless one pipeline is asked for.
     ok = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "PASS")
+    assert ok.returncode == 1 and "FAIL of pipeline builtin:other" in ok.stdout, ok.stdout + ok.stderr
+    ok = cli(
+        "verify", "--image", image, "--key", str(pub), "--expect-verdict", "PASS", "--pipeline", "python"
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "ok      subject" in ok.stdout and "layer 1" in ok.stdout
     failed = cli("verify", "--image", image, "--key", str(pub), "--expect-verdict", "FAIL")
@@ -133,6 +148,7 @@ def test_attach_adds_like_cosign_and_verify_fetches(registry: str, image: str, t
 
 def test_attach_refuses_an_attestation_of_another_image(registry: str, image: str, tmp_path: Path) -> None:
     key = keys.generate()
+    pub = pub_of(key, tmp_path)
     signed = _signed(tmp_path, image, key, "PASS", "x")
     # Push a different image and try to attach the first image's attestation to it.
     other = f"{registry}/attest/app:other"
@@ -142,7 +158,7 @@ def test_attach_refuses_an_attestation_of_another_image(registry: str, image: st
     docker("import", "-", other, stdin=buf.getvalue())
     try:
         docker("push", other)
-        r = cli("attach", str(signed), other)
+        r = cli("attach", str(signed), other, "--key", str(pub))
         assert r.returncode == 3 and "is not" in r.stderr and "attestation subject" in r.stderr
         v = cli("verify", str(signed), "--key", "/dev/null", "--image", other)
         assert v.returncode == 3  # the key is unreadable as a public key: a usage error, not a verdict
@@ -170,11 +186,11 @@ def test_attach_and_verify_image_agree_on_the_subject(registry: str, image: str,
     _, pub = keys.write_keypair(tmp_path / "k", key, None)
     early = _signed(tmp_path, image, key, "PASS", "early", pushed=False)
     v = cli("verify", str(early), "--key", str(pub), "--image", image, "--no-evidence")
-    a = cli("attach", str(early), image)
+    a = cli("attach", str(early), image, "--key", str(pub))
     assert v.returncode == 1 and "FAILED  subject" in v.stdout, v.stdout + v.stderr
     assert a.returncode == 3 and "attestation subject" in a.stderr
     late = _signed(tmp_path, image, key, "PASS", "late")
     v = cli("verify", str(late), "--key", str(pub), "--image", image, "--no-evidence")
     assert v.returncode == 0, v.stdout + v.stderr
-    a = cli("attach", str(late), image)
+    a = cli("attach", str(late), image, "--key", str(pub))
     assert a.returncode == 0 and "attestation subject" not in a.stderr, a.stdout + a.stderr

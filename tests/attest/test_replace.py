@@ -19,7 +19,7 @@ import pytest
 from imagegate.attest import attach, bundle, dsse, keys, referrers, sign
 from imagegate.attest import statement as st
 from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
-from tests.attest.conftest import cli, docker, start_registry
+from tests.attest.conftest import cli, docker, pub_of, start_registry
 from tests.attest.referrers_front import referrers_front
 from tests.attest.test_registry import _signed
 
@@ -98,15 +98,18 @@ def _fail_then_pass(tmp_path: Path, ref: str) -> tuple[Any, Any]:
     PASS, each attempt attached with `imagegate attach` of its acceptance (which brings the VSA
     and test-result beside it). Returns the last two attaches' results."""
     key = keys.generate()
+    pub = str(pub_of(key, tmp_path))
     parsed = attach.parse_image(ref)
     with attach.client_for(parsed) as client:
-        for env in _foreign(ref, key):
-            referrers.attach_and_refer(client, parsed, env, bundle.verification_material(key.public))
+        material = bundle.verification_material(key.public)
+        referrers.attach_and_refer(
+            client, parsed, [(env, material) for env in _foreign(ref, key)], [key.public]
+        )
     other = _signed(tmp_path, ref, key, "FAIL", "other", pipeline="vllm")
-    assert cli("attach", str(other), ref).returncode == 0
-    failed = cli("attach", str(_signed(tmp_path, ref, key, "FAIL", "fail")), ref)
+    assert cli("attach", str(other), ref, "--key", pub).returncode == 0
+    failed = cli("attach", str(_signed(tmp_path, ref, key, "FAIL", "fail")), ref, "--key", pub)
     assert failed.returncode == 0, failed.stdout + failed.stderr
-    passed = cli("attach", str(_signed(tmp_path, ref, key, "PASS", "pass")), ref)
+    passed = cli("attach", str(_signed(tmp_path, ref, key, "PASS", "pass")), ref, "--key", pub)
     return failed, passed
 
 
@@ -187,9 +190,19 @@ def test_attaches_started_together_on_one_host_lose_nothing(
     ref = _push(image, registry, "together")
     key = keys.generate()
     files = [_signed(tmp_path, ref, key, "PASS", n, pipeline=n) for n in ("p1", "p2", "p3")]
+    pub = str(pub_of(key, tmp_path))
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", "from imagegate.cli import main; main()", "attach", str(f), ref],
+            [
+                sys.executable,
+                "-c",
+                "from imagegate.cli import main; main()",
+                "attach",
+                str(f),
+                ref,
+                "--key",
+                pub,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )

@@ -44,11 +44,12 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
         "items": {"audit"},
         "nodes": {"fleet run"},
     },
-    # a signing key; the public keys a chain is verified with; the one key a report checks;
-    # render signs nothing (hidden, accepted from older scripts)
+    # a signing key; the public keys a chain is verified with; the signers an attach must verify
+    # with; the one key a report checks; render signs nothing (hidden, from older scripts)
     "--key": {
         "signing": set(_SIGNED),
         "chain": {"verify"},
+        "signer": {"attach"},
         "report": {"report", "fleet report"},
         "hidden": {"pod render"},
     },
@@ -61,6 +62,8 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     },
     # --here's host interpreter vs. the interpreter inside the image a Pod runs
     "--python": {"host": {"run", "complete"}, "image": {"pod render", "pod run"}},
+    # the pipeline to run vs. the one pipeline whose attached statements verify --image reads
+    "--pipeline": {"run": {"run", "pod render", "pod run", "pod collect"}, "read": {"verify"}},
     # the command's own deadline vs. how long pod waits for its Pod's result
     "--timeout": {
         "deadline": {

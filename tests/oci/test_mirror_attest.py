@@ -85,7 +85,7 @@ def test_a_recompressed_mirror_is_admitted_through_the_equivalence(
         "--signature-only",
     )
     assert v.returncode == 0, v.stdout + v.stderr
-    assert imagegate("attach", str(out / sign.VSA_FILE), recompressed).returncode == 0
+    assert imagegate("attach", str(out / sign.VSA_FILE), recompressed, "--key", str(pub)).returncode == 0
     # the shipped policies admit the mirror on it, as they admit the official image
     now = dt.datetime.now(dt.timezone.utc)
     assert admission.kyverno(pod(gpu=False), out, pub.read_text(), now, tmp_path / "k") == []
@@ -199,7 +199,7 @@ def test_nothing_is_signed_for_a_mirror_whose_tag_moved(
     # VSA of the copy read is attached to it and found for it, though the tag moves right after.
     vsa = _payload(pinned / sign.VSA_FILE)["predicateType"]
     for args in (
-        ("attach", str(pinned / sign.VSA_FILE)),
+        ("attach", str(pinned / sign.VSA_FILE), "--key", str(gate_key[1])),
         ("verify", "--key", str(gate_key[1]), "--type", vsa, "--signature-only", "--image"),
     ):
         with moving_tag_front(mirror.host, "team/app", "moving", "gzip9", "zstd") as front:

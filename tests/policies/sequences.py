@@ -50,28 +50,41 @@ def addressed(attempt: Path, ref: str, folder: Path, key: Path, finished: dt.dat
     image = statement["predicate"].get("image")
     if isinstance(image, dict):
         image.update(subjectDigest="manifest", manifestDigest=digest, repository=repo, reference=ref)
-    if finished is not None:
-        statement["predicate"]["finishedOn"] = finished.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    # Each statement said after the one before (attach never puts an earlier word over a later
+    # one): now, or the time a step sets back, never the same instant twice.
+    if finished is None:
+        finished = _LAST[0] = max(dt.datetime.now(dt.timezone.utc), _LAST[0] + dt.timedelta(milliseconds=1))
+    said = finished
+    statement["predicate"]["finishedOn"] = (
+        said.strftime("%Y-%m-%dT%H:%M:%S.") + f"{said.microsecond // 1000:03d}Z"
+    )
     folder.mkdir(parents=True)
-    return sign.sign_attempt(folder, statement, keys.load_signing_key(key)).dsse_path
+    signer = keys.load_signing_key(key)
+    (folder / SIGNER_PUB).write_bytes(signer.public.pem)
+    return sign.sign_attempt(folder, statement, signer).dsse_path
+
+
+SIGNER_PUB = "signer.pub"  # beside each re-addressed statement: what attach verifies it with
+_LAST = [dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)]
 
 
 @contextlib.contextmanager
 def append_only() -> Iterator[None]:
     """imagegate's attach before it replaced: no earlier statement is ever dropped."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(attach, "replaces", lambda *_: False)
+        mp.setattr(attach, "judge", lambda *_: None)
         yield
 
 
 def attach_as(mode: str, dsse_file: Path, ref: str) -> None:
     """`imagegate attach` (replace), or the same attach with nothing replaced (append-only)."""
+    pub = dsse_file.parent / SIGNER_PUB
     if mode == "replace":
-        r = cli("attach", str(dsse_file), ref)
+        r = cli("attach", str(dsse_file), ref, "--key", str(pub))
         assert r.returncode == 0, r.stdout + r.stderr
     else:
         with append_only():
-            referrers.attach_file(dsse_file, ref)
+            referrers.attach_file(dsse_file, ref, [keys.load_public_key(pub)])
 
 
 class Sequence:

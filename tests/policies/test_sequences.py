@@ -120,5 +120,5 @@ def test_one_images_attestations_never_admit_another(
     parsed = attach.parse_image(b.ref)
     with attach.client_for(parsed) as client:
         for env in referrers.standard_beside(made, referrers.read_envelopes(made)[0]):
-            attach.attach(client, parsed, env, allow_other_subject=True)
+            attach.append(client, attach.resolve(client, parsed), env)
     assert b.judge(gpu=False) == every(False)

@@ -291,7 +291,7 @@ def test_one_platform_failing_fails_the_index(
     assert f"imagegate index {w.mixed.ref} RUN..." in by_tag.stdout, by_tag.stdout
     # attached by hand, the VSA and test-result beside it go too; verify then judges the FAIL
     (envelope,) = tmp_path.glob("index-sha256-*/*/attestation.dsse.json")
-    attached = imagegate("attach", str(envelope), w.mixed.ref)
+    attached = imagegate("attach", str(envelope), w.mixed.ref, "--key", f"{keypair}.pub")
     assert attached.returncode == 0, attached.stdout + attached.stderr
     assert attached.stdout.count("attached to") == 3, attached.stdout
     judged = imagegate("verify", "--image", w.mixed.ref, "--key", f"{keypair}.pub")

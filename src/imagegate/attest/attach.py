@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagegate.attest import dsse
-from imagegate.attest.replace import Replaced, outcome, replaces
+from imagegate.attest.replace import Decision, Kept, Replaced, Signed, decide, refuse_if_newer, subjects_of
 from imagegate.errors import NotVerified, UsageError
 from imagegate.oci import engineapi, untrusted_json
 from imagegate.oci.digest import digest_of, is_digest, split_digest
@@ -106,6 +106,7 @@ class Attached:
     layers: int  # in the .att manifest now
     already: bool  # the same envelope was there: nothing pushed
     replaced: tuple[Replaced, ...] = ()  # the earlier layers dropped from the .att manifest
+    kept: tuple[Kept, ...] = ()  # earlier statements of its type left there, and why
 
 
 @dataclass(frozen=True)
@@ -124,15 +125,7 @@ class RemoteImage:
         return self.digests[:1]
 
 
-def subject_digests(statement: Mapping[str, Any]) -> list[str]:
-    """A statement's subject digests as `algorithm:hex` (malformed entries are skipped)."""
-    subjects = statement.get("subject")
-    out: list[str] = []
-    for s in subjects if isinstance(subjects, list) else []:
-        digests = s.get("digest") if isinstance(s, dict) else None
-        if isinstance(digests, dict):
-            out += [f"{a}:{h}" for a, h in digests.items()]
-    return out
+subject_digests = subjects_of  # a statement's subject digests as `algorithm:hex`
 
 
 def matching_subject(subjects: Sequence[str], image_digests: Sequence[str]) -> str | None:
@@ -311,55 +304,89 @@ def _config(client: RegistryClient, repo: str, old: dict[str, Any] | None, diff_
     return json.dumps(cfg, separators=(",", ":")).encode()
 
 
-def attach(
-    client: RegistryClient, ref: Reference, envelope: dsse.Envelope, *, allow_other_subject: bool = False
-) -> Attached:
-    image = resolve(client, ref)
-    statement = statement_of(envelope)
+def check_subject(image: RemoteImage, ref: Reference, statement: Mapping[str, Any]) -> None:
+    """UsageError unless the statement is about `image`'s manifest digest."""
     subjects = subject_digests(statement)
-    if not allow_other_subject and matching_subject(subjects, image.subject_digests) is None:
+    if matching_subject(subjects, image.subject_digests) is None:
         raise UsageError(
             f"attestation subject {', '.join(subjects) or '(none)'} is not {ref} ({image.digests[0]})",
             hint="attach an attestation to the image it was made for (run it on the pushed image, "
             "or push the image that was run)",
         )
-    repo = ref.repository
+
+
+@dataclass
+class Layers:
+    """The `.att` tag as read for one new statement: its manifest, and what the new statement
+    does to each earlier layer (attest/replace.py `decide`), in listing order."""
+
+    old: dict[str, Any] | None
+    judged: list[tuple[Any, Decision | None]]
+
+    def decisions(self) -> list[Decision]:
+        return [d for _, d in self.judged if d is not None]
+
+
+def read_layers(client: RegistryClient, image: RemoteImage, new: Signed) -> Layers:
+    """Read the image's `.att` tag and judge each layer against `new` (nothing written)."""
+    repo = image.reference.repository
     tag = attestation_tag(image.digests[0])
-    predicate_type = str(statement.get("predicateType", ""))
-    layer = envelope.to_json(indent=None).rstrip(b"\n")  # compact, as cosign writes it
-    layer_digest = digest_of(layer)
     old = _existing(client, repo, tag)
-    budget = ReadBudget(f"{ref.registry}/{repo}:{tag}")
+    budget = ReadBudget(f"{image.reference.registry}/{repo}:{tag}")
     budget.listing(len(old["layers"]) if old else 0, f"tag {tag}")
-    layers: list[dict[str, Any]] = []
-    replaced: list[Replaced] = []
-    for x in old["layers"] if old else []:
-        same = isinstance(x, dict) and x.get("digest") == layer_digest
-        gone = None if same else _replaced(client, repo, x, statement, image, budget)
-        if gone is None:
-            layers.append(x)
-        else:
-            replaced.append(gone)
-    pinned = f"{ref.registry}/{repo}@{image.digests[0]}"
-    there = any(isinstance(x, dict) and x.get("digest") == layer_digest for x in layers)
+    judged = [(x, _judge(client, repo, x, new, image, budget)) for x in (old["layers"] if old else [])]
+    return Layers(old, judged)
+
+
+def attach(client: RegistryClient, image: RemoteImage, new: Signed) -> Attached:
+    """Add `new` to the image's `.att` tag, dropping the earlier layers it supersedes; refused
+    (NewerThere, nothing written) when the same signer already said something later."""
+    check_subject(image, image.reference, new.statement)
+    found = read_layers(client, image, new)
+    refuse_if_newer(new, found.decisions(), "the attestation")
+    repo, tag = image.reference.repository, attestation_tag(image.digests[0])
+    layer = new.envelope.to_json(indent=None).rstrip(b"\n")  # compact, as cosign writes it
+    layer_digest = digest_of(layer)
+    layers = [x for x, d in found.judged if d is None or d.action != "replace"]
+    replaced = tuple(d.entry for d in found.decisions() if d.action == "replace")
+    kept = tuple(Kept(d.entry, d.why) for d in found.decisions() if d.action == "keep")
+    pinned = f"{image.reference.registry}/{repo}@{image.digests[0]}"
+    there = any(d.action == "same" for d in found.decisions()) or any(
+        isinstance(x, dict) and x.get("digest") == layer_digest for x in layers
+    )
     if there and not replaced:
-        return Attached(pinned, tag, "", layer_digest, len(layers), True)
+        return Attached(pinned, tag, "", layer_digest, len(layers), True, (), kept)
     if not there:
         client.upload_blob(repo, layer, layer_digest)
-        layers.append(
-            {
-                "mediaType": DSSE_LAYER_MEDIA_TYPE,
-                "size": len(layer),
-                "digest": layer_digest,
-                "annotations": {
-                    SIGNATURE_ANNOTATION: "",
-                    PREDICATE_TYPE_ANNOTATION: predicate_type,
-                    INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type,
-                },
-            }
-        )
-    pushed = _put_tag(client, repo, tag, old, layers)
-    return Attached(pinned, tag, pushed, layer_digest, len(layers), False, tuple(replaced))
+        layers.append(_layer_descriptor(layer, layer_digest, str(new.statement.get("predicateType", ""))))
+    pushed = _put_tag(client, repo, tag, found.old, layers)
+    return Attached(pinned, tag, pushed, layer_digest, len(layers), False, replaced, kept)
+
+
+def append(client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope) -> str:
+    """Add `envelope` to the `.att` tag as it is, judging and checking nothing, as `cosign attest`
+    without `--replace` appends: what another tool, or anyone with push rights, can put there
+    (the tests put it there to show what every reader then makes of it)."""
+    repo, tag = image.reference.repository, attestation_tag(image.digests[0])
+    old = _existing(client, repo, tag)
+    layer = envelope.to_json(indent=None).rstrip(b"\n")
+    statement = statement_of(envelope)
+    client.upload_blob(repo, layer, digest_of(layer))
+    added = _layer_descriptor(layer, digest_of(layer), str(statement.get("predicateType", "")))
+    return _put_tag(client, repo, tag, old, [*(old["layers"] if old else []), added])
+
+
+def _layer_descriptor(layer: bytes, layer_digest: str, predicate_type: str) -> dict[str, Any]:
+    return {
+        "mediaType": DSSE_LAYER_MEDIA_TYPE,
+        "size": len(layer),
+        "digest": layer_digest,
+        "annotations": {
+            SIGNATURE_ANNOTATION: "",
+            PREDICATE_TYPE_ANNOTATION: predicate_type,
+            INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type,
+        },
+    }
 
 
 def _put_tag(
@@ -401,34 +428,19 @@ def layer_envelope(client: RegistryClient, repo: str, layer: Any, budget: ReadBu
         return None
 
 
-def replaced_by(
-    statement: Mapping[str, Any], envelope: dsse.Envelope | None, image: RemoteImage, where: str
-) -> Replaced | None:
-    """What `statement` replaces of an earlier `envelope` of `image` (attest/replace.py), or None."""
-    if envelope is None:
-        return None
-    try:
-        old = statement_of(envelope)
-    except UsageError:
-        return None
-    if not replaces(statement, old, subject_digests(old), image.digests[0]):
-        return None
-    return Replaced(where, str(old.get("predicateType")), outcome(old))
+def judge(new: Signed, envelope: dsse.Envelope | None, image: RemoteImage, where: str) -> Decision | None:
+    """What `new` does to an earlier `envelope` of `image` (attest/replace.py `decide`)."""
+    return decide(new, envelope, image.digests[0], where)
 
 
-def _replaced(
-    client: RegistryClient,
-    repo: str,
-    layer: Any,
-    statement: Mapping[str, Any],
-    image: RemoteImage,
-    budget: ReadBudget,
-) -> Replaced | None:
+def _judge(
+    client: RegistryClient, repo: str, layer: Any, new: Signed, image: RemoteImage, budget: ReadBudget
+) -> Decision | None:
     try:
         envelope = layer_envelope(client, repo, layer, budget)
     except RegistryError:
         return None  # a layer that cannot be read is kept: only what is read as ours is replaced
-    return replaced_by(statement, envelope, image, f"layer {layer.get('digest')}")
+    return judge(new, envelope, image, f"layer {layer.get('digest')}")
 
 
 def statement_of(envelope: dsse.Envelope) -> dict[str, Any]:

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagegate.attest.statement import STATEMENT_TYPE
-from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, levels, pipeline_policy, summary
+from imagegate.attest.vsa import (
+    TEST_RESULT_PREDICATE_TYPE,
+    TIME_FIELD,
+    levels,
+    pipeline_policy,
+    said_on,
+    summary,
+)
 from imagegate.errors import UsageError
 from imagegate.model import EXIT_ACCEPTED, LEVEL_CPU, LEVEL_GPU, exit_code
 from imagegate.oci.digest import short_digest
@@ -322,5 +329,6 @@ def build_index_test_result(statement: Mapping[str, Any]) -> dict[str, Any]:
             "passedTests": outcomes["passed"],
             "warnedTests": outcomes["deferred"] + outcomes["notRun"],
             "failedTests": outcomes["failed"],
+            TIME_FIELD: said_on(statement),
         },
     }

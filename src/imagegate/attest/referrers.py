@@ -28,6 +28,7 @@ bundle is read within the envelope's cap."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,11 +42,11 @@ from imagegate.attest.attach import (
     FetchedEnvelope,
     ReadBudget,
     RemoteImage,
-    replaced_by,
     statement_of,
 )
 from imagegate.attest.envelopes import bundle_material, read_envelopes
-from imagegate.attest.replace import Replaced, locked
+from imagegate.attest.keys import PublicKey
+from imagegate.attest.replace import Decision, Kept, Replaced, Signed, locked, refuse_if_newer, verified
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
 from imagegate.oci.digest import digest_of, is_digest, split_digest
@@ -72,6 +73,7 @@ class Referred:
     replaced: tuple[Replaced, ...] = ()  # earlier referrers deleted or unlisted
     # Earlier referrers it replaces that are still listed: the registry refused to delete them.
     remaining: tuple[Replaced, ...] = ()
+    kept: tuple[Kept, ...] = ()  # earlier statements of its type left listed, and why
 
 
 @dataclass(frozen=True)
@@ -147,53 +149,71 @@ def bundle_layer(envelope: dsse.Envelope, material: dict[str, Any]) -> bytes:
     return json.dumps(bundle.wrap(envelope, material), separators=(",", ":")).encode()
 
 
-def refer(
-    client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope, material: dict[str, Any]
-) -> Referred:
-    """Push `envelope` as a referrer of `image` (whose subject the caller has checked), a Sigstore
-    bundle with `material` naming the key, then remove the earlier referrers it replaces
+def judged(client: RegistryClient, image: RemoteImage, new: Signed) -> list[tuple[_Found, Decision | None]]:
+    """The image's referrers, each with what `new` does to it (attest/replace.py; nothing written)."""
+    return [
+        (f, attach.judge(new, f.envelope, image, f"referrer {f.digest}")) for f in _referred(client, image)
+    ]
+
+
+def refer(client: RegistryClient, image: RemoteImage, new: Signed, material: dict[str, Any]) -> Referred:
+    """Push `new` as a referrer of `image` (whose subject the caller has checked), a Sigstore
+    bundle with `material` naming the key, then remove the earlier referrers it supersedes
     (attest/replace.py): unlisted from the fallback index, deleted where the registry indexes
-    them itself. The same bundle already there is not pushed again (its `created` would differ)."""
-    repo = image.reference.repository
-    layer = bundle_layer(envelope, material)
-    statement = statement_of(envelope)
-    predicate_type = str(statement.get("predicateType", ""))
-    found = _referred(client, image)
-    same = next((f for f in found if f.is_bundle and f.layer_digest == digest_of(layer)), None)
-    stale = {
-        f.digest: gone
-        for f in found
-        if f is not same
-        and (gone := replaced_by(statement, f.envelope, image, f"referrer {f.digest}")) is not None
-    }
+    them itself. The same statement already there is not pushed again (its `created` would
+    differ); one of the same signer and pipeline said later refuses it (NewerThere)."""
+    found = judged(client, image, new)
+    decisions = [d for _, d in found if d is not None]
+    refuse_if_newer(new, decisions, "the attestation")
+    layer = bundle_layer(new.envelope, material)
+    same = next(
+        (f for f, d in found if f.is_bundle and (f.layer_digest == digest_of(layer) or _same(d))), None
+    )
+    stale = {f.digest: d.entry for f, d in found if d is not None and d.action == "replace"}
+    kept = tuple(Kept(d.entry, d.why) for d in decisions if d.action == "keep")
     if same is not None:
         digest, indexed, descriptor = same.digest, same.via == API, same.descriptor
     else:
-        notes = bundle_annotations(predicate_type, datetime.now(timezone.utc))
-        client.upload_blob(repo, EMPTY, _EMPTY_DIGEST)
-        client.upload_blob(repo, layer)
-        raw = artifact_manifest(_subject(client, repo, image.digests[0]), layer, notes)
-        digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
-        # go-containerregistry's descriptor field order; the annotations copied, as the
-        # distribution spec says a client keeping the fallback index does.
-        descriptor = {
-            "mediaType": OCI_MANIFEST,
-            "size": len(raw),
-            "digest": digest,
-            "annotations": notes,
-            "artifactType": ARTIFACT_TYPE,
-        }
+        digest, indexed, descriptor = _push_referrer(client, image, new, layer)
+    repo = image.reference.repository
     if indexed:
         # Pushed first, deleted after: a reader in between sees both, never neither.
         refused = [gone for d, gone in stale.items() if not client.delete_manifest(repo, d)]
         done = tuple(gone for gone in stale.values() if gone not in refused)
-        return Referred(digest, API, same is not None, done, tuple(refused))
+        return Referred(digest, API, same is not None, done, tuple(refused), kept)
     referred = _add_to_fallback(client, repo, image.digests[0], descriptor, set(stale))
     for d in stale:
         # Unlisted is enough for a reader of the fallback tag; the manifest itself is removed
         # where the registry allows it, and left, unread, where it does not.
         client.delete_manifest(repo, d)
-    return Referred(referred.manifest_digest, referred.via, referred.already, tuple(stale.values()))
+    return Referred(referred.manifest_digest, referred.via, referred.already, tuple(stale.values()), (), kept)
+
+
+def _same(decision: Decision | None) -> bool:
+    return decision is not None and decision.action == "same"
+
+
+def _push_referrer(
+    client: RegistryClient, image: RemoteImage, new: Signed, layer: bytes
+) -> tuple[str, bool, dict[str, Any]]:
+    """Push the bundle `layer` as a referrer manifest; its digest, whether the registry indexes
+    it itself, and its descriptor for a fallback index."""
+    repo = image.reference.repository
+    notes = bundle_annotations(str(new.statement.get("predicateType", "")), datetime.now(timezone.utc))
+    client.upload_blob(repo, EMPTY, _EMPTY_DIGEST)
+    client.upload_blob(repo, layer)
+    raw = artifact_manifest(_subject(client, repo, image.digests[0]), layer, notes)
+    digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
+    # go-containerregistry's descriptor field order; the annotations copied, as the
+    # distribution spec says a client keeping the fallback index does.
+    descriptor = {
+        "mediaType": OCI_MANIFEST,
+        "size": len(raw),
+        "digest": digest,
+        "annotations": notes,
+        "artifactType": ARTIFACT_TYPE,
+    }
+    return digest, indexed, descriptor
 
 
 def _fallback_index(client: RegistryClient, repo: str, tag: str) -> dict[str, Any]:
@@ -317,25 +337,39 @@ def fetch(
 
 
 def attach_and_refer(
-    client: RegistryClient, ref: Reference, envelope: dsse.Envelope, material: dict[str, Any]
-) -> tuple[Attached, Referred]:
-    """Both places admission controllers look: the `.att` tag (attach.attach, which checks the
-    subject; cosign's legacy form, read by policy-controller's key authorities and Kyverno's
-    default verifier) and a referrer of the same manifest digest in cosign v3's bundle form,
-    `material` naming the key (pinned: a moved tag cannot split them). Each is read, changed and
-    written back under the image's lock (attest/replace.py)."""
-    pinned = attach.resolve(client, ref).reference
-    with locked(str(pinned)):
-        done = attach.attach(client, pinned, envelope)
-        image = attach.resolve(client, attach.parse_image(done.reference))
-        return done, refer(client, image, envelope, material)
+    client: RegistryClient,
+    ref: Reference,
+    todo: Sequence[tuple[dsse.Envelope, dict[str, Any]]],
+    trusted: Sequence[PublicKey],
+    source: str = "the attestation",
+) -> list[tuple[Attached, Referred]]:
+    """Both places admission controllers look, for each envelope of `todo` (an acceptance and the
+    statements signed beside it, each with the `material` naming its key): the `.att` tag
+    (cosign's legacy form, read by policy-controller's key authorities and Kyverno's default
+    verifier) and a referrer of the same manifest digest in cosign v3's bundle form. The tag is
+    resolved once (a moved tag cannot split them); each envelope must verify with `trusted`
+    (NotVerified) and none may be older than its signer's word there (NewerThere): both checked
+    for all before anything is written. Read, changed and written back under the image's lock."""
+    news = [(verified(env, trusted, source), material) for env, material in todo]
+    image = attach.resolve(client, ref)
+    with locked(str(image.reference)):
+        for new, _ in news:
+            attach.check_subject(image, ref, new.statement)
+            refuse_if_newer(new, attach.read_layers(client, image, new).decisions(), source)
+            refuse_if_newer(new, [d for _, d in judged(client, image, new) if d is not None], source)
+        return [
+            (attach.attach(client, image, new), refer(client, image, new, material)) for new, material in news
+        ]
 
 
-def attach_file(path: Path, image: str, *, insecure: bool = False) -> list[tuple[Attached, Referred]]:
+def attach_file(
+    path: Path, image: str, trusted: Sequence[PublicKey], *, insecure: bool = False
+) -> list[tuple[Attached, Referred]]:
     """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry; an
     attempt's acceptance brings the VSA and test-result signed beside it (`standard_beside`).
     Each referrer is a Sigstore bundle, whose verificationMaterial comes from the bundle that
-    holds the envelope (`path` itself, or the `.sigstore.json` signing wrote beside it)."""
+    holds the envelope (`path` itself, or the `.sigstore.json` signing wrote beside it). Every
+    envelope must verify with `trusted`, else nothing is written."""
     envelopes = read_envelopes(path)
     if len(envelopes) != 1:
         raise UsageError(f"attestation {path}: holds {len(envelopes)} envelopes; attach one at a time")
@@ -343,7 +377,7 @@ def attach_file(path: Path, image: str, *, insecure: bool = False) -> list[tuple
     # Every key named before anything is pushed: a half-attached attempt helps no one.
     todo = [(env, _material(p, env)) for p, env in ((path, envelopes[0]), *_beside(path, envelopes[0]))]
     with attach.client_for(ref, insecure=insecure) as client:
-        return [attach_and_refer(client, ref, env, material) for env, material in todo]
+        return attach_and_refer(client, ref, todo, trusted, str(path))
 
 
 def _material(path: Path, envelope: dsse.Envelope) -> dict[str, Any]:

@@ -1,13 +1,7 @@
-"""Which earlier attestations a new one replaces, and the lock that makes a read-modify-write of
-an image's attestations whole on one host.
-
-Admission controllers read every attestation of a predicate type attached to an image (Kyverno's
-image verifier refuses on the first whose conditions fail), so an earlier FAIL left beside a later
-PASS refuses the image for ever. A new imagegate statement therefore replaces, for the same
-subject, the earlier imagegate statements of the same predicate type and the same pipeline, as
-`cosign attest --replace` drops earlier layers of the same predicate type; an attestation this
-module cannot read as imagegate's (another tool's, another verifier's) or another pipeline's is
-never touched."""
+"""Which earlier attestations a new one supersedes, and the lock that makes a read-modify-write of
+an image's attestations whole on one host. The rules, and why, are in docs/attestations.md ("Who
+may replace what"): a write supersedes only what its writer can prove it superseded — the same
+signer, verified, imagegate's, the same subject, predicate type and pipeline, and older."""
 
 from __future__ import annotations
 
@@ -15,15 +9,27 @@ import contextlib
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+import posixpath
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Literal
 
+from imagegate.attest import dsse
+from imagegate.attest.keys import PublicKey
 from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
 from imagegate.attest.statement import PREDICATE_TYPE
-from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VERIFIER_ID, VSA_PREDICATE_TYPE
+from imagegate.attest.vsa import (
+    TEST_RESULT_PREDICATE_TYPE,
+    TIME_FIELD,
+    VERIFIER_ID,
+    VSA_PREDICATE_TYPE,
+)
+from imagegate.errors import NotVerified
+from imagegate.oci import untrusted_json
 
 PROBES_BUNDLE = "imagegate probes bundle"  # the test-result's second configuration entry
+MAX_STATEMENT_BYTES = 16 << 20  # as an attestation layer's cap
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,32 @@ class Replaced:
 
     def describe(self) -> str:
         return f"{self.where} ({_short(self.predicate_type)} {self.outcome})"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """An earlier statement of the new one's predicate type left where it is, and why."""
+
+    entry: Replaced
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.entry.describe()}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A statement whose envelope verified with a trusted key: the only kind written, and the
+    signer whose earlier word it may supersede."""
+
+    envelope: dsse.Envelope
+    statement: dict[str, Any]
+    signer: PublicKey
+
+
+class NewerThere(NotVerified):
+    """The statement is older than one of the same signer and pipeline already attached: an
+    attach never puts an earlier word back over a later one (exit 1, nothing written)."""
 
 
 def _short(predicate_type: str) -> str:
@@ -49,9 +81,20 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def canonical_pipeline(source: str) -> str:
+    """A pipeline's identity from how it was named: `builtin:NAME` as is (a bare built-in name
+    becomes that), a file's path normalised (`./p/x.yaml` and `p//x.yaml` are `p/x.yaml`). Not
+    its digest: an edited pipeline is the same pipeline, and its newer verdict must supersede."""
+    if source.startswith("builtin:"):
+        return source
+    if "/" not in source and not source.endswith((".yaml", ".yml")):
+        return f"builtin:{source}"
+    return posixpath.normpath(source.replace("\\", "/"))
+
+
 def pipeline_of(statement: Mapping[str, Any]) -> str | None:
-    """The pipeline an imagegate statement names (its source, else its name: what the VSA's
-    `policy.uri` says), or None when the statement is not recognisably imagegate's."""
+    """The pipeline identity of an imagegate statement (canonical_pipeline of its source, else its
+    name: what the VSA's `policy.uri` says), or None when it is not recognisably imagegate's."""
     kind = statement.get("predicateType")
     pred = _dict(statement.get("predicate"))
     named: Any = None
@@ -72,7 +115,42 @@ def pipeline_of(statement: Mapping[str, Any]) -> str | None:
             and all(c.get("name") == PROBES_BUNDLE for c in config[1:])
         ):
             named = config[0].get("name")
-    return named if isinstance(named, str) and named else None
+    return canonical_pipeline(named) if isinstance(named, str) and named else None
+
+
+def instant(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def when(statement: Mapping[str, Any]) -> datetime | None:
+    """When the word was said, the order of one signer's statements: an acceptance when its run
+    finished, an index statement when it was made (`finishedOn` both), a VSA and a test-result
+    as the statement they were signed beside (their TIME_FIELD; a VSA without it, as an earlier
+    imagegate wrote it, by `timeVerified`, the same instant for a run). None where the statement
+    says no time (an earlier imagegate's test-result): older than one that says a time, and a
+    new statement without one is never proven newer."""
+    kind = statement.get("predicateType")
+    pred = _dict(statement.get("predicate"))
+    if kind in (PREDICATE_TYPE, INDEX_PREDICATE_TYPE):
+        return instant(pred.get("finishedOn"))
+    if kind in (VSA_PREDICATE_TYPE, TEST_RESULT_PREDICATE_TYPE):
+        return instant(pred.get(TIME_FIELD) or pred.get("timeVerified"))
+    return None
+
+
+def newest_run(statement: Mapping[str, Any]) -> datetime | None:
+    """An index statement's newest platform run: one made later from older runs says less."""
+    runs = _dict(statement.get("predicate")).get("platforms")
+    found = (
+        [instant(e.get("finishedOn")) for e in runs if isinstance(e, dict)] if isinstance(runs, list) else []
+    )
+    return max((t for t in found if t is not None), default=None)
 
 
 def outcome(statement: Mapping[str, Any]) -> str:
@@ -81,17 +159,113 @@ def outcome(statement: Mapping[str, Any]) -> str:
     return str(said) if said else "?"
 
 
-def replaces(new: Mapping[str, Any], old: Mapping[str, Any], old_subjects: list[str], subject: str) -> bool:
-    """Whether `old` (whose subject digests are `old_subjects`) is an earlier imagegate statement
-    that `new` replaces for `subject`: both imagegate's, the same predicate type, the same
-    pipeline, and `old` about `subject`."""
-    pipeline = pipeline_of(new)
-    return (
-        pipeline is not None
-        and old.get("predicateType") == new.get("predicateType")
-        and pipeline_of(old) == pipeline
-        and subject in old_subjects
-    )
+def statement_of(envelope: dsse.Envelope) -> dict[str, Any] | None:
+    """The envelope's payload as a JSON object, or None."""
+    try:
+        st = untrusted_json.loads(envelope.payload, max_bytes=MAX_STATEMENT_BYTES)
+    except untrusted_json.UntrustedJSONError:
+        return None
+    return st if isinstance(st, dict) else None
+
+
+def subjects_of(statement: Mapping[str, Any]) -> list[str]:
+    """A statement's subject digests as `algorithm:hex` (malformed entries are skipped)."""
+    subjects = statement.get("subject")
+    out: list[str] = []
+    for s in subjects if isinstance(subjects, list) else []:
+        digests = s.get("digest") if isinstance(s, dict) else None
+        if isinstance(digests, dict):
+            out += [f"{a}:{h}" for a, h in digests.items()]
+    return out
+
+
+def verified(envelope: dsse.Envelope, trusted: Sequence[PublicKey], source: str) -> Signed:
+    """The new statement, checked before anything is written: its signature must verify with one
+    of `trusted` and its payload be an in-toto statement. NotVerified (exit 1) otherwise."""
+    signer = next((k for k in trusted if envelope.verified_by(k)), None)
+    if signer is None:
+        named = ", ".join(f"key {k.fingerprint}" for k in trusted) or "no key"
+        raise NotVerified(
+            f"{source}: its signature does not verify with {named}: signed with another key, or "
+            "changed after signing; nothing attached",
+            hint="pass the signer's public key: imagegate attach --key PUB ATTESTATION IMAGE",
+        )
+    statement = statement_of(envelope)
+    if statement is None or envelope.payload_type != dsse.INTOTO_PAYLOAD_TYPE:
+        raise NotVerified(f"{source}: not an in-toto statement; nothing attached")
+    return Signed(envelope, statement, signer)
+
+
+Action = Literal["replace", "keep", "newer", "same"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action  # replace it; keep it (why); it is newer (refuse the new); it is the new one
+    entry: Replaced
+    why: str = ""
+
+
+def decide(new: Signed, old: dsse.Envelope | None, subject: str, where: str) -> Decision | None:
+    """What `new` (about `subject`) does to an earlier `old` envelope found at `where`: None
+    when it is no statement of `new`'s predicate type (not ours to judge, nothing to say)."""
+    earlier = statement_of(old) if old is not None else None
+    kind = new.statement.get("predicateType")
+    if earlier is None or earlier.get("predicateType") != kind:
+        return None
+    assert old is not None
+    entry = Replaced(where, str(kind), outcome(earlier))
+    keep = _kept_because(new, old, earlier, subject)
+    if keep is not None:
+        return Decision("keep", entry, keep)
+    if old.payload == new.envelope.payload:
+        return Decision("same", entry)
+    then, now = when(earlier), when(new.statement)
+    if then is not None and then == now and outcome(earlier) == outcome(new.statement):
+        return Decision("replace", entry)  # the same word at the same instant, signed again
+    if now is None or (then is not None and then >= now) or _on_older_runs(new.statement, earlier):
+        return Decision("newer", entry, _said_when(then))
+    return Decision("replace", entry)
+
+
+def _on_older_runs(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """An index statement made later than `old` but from runs all older than `old`'s newest."""
+    if new.get("predicateType") != INDEX_PREDICATE_TYPE:
+        return False
+    mine, theirs = newest_run(new), newest_run(old)
+    return theirs is not None and (mine is None or mine < theirs)
+
+
+def _kept_because(new: Signed, old: dsse.Envelope, earlier: Mapping[str, Any], subject: str) -> str | None:
+    """Why an earlier statement of the same predicate type is not `new`'s to supersede, or None."""
+    pipeline = pipeline_of(earlier)
+    if pipeline is None:
+        return "another tool's statement"
+    if subject not in subjects_of(earlier):
+        return "about another image"
+    if pipeline != pipeline_of(new.statement):
+        return f"another pipeline's ({pipeline})"
+    if not old.verified_by(new.signer):
+        return f"not signed by key {new.signer.fingerprint}: another signer's word, or changed after signing"
+    return None
+
+
+def _said_when(moment: datetime | None) -> str:
+    return f"said {moment.isoformat()}" if moment is not None else "says no time"
+
+
+def refuse_if_newer(new: Signed, decisions: Sequence[Decision], source: str) -> None:
+    """NewerThere naming the same signer's later word for the pipeline, when there is one."""
+    newer = [d for d in decisions if d.action == "newer"]
+    if newer:
+        said = when(new.statement)
+        named = ", ".join(f"{d.entry.describe()}, {d.why}" for d in newer)
+        raise NewerThere(
+            f"{source} ({_short(str(new.statement.get('predicateType')))} {outcome(new.statement)}, "
+            f"{_said_when(said)}) is not newer than what key {new.signer.fingerprint} already "
+            f"attached for pipeline {pipeline_of(new.statement)}: {named}; nothing attached",
+            hint="an earlier verdict never replaces a later one: attach the latest attempt",
+        )
 
 
 def _lock_folder() -> str:

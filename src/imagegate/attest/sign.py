@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from imagegate.attest import bundle, dsse
-from imagegate.attest.keys import SigningKey
+from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.statement import canonical_json
 from imagegate.attest.vsa import build_test_result, build_vsa
 from imagegate.errors import UsageError
@@ -34,6 +34,7 @@ class Signed:
     standard: tuple[dsse.Envelope, ...] = ()
     # The Sigstore bundles' verificationMaterial (the key's hint): the referrer carries it.
     material: dict[str, Any] = field(default_factory=dict)
+    public: PublicKey | None = None  # the signing key's public half: what an attach verifies with
 
     @property
     def dsse_path(self) -> Path:
@@ -88,5 +89,10 @@ def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) 
         files.append(_create(attempt_dir / bundle_name, bundle.to_json(signed, key.public)))
         standard.append(signed)
     return Signed(
-        envelope, files, key.public.fingerprint, tuple(standard), bundle.verification_material(key.public)
+        envelope,
+        files,
+        key.public.fingerprint,
+        tuple(standard),
+        bundle.verification_material(key.public),
+        key.public,
     )

@@ -28,6 +28,7 @@ from imagegate.oci.digest import is_digest, short_digest
 
 if TYPE_CHECKING:  # imported where used: verifying a file never loads the registry layers
     from imagegate.attest import attach
+    from imagegate.attest.word import Scope
     from imagegate.oci.reference import Reference
 
 CheckOutcome = Literal["ok", "failed", "skipped"]
@@ -469,14 +470,20 @@ def verify(
     expect_verdict: str | None = None,
     predicate_type: str = PREDICATE_TYPE,
     insecure: bool = False,
+    scope: Scope | None = None,
 ) -> Report:
     """`imagegate verify`: the attestation file (its subject against `image` when given), or
-    without a file the attestations attached to `image` in its registry."""
+    without a file the attestations attached to `image` in its registry, read in `scope`."""
     if attestation is None:
         if image is None:
             raise UsageError("nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it")
         return verify_image(
-            image, trusted, expect_verdict=expect_verdict, predicate_type=predicate_type, insecure=insecure
+            image,
+            trusted,
+            expect_verdict=expect_verdict,
+            predicate_type=predicate_type,
+            insecure=insecure,
+            scope=scope,
         )
     name, digests = image_digests(image, insecure=insecure) if image else (None, [])
     return verify_file(
@@ -523,10 +530,13 @@ def verify_image(
     expect_verdict: str | None = None,
     predicate_type: str = PREDICATE_TYPE,
     insecure: bool = False,
+    scope: Scope | None = None,
 ) -> Report:
-    """Fetch the attestations attached to `image` in its registry and verify them: passes when
-    one of them, of our predicate type, passes every check."""
+    """Fetch the attestations attached to `image` in its registry and verify them: the word is
+    the one `attest/word.py` takes (only trusted statements; by default as strict as the shipped
+    ClusterPolicy), or, when none verifies, the one whose failures explain why."""
     from imagegate.attest import attach, referrers
+    from imagegate.attest.word import Scope, the_word
     from imagegate.oci.registry import RegistryError
 
     ref = attach.parse_image(image)
@@ -550,6 +560,7 @@ def verify_image(
         raise attach.not_found_anywhere(image, e) from e
     if not fetched:
         return _none_attached(image, ref, remote)
+    once = {f.envelope.payload: f for f in reversed(fetched)}  # one statement, in both places: once
     reports = [
         verify_envelope(
             f.envelope,
@@ -561,8 +572,9 @@ def verify_image(
             expect_verdict=expect_verdict,
         )
         for f in fetched
+        if once[f.envelope.payload] is f
     ]
-    chosen = choose(reports, predicate_type)
+    chosen = the_word(reports, scope or Scope()) or choose(reports, predicate_type)
     assert chosen is not None
     return chosen
 

@@ -23,6 +23,11 @@ TEST_RESULT_PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
 VERIFIER_ID = "https://imagegate.dev/verifier"
 # SLSA's VSA v1: producers may add extension fields "using field names that are URIs".
 RUN_FIELD = "https://imagegate.dev/attestations/vsa/run"
+# When the word of a VSA or test-result was said, for ordering one signer's statements
+# (attest/replace.py `when`): the `finishedOn` of the statement it was signed beside. A VSA's
+# `timeVerified` says an index's oldest run (what a freshness rule must read); a test-result has
+# no time of its own. An extension field as above; in-toto consumers ignore unknown fields.
+TIME_FIELD = "https://imagegate.dev/attestations/finishedOn"
 # verifiedLevels when verification failed, as the VSA v1 spec says it ("or FAILED if policy
 # verification failed"): never an empty list.
 FAILED_LEVELS = ["FAILED"]
@@ -165,8 +170,15 @@ def summary(
             "verifiedLevels": reached or FAILED_LEVELS,
             "slsaVersion": "1.0",
             RUN_FIELD: run,
+            TIME_FIELD: said_on(statement),
         },
     }
+
+
+def said_on(statement: Mapping[str, Any]) -> Any:
+    """The TIME_FIELD of the statements signed beside `statement`: its `finishedOn` (a run's
+    end; an index statement's making, after every run it rests on)."""
+    return (statement.get("predicate") or {}).get("finishedOn")
 
 
 def _result(pred: dict[str, Any]) -> str:
@@ -208,5 +220,6 @@ def build_test_result(statement: dict[str, Any]) -> dict[str, Any]:
             "passedTests": by_status.get("PASS", []),
             "warnedTests": by_status.get("DEFERRED", []),
             "failedTests": by_status.get("FAIL", []) + by_status.get("ERROR", []),
+            TIME_FIELD: said_on(statement),
         },
     }

@@ -82,6 +82,18 @@ class Verifying:
     )
     no_evidence: bool = Option(False, "--no-evidence", hidden=True)  # the earlier name
     predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect.")
+    pipeline: str | None = Option(
+        None,
+        "--pipeline",
+        metavar="PIPELINE",
+        help="With --image and no file: read only this pipeline's statements (a built-in name or the file path it ran with).",
+    )
+    max_age: str | None = Option(
+        None,
+        "--max-age",
+        metavar="AGE",
+        help="With --image and no file: refuse a statement said longer ago (e.g. 168h, 7d; 0: any age). Default 168h, the shipped policies' bound.",
+    )
     insecure: bool = _app.INSECURE
     timeout: float = _app.VERIFY_TIMEOUT
 
@@ -98,6 +110,10 @@ class Verifying:
     "file fails, named; --signature-only skips them), then the verdict: accepted as `run` "
     "exits on it (PASS, or a deferred verdict, whose levels are named; FAIL and ERROR are not; "
     "--require-complete refuses a deferred one; --expect-verdict V accepts V alone). "
+    "With --image and no file, the statements attached to the image are read as the shipped "
+    "ClusterPolicy reads them: only those that verify with a key given count, and every one of "
+    "them must accept the image and be no older than --max-age (168h); it judges the newest that "
+    "refuses, else the newest (--pipeline reads one pipeline's). "
     "Exit 0 when it verifies and is accepted, 1 naming what differs or the verdict refused, 2 "
     "when the registry could not be read (or --timeout passed), 3 for unreadable input."
 )
@@ -113,6 +129,7 @@ def verify(
     from imagegate.attest import keys
     from imagegate.attest.verify import accepts  # lazy: keeps CLI start-up fast
     from imagegate.attest.verify import verify as verify_attestation
+    from imagegate.attest.word import Scope
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
     from imagegate.report import console_attest
 
@@ -121,6 +138,12 @@ def verify(
         raise UsageError(
             "no public key to verify with", hint="pass --key PUB (repeatable) or --trusted-keys FILE"
         )
+    if (v.pipeline or v.max_age) and (attestation is not None or v.image is None):
+        raise UsageError(
+            "--pipeline and --max-age read the statements attached to an image",
+            hint="pass --image REF without an ATTESTATION file",
+        )
+    scope = Scope.of(v.pipeline, v.max_age)
     with _app.within(v.timeout):
         report = verify_attestation(
             attestation,
@@ -131,6 +154,7 @@ def verify(
             expect_verdict=v.expect_verdict,
             predicate_type=v.predicate_type,
             insecure=v.insecure,
+            scope=scope,
         )
     ok, conclusion = accepts(report, expect_verdict=v.expect_verdict, require_complete=v.require_complete)
     console_attest.render_verify(report, conclusion)
@@ -139,19 +163,22 @@ def verify(
 
 @app.command(
     epilog="Examples:\n\n"
-    "  imagegate attach runs/…/attestation.dsse.json 127.0.0.1:5000/team/vllm:0.11\n\n"
-    "  imagegate attach attestation.sigstore.json registry.example/team/vllm@sha256:…\n\n"
+    "  imagegate attach runs/…/attestation.dsse.json 127.0.0.1:5000/team/vllm:0.11 --key ci.pub\n\n"
+    "  imagegate attach attestation.sigstore.json registry.example/team/vllm@sha256:… --key ci.pub\n\n"
     "Pushes the attestation in both forms cosign reads: as cosign 2's `cosign attest --key`, tag "
     "sha256-<hex>.att in the image's repository, one DSSE layer per attestation; and as cosign 3's, "
     "an OCI 1.1 referrer of the image holding a Sigstore bundle (the referrers API, "
     "or the sha256-<hex> tag where the registry lacks it); the bundle names the signing key, so a "
     "bare .dsse.json needs the .sigstore.json imagegate wrote beside it. "
-    "An attempt's acceptance brings the VSA and test-result signed beside it. Each replaces, for "
-    "that image, the earlier imagegate statements of its type and pipeline (admission controllers "
-    "read every one), as `cosign attest --replace` does, and says which; another tool's and another "
-    "pipeline's stay. Exit 0 when attached, 1 when the registry refused to delete a replaced "
-    "referrer (named: controllers still read it), 3 for unreadable input. Registry "
-    "credentials come from the usual docker/podman auth files."
+    "An attempt's acceptance brings the VSA and test-result signed beside it. Each must verify "
+    "with a key given (--key, --trusted-keys), else nothing is written. Each supersedes, for that "
+    "image, only the earlier statements of its type and pipeline signed by the same key and older "
+    "(admission controllers read every one), and says which; another signer's, another tool's, "
+    "another pipeline's and any that does not verify stay, named with why. A statement older than "
+    "one its signer already attached for the pipeline is refused. Exit 0 when attached, 1 when "
+    "it does not verify, is older than what is there, or the registry refused to delete a "
+    "superseded referrer (named: controllers still read it), 2 when the registry could not be "
+    "read, 3 for unreadable input. Registry credentials come from the usual docker/podman auth files."
 )
 def attach(
     attestation: Path = Argument(
@@ -160,16 +187,33 @@ def attach(
     image: str = Argument(
         ..., help="The image in its registry; its digest must be the attestation's subject."
     ),
+    key: list[Path] = Option(
+        [],
+        "--key",
+        "-k",
+        metavar="PUB",
+        help="The signer's public key (PEM), repeatable: the attestation must verify with one of them.",
+    ),
+    trusted_keys: list[Path] = _app.TRUSTED_KEYS,
     insecure: bool = _app.INSECURE,
 ) -> None:
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""
+    from imagegate.attest import keys
     from imagegate.attest.attach import parse_image
     from imagegate.attest.referrers import attach_file  # lazy: keeps CLI start-up fast
+    from imagegate.errors import NotVerified
     from imagegate.model import EXIT_REJECTED
     from imagegate.report import console_attest
 
-    pairs = attach_file(attestation, image, insecure=insecure)
+    trusted = keys.trusted_keys(key, trusted_keys)
+    if not trusted:
+        raise NotVerified(
+            f"{attestation}: no public key to verify it with; nothing attached (only a statement "
+            "that verifies is written, and it supersedes only its own signer's earlier word)",
+            hint="pass the signer's public key: --key PUB (repeatable) or --trusted-keys FILE",
+        )
+    pairs = attach_file(attestation, image, trusted, insecure=insecure)
     for done, referred in pairs:
         console_attest.render_attached(done, referred)
     if any(done.replaced or referred.replaced for done, referred in pairs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,13 @@ def render_attached(done: Attached, referred: Referred) -> None:
     print(f"{said} {referred.manifest_digest}, listed by {referred.via}")
     for gone in (*done.replaced, *referred.replaced):
         print(f"  replaced {gone.describe()}")
+    for kept in (*done.kept, *referred.kept):
+        print(f"  kept {kept.describe()}")
+
+
+def kept(pairs: Sequence[tuple[Attached, Referred]]) -> list[str]:
+    """Each earlier statement of a new one's type that an attach left there, and why."""
+    return [k.describe() for done, referred in pairs for k in (*done.kept, *referred.kept)]
 
 
 REPLACED_KEPT = (
@@ -49,7 +57,7 @@ REPLACED_KEPT = (
 )
 
 
-def remaining(pairs: list[tuple[Attached, Referred]], repository: str) -> str | None:
+def remaining(pairs: Sequence[tuple[Attached, Referred]], repository: str) -> str | None:
     """What an attach leaves that it should have replaced (a registry that refuses deletion), as
     the message that goes with exit 1; None when nothing is left."""
     left = [gone for _, referred in pairs for gone in referred.remaining]
