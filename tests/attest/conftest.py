@@ -102,8 +102,6 @@ def signed(attempt: Path, keypair: tuple[Path, Path]) -> sign.Signed:
     return sign.sign_attempt(attempt, statement_of(attempt), keys.load_signing_key(keypair[0]))
 
 
-# A real registry (Debian's docker-registry on 127.0.0.1, no auth) and an image pushed to it by
-# the real Docker engine, per test module.
 def pub_of(key: keys.SigningKey, folder: Path) -> Path:
     """The key's public half in a file under `folder`: what `attach --key` and `verify --key` read."""
     path = folder / f"signer-{hashlib.sha256(key.public.pem).hexdigest()[:12]}.pub"
@@ -124,6 +122,8 @@ def said_now() -> tuple[str, str]:
     return (end - datetime.timedelta(seconds=1)).strftime(fmt), end.strftime(fmt)
 
 
+# A real registry (Debian's docker-registry on 127.0.0.1, no auth) and an image pushed to it by
+# the real Docker engine, per test module.
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

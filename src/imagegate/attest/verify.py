@@ -574,7 +574,17 @@ def verify_image(
         for f in fetched
         if once[f.envelope.payload] is f
     ]
-    chosen = the_word(reports, scope or Scope()) or choose(reports, predicate_type)
+    scope = scope or Scope()
+    chosen = the_word(reports, scope)
+    if chosen is None and scope.pipeline is not None:
+        chosen = Report(f"{ref.registry}/{ref.repository}@{remote.digests[0]}")
+        chosen.add(
+            "attestation",
+            "failed",
+            f"none of the {len(reports)} statement(s) attached is pipeline {scope.pipeline}'s and "
+            "verifies with the keys given",
+        )
+    chosen = chosen or choose(reports, predicate_type)
     assert chosen is not None
     return chosen
 
