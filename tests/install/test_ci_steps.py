@@ -157,10 +157,11 @@ def _check_jsonschema(schema: str, path: Path) -> subprocess.CompletedProcess[st
 
 
 def _with_a_job(template: dict[str, Any]) -> dict[str, Any]:
-    """The template with a job that extends its hidden job, as GitLab resolves it: the schema
-    leaves hidden keys (`.imagegate`) unchecked, so the job a user gets is what is checked."""
+    """The template with a job that extends each hidden job, as GitLab resolves it: the schema
+    leaves hidden keys (`.imagegate`) unchecked, so the jobs a user gets are what is checked."""
     job = resolve_job(GITLAB, {"extends": ".imagegate", "variables": {"IMAGEGATE_IMAGE": "app:1"}})
-    return {**template, "gate-image": job}
+    dind = resolve_job(GITLAB, {"extends": ".imagegate-dind", "variables": {"IMAGEGATE_IMAGE": "app:1"}})
+    return {**template, "gate-image": job, "gate-image-dind": dind}
 
 
 @pytest.mark.parametrize(
@@ -177,7 +178,7 @@ def _with_a_job(template: dict[str, Any]) -> dict[str, Any]:
             "vendor.gitlab-ci",
             GITLAB,
             _with_a_job,
-            lambda d: d["gate-image"]["artifacts"].update(when="sometimes"),
+            lambda d: d["gate-image-dind"]["services"][0].update(alias=["docker"]),
         ),
     ],
 )
