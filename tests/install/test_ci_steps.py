@@ -68,13 +68,19 @@ class KeyPair:
     pub: Path
 
 
+def _keygen(prefix: Path, password: str = "") -> KeyPair:
+    env = {**os.environ, "IMAGEGATE_KEY_PASSWORD": password}
+    made = subprocess.run(
+        [str(IMAGEGATE), "keygen", "--out", str(prefix)], capture_output=True, text=True, env=env
+    )
+    assert made.returncode == 0, made.stderr
+    return KeyPair(prefix.with_suffix(".key"), prefix.with_suffix(".pub"))
+
+
 @pytest.fixture(scope="module")
 def ci_key(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
     """The CI's signing key, made as its user makes it (imagegate keygen)."""
-    prefix = tmp_path_factory.mktemp("ci-key") / "ci"
-    made = subprocess.run([str(IMAGEGATE), "keygen", "--out", str(prefix)], capture_output=True, text=True)
-    assert made.returncode == 0, made.stderr
-    return KeyPair(prefix.with_suffix(".key"), prefix.with_suffix(".pub"))
+    return _keygen(tmp_path_factory.mktemp("ci-key") / "ci")
 
 
 @dataclass(frozen=True)
@@ -438,7 +444,7 @@ def test_the_action_through_act_refuses_without_a_key_and_signs_with_one(
     ]
     signed = json.loads((results / "signed.json").read_text())
     assert signed["OUTCOME"] == "success" and signed["EXIT"] == "0" and signed["SIGNED"] == "true", signed
-    assert ci_key.key.read_text().splitlines()[1] not in run.log  # act masks the secret
+    assert ci_key.key.read_text().splitlines()[1] not in run.log  # the key's text is in no log
     # The job's workspace is gone with it: what is left is the artifact, here the stand-in's copy
     # (the reports and the evidence), and its attestation verifies.
     _verifies(artifacts / "imagegate" / signed["ATTEMPT"], ci_key.pub)
@@ -448,7 +454,10 @@ def test_the_action_through_act_refuses_without_a_key_and_signs_with_one(
 # ---- the GitLab CI template -------------------------------------------------------------------
 
 
-def _gitlab(tmp_path: Path, key: KeyPair | None, **variables: str) -> tuple[GitLabJob, Path]:
+def _gitlab(
+    tmp_path: Path, key: KeyPair | None, settings: dict[str, str] | None = None, **variables: str
+) -> tuple[GitLabJob, Path]:
+    """`settings`: CI/CD variables of the project's settings (raw: not expanded), beside the job's."""
     project = tmp_path / "project"
     project.mkdir(parents=True, exist_ok=True)
     # A runner with the host's engine, not Docker in Docker: the job sets DOCKER_HOST and the docker
@@ -458,7 +467,7 @@ def _gitlab(tmp_path: Path, key: KeyPair | None, **variables: str) -> tuple[GitL
         "extends": ".imagegate",
         "variables": {"DOCKER_HOST": DOCKER_SOCK, "IMAGEGATE_DRIVER": "docker", **signing, **variables},
     }
-    return run_gitlab_job(GITLAB, job, project, _env()), project
+    return run_gitlab_job(GITLAB, job, project, {**_env(), **(settings or {})}), project
 
 
 def _dotenv(path: Path) -> dict[str, str]:
@@ -625,6 +634,35 @@ def test_the_tekton_task_logs_in_with_the_docker_config_workspace(
     assert not list(evidence.rglob("config.json")) and not list(evidence.rglob(".dockerconfigjson"))
     step, _ = _tekton(tmp_path / "none", None, **params)
     assert step.returncode != 0 and step.results["verdict"] == "", step.output
+
+
+@pytest.mark.engine
+def test_a_key_with_a_passphrase_signs_in_each_step(images: dict[str, str], tmp_path: Path) -> None:
+    """The passphrase as each platform keeps it: the Action's signing-key-password input (a
+    secret), GitLab's masked IMAGEGATE_KEY_PASSWORD variable, the `password` file of Tekton's
+    signing-key Secret; a wrong one fails the step before the run."""
+    password = "a passphrase; not $HOME"
+    key = _keygen(tmp_path / "locked", password)
+    run, workspace = _action(
+        tmp_path / "action", image=images["python"], imagegate=str(IMAGEGATE),
+        **{"signing-key": key.key.read_text(), "signing-key-password": password},
+    )  # fmt: skip
+    assert run.outcome == "success" and run.outputs["signed"] == "true", run.log
+    _verifies(workspace / run.outputs["attempt"], key.pub)
+    job, project = _gitlab(
+        tmp_path / "gitlab", key, {"IMAGEGATE_KEY_PASSWORD": password}, IMAGEGATE_IMAGE=images["python"],
+        IMAGEGATE_BIN=str(IMAGEGATE),
+    )  # fmt: skip
+    assert job.returncode == 0, job.output
+    _verifies(project / _dotenv(project / "imagegate.env")["IMAGEGATE_ATTEMPT"], key.pub)
+    (tmp_path / "tekton" / "signing-key").mkdir(parents=True)
+    (tmp_path / "tekton" / "signing-key" / "password").write_text(password)
+    step, evidence = _tekton(tmp_path / "tekton", key, image=images["python"], imagegate=str(IMAGEGATE))
+    assert step.returncode == 0 and step.results["signed"] == "true", step.output
+    _verifies(evidence / step.results["attempt"], key.pub)
+    (tmp_path / "tekton" / "signing-key" / "password").write_text("not it")
+    step, evidence = _tekton(tmp_path / "tekton", key, image=images["python"], imagegate=str(IMAGEGATE))
+    assert step.returncode == 3 and step.results["verdict"] == "", step.output
 
 
 # ---- pinned images, no engine without TLS, constraints ------------------------------------------
