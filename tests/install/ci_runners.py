@@ -303,9 +303,9 @@ class GitLabJob:
 
 
 def resolve_job(template: Path, job: Mapping[str, Any]) -> dict[str, Any]:
-    """The job after `extends:` (one hidden job of the template): keys merged, mappings deeply,
-    as GitLab merges them."""
-    hidden = yaml.safe_load(template.read_text())[job["extends"]]
+    """The job after `extends:` (a hidden job of the template, which may extend another): keys
+    merged, mappings deeply, the nearest job winning, as GitLab merges them."""
+    jobs = yaml.safe_load(template.read_text())
 
     def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(base)
@@ -313,7 +313,11 @@ def resolve_job(template: Path, job: Mapping[str, Any]) -> dict[str, Any]:
             out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
         return out
 
-    return merge(hidden, {k: v for k, v in job.items() if k != "extends"})
+    def resolved(one: Mapping[str, Any]) -> dict[str, Any]:
+        own = {k: v for k, v in one.items() if k != "extends"}
+        return merge(resolved(jobs[one["extends"]]), own) if "extends" in one else own
+
+    return resolved(job)
 
 
 def run_gitlab_job(

@@ -47,7 +47,7 @@ from tests.install.ci_runners import (
     run_tekton_step,
     task_references,
 )
-from tests.oci.infra import sh, skopeo, start_registry
+from tests.oci.infra import free_port, sh, skopeo, start_registry, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTION = ROOT / "action.yml"
@@ -547,6 +547,134 @@ def test_the_gitlab_job_logs_in_with_the_jobs_own_registry_credentials(
     assert not list(project.rglob("config.json"))  # the credentials are no artifact
     job, _ = _gitlab(tmp_path / "none", None, **common)
     assert job.returncode != 0 and ("401" in job.output or "unauthorized" in job.output.lower()), job.output
+
+
+@dataclass(frozen=True)
+class TLSEngine:
+    host: str  # tcp://127.0.0.1:PORT, TLS with client certificates required
+    client: Path  # ca.pem, cert.pem, key.pem: what Docker in Docker writes in /certs/client
+
+
+def _certificates(d: Path) -> Path:
+    """A CA, the engine's certificate for 127.0.0.1 (d/server-*.pem) and a client's, as dockerd's
+    TLS mode wants them (openssl); the client's three files in d/client, as dind writes them."""
+    client = d / "client"
+    client.mkdir(parents=True)
+    new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    sh("openssl", "req", "-x509", *new_key, "-keyout", str(d / "ca-key.pem"), "-out", str(d / "ca.pem"),
+       "-days", "1", "-subj", "/CN=imagegate test CA")  # fmt: skip
+    signed = {
+        "server": (d / "server-key.pem", d / "server-cert.pem", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        "client": (client / "key.pem", client / "cert.pem", "extendedKeyUsage=clientAuth"),
+    }  # fmt: skip
+    for name, (key, cert, extensions) in signed.items():
+        (d / f"{name}.ext").write_text(extensions + "\n")
+        sh(
+            "openssl",
+            "req",
+            *new_key,
+            "-keyout",
+            str(key),
+            "-out",
+            str(d / f"{name}.csr"),
+            "-subj",
+            f"/CN={name}",
+        )
+        sh("openssl", "x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
+           "-CAkey", str(d / "ca-key.pem"), "-CAcreateserial", "-days", "1", "-extfile", str(d / f"{name}.ext"),
+           "-out", str(cert))  # fmt: skip
+    shutil.copy(d / "ca.pem", client / "ca.pem")
+    return client
+
+
+@pytest.fixture(scope="module")
+def tls_engine(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSEngine]:
+    """A STAND-IN for the template's docker:dind service, whose image cannot be pulled here: a
+    dockerd of its own on 127.0.0.1 in TLS mode (client certificates verified), as the dind
+    image starts when DOCKER_TLS_CERTDIR is set, with the python test image loaded into it. No
+    bridge, no iptables: it leaves the machine's network alone; stopped by its PID."""
+    d = tmp_path_factory.mktemp("tls-engine")
+    client = _certificates(d / "certs")
+    host, sock = f"tcp://127.0.0.1:{free_port()}", f"unix://{d / 'engine.sock'}"
+    log = open(d / "dockerd.log", "wb")  # noqa: SIM115  (dockerd writes it until stopped)
+    engine = subprocess.Popen(
+        ["dockerd", "--data-root", str(d / "data"), "--exec-root", str(d / "exec"), "--pidfile", str(d / "pid"),
+         "-H", sock, "-H", host, "--tlsverify", "--tlscacert", str(d / "certs" / "ca.pem"),
+         "--tlscert", str(d / "certs" / "server-cert.pem"), "--tlskey", str(d / "certs" / "server-key.pem"),
+         "--bridge", "none", "--iptables=false", "--ip6tables=false"],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    try:
+        assert wait_for(
+            lambda: subprocess.run(["docker", "-H", sock, "version"], capture_output=True).returncode == 0, 60
+        ), (d / "dockerd.log").read_text()[-3000:]
+        saved = subprocess.Popen(
+            ["docker", "-H", DOCKER_SOCK, "save", images["python"]], stdout=subprocess.PIPE
+        )
+        loaded = subprocess.run(
+            ["docker", "-H", sock, "load", "-q"], stdin=saved.stdout, capture_output=True, text=True
+        )
+        assert saved.wait() == 0 and loaded.returncode == 0, loaded.stderr
+        yield TLSEngine(host, client)
+    finally:
+        engine.terminate()
+        engine.wait(timeout=60)
+        log.close()
+        subprocess.run(["rm", "-rf", str(d / "data"), str(d / "exec")], check=False)
+
+
+@pytest.mark.engine
+def test_the_dind_job_and_the_tasks_tcp_engine_are_reached_over_tls_alone(
+    tls_engine: TLSEngine, images: dict[str, str], ci_key: KeyPair, tmp_path: Path
+) -> None:
+    """`.imagegate-dind`'s variables as written (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH where the
+    service's client certificates are shared), only the address and the folder moved to the
+    stand-in's: the docker driver accepts the image through the engine's TLS port; the same
+    engine without the client's certificates answers nothing. The Task's docker-host and
+    docker-tls workspace reach it the same way."""
+    where = {"DOCKER_HOST": tls_engine.host, "DOCKER_CERT_PATH": str(tls_engine.client)}
+    spec = {"extends": ".imagegate-dind", "variables": {
+        **where, "IMAGEGATE_IMAGE": images["python"], "IMAGEGATE_BIN": str(IMAGEGATE),
+        "IMAGEGATE_SIGNING_KEY": str(ci_key.key)}}  # fmt: skip
+    # requests lets REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE replace the engine's CA (DOCKER_CERT_PATH's
+    # ca.pem) when they are set, as on this machine; a job's python image sets neither.
+    env = {
+        k: v for k, v in _env().items() if k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "DOCKER_HOST")
+    }
+    (tmp_path / "tls" / "project").mkdir(parents=True)
+    job = run_gitlab_job(GITLAB, spec, tmp_path / "tls" / "project", env)
+    assert (
+        job.job["variables"]["DOCKER_TLS_VERIFY"] == "1"
+        and job.job["variables"]["IMAGEGATE_DRIVER"] == "docker"
+    )
+    assert job.returncode == 0, job.output
+    attempt = (
+        tmp_path
+        / "tls"
+        / "project"
+        / _dotenv(tmp_path / "tls" / "project" / "imagegate.env")["IMAGEGATE_ATTEMPT"]
+    )
+    _verifies(attempt, ci_key.pub)
+    spec["variables"].update(DOCKER_TLS_VERIFY="", DOCKER_CERT_PATH="")
+    (tmp_path / "plain" / "project").mkdir(parents=True)
+    job = run_gitlab_job(GITLAB, spec, tmp_path / "plain" / "project", env)
+    assert job.returncode != 0 and "verdict none" in job.output, job.output
+    assert "Client sent an HTTP request to an HTTPS server" in job.output  # the engine's refusal
+    # The Task's docker-host on TCP, its client certificates from the docker-tls workspace.
+    evidence, secret = tmp_path / "tekton" / "evidence", tmp_path / "tekton" / "signing-key"
+    evidence.mkdir(parents=True)
+    secret.mkdir()
+    shutil.copy(ci_key.key, secret / "imagegate.key")
+    params = {
+        "image": images["python"],
+        "imagegate": str(IMAGEGATE),
+        "driver": "docker",
+        "docker-host": tls_engine.host,
+    }
+    workspaces = {"evidence": evidence, "signing-key": secret, "docker-tls": tls_engine.client}
+    step = run_tekton_step(TEKTON, params, workspaces, tmp_path / "tekton" / "run", env)
+    assert step.returncode == 0 and step.results["verdict"] == "PASS", step.output
+    _verifies(evidence / step.results["attempt"], ci_key.pub)
 
 
 # ---- the Tekton Task --------------------------------------------------------------------------
