@@ -9,12 +9,14 @@ version and build, every case, step and each tool's answer, and where they disag
 Each tool is the `tool` of a small Go module under tests/consumers/TOOL (go.mod pins its
 version, in one place: the require line; Kyverno's and policy-controller's replace lines are
 theirs, which is why `go install module@version` cannot build them). A build goes into
-${XDG_CACHE_HOME:-~/.cache}/imagegate/consumers/TOOL-VERSION/ (bin/, and the module and build
-caches beside it), so a second run, from any clone on the machine, builds nothing.
+${XDG_CACHE_HOME:-~/.cache}/imagegate/consumers/TOOL-VERSION/ (bin/ and build.json), so a second
+run, from any clone on the machine, builds nothing; every tool shares one Go module and build
+cache (consumers/go/), since their modules overlap. act (nektos/act, GitHub Actions' runner,
+which tests/install runs the Action with) is built the same way.
 
 Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
   build             build (or find) the three tools; print each one's path, build time and size
-  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller; repeatable)
+  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act; repeatable)
   run               build, then run every case and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of policies/kyverno-clusterpolicy.yaml
                     (repeat for several; each is judged on its own); its placeholders are those
@@ -68,6 +70,9 @@ from tests.policies.test_pod_shapes import CPU_SHAPES, GPU_ROUTES, IMAGE  # noqa
 RECORDS = ROOT / "benchmarks" / "records"
 # One toolchain for every build, whatever Go the machine has: the builds do not change with it.
 TOOLCHAIN = "go1.27.3"
+# The toolchain's own zip on the Go module proxy (the sha256 of the file `go` fetched and checked
+# against sum.golang.org), for a machine with no Go at all: a fresh CI machine.
+TOOLCHAIN_ZIP_SHA256 = {"linux-amd64": "af4c06478303fdd1bfb335fab86c7ccb9b12e529044a946a16a1c4bcc779f8d7"}
 EXAMPLE_REGISTRY = "registry.example/"
 
 
@@ -95,8 +100,7 @@ class Tool:
 
     @property
     def cache(self) -> Path:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        return base / "imagegate" / "consumers" / f"{self.name}-{self.version}"
+        return CACHE / f"{self.name}-{self.version}"
 
     def stamp(self) -> str:
         """What the build depends on: the module's go.mod and go.sum, and the toolchain."""
@@ -106,11 +110,18 @@ class Tool:
         return h.hexdigest()
 
 
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "imagegate" / "consumers"
+# One module and build cache for every tool: their dependencies overlap (a second tool's build
+# reuses most of the first's), and the disk holds one copy.
+GO_CACHE = CACHE / "go"
+
 TOOLS = (
     Tool("cosign", "github.com/sigstore/cosign/v3", "cosign"),
     Tool("kyverno", "github.com/kyverno/kyverno", "kubectl-kyverno"),
     Tool("policy-controller", "github.com/sigstore/policy-controller", "tester"),
 )
+# Not a consumer: the runner the GitHub Action is tested with (tests/install/test_ci_steps.py).
+ACT = Tool("act", "github.com/nektos/act", "act")
 
 
 def _size(path: Path) -> int:
@@ -126,22 +137,21 @@ def build(tool: Tool) -> dict[str, Any]:
         info: dict[str, Any] = json.loads(info_file.read_text())
         if info.get("stamp") == tool.stamp():
             return {**info, "cached": True}
-    if shutil.which("go") is None:
-        raise SystemExit("consumers: no `go` on PATH; install Go (any release; it fetches " + TOOLCHAIN + ")")
+    go = _go()
     env = {
         **os.environ,
         "GOBIN": str(tool.cache / "bin"),
-        "GOMODCACHE": str(tool.cache / "gomod"),
-        "GOCACHE": str(tool.cache / "gocache"),
+        "GOMODCACHE": str(GO_CACHE / "mod"),
+        "GOCACHE": str(GO_CACHE / "build"),
         "GOTOOLCHAIN": TOOLCHAIN,
         "GOFLAGS": "-buildvcs=false -mod=readonly",
     }
     # A build cache left by an earlier build (of another toolchain or version) makes this one
     # cheaper than a bare one: its size before is said in the record.
-    before = _size(tool.cache / "gocache") if (tool.cache / "gocache").is_dir() else 0
+    before = _size(GO_CACHE / "build") if (GO_CACHE / "build").is_dir() else 0
     load = os.getloadavg()[0]
     start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run(["go", "install", "tool"], cwd=tool.folder, env=env, capture_output=True, text=True)
+    p = subprocess.run([go, "install", "tool"], cwd=tool.folder, env=env, capture_output=True, text=True)
     seconds = round(time.monotonic() - start, 1)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
@@ -155,13 +165,55 @@ def build(tool: Tool) -> dict[str, Any]:
         "cpu_seconds": round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1),
         "gocache_bytes_before": before,
         "binary_bytes": exe.stat().st_size,
-        "cache_bytes": _size(tool.cache),
+        "cache_bytes": _size(GO_CACHE),
         "cores": os.cpu_count(),
         "load": load,
         "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     info_file.write_text(json.dumps(info, indent=1) + "\n")
     return {**info, "cached": False}
+
+
+def _go() -> str:
+    """`go` on PATH, else the pinned toolchain itself from the Go module proxy (its zip checked
+    against TOOLCHAIN_ZIP_SHA256), unpacked beside the shared caches: a fresh machine needs no Go."""
+    found = shutil.which("go")
+    if found:
+        return found
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    platform = f"{sys.platform}-{arch}"
+    version = f"v0.0.1-{TOOLCHAIN}.{platform}"
+    root = GO_CACHE / "toolchain" / version
+    go = root / "bin" / "go"
+    if go.exists():
+        return str(go)
+    if platform not in TOOLCHAIN_ZIP_SHA256:
+        raise SystemExit(f"consumers: no `go` on PATH, and no pinned {TOOLCHAIN} for {platform}; install Go")
+    import io
+    import zipfile
+
+    import httpx
+
+    proxy = os.environ.get("GOPROXY", "https://proxy.golang.org").split(",")[0]
+    data = httpx.get(f"{proxy}/golang.org/toolchain/@v/{version}.zip", timeout=600, follow_redirects=True)
+    data.raise_for_status()
+    got = hashlib.sha256(data.content).hexdigest()
+    if got != TOOLCHAIN_ZIP_SHA256[platform]:
+        raise SystemExit(
+            f"consumers: {TOOLCHAIN} from {proxy} has sha256 {got}, not the pinned one; not used"
+        )
+    prefix = f"golang.org/toolchain@{version}/"
+    with zipfile.ZipFile(io.BytesIO(data.content)) as z:
+        for info in z.infolist():
+            if info.is_dir() or not info.filename.startswith(prefix):
+                continue
+            out = root / info.filename.removeprefix(prefix)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(z.read(info))
+            # Module zips keep no file modes: the commands are made executable, as `go` does.
+            tool = out.parent.name == "bin" or out.parent.parent.name == "tool"
+            out.chmod(0o755 if tool else 0o644)
+    return str(go)
 
 
 def exe(tool: Tool) -> str:
@@ -568,7 +620,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", nargs="?", choices=("build", "run"), default="run")
     parser.add_argument("--kyverno-policy", action="append", type=Path, default=None)
-    parser.add_argument("--tool", action="append", choices=[t.name for t in TOOLS], help="build only these")
+    parser.add_argument(
+        "--tool", action="append", choices=[t.name for t in (*TOOLS, ACT)], help="build only these"
+    )
     args = parser.parse_args()
     policies = [p.resolve() for p in (args.kyverno_policy or [KYVERNO])]
     for p in policies:
@@ -580,8 +634,8 @@ def main() -> int:
     # The tree as it starts: what ran is the code read then.
     commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain"))
     tools = {}
-    for tool in TOOLS:
-        if args.tool and tool.name not in args.tool:
+    for tool in (*TOOLS, ACT):
+        if (args.tool and tool.name not in args.tool) or (tool is ACT and not args.tool):
             continue
         tools[tool.name] = info = build(tool)
         print(

@@ -16,10 +16,17 @@ runner does, on this machine, against the real engine.
 - `run_tekton_step`: a Task's step. `$(params.x)` (defaults applied), `$(results.x.path)`,
   `$(workspaces.x.path)` and `$(workspaces.x.bound)` are substituted in its env, workingDir and
   script, as Tekton does before the Pod starts; a reference to anything the Task does not declare
-  is refused, as Tekton's admission webhook refuses it; the script runs by its shebang."""
+  is refused, as Tekton's admission webhook refuses it; the script runs by its shebang.
+- `Container`: a STAND-IN for the image GitLab's job or Tekton's step starts in (python:…-slim,
+  which cannot be pulled here): the job's script runs in `docker run` of a Debian root made with
+  mmdebstrap, with the options the runner's config gives the job's container.
+
+The GitHub Action also runs through the real runner: `run_act`, nektos/act on this machine's
+shell, with the remote actions it uses taken from local folders (github.com cannot be reached)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping
@@ -28,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.helpers import DOCKER_SOCK
 
 # ---- GitHub Actions -------------------------------------------------------------------------
 
@@ -220,6 +229,63 @@ def run_action(action: Path, inputs: Mapping[str, str], workspace: Path, env: Ma
     return ActionRun(status, outputs, context["steps"], uses, summary.read_text(), "\n".join(log))
 
 
+# ---- act: GitHub Actions' runner on this machine -------------------------------------------------
+
+
+@dataclass
+class ActRun:
+    returncode: int
+    log: str
+    home: Path  # act's HOME: its caches and each job's workspace are under it
+
+
+def run_act(
+    act: str, workflow: str, work: Path, local: Mapping[str, Path], secrets: Mapping[str, str]
+) -> ActRun:
+    """Run `workflow` (a workflow's YAML, on push) with nektos/act in `work`, every job on this
+    machine's own shell (`-P ubuntu-latest=-self-hosted`: no runner image to pull); each action
+    `local` names (OWNER/NAME@REF) comes from its folder in place of github.com, and nothing is
+    fetched (--action-offline-mode)."""
+    repo, home = work / "repo", work / "home"
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    home.mkdir()
+    (repo / ".github" / "workflows" / "test.yml").write_text(workflow)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)  # act reads the event's repository
+    argv = [act, "push", "-C", str(repo), "-P", "ubuntu-latest=-self-hosted", "--action-offline-mode"]
+    argv += [a for name, folder in local.items() for a in ("--local-repository", f"{name}={folder}")]
+    argv += [a for name, value in secrets.items() for a in ("-s", f"{name}={value}")]
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "DOCKER_HOST": DOCKER_SOCK}
+    p = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    return ActRun(p.returncode, p.stdout + p.stderr, home)
+
+
+# ---- a job's image -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Container:
+    """A STAND-IN for the image a job or step would start in, which cannot be pulled here:
+    `docker run` of a local `image` (a Debian root made with mmdebstrap), with `options` (what
+    the runner's config gives the job's container) and each of `mounts` at its own path, so the
+    paths in the job's variables hold inside as outside. Only the job's variables reach it."""
+
+    image: str
+    options: tuple[str, ...] = ()
+    mounts: tuple[Path, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)  # the runner's own, beside the job's
+
+    def run(
+        self, argv: list[str], env: Mapping[str, str], cwd: Path | str
+    ) -> subprocess.CompletedProcess[str]:
+        docker = ["docker", "run", "--rm", "-w", str(cwd), *self.options]
+        docker += [a for m in self.mounts for a in ("-v", f"{m}:{m}")]
+        docker += [a for k, v in {**self.env, **env}.items() for a in ("-e", f"{k}={v}")]
+        return subprocess.run(
+            [*docker, self.image, *argv], capture_output=True, text=True, timeout=1200,
+            env={**os.environ, "DOCKER_HOST": DOCKER_SOCK},
+        )  # fmt: skip
+
+
 # ---- GitLab CI ---------------------------------------------------------------------------------
 
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
@@ -237,9 +303,9 @@ class GitLabJob:
 
 
 def resolve_job(template: Path, job: Mapping[str, Any]) -> dict[str, Any]:
-    """The job after `extends:` (one hidden job of the template): keys merged, mappings deeply,
-    as GitLab merges them."""
-    hidden = yaml.safe_load(template.read_text())[job["extends"]]
+    """The job after `extends:` (a hidden job of the template, which may extend another): keys
+    merged, mappings deeply, the nearest job winning, as GitLab merges them."""
+    jobs = yaml.safe_load(template.read_text())
 
     def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(base)
@@ -247,11 +313,19 @@ def resolve_job(template: Path, job: Mapping[str, Any]) -> dict[str, Any]:
             out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
         return out
 
-    return merge(hidden, {k: v for k, v in job.items() if k != "extends"})
+    def resolved(one: Mapping[str, Any]) -> dict[str, Any]:
+        own = {k: v for k, v in one.items() if k != "extends"}
+        return merge(resolved(jobs[one["extends"]]), own) if "extends" in one else own
+
+    return resolved(job)
 
 
 def run_gitlab_job(
-    template: Path, job: Mapping[str, Any], project_dir: Path, env: Mapping[str, str]
+    template: Path,
+    job: Mapping[str, Any],
+    project_dir: Path,
+    env: Mapping[str, str],
+    container: Container | None = None,
 ) -> GitLabJob:
     resolved = resolve_job(template, job)
     predefined = {
@@ -263,10 +337,11 @@ def run_gitlab_job(
     for k, v in (resolved.get("variables") or {}).items():
         variables[k] = _expand(str(v["value"] if isinstance(v, Mapping) else v), variables)
     script = "set -eo pipefail\nset +o noclobber\n" + "\n".join(resolved["script"]) + "\n"
-    p = subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", script], cwd=project_dir, env=variables,
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+    argv = ["bash", "--noprofile", "--norc", "-c", script]
+    if container is not None:
+        p = container.run(argv, variables, project_dir)
+    else:
+        p = subprocess.run(argv, cwd=project_dir, env=variables, capture_output=True, text=True, timeout=1200)
     return GitLabJob(p.returncode, p.stdout + p.stderr, resolved)
 
 
@@ -300,6 +375,7 @@ def run_tekton_step(
     workspaces: Mapping[str, Path | None],
     root: Path,
     env: Mapping[str, str],
+    container: Container | None = None,
 ) -> TektonStep:
     """Run the Task's only step here: `workspaces` maps each declared workspace to a folder (None:
     an optional one left unbound), results go to root/results/<name>."""
@@ -338,9 +414,12 @@ def run_tekton_step(
     script.chmod(0o755)
     assert step["script"].startswith("#!"), "the script names its interpreter, as Tekton runs it"
     step_env = {e["name"]: sub(str(e.get("value", ""))) for e in step.get("env", [])}
-    p = subprocess.run(
-        [str(script)], cwd=sub(step.get("workingDir", str(root))), env={**env, **step_env},
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+    cwd = sub(step.get("workingDir", str(root)))
+    if container is not None:
+        p = container.run([str(script)], {**env, **step_env}, cwd)
+    else:
+        p = subprocess.run(
+            [str(script)], cwd=cwd, env={**env, **step_env}, capture_output=True, text=True, timeout=1200
+        )
     got = {f.name: f.read_text() for f in results.iterdir()}
     return TektonStep(p.returncode, p.stdout + p.stderr, got)
