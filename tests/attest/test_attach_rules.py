@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from imagegate.attest import attach, bundle, dsse, keys, referrers, replace, sign
@@ -219,3 +220,44 @@ def test_where_the_registry_indexes_referrers_a_superseded_one_is_deleted_and_a_
         ((_, referred),) = _attach(fronted, _said(fronted, "PASS", 12))
         assert referred.via == referrers.API and [r.outcome for r in referred.replaced] == ["FAIL"]
         assert sorted(_there(fronted)["referrers"]) == ["A:PASS", "B:FAIL"]
+
+
+def test_what_an_attach_says_names_the_manifest_digest_and_what_was_pushed(reg: str) -> None:
+    ref, other = _image(reg), _image(reg)
+    ((done, _),) = _attach(ref, _said(ref, "PASS", 10))
+    assert (
+        done.reference == f"{reg}/{ref.repository}@{_digest(ref)}"
+        and not done.already
+        and done.manifest_digest
+    )
+    with pytest.raises(UsageError) as e:
+        _attach(ref, _said(other, "PASS", 10))
+    assert f"attestation subject {_digest(other)} is not" in str(e.value) and f"({_digest(ref)})" in str(
+        e.value
+    )
+
+
+def test_the_same_statement_stays_once_while_an_older_one_is_superseded(reg: str) -> None:
+    """An older FAIL and the PASS, both appended by hand; the PASS signed again is attached: the
+    FAIL goes, the PASS stays, once."""
+    ref = _image(reg)
+    passed = _said(ref, "PASS", 12)
+    with attach.client_for(ref) as client:
+        for env in (_said(ref, "FAIL", 10), passed):
+            attach.append(client, attach.resolve(client, ref), env)
+    ((done, _),) = _attach(ref, dsse.sign(passed.payload, A))
+    assert [r.outcome for r in done.replaced] == ["FAIL"] and _there(ref)["att"] == ["A:PASS"]
+
+
+def test_a_layer_whose_blob_is_gone_is_dropped_and_named_and_stops_nothing(reg: str) -> None:
+    """No reader can read it, and the registry refuses a manifest that names it (MANIFEST_BLOB_UNKNOWN)."""
+    ref = _image(reg)
+    lost = _said(ref, "FAIL", 10)
+    with attach.client_for(ref) as client:
+        attach.append(client, attach.resolve(client, ref), lost)
+    layer = digest_of(lost.to_json(indent=None).rstrip(b"\n"))
+    assert httpx.delete(f"http://{reg}/v2/{ref.repository}/blobs/{layer}", timeout=10).status_code == 202
+    ((done, _),) = _attach(ref, _said(ref, "PASS", 12))
+    assert not done.replaced and not done.kept and done.layers == 1
+    assert done.dropped == (f"layer {layer}: {attach.GONE}",)
+    assert _there(ref)["att"] == ["A:PASS"]

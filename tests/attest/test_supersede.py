@@ -211,3 +211,94 @@ def test_a_new_statement_must_verify_with_a_key_given() -> None:
     other_type = dataclasses.replace(dsse.sign(b"{}", A, "text/plain"))
     with pytest.raises(NotVerified, match="not an in-toto statement"):
         replace.verified(other_type, [A.public], "f")
+
+
+FOREIGN = "https://z.example/attestation/v1"  # a type sorting after every one of imagegate's
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        {**vsa(), "predicateType": FOREIGN},  # a verifier and policy as imagegate's, another type
+        {**vsa(), "predicate": {**vsa()["predicate"], "verifier": {"id": "https://other.example/v"}}},
+        {"predicateType": TEST_RESULT_PREDICATE_TYPE, "predicate": {"configuration": []}},
+        {"predicateType": TEST_RESULT_PREDICATE_TYPE, "predicate": {"configuration": [{"name": "a"}] * 3}},
+        {
+            "predicateType": TEST_RESULT_PREDICATE_TYPE,
+            "predicate": {"configuration": [{"name": "a"}, {"name": "b"}]},
+        },
+        {"predicateType": TEST_RESULT_PREDICATE_TYPE, "predicate": {"configuration": ["builtin:python"]}},
+        {"predicateType": TEST_RESULT_PREDICATE_TYPE, "predicate": {"configuration": [{"name": 7}]}},
+        {"predicateType": TEST_RESULT_PREDICATE_TYPE, "predicate": {"configuration": [{"name": ""}]}},
+        {"predicateType": st.PREDICATE_TYPE, "predicate": {"pipeline": {"source": ["x"]}}},
+    ],
+)
+def test_what_is_not_recognisably_imagegates_names_no_pipeline(statement: dict[str, Any]) -> None:
+    assert replace.pipeline_of(statement) is None
+
+
+def test_a_test_result_names_its_pipeline_first_and_at_most_the_probes_bundle() -> None:
+    one = {
+        "predicateType": TEST_RESULT_PREDICATE_TYPE,
+        "predicate": {"configuration": [{"name": "builtin:vllm"}]},
+    }
+    assert replace.pipeline_of(one) == "builtin:vllm"
+    two = {**one, "predicate": {"configuration": [{"name": "p/x.yaml"}, {"name": replace.PROBES_BUNDLE}]}}
+    assert replace.pipeline_of(two) == "p/x.yaml"
+    assert replace.pipeline_of(vsa()) == "builtin:python"
+
+
+@pytest.mark.parametrize("text", ["", 7, None, "yesterday", "2026-13-01T00:00:00Z"])
+def test_a_time_that_is_not_one_is_none(text: Any) -> None:
+    assert replace.instant(text) is None
+
+
+def test_a_time_without_a_zone_is_utc() -> None:
+    got = replace.instant("2026-12-01T10:00:00")
+    assert got is not None and got.utcoffset() is not None and got.hour == 10
+
+
+def test_an_envelope_of_another_payload_type_is_not_written() -> None:
+    other = dsse.sign(sign.serialize(acceptance()), A, "application/json")  # sorts before in-toto's
+    with pytest.raises(NotVerified, match="not an in-toto statement"):
+        replace.verified(other, [A.public], "f")
+
+
+def test_another_predicate_type_sorting_before_is_not_judged_either() -> None:
+    earlier = {**acceptance("FAIL"), "predicateType": "https://a.example/attestation/v1"}
+    assert decided(acceptance("PASS", LATER), envelope(earlier)) is None
+
+
+def test_the_same_word_said_later_there_is_still_newer() -> None:
+    d = decided(acceptance("PASS"), envelope(acceptance("PASS", LATER)))
+    assert d is not None and d.action == "newer"
+
+
+def test_runs_listed_on_another_statement_than_an_index_do_not_order_it() -> None:
+    """Only an index statement is ordered by its runs: platforms listed on an acceptance or a VSA
+    (anyone's field) change nothing."""
+    old = acceptance("FAIL")
+    old["predicate"]["platforms"] = [{"finishedOn": "2026-12-02T00:00:00.000Z"}]
+    assert decided(acceptance("PASS", LATER), envelope(old)).action == "replace"  # type: ignore[union-attr]
+    old_vsa = vsa("FAILED")
+    old_vsa["predicate"]["platforms"] = [{"finishedOn": "2026-12-02T00:00:00.000Z"}]
+    assert decided(vsa("PASSED", LATER), envelope(old_vsa)).action == "replace"  # type: ignore[union-attr]
+
+
+def test_an_index_made_again_from_the_same_runs_supersedes() -> None:
+    runs = ["2026-12-01T11:00:00.000Z"]
+    d = decided(
+        index("2026-12-01T13:00:00.000Z", runs), envelope(index("2026-12-01T12:00:00.000Z", runs, "FAIL"))
+    )
+    assert d is not None and d.action == "replace"
+
+
+def test_a_pipeline_sorting_before_is_another_pipeline_too() -> None:
+    d = decided(acceptance("PASS", LATER), envelope(acceptance("FAIL", source="builtin:aaa")))
+    assert d is not None and d.action == "keep" and "another pipeline's (builtin:aaa)" in d.why
+
+
+def test_only_a_newer_word_refuses() -> None:
+    entry = replace.Replaced("layer sha256:1", st.PREDICATE_TYPE, "FAIL")
+    for action in ("keep", "replace", "same"):
+        replace.refuse_if_newer(new(acceptance()), [replace.Decision(action, entry)], "f")  # type: ignore[arg-type]

@@ -172,3 +172,68 @@ def test_ages(text: str, hours: float | None) -> None:
 def test_an_age_that_is_not_one_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="not a duration"):
         word.parse_age("soon")
+
+
+FOREIGN = "https://z.example/attestation/v1"  # a type sorting after every one of imagegate's
+
+
+def test_a_report_already_judged_failing_is_not_trusted_again() -> None:
+    judged = report(acceptance("PASS", at(1)))
+    judged.add("word", "failed", "judged before")
+    assert not word.trusted(judged)
+    assert word.trusted(report(acceptance("PASS", at(1))))
+
+
+@pytest.mark.parametrize(
+    ("predicate", "refuses"),
+    [
+        ({"verificationResult": "PASSED", "result": "PASSED"}, True),  # another tool's: accepts nothing
+        ({"verificationResult": "WARNED"}, True),
+    ],
+)
+def test_outcomes_no_one_defined_refuse(predicate: dict[str, Any], refuses: bool) -> None:
+    statement = {**acceptance(), "predicateType": FOREIGN, "predicate": predicate}
+    assert word.refuses(statement) is refuses
+    assert word.refuses({**vsa(), "predicate": {"verificationResult": "WARNED"}})
+    assert word.refuses(
+        {**acceptance(), "predicateType": TEST_RESULT_PREDICATE_TYPE, "predicate": {"result": "ERROR"}}
+    )
+
+
+def test_another_types_time_is_not_read_for_freshness() -> None:
+    from imagegate.attest.vsa import TIME_FIELD
+
+    foreign = {
+        "predicateType": FOREIGN,
+        "predicate": {"timeVerified": at(1), "verifiedOn": at(1), TIME_FIELD: at(1)},
+    }
+    assert word.fresh_as_of(foreign) is None
+    tr = {"predicateType": TEST_RESULT_PREDICATE_TYPE, "predicate": {TIME_FIELD: at(3), "verifiedOn": at(9)}}
+    assert word.fresh_as_of(tr) == NOW - dt.timedelta(hours=3)
+
+
+def test_a_statement_exactly_at_the_bound_is_fresh() -> None:
+    got = chosen(report(acceptance("PASS", at(168))))
+    assert got is not None and got.ok, got.checks
+
+
+def test_the_word_names_the_scope_it_read() -> None:
+    got = chosen(report(acceptance("PASS", at(1))))
+    assert got is not None and "(every pipeline: --pipeline reads one)" in got.checks[-1].detail
+
+
+def test_a_fail_beside_a_later_pass_of_another_pipeline_is_not_said_to_be_superseded() -> None:
+    other = report(acceptance("PASS", at(1), source="builtin:vllm"), name="vllm")
+    got = chosen(report(acceptance("FAIL", at(3)), name="fail"), other)
+    assert got is not None and got.source == "fail" and "still attached" not in got.checks[-1].detail
+    assert "the newest that decides" in got.checks[-1].detail
+
+
+def test_a_fail_beside_later_passes_names_the_newest_and_where_it_is() -> None:
+    got = chosen(
+        report(acceptance("FAIL", at(5)), name="fail"),
+        report(acceptance("PASS", at(3)), name="pass-3h"),
+        report(acceptance("PASS", at(1)), name="pass-1h"),
+    )
+    assert got is not None and "still attached beside the later PASS" in got.checks[-1].detail
+    assert "at pass-1h" in got.checks[-1].detail and "pass-3h" not in got.checks[-1].detail

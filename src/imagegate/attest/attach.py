@@ -19,6 +19,7 @@ from imagegate.attest.replace import Decision, Kept, Replaced, Signed, decide, r
 from imagegate.errors import NotVerified, UsageError
 from imagegate.oci import engineapi, untrusted_json
 from imagegate.oci.digest import digest_of, is_digest, split_digest
+from imagegate.oci.errors import BlobNotFound
 from imagegate.oci.manifest import (
     DOCKER_MANIFEST,
     INDEX_TYPES,
@@ -31,6 +32,7 @@ from imagegate.oci.reference import Reference, parse_reference
 from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
 
 DSSE_LAYER_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
+GONE = "its blob is gone from the registry (no reader can read it, and the registry refuses a manifest that names it)"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"  # empty for attestations: the signature is inside
 PREDICATE_TYPE_ANNOTATION = "predicateType"  # what cosign writes and filters on
 INTOTO_PREDICATE_TYPE_ANNOTATION = "in-toto.io/predicate-type"  # what other scanners filter on
@@ -107,6 +109,7 @@ class Attached:
     already: bool  # the same envelope was there: nothing pushed
     replaced: tuple[Replaced, ...] = ()  # the earlier layers dropped from the .att manifest
     kept: tuple[Kept, ...] = ()  # earlier statements of its type left there, and why
+    dropped: tuple[str, ...] = ()  # layers no reader can read (their blob gone), and why
 
 
 @dataclass(frozen=True)
@@ -347,20 +350,21 @@ def attach(client: RegistryClient, image: RemoteImage, new: Signed) -> Attached:
     repo, tag = image.reference.repository, attestation_tag(image.digests[0])
     layer = new.envelope.to_json(indent=None).rstrip(b"\n")  # compact, as cosign writes it
     layer_digest = digest_of(layer)
-    layers = [x for x, d in found.judged if d is None or d.action != "replace"]
+    layers = [x for x, d in found.judged if d is None or d.action not in ("replace", "gone")]
     replaced = tuple(d.entry for d in found.decisions() if d.action == "replace")
     kept = tuple(Kept(d.entry, d.why) for d in found.decisions() if d.action == "keep")
+    dropped = tuple(f"{d.entry.where}: {d.why}" for d in found.decisions() if d.action == "gone")
     pinned = f"{image.reference.registry}/{repo}@{image.digests[0]}"
     there = any(d.action == "same" for d in found.decisions()) or any(
         isinstance(x, dict) and x.get("digest") == layer_digest for x in layers
     )
-    if there and not replaced:
-        return Attached(pinned, tag, "", layer_digest, len(layers), True, (), kept)
+    if there and len(layers) == len(found.judged):
+        return Attached(pinned, tag, "", layer_digest, len(layers), True, (), kept, dropped)
     if not there:
         client.upload_blob(repo, layer, layer_digest)
         layers.append(_layer_descriptor(layer, layer_digest, str(new.statement.get("predicateType", ""))))
     pushed = _put_tag(client, repo, tag, found.old, layers)
-    return Attached(pinned, tag, pushed, layer_digest, len(layers), False, replaced, kept)
+    return Attached(pinned, tag, pushed, layer_digest, len(layers), False, replaced, kept, dropped)
 
 
 def append(client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope) -> str:
@@ -438,6 +442,9 @@ def _judge(
 ) -> Decision | None:
     try:
         envelope = layer_envelope(client, repo, layer, budget)
+    except BlobNotFound:
+        # No reader can read it, and the registry refuses a manifest that names it: dropped, named.
+        return Decision("gone", Replaced(f"layer {layer.get('digest')}", "?", "?"), GONE)
     except RegistryError:
         return None  # a layer that cannot be read is kept: only what is read as ours is replaced
     return judge(new, envelope, image, f"layer {layer.get('digest')}")

@@ -196,12 +196,13 @@ def verified(envelope: dsse.Envelope, trusted: Sequence[PublicKey], source: str)
     return Signed(envelope, statement, signer)
 
 
-Action = Literal["replace", "keep", "newer", "same"]
+Action = Literal["replace", "keep", "newer", "same", "gone"]
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: Action  # replace it; keep it (why); it is newer (refuse the new); it is the new one
+    action: Action  # replace it; keep it (why); it is newer (refuse the new); it is the new one;
+    # gone: unreadable by anyone, its blob gone (dropped, said)
     entry: Replaced
     why: str = ""
 

@@ -63,7 +63,8 @@ def trusted(report: Report) -> bool:
 
 def refuses(statement: dict[str, Any]) -> bool:
     """Whether the statement's own word refuses the image: a verdict `run` does not exit 0 on,
-    a VSA not PASSED, a test-result FAILED (what each controller's rule refuses)."""
+    a VSA not PASSED, a test-result neither PASSED nor WARNED (what each controller's rule
+    refuses; an outcome no one defined accepts nothing)."""
     from imagegate.model import EXIT_ACCEPTED, exit_code
 
     kind = statement.get("predicateType")
@@ -71,7 +72,7 @@ def refuses(statement: dict[str, Any]) -> bool:
     if kind == VSA_PREDICATE_TYPE:
         return said != "PASSED"
     if kind == TEST_RESULT_PREDICATE_TYPE:
-        return said == "FAILED"
+        return said not in ("PASSED", "WARNED")
     try:
         return exit_code(said) != EXIT_ACCEPTED
     except ValueError:

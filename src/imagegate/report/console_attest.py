@@ -44,6 +44,8 @@ def render_attached(done: Attached, referred: Referred) -> None:
         print(f"  replaced {gone.describe()}")
     for kept in (*done.kept, *referred.kept):
         print(f"  kept {kept.describe()}")
+    for dropped in done.dropped:
+        print(f"  dropped {dropped}")
 
 
 def kept(pairs: Sequence[tuple[Attached, Referred]]) -> list[str]:
