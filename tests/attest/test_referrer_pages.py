@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import tarfile
 from collections.abc import Iterator
@@ -18,10 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from imagegate.attest import attach, keys
-from imagegate.attest.attach import MAX_ATTESTATIONS
+from imagegate.attest import attach, keys, referrers
+from imagegate.attest.attach import MAX_ATTESTATIONS, Flooded
 from imagegate.attest.referrers import BUNDLE_TYPES, MAX_REFERRER_PAGES
 from imagegate.oci.digest import digest_of
+from imagegate.oci.registry import RegistryError
 from tests.attest.conftest import cli, start_registry
 from tests.attest.referrers_front import Paging, referrers_front
 from tests.attest.test_registry import _signed
@@ -29,6 +31,7 @@ from tests.attest.test_registry import _signed
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 EMPTY = b"{}"
 SBOM = "application/spdx+json"  # another tool's artifact: listed, never read as a statement
+_SERIAL = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,7 @@ def _refer(ref: str, artifact_type: str, count: int) -> None:
         subject = {"mediaType": OCI_MANIFEST, "size": len(top.raw), "digest": top.digest}
         client.upload_blob(repo, EMPTY)
         empty = {"mediaType": "application/vnd.oci.empty.v1+json", "digest": digest_of(EMPTY), "size": 2}
-        for n in range(count):
+        for _ in range(count):
             raw = json.dumps(
                 {
                     "schemaVersion": 2,
@@ -97,7 +100,7 @@ def _refer(ref: str, artifact_type: str, count: int) -> None:
                     "config": empty,
                     "layers": [{**empty, "mediaType": artifact_type}],
                     "subject": subject,
-                    "annotations": {"n": str(n)},
+                    "annotations": {"n": str(next(_SERIAL))},  # each its own manifest
                 }
             ).encode()
             client.put_referrer(repo, raw, OCI_MANIFEST)
@@ -153,6 +156,73 @@ def _listing(front: str, ref: str) -> list[dict[str, str]]:
     return out
 
 
+@pytest.mark.parametrize(
+    ("links", "code", "said"),
+    [
+        ("cycle", 2, "a cycle, not followed"),
+        ("host", 2, "another host or scheme; not followed"),
+        ("scheme", 2, "another host or scheme; not followed"),
+        ("lost", 2, "not found (404)"),
+        ("other", 2, "is no image index"),
+        ("endless", 1, f"run past the {MAX_REFERRER_PAGES} pages read; nothing verified"),
+    ],
+)
+def test_a_listing_that_cannot_be_read_whole_is_not_read_though_its_first_page_holds_a_statement(
+    registry: str, tmp_path: Path, links: str, code: int, said: str
+) -> None:
+    paging = Paging(per_page=3)
+    with _fronted(registry, f"bad-{links}", paging) as (_, ref):
+        referrers.attach_file(_signed(tmp_path, ref, keys.generate(), "PASS", "pass"), ref)  # page 1
+        _refer(ref, SBOM, 1)  # page 2
+        parsed = attach.parse_image(ref)
+        with attach.client_for(parsed) as client:
+            image = attach.resolve(client, parsed)
+            assert len(referrers.fetch(client, image)) == 3
+            paging.links, paging.served = links, []
+            with pytest.raises((RegistryError, Flooded)) as refused:
+                referrers.fetch(client, image)
+    assert refused.value.exit_code == code and said in str(refused.value), refused.value
+    if links in ("host", "scheme"):  # named by another name of the same front: never asked
+        assert len(paging.served) == 1, paging.served
+
+
+def _fetched(ref: str) -> int:
+    """How many statements `verify --image` would read among the image's referrers."""
+    parsed = attach.parse_image(ref)
+    with attach.client_for(parsed) as client:
+        return len(referrers.fetch(client, attach.resolve(client, parsed)))
+
+
+def test_as_many_pages_as_read_are_read_and_one_more_is_flooded(registry: str, tmp_path: Path) -> None:
+    paging = Paging(per_page=1)
+    with _fronted(registry, "pages", paging) as (_, ref):
+        referrers.attach_file(_signed(tmp_path, ref, keys.generate(), "PASS", "pass"), ref)
+        _refer(ref, SBOM, MAX_REFERRER_PAGES - 3)
+        paging.served.clear()
+        assert _fetched(ref) == 3 and len(paging.served) == MAX_REFERRER_PAGES  # the statements, every page
+        _refer(ref, SBOM, 1)
+        with pytest.raises(Flooded) as refused:
+            _fetched(ref)
+    assert f"run past the {MAX_REFERRER_PAGES} pages read; nothing verified" in str(refused.value)
+
+
+def test_as_many_entries_as_read_across_pages_are_read_and_one_more_is_flooded(
+    registry: str, tmp_path: Path
+) -> None:
+    paging = Paging(per_page=100)
+    with _fronted(registry, "entries", paging) as (_, ref):
+        referrers.attach_file(_signed(tmp_path, ref, keys.generate(), "PASS", "pass"), ref)
+        _refer(ref, BUNDLE_TYPES + ".v0.3+json", MAX_ATTESTATIONS - 3)  # listed, read, none an envelope
+        assert _fetched(ref) == 3
+        _refer(ref, BUNDLE_TYPES + ".v0.3+json", 1)  # one past it, on page 3
+        paging.served.clear()
+        with pytest.raises(Flooded) as refused:
+            _fetched(ref)
+    said = f"more than the {MAX_ATTESTATIONS} attestations read for one image, by page 3; nothing verified"
+    assert said in str(refused.value) and refused.value.exit_code == 1
+    assert len(paging.served) == 3
+
+
 def test_verify_finds_a_statement_on_the_second_page(registry: str, tmp_path: Path) -> None:
     paging = Paging(per_page=2)
     with _fronted(registry, "second", paging, others=2) as (_, ref):  # page 1: another tool's
@@ -196,51 +266,20 @@ def test_attach_replaces_a_statement_whose_referrers_are_on_later_pages(
         assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
-@pytest.mark.parametrize(
-    ("links", "code", "said"),
-    [
-        ("cycle", 2, "a cycle, not followed"),
-        ("host", 2, "another host or scheme; not followed"),
-        ("scheme", 2, "another host or scheme; not followed"),
-        ("lost", 2, "not found (404)"),
-        ("other", 2, "is no image index"),
-        ("endless", 1, f"run past the {MAX_REFERRER_PAGES} pages read; nothing verified"),
-    ],
-)
-def test_a_listing_that_cannot_be_read_whole_is_refused_though_its_first_page_verifies(
-    registry: str, tmp_path: Path, links: str, code: int, said: str
+def test_verify_and_attach_refuse_a_listing_whose_next_page_is_on_another_host(
+    registry: str, tmp_path: Path
 ) -> None:
     paging = Paging(per_page=3)
-    with _fronted(registry, f"bad-{links}", paging) as (_, ref):
+    with _fronted(registry, "elsewhere", paging) as (_, ref):
         key, pub = _keyed(tmp_path)
         signed = _attached(tmp_path, ref, key, "PASS", "pass")  # page 1: the PASS, whole
         _refer(ref, SBOM, 1)  # page 2
         _only_referrers(ref)
-        assert cli("verify", "--image", ref, "--key", str(pub)).returncode == 0
-        paging.links = links
+        paging.links = "host"
         ran = cli("verify", "--image", ref, "--key", str(pub), "--expect-verdict", "PASS")
         again = cli("attach", str(signed), ref)
     for done in (ran, again):
-        assert done.returncode == code, done.stdout + done.stderr
+        assert done.returncode == 2, done.stdout + done.stderr
         errors = [line for line in done.stderr.splitlines() if line.startswith("imagegate: error:")]
-        assert len(errors) == 1 and said in errors[0], done.stderr
+        assert len(errors) == 1 and "another host or scheme; not followed" in errors[0], done.stderr
         assert "Traceback" not in done.stderr
-    if links == "host":  # named by another name of the same front: never asked
-        assert not any("localhost" in p for p in paging.served)
-
-
-def test_more_attestations_across_pages_than_read_for_one_image_is_flooded(
-    registry: str, tmp_path: Path
-) -> None:
-    paging = Paging(per_page=100)
-    with _fronted(registry, "flood", paging) as (_, ref):
-        key, pub = _keyed(tmp_path)
-        _attached(tmp_path, ref, key, "PASS", "pass")
-        _refer(ref, BUNDLE_TYPES + ".v0.3+json", MAX_ATTESTATIONS - 2)  # 3 + 254: past it on page 3
-        _only_referrers(ref)
-        paging.served.clear()
-        ran = cli("verify", "--image", ref, "--key", str(pub))
-    assert ran.returncode == 1, ran.stdout + ran.stderr
-    assert f"more than the {MAX_ATTESTATIONS} attestations read for one image, by page 3" in ran.stderr
-    assert "nothing verified" in ran.stderr
-    assert len(paging.served) == 3
