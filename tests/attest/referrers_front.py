@@ -34,9 +34,10 @@ class Paging:
     """How the front pages a referrers listing: `per_page` entries a page (page K at
     `?page=K`), each page but the last linking to the next as `links` says: "next" (the spec's),
     "cycle" (the last page links back to the first), "host" (the next page named by another
-    host name of this front), "scheme" (by https), "lost" (to a path the registry has not),
-    "other" (to the registry's `/v2/`, no index), "endless" (empty pages after the last, each
-    linking on). `served`: the pages asked for, in order. Changed at will while the front runs."""
+    host name of this front), "scheme" (by https), "port" (another port), "lost" (to a path the
+    registry has not), "other" (to the registry's `/v2/`, no index), "html" (the pages after the
+    first an HTML page, as a catch-all answers), "endless" (empty pages after the last, each
+    linking on). Its index pages say their media type with a charset, as HTTP allows. `served`: the pages asked for, in order. Changed at will while the front runs."""
 
     per_page: int = 2
     links: str = "next"
@@ -54,6 +55,7 @@ class Paging:
         target = {
             "host": f"http://localhost:{port}{path}?page={k + 1}",
             "scheme": f"https://127.0.0.1:{port}{path}?page={k + 1}",
+            "port": f"http://127.0.0.1:1{path}?page={k + 1}",  # another port: another origin
             "lost": f"{path}/gone",  # the registry's 404
             "other": "/v2/",  # the registry's `{}`: JSON, no index
         }.get(self.links, f"{path}?page={k + 1}")
@@ -102,7 +104,11 @@ def referrers_front(upstream: str, paging: Paging | None = None) -> Iterator[str
 
         def _list(self, listed: list[dict[str, Any]], page: str | None) -> None:
             headers = {"Content-Type": INDEX}
+            if paging is not None and paging.links == "html" and int(page or 1) > 1:
+                self._send(200, {"Content-Type": "text/html"}, b"<html>not here</html>")
+                return
             if paging is not None:
+                headers["Content-Type"] = f"{INDEX}; charset=utf-8"
                 path = self.path.partition("?")[0]
                 port = self.server.server_address[1]
                 listed, link = paging.page(listed, path, int(page or 1), int(port))
