@@ -1,6 +1,7 @@
-"""The acceptance use case, whatever ran the probes: prepare → observe → conclude → sign →
-attach → reports. One statement value flows from the runner to the signer to the reports; the
-commands (`run`, `pod run`, `pod collect`, `complete`) only parse options and render the result."""
+"""The acceptance use case, whatever ran the probes: prepare → observe → conclude → (with
+--attach: the image's digest fixed) → sign → attach → reports. One statement value flows from
+the runner to the signer to the reports; the commands (`run`, `pod run`, `pod collect`,
+`complete`) only parse options and render the result."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from imagegate import deadline
-from imagegate.errors import UsageError
+from imagegate.errors import ImagegateError, UsageError
 from imagegate.evidence import Attempt
 from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, RunRecord, exit_code
 from imagegate.runner import Notify, Observation, Prepared, conclude, new_attempt
@@ -20,6 +21,7 @@ from imagegate.runner import Notify, Observation, Prepared, conclude, new_attemp
 if TYPE_CHECKING:  # signing and its keys are loaded when a run signs, after the probes ran
     from imagegate.attest import keys
     from imagegate.attest.sign import Signed
+    from imagegate.oci.reference import Reference
     from imagegate.report.provenance import Provenance
 
 NOTHING_LEFT = (
@@ -92,10 +94,21 @@ class Accepted:
     rejected_by: str | None  # what rejected a verdict that is accepted by itself (--require-complete)
 
 
-def check_outputs(outputs: Outputs, reference: str | None, *, no_sign: bool = False) -> None:
-    """Before any work (the key too): what cannot be done at the end is refused at the start."""
+class NotAttachable(ImagegateError):
+    """--attach cannot push the run's statements where IMAGE names now (a tag moved since the
+    run began): refused before anything is signed. Exit 2: the image the tag names now was not
+    judged, and the one judged is no longer what the tag gives admission."""
+
+
+def check_outputs(
+    outputs: Outputs, reference: str | None, *, no_sign: bool = False, keyed: bool = True
+) -> None:
+    """Before any work: what cannot be done at the end is refused at the start. `keyed`: the
+    signing key is resolved already (at the edge it is checked before the key is looked for)."""
     if outputs.attach and no_sign:
         raise UsageError("--attach needs a signed attestation", hint="drop --no-sign")
+    if outputs.attach and keyed and outputs.key is None:
+        raise UsageError("--attach needs a signed attestation, and there is no key to sign with")
     if outputs.attach and reference is None:
         raise UsageError(
             "--attach pushes the attestation to IMAGE's repository, and no IMAGE was given",
@@ -128,6 +141,7 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     notify(f"attempt {attempt.dir}")
     concluded = conclude(prep, observer.observe(prep, attempt), attempt, notify)
     record, statement = concluded.record, concluded.statement
+    pinned = _pinned(observer.reference, image, statement, outputs) if outputs.attach else None
     signed = None
     if outputs.key is not None:
         from imagegate.attest.sign import sign_attempt
@@ -135,8 +149,8 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         signed = sign_attempt(attempt.dir, statement, outputs.key)
         notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
     left = None
-    if signed is not None and outputs.attach and observer.reference is not None:
-        left = _attach(signed, observer.reference, image, outputs.insecure, notify)
+    if signed is not None and pinned is not None:
+        left = _attach(signed, pinned, outputs.insecure, notify)
     from imagegate.report import formats
 
     provenance = _provenance(attempt.dir, outputs.key) if outputs.reports else None
@@ -162,19 +176,47 @@ def _provenance(folder: Path, key: keys.SigningKey | None) -> Provenance:
     return load.read_attempt(folder, key.public if key is not None else None).provenance
 
 
-def _attach(signed: Signed, reference: str, image: ImageFacts, insecure: bool, notify: Notify) -> str | None:
-    """Attach the acceptance, the VSA and the test-result; each replaces the earlier ones of its
-    type and pipeline. Returns what a registry refused to delete, as a message; None otherwise."""
+def _pinned(
+    reference: str | None, image: ImageFacts, statement: dict[str, Any], outputs: Outputs
+) -> Reference:
+    """Where --attach pushes, fixed before anything is signed: the digest `reference` names in
+    its registry now, read once (the attach then pushes by that digest, so a tag moving later
+    cannot split the statements), which must be the image the statement is about: the manifest
+    that ran, or the index it was chosen from (then that manifest). Else NotAttachable."""
+    from imagegate.attest import attach
+
+    assert reference is not None  # check_outputs: no attach without an image
+    ref = attach.parse_image(reference)
+    with attach.client_for(ref, insecure=outputs.insecure) as client:
+        now = attach.resolve(client, ref).digests[0]
+    ran = image.manifest_digest if now == image.index_digest else now
+    if ran in attach.subject_digests(statement):
+        return ref.with_digest(ran)
+    raise _not_attachable(reference, now, image)
+
+
+def _not_attachable(reference: str, now: str, image: ImageFacts) -> NotAttachable:
+    said = f"--attach: {reference} names {now} in its registry now, not the image this run judged"
+    if image.manifest_digest is None:  # judged by its image ID alone: no registry manifest is it
+        return NotAttachable(
+            f"{said} (its image ID {image.config_digest}; {image.subject_note or 'no manifest digest known'}): "
+            "nothing signed or attached",
+            hint="push the image, run it from the registry and attach that run",
+        )
+    return NotAttachable(
+        f"{said} ({image.manifest_digest}): nothing signed or attached",
+        hint=f"the tag moved since the run began: run again on {reference}, or on "
+        f"{image.repository or 'its repository'}@{image.manifest_digest}, the image that ran",
+    )
+
+
+def _attach(signed: Signed, ref: Reference, insecure: bool, notify: Notify) -> str | None:
+    """Attach the acceptance, the VSA and the test-result to `ref` (pinned by `_pinned`); each
+    replaces the earlier ones of its type and pipeline. Returns what a registry refused to
+    delete, as a message; None otherwise."""
     from imagegate.attest import attach, referrers
     from imagegate.report import console_attest
 
-    ref = attach.parse_image(reference)
-    if image.index_digest and image.manifest_digest and image.repository:
-        # The reference names an index: the statements are about the platform's manifest that
-        # ran, and attach to it (the index is no subject of theirs).
-        ran = attach.parse_image(image.repository)
-        if (ran.registry, ran.repository) == (ref.registry, ref.repository):
-            ref = ref.with_digest(image.manifest_digest)
     with attach.client_for(ref, insecure=insecure) as client:
         # The standard statements too: admission policies are written against them.
         todo = [(envelope, signed.material) for envelope in (signed.envelope, *signed.standard)]

@@ -23,7 +23,10 @@ Readers find these by `artifactType`: cosign's `GetBundles` (pkg/cosign/verify.g
 before (`artifactType` and layer `application/vnd.dsse.envelope.v1+json`), so earlier images
 still verify and their statements are replaced; any other artifact is neither read nor touched.
 Every answer is untrusted: a listed manifest whose subject is another image is skipped, and the
-bundle is read within the envelope's cap."""
+bundle is read within the envelope's cap. A paged listing (the API's `Link: <…>; rel="next"`,
+as go-containerregistry's `fetchReferrersPages` follows it) is read whole or not at all: a page
+on another host or scheme, or one read already, is refused; past MAX_REFERRER_PAGES pages or
+MAX_ATTESTATIONS entries, Flooded."""
 
 from __future__ import annotations
 
@@ -37,9 +40,11 @@ from typing import Any
 from imagegate.attest import attach, bundle, dsse
 from imagegate.attest.attach import (
     DSSE_LAYER_MEDIA_TYPE,
+    MAX_ATTESTATIONS,
     MAX_ENVELOPE_BYTES,
     Attached,
     FetchedEnvelope,
+    Flooded,
     ReadBudget,
     RemoteImage,
     statement_of,
@@ -52,7 +57,7 @@ from imagegate.oci import untrusted_json
 from imagegate.oci.digest import digest_of, is_digest, split_digest
 from imagegate.oci.manifest import OCI_INDEX, OCI_MANIFEST
 from imagegate.oci.reference import Reference
-from imagegate.oci.registry import NotFound, RegistryClient, RegistryError
+from imagegate.oci.registry import NotFound, ReferrersPage, RegistryClient, RegistryError
 
 ARTIFACT_TYPE = bundle.BUNDLE_MEDIA_TYPE  # what is written
 BUNDLE_TYPES = "application/vnd.dev.sigstore.bundle"  # any bundle version, as cosign and Kyverno match
@@ -63,6 +68,9 @@ CREATED_ANNOTATION = "org.opencontainers.image.created"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
 API = "the referrers API"  # where a registry indexes referrers itself
+# A registry may page the API's listing, as it pages tags. The pages read for one image: 64 hold
+# the MAX_ATTESTATIONS at 4 a page (at 10 a page, the size the ORAS referrers draft suggested, 26).
+MAX_REFERRER_PAGES = 64
 
 
 @dataclass(frozen=True)
@@ -257,26 +265,76 @@ def _readable(artifact_type: object) -> bool:
 
 
 def _listed(client: RegistryClient, repo: str, digest: str) -> tuple[list[dict[str, Any]], str]:
-    """The referrers listed for `digest` whose type is read here, and where: the API, else the
-    fallback tag."""
-    raw, via = client.referrers(repo, digest), API
-    if raw is None:
-        via = f"tag {fallback_tag(digest)}"
-        try:
-            raw = client.get_manifest(repo, fallback_tag(digest), accept=(OCI_INDEX,)).raw
-        except NotFound:
-            return [], via
+    """The referrers listed for `digest` whose type is read here, and where: every page the API
+    lists, else the fallback tag (one index)."""
+    page = client.referrers(repo, digest)
+    if page is not None:
+        return _paged(client, repo, digest, page), API
+    via = f"tag {fallback_tag(digest)}"
+    try:
+        raw = client.get_manifest(repo, fallback_tag(digest), accept=(OCI_INDEX,)).raw
+    except NotFound:
+        return [], via
+    return _entries(raw, repo, digest, via), via
+
+
+def _paged(client: RegistryClient, repo: str, digest: str, first: ReferrersPage) -> list[dict[str, Any]]:
+    """The entries of `first` and of every page its `next` links lead to, merged in order. Past
+    MAX_REFERRER_PAGES pages, or MAX_ATTESTATIONS entries read here, Flooded: never a partial
+    list, since the statement that refuses may be on the page left unread."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    page: ReferrersPage | None = first
+    while page is not None:
+        seen.add(page.url)
+        out += _entries(page.raw, repo, digest, API)
+        if len(out) > MAX_ATTESTATIONS:
+            raise _flooded(
+                client,
+                repo,
+                digest,
+                f"the referrers ({API}) list more than the {MAX_ATTESTATIONS} attestations read "
+                f"for one image, by page {len(seen)}",
+            )
+        page = _next_page(client, repo, digest, page, seen)
+    return out
+
+
+def _next_page(
+    client: RegistryClient, repo: str, digest: str, page: ReferrersPage, seen: set[str]
+) -> ReferrersPage | None:
+    """The page after `page`, unless it is the last; one read already (a cycle) is refused."""
+    if page.next is None:
+        return None
+    if page.next in seen:
+        raise RegistryError(
+            f"{client.registry}/{repo}: the referrers of {digest} ({API}) link page {len(seen)} "
+            f"back to {page.next}, read already: a cycle, not followed",
+            hint="the registry is misconfigured or hostile; ask its operator",
+        )
+    if len(seen) >= MAX_REFERRER_PAGES:
+        raise _flooded(
+            client, repo, digest, f"the referrers ({API}) run past the {MAX_REFERRER_PAGES} pages read"
+        )
+    return client.referrers(repo, digest, page.next)
+
+
+def _flooded(client: RegistryClient, repo: str, digest: str, what: str) -> Flooded:
+    return ReadBudget(f"{client.registry}/{repo}@{digest}").flooded(what)
+
+
+def _entries(raw: bytes, repo: str, digest: str, via: str) -> list[dict[str, Any]]:
+    """A referrers index's entries whose type is read here."""
     try:
         index = untrusted_json.loads(raw)
     except untrusted_json.UntrustedJSONError as e:
         raise RegistryError(f"{repo}: the referrers of {digest} ({via}) are {e}") from e
     listed = index.get("manifests") if isinstance(index, dict) else None
-    out = [
+    return [
         d
         for d in (listed if isinstance(listed, list) else [])
         if isinstance(d, dict) and _readable(d.get("artifactType")) and is_digest(str(d.get("digest")))
     ]
-    return out, via
 
 
 def _envelope(

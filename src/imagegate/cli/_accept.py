@@ -30,7 +30,9 @@ if TYPE_CHECKING:  # imported where used: `--help` never loads the pipeline mode
 Notify = Callable[[str], None]
 EXIT_CODES = (
     "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
-    "--require-complete), 2 could not decide (ERROR), 3 usage or input error."
+    "--require-complete), 2 could not decide (ERROR; --attach that could not attach: the image's "
+    "tag moved while it ran, nothing signed, or the registry refused), 3 usage or input error "
+    "(--attach with no key to sign with: refused before the run)."
 )
 
 
@@ -68,7 +70,9 @@ ATTACH = Option(
     False,
     "--attach",
     help="Push the signed statements to the image's repository (as cosign attaches .att, and as "
-    "referrers), replacing the earlier ones of the same pipeline there.",
+    "referrers), replacing the earlier ones of the same pipeline there: to the digest IMAGE names "
+    "there, read once before signing (a tag moved since the run began: exit 2, nothing signed). "
+    "Needs a key: with none, refused before the run.",
 )
 # The serve stages' model, for run and for the deferred serve stage complete runs.
 MODEL = Option(

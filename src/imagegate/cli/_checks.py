@@ -36,31 +36,39 @@ def outputs(
     statement_on_stdout: bool = False,
     notify: Notify = _silent,
     warn: Notify = _silent,
+    attach_later: bool = False,
 ) -> Outputs:
     """The outputs the options ask for, checked before the work: a bad report path, key or
     passphrase fails first, not after the run. `statement_on_stdout` (--format json): no report
-    may go there too."""
+    may go there too. `attach_later`: --attach to an image known only later (complete: the
+    earlier attempt's), which needs a key as `attach` does."""
     from imagegate.accept import Outputs, check_outputs
     from imagegate.report import formats
 
-    check_outputs(Outputs(attach=attach), reference, no_sign=no_sign)
+    check_outputs(Outputs(attach=attach), reference, no_sign=no_sign, keyed=False)  # the key: below
     specs = formats.parse_specs(list(reports))
     if statement_on_stdout and any(p == formats.STDOUT for _, p in specs):
         raise UsageError(
             "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
         )
-    key_ = None if no_sign else _signing_key(key, notify, warn)
+    key_ = None if no_sign else _signing_key(key, notify, warn, attaching=attach or attach_later)
     return Outputs(key_, attach, insecure, specs, require_complete)
 
 
-def _signing_key(key: str | None, notify: Notify, warn: Notify) -> keys.SigningKey | None:
+def _signing_key(key: str | None, notify: Notify, warn: Notify, *, attaching: bool) -> keys.SigningKey | None:
     """With no key named and no default key possible (a read-only home), the run goes on
-    unsigned and says so (`warn`): the verdict and its evidence are still written."""
+    unsigned and says so (`warn`): the verdict and its evidence are still written. Not with
+    --attach, whose statements could be neither signed nor attached: refused before the run."""
     from imagegate.attest import keys
 
     try:
         found = keys.resolve_signing_key(key, notify=notify)
     except keys.DefaultKeyUnavailable as e:
+        if attaching:
+            raise UsageError(
+                f"--attach pushes signed statements, and nothing can sign them: {e}",
+                hint=f"pass --key PATH or set {keys.KEY_ENV} (without --attach the run goes on unsigned)",
+            ) from e
         warn(f"the attempt will not be signed: {e}\n  hint: {e.hint}")
         return None
     _non_dumpable()

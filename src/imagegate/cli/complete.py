@@ -61,6 +61,7 @@ class Completing:
             require_complete=self.require_complete,
             notify=notify,
             warn=o.warn,
+            attach_later=self.attach,  # to the earlier attempt's image, known once it is read
         )
 
     def make_driver(

@@ -503,22 +503,53 @@ class RegistryClient:
             return True
         return resp.status_code == 202
 
-    def referrers(self, repository: str, digest: str) -> bytes | None:
-        """The referrers API's index for `digest` (bounded like any manifest), or None where
-        the registry does not serve the API (404, as the OCI distribution spec says)."""
+    def referrers(self, repository: str, digest: str, url: str | None = None) -> ReferrersPage | None:
+        """A page of the referrers API's index for `digest` (bounded like any manifest): the first,
+        or the one at `url` (a page's `next`). None where the registry does not serve the API (404,
+        as the OCI distribution spec says, or a catch-all page) at the first page; a later page
+        that is not an index is an error, since the listing would be partial."""
+        first = url is None
+        target = url or f"{self._base_url()}/v2/{repository}/referrers/{digest}"
+        what = f"the referrers of {repository}@{digest}" + ("" if first else f" (page {target})")
         try:
             resp = self.request(
-                "GET",
-                f"/v2/{repository}/referrers/{digest}",
-                scope=self._scope(repository),
-                headers={"Accept": OCI_INDEX},
-                what=f"the referrers of {repository}@{digest}",
+                "GET", target, scope=self._scope(repository), headers={"Accept": OCI_INDEX}, what=what
             )
         except NotFound:
-            return None
+            if first:
+                return None
+            raise RegistryError(f"{self.registry}: {what}: not found (404)") from None
         if resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
-            return None  # a catch-all page, not the API
-        return resp.content
+            if first:
+                return None  # a catch-all page, not the API
+            raise RegistryError(f"{self.registry}: {what} is no image index")
+        return ReferrersPage(resp.content, str(httpx.URL(target)), self._next_page(resp, what))
+
+    def _next_page(self, resp: httpx.Response, what: str) -> str | None:
+        """The absolute URL of the page after `resp` (its `Link: <...>; rel="next"`), which must
+        be on this registry, by the same scheme: a link elsewhere would send this client's
+        credentials, and take the listing's rest from someone the registry only named."""
+        link = resp.links.get("next", {}).get("url")
+        if not link:
+            return None
+        nxt = httpx.URL(str(resp.url)).join(link)
+        here = httpx.URL(self._base_url())
+        if (nxt.scheme, nxt.host, nxt.port) != (here.scheme, here.host, here.port):
+            raise RegistryError(
+                f"{self.registry}: {what} links its next page to {nxt}, another host or scheme; not followed",
+                hint="the registry is misconfigured or hostile; ask its operator",
+            )
+        return str(nxt)
+
+
+@dataclass(frozen=True)
+class ReferrersPage:
+    """One page of a referrers listing (OCI distribution 1.1: a registry may page it as it pages
+    tags, each page an image index, the next one named by a `Link` header)."""
+
+    raw: bytes
+    url: str  # the absolute URL it was asked at
+    next: str | None  # the absolute URL of the next page, on the same registry; None: the last
 
 
 class BlobStream:
