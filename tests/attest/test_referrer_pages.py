@@ -24,7 +24,7 @@ from imagegate.attest.attach import MAX_ATTESTATIONS, Flooded
 from imagegate.attest.referrers import BUNDLE_TYPES, MAX_REFERRER_PAGES
 from imagegate.oci.digest import digest_of
 from imagegate.oci.registry import RegistryError
-from tests.attest.conftest import cli, start_registry
+from tests.attest.conftest import cli, pub_of, start_registry
 from tests.attest.referrers_front import Paging, referrers_front
 from tests.attest.test_registry import _signed
 
@@ -126,9 +126,15 @@ def _keyed(tmp_path: Path) -> tuple[keys.SigningKey, Path]:
 def _attached(tmp_path: Path, ref: str, key: keys.SigningKey, verdict: str, name: str) -> Path:
     """`imagegate attach` of a new attempt's acceptance (its VSA and test-result with it)."""
     signed = _signed(tmp_path, ref, key, verdict, name)
-    done = cli("attach", str(signed), ref)
+    done = cli("attach", str(signed), ref, "--key", str(pub_of(key, tmp_path)))
     assert done.returncode == 0, done.stdout + done.stderr
     return signed
+
+
+def _attach_in_process(tmp_path: Path, ref: str) -> None:
+    """A new attempt's PASS attached by the Python API, verified with its own key."""
+    key = keys.generate()
+    referrers.attach_file(_signed(tmp_path, ref, key, "PASS", "pass"), ref, [key.public])
 
 
 def _only_referrers(ref: str) -> None:
@@ -175,7 +181,7 @@ def test_a_listing_that_cannot_be_read_whole_is_not_read_though_its_first_page_h
 ) -> None:
     paging = Paging(per_page=3)
     with _fronted(registry, f"bad-{links}", paging) as (_, ref):
-        referrers.attach_file(_signed(tmp_path, ref, keys.generate(), "PASS", "pass"), ref)  # page 1
+        _attach_in_process(tmp_path, ref)  # page 1
         _refer(ref, SBOM, 1)  # page 2
         parsed = attach.parse_image(ref)
         with attach.client_for(parsed) as client:
@@ -199,7 +205,7 @@ def _fetched(ref: str) -> int:
 def test_as_many_pages_as_read_are_read_and_one_more_is_flooded(registry: str, tmp_path: Path) -> None:
     paging = Paging(per_page=1)
     with _fronted(registry, "pages", paging) as (_, ref):
-        referrers.attach_file(_signed(tmp_path, ref, keys.generate(), "PASS", "pass"), ref)
+        _attach_in_process(tmp_path, ref)
         _refer(ref, SBOM, MAX_REFERRER_PAGES - 3)
         paging.served.clear()
         assert _fetched(ref) == 3 and len(paging.served) == MAX_REFERRER_PAGES  # the statements, every page
@@ -214,7 +220,7 @@ def test_as_many_entries_as_read_across_pages_are_read_and_one_more_is_flooded(
 ) -> None:
     paging = Paging(per_page=100)
     with _fronted(registry, "entries", paging) as (_, ref):
-        referrers.attach_file(_signed(tmp_path, ref, keys.generate(), "PASS", "pass"), ref)
+        _attach_in_process(tmp_path, ref)
         _refer(ref, BUNDLE_TYPES + ".v0.3+json", MAX_ATTESTATIONS - 3)  # listed, read, none an envelope
         assert _fetched(ref) == 3
         _refer(ref, BUNDLE_TYPES + ".v0.3+json", 1)  # one past it, on page 3
@@ -245,9 +251,9 @@ def test_attach_finds_its_own_statement_on_a_later_page_and_pushes_nothing_again
     with _fronted(registry, "again", Paging(per_page=2), others=3) as (front, ref):
         key, _ = _keyed(tmp_path)
         signed = _signed(tmp_path, ref, key, "PASS", "pass")
-        assert cli("attach", str(signed), ref).returncode == 0
+        assert cli("attach", str(signed), ref, "--key", str(pub_of(key, tmp_path))).returncode == 0
         before = _listing(front, ref)
-        again = cli("attach", str(signed), ref)
+        again = cli("attach", str(signed), ref, "--key", str(pub_of(key, tmp_path)))
         assert again.returncode == 0, again.stdout + again.stderr
         assert again.stdout.count("already a referrer") == 3, again.stdout
         assert _listing(front, ref) == before and len(before) == 6
@@ -259,7 +265,13 @@ def test_attach_replaces_a_statement_whose_referrers_are_on_later_pages(
     with _fronted(registry, "replace", Paging(per_page=2), others=2) as (front, ref):
         key, pub = _keyed(tmp_path)
         _attached(tmp_path, ref, key, "FAIL", "fail")  # pages 2 and 3
-        passed = cli("attach", str(_signed(tmp_path, ref, key, "PASS", "pass")), ref)
+        passed = cli(
+            "attach",
+            str(_signed(tmp_path, ref, key, "PASS", "pass")),
+            ref,
+            "--key",
+            str(pub_of(key, tmp_path)),
+        )
         assert passed.returncode == 0, passed.stdout + passed.stderr
         assert passed.stdout.count("replaced referrer") == 3, passed.stdout
         listed = _listing(front, ref)
@@ -280,7 +292,7 @@ def test_verify_and_attach_refuse_a_listing_whose_next_page_is_on_another_host(
         _only_referrers(ref)
         paging.links = "host"
         ran = cli("verify", "--image", ref, "--key", str(pub), "--expect-verdict", "PASS")
-        again = cli("attach", str(signed), ref)
+        again = cli("attach", str(signed), ref, "--key", str(pub_of(key, tmp_path)))
     for done in (ran, again):
         assert done.returncode == 2, done.stdout + done.stderr
         errors = [line for line in done.stderr.splitlines() if line.startswith("imagegate: error:")]
