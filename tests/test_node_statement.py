@@ -16,6 +16,7 @@ from imagegate.errors import UsageError
 from tests.test_fleet import _data
 
 IMAGE = {"reference": "myorg/torch@sha256:" + "ab" * 32, "digest": "sha256:" + "ab" * 32}
+ATTEMPT = "20261205T155051.684Z-fc1b32"
 UUIDS = ["GPU-6b1f0c2e-0000-4000-8000-00000000000a", "GPU-6b1f0c2e-0000-4000-8000-00000000000b"]
 
 
@@ -31,7 +32,7 @@ def _node_data(scale: dict[str, float] | None = None) -> dict[str, Any]:
 def _signed(tmp_path: Path, key: keys.SigningKey, node: str, status: str, **kw: Any) -> bytes:
     folder = tmp_path / f"{node}-{status}"
     folder.mkdir()
-    statement = nodecheck.node_statement(node, status, "", _node_data(**kw), IMAGE)
+    statement = nodecheck.node_statement(node, status, "", _node_data(**kw), IMAGE, ATTEMPT)
     return nodecheck.sign_node(folder, statement, key).read_bytes()
 
 
@@ -43,6 +44,7 @@ def test_the_statement_verifies_and_names_the_node_and_its_gpus(tmp_path: Path) 
     assert statement["predicateType"] == nodecheck.NODE_PREDICATE_TYPE
     p = statement["predicate"]
     assert (p["node"], p["verdict"], p["gpus"], p["image"]) == ("gpu-1", "PASS", UUIDS, IMAGE)
+    assert p["attempt"] == ATTEMPT  # the attempt it was made from: bound to it
     assert p["figures"]["bf16_tflops"] > 0 and p["model"] == "NVIDIA H200"
 
 
