@@ -162,6 +162,41 @@ def test_a_refused_node_is_unfit_never_a_peer_and_says_why() -> None:
     assert [n["evidence"] for n in fleet.as_json(unchecked)["nodes"]] == ["unverified", "unverified"]
 
 
+def test_a_check_that_did_not_pass_is_unfit_and_no_peer_whatever_its_status() -> None:
+    """SKIPPED sorts after PASS, DEFERRED and ERROR before it: none of them is a pass."""
+    for status in ("SKIPPED", "DEFERRED", "ERROR", "FAIL"):
+        nodes = [_node("h-1"), _node("h-2"), _node("h-x", status=status, scale={"bf16_tflops": 0.1})]
+        judged = fleet.judge(nodes)
+        assert [j.verdict for j in judged.nodes] == ["fit", "fit", "unfit"], status
+        assert judged.floors_only == ("NVIDIA H200",) and not judged.medians, status
+
+
+def _bare(name: str, **figures: float) -> fleet.Node:
+    return fleet.Node(name, "PASS", "M", figures)
+
+
+def test_the_bound_is_strict_and_every_median_above_zero_judges() -> None:
+    # exactly --suspect-below under the median is not more than it: fit
+    quarter = [_bare("a", h2d_gbps=4.0), _bare("b", h2d_gbps=4.0), _bare("c", h2d_gbps=3.0)]
+    assert [j.verdict for j in fleet.judge(quarter, suspect_below=0.25).nodes] == ["fit"] * 3
+    # figures under 1 (a slow link's GB/s) are judged as any other
+    small = [_bare("a", h2d_gbps=0.5), _bare("b", h2d_gbps=0.5), _bare("c", h2d_gbps=0.25)]
+    assert [j.verdict for j in fleet.judge(small).nodes] == ["fit", "fit", "suspect"]
+    # a zero median divides nothing; a figure a node lacks is not judged for it
+    zero = [
+        _bare("a", h2d_gbps=0.0),
+        _bare("b", h2d_gbps=0.0),
+        _bare("c", h2d_gbps=0.0, d2h_gbps=1.0),
+        _bare("d"),
+    ]
+    assert {j.node.name: j.deviations for j in fleet.judge(zero).nodes} == {
+        "a": {}, "b": {}, "c": {"d2h_gbps": 0.0}, "d": {},
+    }  # fmt: skip
+    # the bound and the peers by name only: two numbers never swapped by position
+    with pytest.raises(TypeError):
+        fleet.judge(small, 0.25)  # type: ignore[misc]
+
+
 def test_the_commands_an_operator_would_run() -> None:
     nodes = [
         _node("h-1"),
