@@ -7,6 +7,7 @@ tests/test_fleet.py's; here, where a node must pass, the one stand-in (named: no
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -197,29 +198,50 @@ def test_the_same_gpu_on_two_nodes_refuses_both_naming_it(work: Path, unsigned: 
     assert UUIDS[4][0] not in done.stdout.replace(f"gpu-7: refused: GPU {shared}", "")
 
 
+def _alter(path: Path) -> None:
+    """What a forger with write access does: a better figure in the result, a PASS in the node
+    statement's payload (its signature left as it was)."""
+    if path.name == nodecheck.NODE_FILE:
+        envelope = json.loads(path.read_text())
+        statement = json.loads(base64.b64decode(envelope["payload"]))
+        statement["predicate"]["figures"]["hbm_copy_gbps"] *= 1.25
+        envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+        path.write_text(json.dumps(envelope))
+    else:
+        result = json.loads(path.read_text())
+        result["data"]["bandwidth"]["gpus"][0]["hbm_copy_gbps"] *= 1.25
+        path.write_text(json.dumps(result))
+
+
 @pytest.mark.parametrize(
-    "deleted",
-    ["node-check.dsse.json", RESULT, sign.DSSE_FILE],
-    ids=["node statement", "evidence file", "envelope"],
-)
-def test_a_deleted_signed_file_makes_the_node_unfit(
-    deleted: str, work: Path, fleet_of_four: dict[str, Path]
+    ("file", "change", "expected"),
+    [
+        (nodecheck.NODE_FILE, "delete", "no node-check.dsse.json beside the attempt"),
+        (RESULT, "delete", "missing from"),
+        (sign.DSSE_FILE, "delete", "not a signed attempt"),
+        (RESULT, "alter", f"{RESULT}: changed"),
+        (nodecheck.NODE_FILE, "alter", "signature does not verify"),
+    ],
+    ids=["node statement deleted", "evidence file deleted", "envelope deleted", "evidence file altered",
+         "node statement altered"],
+)  # fmt: skip
+def test_a_deleted_or_altered_signed_file_makes_the_node_unfit(
+    file: str, change: str, expected: str, work: Path, fleet_of_four: dict[str, Path]
 ) -> None:
-    """The suspect node's signed files, one deleted: the node is refused (unfit), never unknown or
-    fit, and the report exits 1; nor is it a peer of the others."""
-    copy = shutil.copytree(fleet_of_four["gpu-3"], work / "deleted" / deleted.replace("/", "-") / "gpu-3")
-    (copy / deleted).unlink()
+    """The suspect node's signed files, one deleted or altered: the node is refused (unfit), never
+    unknown or fit, and the report exits 1; nor is it a peer of the others."""
+    where = work / "changed" / f"{change}-{file.replace('/', '-')}" / "gpu-3"
+    copy = shutil.copytree(fleet_of_four["gpu-3"], where)
+    if change == "delete":
+        (copy / file).unlink()
+    else:
+        _alter(copy / file)
     done = _report(work, {**fleet_of_four, "gpu-3": copy}, "--key", "ci.pub", "--format", "json")
     assert done.returncode == 1, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     (node,) = [n for n in doc["nodes"] if n["name"] == "gpu-3"]
     assert (node["verdict"], node["evidence"]) == ("unfit", "refused")
     assert node["why"] and all(w.startswith("refused: ") for w in node["why"])
-    expected = {
-        "node-check.dsse.json": "no node-check.dsse.json beside the attempt",
-        RESULT: "missing from",
-        sign.DSSE_FILE: "not a signed attempt",
-    }[deleted]
     assert any(expected in w for w in node["why"]), node["why"]
     assert doc["unverified"] == ["gpu-3"]
     assert "kubectl taint node gpu-3 imagegate.dev/node-check=unfit:NoSchedule --overwrite" in doc["commands"]

@@ -283,6 +283,7 @@ def test_cli_fleet_run_signs_each_nodes_statement_and_reports_the_fleet(
         in swapped.stdout
     )
     assert "gpu-2: refused: node-check.dsse.json names node 'gpu-1', not 'gpu-2'" in swapped.stdout
+    assert "gpu-2: refused: the attempt ran on node 'gpu-1' (its signed environment)" in swapped.stdout
 
 
 def test_cli_fleet_collect_reads_the_jobs_applied_earlier_and_deletes_nothing(
