@@ -11,8 +11,9 @@ no network, as a GPU node with nothing installed would do it:
   (e) the GPU taken by another process (plain torch on this machine: computing, then holding most
       of the memory idle): the node check must end ERROR naming GPU 0 in use, before any figure.
   (f) those attempts as a fleet's nodes: each node's statement signed as `fleet run --key` signs it,
-      then `fleet report --key`: the idle GPU alone fit (exit 0), the busy ones unfit beside it
-      (exit 1), every statement verified.
+      then `fleet report --key`: the idle GPU alone fit (exit 0), each busy one alone unfit (exit 1),
+      every statement verified; the three together refused, each for the GPU UUID the others name
+      too (one machine's attempts given as three nodes).
 
 Writes DATE-HHMM-gpu-rootfs-KIND.json (the summary: every figure beside its baseline and the
 physical limit, the goals) and .log into RECORDS (default benchmarks/records), and the evidence
@@ -377,8 +378,9 @@ def busy_gpu(log: Log, ig: list, ref: str, rootfs: list, work: str) -> dict:
 
 def fleet_of(log: Log, ig: list, work: str, idle: str | None, busy: dict) -> dict:
     """(f) These attempts as a fleet's nodes: each node's statement signed as `fleet run --key` signs
-    it (nodecheck.sign_attempt), then `fleet report --key`: the idle GPU alone fit (exit 0); with the
-    busy ones as two more nodes, those unfit and the report exit 1; every statement verified."""
+    it (nodecheck.sign_attempt), then `fleet report --key`: the idle GPU alone fit (exit 0), each
+    busy one alone unfit (exit 1), every statement verified; the three together, one GPU named by
+    three nodes, each refused for it (exit 1)."""
     from imagegate.attest import keys, nodecheck
     from imagegate.report.load import read_attempt
 
@@ -391,16 +393,34 @@ def fleet_of(log: Log, ig: list, work: str, idle: str | None, busy: dict) -> dic
             st = nodecheck.verify_node(signed.read_bytes(), key.public)
             out["statements"][node] = {"subject": [x["name"] for x in st["subject"]],
                                        "verdict": st["predicate"]["verdict"], "figures": st["predicate"]["figures"]}  # fmt: skip
-    for name, chosen in (("idle_alone", ["h200-idle"]), ("with_busy", list(nodes))):
+    alone = [(n.replace("h200-", "") + "_alone", [n]) for n in nodes]
+    for name, chosen in (*alone, ("together", list(nodes))):
         argv = [*ig, "fleet", "report", *("%s=%s" % (n, nodes[n]) for n in chosen),
                 "--key", os.path.join(work, "key.pub"), "--format", "json"]  # fmt: skip
         p = subprocess.run(argv, capture_output=True, text=True)
         log.f.write("$ %s\n%s%s== exit %d\n" % (" ".join(argv), p.stdout, p.stderr, p.returncode))
         doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
         out[name] = {"exit": p.returncode, "nodes": {n["name"]: n["verdict"] for n in doc.get("nodes", [])},
+                     "why": {n["name"]: n["why"] for n in doc.get("nodes", [])},
                      "not_verified": doc.get("unverified"), "commands": doc.get("commands")}  # fmt: skip
         log.say("fleet report (%s): exit %d %s" % (name, p.returncode, out[name]["nodes"]))
     return out
+
+
+def fleet_bound(fleet: dict) -> bool:
+    """(f)'s goal: the idle node alone fit (exit 0), each busy one alone unfit (exit 1), every
+    statement verified; the three together (one GPU) each refused for the GPU the others name."""
+    alone = {"idle_alone": ("fit", 0), "busy-compute_alone": ("unfit", 1), "busy-hold_alone": ("unfit", 1)}
+    return all(
+        fleet[k]["exit"] == rc
+        and list(fleet[k]["nodes"].values()) == [verdict]
+        and not fleet[k]["not_verified"]
+        for k, (verdict, rc) in alone.items()
+    ) and (
+        fleet["together"]["exit"] == 1
+        and set(fleet["together"]["nodes"].values()) == {"unfit"}
+        and all(any("is also on node" in w for w in why) for why in fleet["together"]["why"].values())
+    )
 
 
 def stage_seconds(pred: dict, stage: str) -> float | None:
@@ -548,11 +568,7 @@ def main() -> int:
         and rc3 == 0
         and predicate(deferred).get("verdict", "").endswith("_DEFERRED"),
         "node_check_within_30_s": (summary["node_check"]["stage_s"] or 1e9) <= 30,
-        "fleet_judges_busy_unfit_all_verified": summary["fleet"]["idle_alone"]["exit"] == 0
-        and summary["fleet"]["with_busy"]["exit"] == 1
-        and summary["fleet"]["with_busy"]["nodes"]
-        == {"h200-idle": "fit", "h200-busy-compute": "unfit", "h200-busy-hold": "unfit"}
-        and not summary["fleet"]["with_busy"]["not_verified"],
+        "fleet_binds_each_attempt_to_its_node": fleet_bound(summary["fleet"]),
         "busy_error_named_before_any_figure": all(
             b["verdict"] == "ERROR" and (b["detail"] or "").startswith(in_use) and not b["figures_measured"]
             for b in summary["busy"].values()

@@ -4,6 +4,7 @@ copies of them: exactly the nodes below their peers are flagged, and only where 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,86 @@ def test_peers_only_within_one_model_with_enough_passing_nodes() -> None:
     assert {j.verdict for j in fleet.judge(nodes[:2]).nodes} == {"fit"}  # two: floors alone
     with_unfit = fleet.judge([*nodes[:2], nodes[-1]])  # two passing and an unfit one: no peers
     assert with_unfit.floors_only == ("NVIDIA H200",) and not with_unfit.medians
+
+
+def test_one_gpu_on_two_nodes_refuses_both_naming_it_and_neither_is_a_peer() -> None:
+    uuid, other = "GPU-6b1f0c2e-0000-4000-8000-00000000000a", "GPU-6b1f0c2e-0000-4000-8000-00000000000b"
+    nodes = [
+        dataclasses.replace(_node("h-1"), gpus=(uuid,)),
+        dataclasses.replace(_node("h-2"), gpus=(other, uuid, uuid)),  # twice in one node: one node
+        dataclasses.replace(_node("h-3"), gpus=(other,)),
+        dataclasses.replace(_node("h-4", scale={"bf16_tflops": 0.8}), gpus=("GPU-c",)),
+        _node("h-5"), _node("h-6"),
+    ]  # fmt: skip
+    assert fleet.shared_gpus(nodes) == {
+        "h-1": [f"GPU {uuid} is also on node h-2"],
+        "h-2": [f"GPU {uuid} is also on node h-1", f"GPU {other} is also on node h-3"],
+        "h-3": [f"GPU {other} is also on node h-2"],
+    }
+    judged = {j.node.name: j for j in fleet.judge(nodes).nodes}
+    assert {n: j.verdict for n, j in judged.items()} == {
+        "h-1": "unfit", "h-2": "unfit", "h-3": "unfit", "h-4": "suspect", "h-5": "fit", "h-6": "fit",
+    }  # fmt: skip
+    assert judged["h-1"].why == (f"refused: GPU {uuid} is also on node h-2",)
+    assert "3 NVIDIA H200 nodes" in judged["h-4"].why[0]  # h-4, h-5, h-6: the refused are no peers
+    assert fleet.shared_gpus([nodes[0], nodes[3]]) == {}
+    three = fleet.shared_gpus([*nodes[:2], dataclasses.replace(_node("h-7"), gpus=(uuid,))])
+    assert three["h-7"] == [f"GPU {uuid} is also on nodes h-1, h-2"]
+
+
+def test_a_refused_node_is_unfit_never_a_peer_and_says_why() -> None:
+    """Refused by the caller (a signature or binding that fails): unfit whatever its check said,
+    and its figures move no median: with it, four nodes would make a median under --min-peers 4."""
+    forged = dataclasses.replace(
+        _node("h-9", scale={"bf16_tflops": 1.5}), evidence="refused", refused=("a", "b")
+    )
+    nodes = [_node("h-1"), _node("h-2"), _node("h-3", scale={"bf16_tflops": 0.8}), forged]
+    judged = fleet.judge(nodes, min_peers=4)
+    assert [j.verdict for j in judged.nodes] == ["fit", "fit", "fit", "unfit"]
+    assert judged.nodes[-1].why == ("refused: a", "refused: b") and judged.nodes[-1].deviations == {}
+    assert judged.floors_only == ("NVIDIA H200",) and not judged.medians
+    assert fleet.judge(nodes[:3], min_peers=3).nodes[2].verdict == "suspect"
+    assert fleet.unverified(judged) == ["h-9"]
+    unchecked = fleet.judge([dataclasses.replace(n, evidence="unverified") for n in nodes[:2]])
+    assert fleet.unverified(unchecked) == ["h-1", "h-2"]
+    rows = fleet.table(unchecked)
+    assert rows[0].split()[4] == "evidence" and all(r.split()[5] == "unverified" for r in rows[1:3])
+    assert [n["evidence"] for n in fleet.as_json(unchecked)["nodes"]] == ["unverified", "unverified"]
+
+
+def test_a_check_that_did_not_pass_is_unfit_and_no_peer_whatever_its_status() -> None:
+    """SKIPPED sorts after PASS, DEFERRED and ERROR before it: none of them is a pass."""
+    for status in ("SKIPPED", "DEFERRED", "ERROR", "FAIL"):
+        nodes = [_node("h-1"), _node("h-2"), _node("h-x", status=status, scale={"bf16_tflops": 0.1})]
+        judged = fleet.judge(nodes)
+        assert [j.verdict for j in judged.nodes] == ["fit", "fit", "unfit"], status
+        assert judged.floors_only == ("NVIDIA H200",) and not judged.medians, status
+
+
+def _bare(name: str, **figures: float) -> fleet.Node:
+    return fleet.Node(name, "PASS", "M", figures)
+
+
+def test_the_bound_is_strict_and_every_median_above_zero_judges() -> None:
+    # exactly --suspect-below under the median is not more than it: fit
+    quarter = [_bare("a", h2d_gbps=4.0), _bare("b", h2d_gbps=4.0), _bare("c", h2d_gbps=3.0)]
+    assert [j.verdict for j in fleet.judge(quarter, suspect_below=0.25).nodes] == ["fit"] * 3
+    # figures under 1 (a slow link's GB/s) are judged as any other
+    small = [_bare("a", h2d_gbps=0.5), _bare("b", h2d_gbps=0.5), _bare("c", h2d_gbps=0.25)]
+    assert [j.verdict for j in fleet.judge(small).nodes] == ["fit", "fit", "suspect"]
+    # a zero median divides nothing; a figure a node lacks is not judged for it
+    zero = [
+        _bare("a", h2d_gbps=0.0),
+        _bare("b", h2d_gbps=0.0),
+        _bare("c", h2d_gbps=0.0, d2h_gbps=1.0),
+        _bare("d"),
+    ]
+    assert {j.node.name: j.deviations for j in fleet.judge(zero).nodes} == {
+        "a": {}, "b": {}, "c": {"d2h_gbps": 0.0}, "d": {},
+    }  # fmt: skip
+    # the bound and the peers by name only: two numbers never swapped by position
+    with pytest.raises(TypeError):
+        fleet.judge(small, 0.25)  # type: ignore[misc]
 
 
 def test_the_commands_an_operator_would_run() -> None:

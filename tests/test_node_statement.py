@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 
-from imagegate.attest import dsse, keys, nodecheck
+from imagegate.attest import dsse, keys, nodecheck, sign
 from imagegate.errors import UsageError
+from imagegate.model import ImageFacts, RunRecord
 from tests.test_fleet import _data
 
 IMAGE = {"reference": "myorg/torch@sha256:" + "ab" * 32, "digest": "sha256:" + "ab" * 32}
+ATTEMPT = "20261205T155051.684Z-fc1b32"
 UUIDS = ["GPU-6b1f0c2e-0000-4000-8000-00000000000a", "GPU-6b1f0c2e-0000-4000-8000-00000000000b"]
 
 
@@ -31,7 +33,7 @@ def _node_data(scale: dict[str, float] | None = None) -> dict[str, Any]:
 def _signed(tmp_path: Path, key: keys.SigningKey, node: str, status: str, **kw: Any) -> bytes:
     folder = tmp_path / f"{node}-{status}"
     folder.mkdir()
-    statement = nodecheck.node_statement(node, status, "", _node_data(**kw), IMAGE)
+    statement = nodecheck.node_statement(node, status, "", _node_data(**kw), IMAGE, ATTEMPT)
     return nodecheck.sign_node(folder, statement, key).read_bytes()
 
 
@@ -43,6 +45,7 @@ def test_the_statement_verifies_and_names_the_node_and_its_gpus(tmp_path: Path) 
     assert statement["predicateType"] == nodecheck.NODE_PREDICATE_TYPE
     p = statement["predicate"]
     assert (p["node"], p["verdict"], p["gpus"], p["image"]) == ("gpu-1", "PASS", UUIDS, IMAGE)
+    assert p["attempt"] == ATTEMPT  # the attempt it was made from: bound to it
     assert p["figures"]["bf16_tflops"] > 0 and p["model"] == "NVIDIA H200"
 
 
@@ -107,3 +110,97 @@ def test_a_node_below_its_peers_is_suspect_while_its_statement_keeps_pass(tmp_pa
         signed["gpu-3"]["predicate"]["figures"]["hbm_copy_gbps"]
         < signed["gpu-1"]["predicate"]["figures"]["hbm_copy_gbps"]
     )
+
+
+def test_only_a_node_check_statement_in_an_in_toto_envelope_verifies() -> None:
+    """Signed with the key, and still refused: another payload type, another predicate type
+    (whichever side of the right one each sorts), a payload that is not JSON, GPUs that are not
+    a list; the size bound is a size over it, not at it."""
+    key = keys.generate()
+    statement = nodecheck.node_statement("gpu-1", "PASS", "", _node_data(), IMAGE, ATTEMPT)
+    payload = sign.serialize(statement)
+    for ptype in ("application/json", "text/plain"):
+        with pytest.raises(UsageError, match="signature does not verify"):
+            nodecheck.verify_node(dsse.sign(payload, key, ptype).to_json(), key.public)
+    for other in (
+        "https://imagegate.dev/attestations/acceptance/v1",
+        "https://slsa.dev/verification_summary/v1",
+    ):
+        raw = dsse.sign(sign.serialize({**statement, "predicateType": other}), key).to_json()
+        with pytest.raises(UsageError, match=f"not a {nodecheck.NODE_PREDICATE_TYPE} statement"):
+            nodecheck.verify_node(raw, key.public)
+    with pytest.raises(UsageError, match="node statement: payload"):
+        nodecheck.verify_node(dsse.sign(b"{not json", key).to_json(), key.public)
+    no_list = {**statement, "predicate": {**statement["predicate"], "gpus": None}}
+    with pytest.raises(UsageError, match="subject is not node 'gpu-1'"):
+        nodecheck.verify_node(dsse.sign(sign.serialize(no_list), key).to_json(), key.public)
+    with pytest.raises(UsageError) as at_the_bound:
+        nodecheck.verify_node(b" " * nodecheck.MAX_ENVELOPE_BYTES, key.public)
+    assert "over" not in str(at_the_bound.value)
+    assert nodecheck.verify_node(dsse.sign(payload, key).to_json(), key.public) == statement
+
+
+OTHER_ATTEMPT = "20261205T160000.000Z-aaaaaa"  # sorts after ATTEMPT
+
+
+def _record(attempt: str = ATTEMPT, node: str | None = None) -> RunRecord:
+    """An attempt's record with what the binding reads: its id and the node its environment names."""
+    env = {"node": node} if node else {}
+    return RunRecord(attempt, "", {}, {}, ImageFacts("local", None), env, [], "", "", "PASS", "0")
+
+
+def _beside(tmp_path: Path, name: str, raw: bytes) -> Path:
+    """An attempt folder with `raw` as the node statement beside it (the attempt itself: `_record`)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / nodecheck.NODE_FILE).write_bytes(raw)
+    return folder
+
+
+def _statement_of(key: keys.SigningKey, node: str, attempt: str) -> bytes:
+    statement = nodecheck.node_statement(node, "PASS", "", _node_data(), IMAGE, attempt)
+    return dsse.sign(sign.serialize(statement), key).to_json()
+
+
+def test_an_attempt_is_bound_to_the_node_and_attempt_its_statement_names_either_way(tmp_path: Path) -> None:
+    """Another node or another attempt, whichever sorts first, is named (here read without a key:
+    the binding holds for --unsigned too); so is a run whose environment names another node."""
+    key = keys.generate()
+    for given, named in (("gpu-1", "gpu-2"), ("gpu-2", "gpu-1")):
+        folder = _beside(tmp_path, f"{given}-{named}", _statement_of(key, named, ATTEMPT))
+        assert nodecheck.problems(given, folder, _record(), None) == [
+            f"node-check.dsse.json names node '{named}', not '{given}': an attempt is taken only as "
+            "the node its statement names"
+        ]
+        assert nodecheck.problems(named, folder, _record(), None) == []
+        assert nodecheck.ran_elsewhere(given, _record(node=named)) == [
+            f"the attempt ran on node '{named}' (its signed environment), not '{given}'"
+        ]
+        assert nodecheck.ran_elsewhere(given, _record(node=given)) == []
+    assert nodecheck.ran_elsewhere("gpu-1", _record()) == []  # a run on a host names no node
+    for this, signed_for in ((ATTEMPT, OTHER_ATTEMPT), (OTHER_ATTEMPT, ATTEMPT)):
+        folder = _beside(tmp_path, f"for-{this}", _statement_of(key, "gpu-1", signed_for))
+        assert nodecheck.problems("gpu-1", folder, _record(this), None) == [
+            f"node-check.dsse.json was signed for attempt '{signed_for}', not this one ({this})"
+        ]
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert nodecheck.problems("gpu-1", empty, _record(), None) == []  # no key: taken at its word
+    with_key = nodecheck.problems("gpu-1", empty, _record(), key.public)
+    assert any(w.startswith("no node-check.dsse.json beside the attempt") for w in with_key), with_key
+
+
+def test_an_unreadable_node_statement_is_named_never_taken(tmp_path: Path) -> None:
+    key = keys.generate()
+    cases = {
+        "not json": (dsse.sign(b"{not json", key).to_json(), "node statement: payload"),
+        "no predicate": (
+            dsse.sign(b'{"_type": "x"}', key).to_json(),
+            "not an in-toto statement with a predicate",
+        ),
+        "a list": (dsse.sign(b"[1]", key).to_json(), "not an in-toto statement with a predicate"),
+        "not an envelope": (b"{}", "DSSE envelope: missing"),
+    }
+    for name, (raw, expected) in cases.items():
+        (why,) = nodecheck.problems("gpu-1", _beside(tmp_path, name, raw), _record(), None)
+        assert why.startswith("node-check.dsse.json: ") and expected in why, (name, why)

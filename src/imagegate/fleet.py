@@ -7,6 +7,9 @@ Pure functions over what each node's check measured (the `node_check` stage's da
 probes/gpu_preflight.py writes it): the figures of a node, the peers' medians, each node's
 deviation, the nodes below their peers (suspect: their own verdict stays PASS), and the
 `kubectl` commands an operator would run for the unfit and suspect ones (printed, never run here).
+A node whose result is not its own (refused by the caller: a signature or binding that fails;
+or a GPU UUID that another node claims too) is unfit and never a peer: one copied or forged
+result must neither pass nor move the median the others are judged by.
 """
 
 from __future__ import annotations
@@ -74,13 +77,18 @@ def gpu_model(data: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Node:
-    """One node's result: its name, the node check's status (PASS, ERROR …) and what it measured."""
+    """One node's result: its name, the node check's status (PASS, ERROR …) and what it measured;
+    its GPUs' UUIDs; what vouches for it (`evidence`: verified with the key, unverified, or this
+    command's own run) and why it is refused as this node's own result (`refused`), if it is."""
 
     name: str
     status: str
     model: str
     figures: Mapping[str, float]
     detail: str = ""
+    gpus: tuple[str, ...] = ()
+    evidence: str = "this run"  # verified, unverified, refused, this run
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,34 +106,63 @@ class Fleet:
     floors_only: tuple[str, ...]  # models with fewer than MIN_PEERS nodes: their floors alone
 
 
-def judge(
-    nodes: Sequence[Node], *, suspect_below: float = SUSPECT_BELOW, min_peers: int = MIN_PEERS
-) -> Fleet:
-    """Each node fit, suspect or unfit. Unfit: its own check did not pass. Suspect: it passed, but a
-    figure is more than `suspect_below` under the median of the passing nodes of its GPU model
-    (where that model has `min_peers` passing nodes or more)."""
-    passing: dict[str, list[Node]] = {}
+def shared_gpus(nodes: Sequence[Node]) -> dict[str, list[str]]:
+    """Node name -> why it is refused for a GPU UUID another node claims too: a GPU is in one
+    node, so two nodes naming it means one result is not its node's own, and which one cannot
+    be told (both are refused)."""
+    owners: dict[str, list[str]] = {}
     for n in nodes:
-        if n.status == "PASS":
-            passing.setdefault(n.model, []).append(n)
-    medians = {
+        for uuid in dict.fromkeys(n.gpus):
+            owners.setdefault(uuid, []).append(n.name)
+    why: dict[str, list[str]] = {}
+    for uuid, names in owners.items():
+        for name in names:
+            others = [o for o in names if o != name]
+            if others:
+                node = "nodes" if len(others) > 1 else "node"
+                why.setdefault(name, []).append(f"GPU {uuid} is also on {node} {', '.join(others)}")
+    return why
+
+
+def _medians(peers: Mapping[str, list[Node]], min_peers: int) -> dict[str, dict[str, float]]:
+    """Per GPU model with `min_peers` peers or more: each figure's median over them."""
+    return {
         model: {
             f: statistics.median(vals)
             for f in FIGURES
-            if (vals := [n.figures[f] for n in peers if f in n.figures])
+            if (vals := [n.figures[f] for n in group if f in n.figures])
         }
-        for model, peers in passing.items()
-        if len(peers) >= min_peers
+        for model, group in peers.items()
+        if len(group) >= min_peers
     }
+
+
+def judge(
+    nodes: Sequence[Node], *, suspect_below: float = SUSPECT_BELOW, min_peers: int = MIN_PEERS
+) -> Fleet:
+    """Each node fit, suspect or unfit. Unfit: refused (its result is not its own) or its own
+    check did not pass. Suspect: it passed, but a figure is more than `suspect_below` under the
+    median of the passing, unrefused nodes of its GPU model (where that model has `min_peers` of
+    them or more). A refused node is never a peer."""
+    shared = shared_gpus(nodes)
+    refused = {n.name: [*n.refused, *shared.get(n.name, [])] for n in nodes}
+    peers: dict[str, list[Node]] = {}
+    for n in nodes:
+        if n.status == "PASS" and not refused[n.name]:
+            peers.setdefault(n.model, []).append(n)
+    medians = _medians(peers, min_peers)
     judged = []
     for n in nodes:
+        if refused[n.name]:
+            judged.append(Judged(n, "unfit", {}, tuple(f"refused: {why}" for why in refused[n.name])))
+            continue
         if n.status != "PASS":
             judged.append(Judged(n, "unfit", {}, (f"node check {n.status}: {n.detail}".rstrip(": "),)))
             continue
         median = medians.get(n.model, {})
         deviations = {f: n.figures[f] / m - 1 for f, m in median.items() if f in n.figures and m > 0}
         low = [
-            f"{f} {n.figures[f]:.1f}, {-d:.0%} below the median {median[f]:.1f} of {len(passing[n.model])} {n.model} nodes"
+            f"{f} {n.figures[f]:.1f}, {-d:.0%} below the median {median[f]:.1f} of {len(peers[n.model])} {n.model} nodes"
             for f, d in deviations.items()
             if d < -suspect_below
         ]
@@ -147,7 +184,12 @@ def commands(fleet: Fleet) -> list[str]:
     return out
 
 
-def as_json(fleet: Fleet, unverified: Sequence[str] = ()) -> dict[str, Any]:
+def unverified(fleet: Fleet) -> list[str]:
+    """The nodes nothing vouches for: neither verified with the key nor this command's own run."""
+    return [j.node.name for j in fleet.nodes if j.node.evidence not in ("verified", "this run")]
+
+
+def as_json(fleet: Fleet) -> dict[str, Any]:
     """The report as data: each node's verdict, figures and deviations, the medians, the commands."""
     return {
         "nodes": [
@@ -156,6 +198,8 @@ def as_json(fleet: Fleet, unverified: Sequence[str] = ()) -> dict[str, Any]:
                 "model": j.node.model,
                 "check": j.node.status,
                 "verdict": j.verdict,
+                "evidence": j.node.evidence,
+                "gpus": list(j.node.gpus),
                 "figures": dict(j.node.figures),
                 "deviations": {f: round(d, 4) for f, d in j.deviations.items()},
                 "why": list(j.why),
@@ -164,16 +208,17 @@ def as_json(fleet: Fleet, unverified: Sequence[str] = ()) -> dict[str, Any]:
         ],
         "medians": {m: dict(f) for m, f in fleet.medians.items()},
         "floorsOnly": list(fleet.floors_only),
-        "unverified": list(unverified),
+        "unverified": unverified(fleet),
         "commands": commands(fleet),
     }
 
 
-def table(fleet: Fleet, unverified: Sequence[str] = ()) -> list[str]:
-    """The report in lines: a row a node (each figure with its deviation from the median), then why
-    each one not fit is so, the models judged by their floors alone, and the commands."""
+def table(fleet: Fleet) -> list[str]:
+    """The report in lines: a row a node (what vouches for it, each figure with its deviation from
+    the median), then why each one not fit is so, the models judged by their floors alone, and
+    the commands."""
     shown = [f for f in FIGURES if any(f in j.node.figures for j in fleet.nodes)]
-    rows = [["node", "model", "check", "verdict", *shown]]
+    rows = [["node", "model", "check", "verdict", "evidence", *shown]]
     for j in fleet.nodes:
         cells = [
             f"{j.node.figures[f]:.1f}" + (f" ({j.deviations[f]:+.0%})" if f in j.deviations else "")
@@ -181,7 +226,7 @@ def table(fleet: Fleet, unverified: Sequence[str] = ()) -> list[str]:
             else "-"
             for f in shown
         ]
-        rows.append([j.node.name, j.node.model, j.node.status, j.verdict, *cells])
+        rows.append([j.node.name, j.node.model, j.node.status, j.verdict, j.node.evidence, *cells])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out += [f"{j.node.name}: {why}" for j in fleet.nodes for why in j.why]
@@ -189,7 +234,6 @@ def table(fleet: Fleet, unverified: Sequence[str] = ()) -> list[str]:
         f"{m}: fewer than the peers a median needs: its nodes are judged by the floors alone"
         for m in fleet.floors_only
     ]
-    out += [f"not verified: {u}" for u in unverified]
     out += commands(fleet)
     return out
 

@@ -32,6 +32,13 @@ class FleetCluster(FakeCluster):
         self.lock = threading.Lock()
         self.failing, self.most_alive = set(failing), 0
 
+    def _pod_for(self, job: dict[str, Any]) -> dict[str, Any]:
+        """The Job's Pod on the node its nodeSelector pins it to, as the scheduler binds it."""
+        pod = super()._pod_for(job)
+        pinned = (job["spec"]["template"]["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        pod["spec"]["nodeName"] = pinned or pod["spec"]["nodeName"]
+        return pod
+
     def _alive(self) -> int:
         return sum(1 for kind, _ in self.objects if kind == "job")
 
@@ -260,6 +267,23 @@ def test_cli_fleet_run_signs_each_nodes_statement_and_reports_the_fleet(
         assert statement["predicate"]["image"] == {"reference": f"myorg/torch@{DIGEST}", "digest": DIGEST}
         stage = next(s for s in load_attempt(Path(attempt)).stages if s.probe == "gpu_preflight")
         assert statement["predicate"]["verdict"] == stage.status.value
+    assert all(n["why"][0].startswith("node check DEFERRED") for n in doc["nodes"])  # none refused
+    # fleet report --key on what fleet run left: each attempt verified as its own node's; two
+    # swapped, each is refused (the Pod ran on the other node, the statement names the other)
+    _, pub = keys.write_keypair(tmp_path / "ci", key, None)
+    given = [f"{n}={a}" for n, a in doc["attempts"].items()]
+    report = CliRunner().invoke(app, ["fleet", "report", *given, "--key", str(pub), "--format", "json"])
+    assert report.exit_code == 1, report.output
+    assert {n["evidence"] for n in json.loads(report.stdout)["nodes"]} == {"verified"}
+    a1, a2 = doc["attempts"]["gpu-1"], doc["attempts"]["gpu-2"]
+    swapped = CliRunner().invoke(app, ["fleet", "report", f"gpu-1={a2}", f"gpu-2={a1}", "--key", str(pub)])
+    assert swapped.exit_code == 1, swapped.output
+    assert (
+        "gpu-1: refused: the attempt ran on node 'gpu-2' (its signed environment), not 'gpu-1'"
+        in swapped.stdout
+    )
+    assert "gpu-2: refused: node-check.dsse.json names node 'gpu-1', not 'gpu-2'" in swapped.stdout
+    assert "gpu-2: refused: the attempt ran on node 'gpu-1' (its signed environment)" in swapped.stdout
 
 
 def test_cli_fleet_collect_reads_the_jobs_applied_earlier_and_deletes_nothing(

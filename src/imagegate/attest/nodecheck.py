@@ -5,7 +5,11 @@ scheduler, labeller or auditor asks about a node, so the node is the subject her
 
 The subject's digests are sha256 of the names they stand beside: in-toto matches subjects by
 digest, and a verifier recomputes them, so a subject renamed after signing fails twice (the
-signature, and the digest beside the new name)."""
+signature, and the digest beside the new name).
+
+The statement names the attempt it was made from (its id, signed in the attempt's own statement
+too), so an attempt is bound to one node: `fleet report` takes NODE=ATTEMPT only where the node
+statement beside the attempt names that node and that attempt (`problems`)."""
 
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ from imagegate.attest import dsse
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.sign import serialize
 from imagegate.attest.statement import STATEMENT_TYPE
-from imagegate.errors import UsageError
+from imagegate.attest.verify import load_attempt
+from imagegate.errors import ImagegateError, UsageError
+from imagegate.files import read_named
 from imagegate.oci import untrusted_json
 
 if TYPE_CHECKING:
@@ -58,10 +64,11 @@ def subject(node: str, uuids: list[str]) -> list[dict[str, Any]]:
 
 
 def node_statement(
-    node: str, status: str, detail: str, data: Mapping[str, Any], image: Mapping[str, Any]
+    node: str, status: str, detail: str, data: Mapping[str, Any], image: Mapping[str, Any], attempt: str
 ) -> dict[str, Any]:
     """The statement for one node: `status` and `detail` are the node check stage's, `data` what
-    it measured, `image` the reference and digest of the image that ran it."""
+    it measured, `image` the reference and digest of the image that ran it, `attempt` the id of
+    the attempt it ran in."""
     uuids = gpu_uuids(data)
     return {
         "_type": STATEMENT_TYPE,
@@ -75,6 +82,7 @@ def node_statement(
             "detail": detail,
             "figures": fleet.figures_of(data),
             "image": dict(image),
+            "attempt": attempt,
             "checkedOn": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "imagegate": {"version": __version__},
         },
@@ -101,7 +109,7 @@ def sign_attempt(node: str, record: RunRecord, key: SigningKey) -> Path | None:
     if stage is None:
         return None
     image = {"reference": record.image.reference, "digest": record.image.manifest_digest}
-    statement = node_statement(node, stage.status.value, stage.detail, stage.data, image)
+    statement = node_statement(node, stage.status.value, stage.detail, stage.data, image, record.attempt_id)
     return sign_node(Path(record.attempt_dir), statement, key)
 
 
@@ -131,3 +139,73 @@ def verify_node(raw: bytes, key: PublicKey) -> dict[str, Any]:
     ):
         raise UsageError(f"node statement: its subject is not node {node!r} and its GPUs {uuids!r}")
     return statement
+
+
+def ran_elsewhere(node: str, record: RunRecord) -> list[str]:
+    """The node the attempt's own (signed) environment says it ran on, where that is not `node`
+    (a Pod's run names its node; a run on a host names none)."""
+    ran_on = record.environment.get("node")
+    if ran_on and ran_on != node:
+        return [f"the attempt ran on node {ran_on!r} (its signed environment), not {node!r}"]
+    return []
+
+
+def problems(node: str, attempt: Path, record: RunRecord, key: PublicKey | None) -> list[str]:
+    """Why `attempt` (read as `record`) is not node `node`'s own node check: it ran on another
+    node, or the node statement beside it names another node or another attempt. With `key`,
+    also: the attempt does not verify as `imagegate verify` checks it (its signature, every
+    evidence file it lists), the node statement is missing, or does not verify. Without a key
+    the node statement is read unverified, and an attempt without one is taken at its word."""
+    found = ran_elsewhere(node, record)
+    if key is not None:
+        found += _attempt_verifies(attempt, key)
+    path = attempt / NODE_FILE
+    if not path.is_file():
+        if key is not None:
+            found.append(
+                f"no {NODE_FILE} beside the attempt: nothing signed says which node it ran on "
+                "(fleet run and fleet collect sign one with --key)"
+            )
+        return found
+    try:
+        raw = read_named(path, what="the node statement", max_bytes=MAX_ENVELOPE_BYTES)
+        statement = verify_node(raw, key) if key is not None else _unverified(raw)
+    except UsageError as e:
+        return [*found, f"{NODE_FILE}: {e}"]
+    return found + _names(statement, node, record.attempt_id)
+
+
+def _attempt_verifies(attempt: Path, key: PublicKey) -> list[str]:
+    """What `imagegate verify` finds wrong with the attempt folder: nothing, or what fails."""
+    try:
+        load_attempt(attempt, key, use="so it is no node's check", hint="check the node again")
+    except ImagegateError as e:
+        return [str(e)]
+    return []
+
+
+def _unverified(raw: bytes) -> dict[str, Any]:
+    """The statement of a node's envelope, its signature not checked (no key was given)."""
+    try:
+        statement = untrusted_json.loads(dsse.from_json(raw).payload, max_bytes=MAX_ENVELOPE_BYTES)
+    except untrusted_json.UntrustedJSONError as e:
+        raise UsageError(f"node statement: payload: {e}") from e
+    if not isinstance(statement, dict) or not isinstance(statement.get("predicate"), dict):
+        raise UsageError("node statement: not an in-toto statement with a predicate")
+    return statement
+
+
+def _names(statement: Mapping[str, Any], node: str, attempt: str) -> list[str]:
+    """Where the node statement names another node, or another attempt, than the one given."""
+    predicate = statement["predicate"]
+    found = []
+    if predicate.get("node") != node:
+        found.append(
+            f"{NODE_FILE} names node {predicate.get('node')!r}, not {node!r}: an attempt is taken "
+            "only as the node its statement names"
+        )
+    if predicate.get("attempt") != attempt:
+        found.append(
+            f"{NODE_FILE} was signed for attempt {predicate.get('attempt')!r}, not this one ({attempt})"
+        )
+    return found

@@ -33,6 +33,13 @@ _NODES = Option(..., "--nodes", metavar="FILE", help="kubectl get nodes -o json.
 _PODS = Option(None, "--pods", metavar="FILE", help="kubectl get pods -A -o json.")
 
 
+_UNSIGNED = Option(
+    False,
+    "--unsigned",
+    help="Judge attempts no key vouches for (every node unverified); without it or --key: exit 1.",
+)
+
+
 @fleet_app.command(
     "report",
     epilog="Each NODE=ATTEMPT names a node and the attempt of the node check that ran on it (`-p gpu`, "
@@ -41,15 +48,21 @@ _PODS = Option(None, "--pods", metavar="FILE", help="kubectl get pods -A -o json
     "HBM, host↔GPU, all-reduce bus bandwidth; a node's is its weakest GPU's) is more than "
     "--suspect-below under the median of the passing nodes of its GPU model, where there are "
     "--min-peers of them (else the node check's own floors alone). Prints the kubectl label and "
-    "taint commands for them, never runs them. With --key every attempt must verify with it. "
-    "Exit 0 when every node is fit, 1 when one is suspect or unfit (or does not verify), 3 for "
-    "unreadable input.\n\nExamples:\n\n"
+    "taint commands for them, never runs them. An attempt is bound to its node: a node whose "
+    "attempt ran on another node, whose node statement (node-check.dsse.json, signed by fleet "
+    "run and fleet collect) names another node or attempt, or whose GPU UUID another node "
+    "names too, is refused: unfit, and never a peer. With --key every attempt must verify with "
+    "it (signature, every evidence file) and carry its node statement, verified too, else the "
+    "node is refused. Without --key every node is unverified and the report exits 1, unless "
+    "--unsigned is given. Exit 0 when every node is fit, 1 when one is suspect, unfit or "
+    "refused (or nothing was verified), 3 for unreadable input.\n\nExamples:\n\n"
     "  imagegate fleet report gpu-1=runs/gpu-1/sha256-…/<attempt> gpu-2=runs/gpu-2/sha256-… gpu-3=… --key ci.pub\n\n"
-    "  imagegate fleet report gpu-1=… gpu-2=… gpu-3=… --suspect-below 0.05 --format json",
+    "  imagegate fleet report gpu-1=… gpu-2=… gpu-3=… --key ci.pub --suspect-below 0.05 --format json",
 )
 def report(
     nodes: list[str] = Argument(..., metavar="NODE=ATTEMPT...", help="A node's name and its attempt folder."),
     key: Path | None = _app.ATTESTATION_KEY,
+    unsigned: bool = _UNSIGNED,
     suspect_below: float = Option(
         0.10,
         "--suspect-below",
@@ -62,6 +75,8 @@ def report(
     fmt: Format = _app.FORMAT,
 ) -> None:
     """Judge every node's node check beside its peers; say which nodes to label or taint."""
+    import sys
+
     from imagegate import fleet
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
 
@@ -71,85 +86,80 @@ def report(
             "and 2 peers or more",
             hint="e.g. --suspect-below 0.1 --min-peers 3",
         )
-    read, unverified = _read(nodes, key)
-    judged = fleet.judge(read, suspect_below=suspect_below, min_peers=min_peers)
-    _print(judged, unverified, fmt, {"signaturesChecked": key is not None})
-    if fmt is Format.table and key is None:
-        print("signatures not checked: give --key PUB to check every attempt's")
-    fit = all(j.verdict == "fit" for j in judged.nodes) and not unverified
+    if key is not None and unsigned:
+        raise UsageError("--key and --unsigned: check the signatures, or not", hint="give one of them")
+    judged = fleet.judge(_read(nodes, key), suspect_below=suspect_below, min_peers=min_peers)
+    _print(judged, fmt, {"signaturesChecked": key is not None, "unsigned": unsigned})
+    if key is None and not unsigned:
+        print(
+            "imagegate: not accepted: no --key, so no attempt is verified and every node is unverified; "
+            "give --key PUB to check them, or --unsigned to judge them at their word",
+            file=sys.stderr,
+        )
+    fit = all(j.verdict == "fit" for j in judged.nodes) and (key is not None or unsigned)
     raise typer.Exit(EXIT_ACCEPTED if fit else EXIT_REJECTED)
 
 
-def _print(judged: "fleet.Fleet", unverified: list[str], fmt: Format, extra: dict[str, object]) -> None:
+def _print(judged: "fleet.Fleet", fmt: Format, extra: dict[str, object]) -> None:
     """The fleet report, a table or JSON (with `extra` keys), on stdout."""
     import json
 
     from imagegate import fleet
 
     if fmt is Format.json:
-        print(json.dumps({**fleet.as_json(judged, unverified), **extra}, indent=1))
+        print(json.dumps({**fleet.as_json(judged), **extra}, indent=1))
     else:
-        for line in fleet.table(judged, unverified):
+        for line in fleet.table(judged):
             print(line)
 
 
-def _node(name: str, stage: "StageResult") -> "fleet.Node":
+def _node(name: str, stage: "StageResult", evidence: str, refused: "list[str]") -> "fleet.Node":
     """A node as the fleet judges it, from its node check stage."""
     from imagegate import fleet
+    from imagegate.attest import nodecheck
 
+    data = stage.data
     return fleet.Node(
-        name, stage.status.value, fleet.gpu_model(stage.data), fleet.figures_of(stage.data), stage.detail
-    )
+        name, stage.status.value, fleet.gpu_model(data), fleet.figures_of(data), stage.detail,
+        gpus=tuple(nodecheck.gpu_uuids(data)), evidence=evidence, refused=tuple(refused),
+    )  # fmt: skip
 
 
-def _read(given: list[str], key: Path | None) -> "tuple[list[fleet.Node], list[str]]":
+def _read(given: list[str], key: Path | None) -> "list[fleet.Node]":
     """Each NODE=ATTEMPT as a fleet.Node, from the attempt's signed statement and its node check's
-    evidence; the attempts that did not verify with `key`, named."""
+    evidence, with what says the attempt is not that node's own (nodecheck.problems)."""
     from imagegate import fleet
-    from imagegate.attest import keys
-    from imagegate.report.load import read_attempt, resolve_attempt
+    from imagegate.attest import keys, nodecheck
+    from imagegate.report.load import read_attempt
 
     public = keys.load_public_key(key) if key else None
-    read, unverified, seen = [], [], set()
+    read: list[fleet.Node] = []
+    seen: set[object] = set()
     for item in given:
-        name, sep, folder = item.partition("=")
-        attempt = resolve_attempt(Path(folder)).resolve() if sep and folder else None
-        if attempt is None or not name or name in seen or attempt in seen:
-            why = "not NODE=ATTEMPT" if attempt is None or not name else "a node or an attempt named twice"
-            raise UsageError(
-                f"{item!r}: {why}", hint="give each node once, with its own attempt: gpu-1=runs/…/<attempt>"
-            )
-        seen |= {name, attempt}
-        loaded = read_attempt(attempt, public)
-        if key and not loaded.provenance.ok:
-            unverified.append(f"{name}: {loaded.provenance.lines()[0]}")
-        if public is not None and (wrong := _node_statement(name, attempt, public)):
-            unverified.append(f"{name}: {wrong}")
-        stage = fleet.node_check(loaded.record)
+        name, attempt = _node_attempt(item, seen)
+        record = read_attempt(attempt, public).record
+        stage = fleet.node_check(record)
         if stage is None:
-            raise UsageError(
-                f"{name}={folder}: this attempt ran no node check", hint="run -p gpu on the node"
-            )
-        read.append(_node(name, stage))
-    return read, unverified
+            raise UsageError(f"{item}: this attempt ran no node check", hint="run -p gpu on the node")
+        refused = nodecheck.problems(name, attempt, record, public)
+        evidence = "unverified" if public is None else "refused" if refused else "verified"
+        read.append(_node(name, stage, evidence, refused))
+    return read
 
 
-def _node_statement(name: str, attempt: Path, public: "keys.PublicKey") -> str | None:
-    """What is wrong with the node's own statement (`fleet run --key` signs one beside the
-    attempt), or None when it verifies and names this node; an attempt without one has none to check."""
-    from imagegate.attest import nodecheck
-    from imagegate.files import read_named
+def _node_attempt(item: str, seen: set[object]) -> tuple[str, Path]:
+    """NODE=ATTEMPT as the node's name and its attempt folder, each given once (added to `seen`)."""
+    from imagegate.report.load import resolve_attempt
 
-    path = attempt / nodecheck.NODE_FILE
-    if not path.is_file():
-        return None
-    try:
-        raw = read_named(path, what="the node statement", max_bytes=nodecheck.MAX_ENVELOPE_BYTES)
-        statement = nodecheck.verify_node(raw, public)
-    except UsageError as e:
-        return f"{path.name}: {e}"
-    node = statement["predicate"]["node"]
-    return None if node == name else f"{path.name}: names node {node!r}, not {name!r}"
+    name, sep, folder = item.partition("=")
+    attempt = resolve_attempt(Path(folder)).resolve() if sep and folder else None
+    if attempt is None or not name or name in seen or attempt in seen:
+        why = "not NODE=ATTEMPT" if attempt is None or not name else "a node or an attempt named twice"
+        raise UsageError(
+            f"{item!r}: {why}", hint="give each node once, with its own attempt: gpu-1=runs/…/<attempt>"
+        )
+    seen |= {name, attempt}
+    return name, attempt
 
 
 @fleet_app.command(
@@ -309,11 +319,11 @@ def _report_runs(runs: "list[fleetrun.NodeRun]", key: "keys.SigningKey | None", 
             no_result.append(r.node)
             nodes.append(fleet.Node(r.node, "ERROR", "unknown", {}, r.error or "no node check ran"))
             continue
-        nodes.append(_node(r.node, stage))
+        nodes.append(_node(r.node, stage, "this run", nodecheck.ran_elsewhere(r.node, r.record)))
         if key is not None:
             nodecheck.sign_attempt(r.node, r.record, key)
     judged = fleet.judge(nodes)
-    _print(judged, [], fmt, {"attempts": {r.node: r.record.attempt_dir for r in runs if r.record}})
+    _print(judged, fmt, {"attempts": {r.node: r.record.attempt_dir for r in runs if r.record}})
     if all(j.verdict == "fit" for j in judged.nodes):
         raise typer.Exit(EXIT_ACCEPTED)
     raise typer.Exit(EXIT_UNDECIDED if no_result else EXIT_REJECTED)
