@@ -66,13 +66,17 @@ def _digests(folder: Path) -> dict[str, str]:
 def test_node_check_is_deferred_without_gpus_and_the_run_records_the_request(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = imagegate("run", "--here", "-p", "gpu", "--gpus", "all", "-o", str(out), "--no-sign")
-    assert r.returncode == 0, r.stderr
-    assert "verdict: CPU_PASS_NODE_CHECK_DEFERRED" in r.stdout
+    # The node check alone, not run: nothing checked, no level, not accepted.
+    assert r.returncode == 1, r.stderr
+    assert "verdict: CPU_PASS_NODE_CHECK_DEFERRED → rejected: no level reached" in r.stdout
     pred = _statement(_attempts(out)[0])
     stage = pred["stages"][0]
     assert stage["probe"] == "gpu_preflight" and stage["status"] == "DEFERRED"
     assert pred["environment"]["gpus_requested"] == "all"
     assert pred["environment"]["gpuPresent"] is False
+    # --gpus asked, no GPU node here: the runner saw none, so it granted none
+    assert pred["environment"]["gpus_granted"] == {"via": "host_devices", "seen": [], "granted": False}
+    assert pred["environment"]["gpuGranted"] is False and "gpuGranted" not in stage
 
 
 def test_here_hides_this_hosts_gpus_unless_asked(tmp_path: Path) -> None:
@@ -266,7 +270,7 @@ def test_complete_runs_what_waited_on_a_deferred_or_skipped_stage(tmp_path: Path
     first = imagegate(
         "run", "--here", "-p", str(pipe), "-o", str(out), "--key", str(key), "--skip", "find_spec"
     )
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr  # its one CPU stage left out: no level
     earlier = _attempts(out)[0]
     stages = {s["id"]: s["status"] for s in _statement(earlier)["stages"]}
     assert stages == {"find_spec": "DEFERRED", "gpu_env": "DEFERRED", "after_gpu": "SKIPPED"}
