@@ -489,4 +489,9 @@ def test_only_a_gpus_node_that_is_a_character_device_now_is_seen(tmp_path: Path)
         ],
     )
     assert (grant.seen, grant.granted) == (("/dev/nvidia0",), True)
+    assert grant.to_json() == {"via": "cdi", "seen": ["/dev/nvidia0"], "granted": True}
+    two = nodes_grant(
+        "cdi", [(str(tmp_path / "nvidia0"), "/dev/nvidia9"), (str(tmp_path / "nvidia0"), "/dev/nvidia0")]
+    )
+    assert two.seen == ("/dev/nvidia0", "/dev/nvidia9")  # sorted: the same fact however listed
     assert not nodes_grant("host_devices", [("/dev/null", "/dev/nvidia-uvm")]).granted

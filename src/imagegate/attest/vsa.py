@@ -95,7 +95,7 @@ def stage_outcomes(pred: dict[str, Any]) -> dict[str, list[str]]:
             out[key[str(st.get("status"))]].append(str(st.get("id")))
     out["userSkipped"] = [
         str(st.get("id"))
-        for st in (pred.get("plan") or {}).get("stages") or []
+        for st in _plan(pred).get("stages") or []
         if isinstance(st, dict) and str(st.get("skipped") or "").startswith(USER_SKIP)
     ]
     out["gpuStages"] = sorted(gpu_stage_ids(_plan(pred)))
