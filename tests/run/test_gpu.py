@@ -334,6 +334,7 @@ def test_a_gpu_counts_where_the_runner_granted_and_saw_it_never_on_the_images_wo
     assert runner.Capabilities.reported(start, granted=True).gpu
     assert not runner.Capabilities.reported(start, granted=False).gpu  # the image's word alone
     assert not runner.Capabilities.reported({"gpu": {"present": "yes"}}, granted=True).gpu
+    assert not runner.Capabilities.reported({"gpu": {"present": 1}}, granted=True).gpu  # true only
     assert not runner.Capabilities.reported(None, granted=True).gpu
     obs = runner.Observation(ImageFacts("x", None), {}, [_controller(unseen, True)], "", "docker")
     assert not obs.capabilities.gpu
