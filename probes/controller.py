@@ -46,7 +46,8 @@ KEY_ENV = "IMAGEGATE_EVENT_KEY"  # the hex key itself (a Pod's environment)
 STAGES_ENV = "IMAGEGATE_STAGES"  # comma-separated stage ids this controller runs (default: all)
 STAGE_OUTPUT_CAP = 256 * 1024
 RESULT_CAP = 16 * 1024 * 1024
-STATUSES = ("PASS", "FAIL", "ERROR")  # what a probe may say of itself
+# What a probe may say of itself; SKIPPED: it had nothing to check (find_spec given no modules).
+STATUSES = ("PASS", "FAIL", "ERROR", "SKIPPED")
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36

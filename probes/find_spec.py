@@ -100,7 +100,12 @@ def run(params: dict) -> dict:
     modules = params.get("modules", [])
     allow = set(params.get("allow_namespace", []))
     if not modules:
-        return {"status": "PASS", "detail": "no modules to check", "data": {"modules": []}}
+        # Nothing checked is no pass: SKIPPED counts neither for nor against a level.
+        return {
+            "status": "SKIPPED",
+            "detail": "no modules to check (give them with --module)",
+            "data": {"modules": []},
+        }
     records = [check(m, allow) for m in modules]
     missing = [r for r in records if not r["found"]]
     namespace_only = [r for r in records if r["found"] and r.get("reason")]

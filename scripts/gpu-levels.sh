@@ -2,13 +2,22 @@
 # The levels a signed verdict reaches, on a real GPU, through the same commands a GPU node runs
 # (no container engine, no network there: `run --here` on the machine's own Python and torch):
 #   (a) a pipeline shaped as the built-in sglang one (a CPU stage; the node check, gpu_preflight,
-#       as its GPU stage), run with the GPUs hidden -> CPU_PASS_NODE_CHECK_DEFERRED, the VSA's
-#       levels IMAGEGATE_CPU alone; verify exits 0 and says so
-#   (b) imagegate complete <that attempt> --here --gpus all -> PASS, linked; the VSA's levels
-#       IMAGEGATE_CPU and IMAGEGATE_GPU; verify exits 0; verify --require-complete of (a) exits 1
+#       as its GPU stage), run with the GPUs hidden -> CPU_PASS_NODE_CHECK_DEFERRED, exit 0, the
+#       VSA's levels IMAGEGATE_CPU alone, the runner's fact: no GPU granted; verify exits 0;
+#       verify --require-complete exits 1
+#   (b) imagegate complete <that attempt> --here --gpus all -> PASS, linked, exit 0; the VSA's
+#       levels IMAGEGATE_CPU and IMAGEGATE_GPU; the runner's fact recorded: the node check stage
+#       `gpuGranted`, `environment.gpus_granted` naming the /dev/nvidiaN nodes it saw (run.json
+#       too); verify exits 0
 #   (c) the same pipeline on the GPUs with its CPU stage left out (--skip find_spec) -> the node
-#       check passes, the verdict names find_spec as deferred, and no level is reached
-# Everything lands under $OUT: log.txt, summary.json, evidence.tar.gz (every attempt), pub.pem.
+#       check passes, the verdict names find_spec as deferred, no level is reached: run exits 1,
+#       verify exits 1 saying so
+#   (d) GPUs not asked for, an interpreter that claims them (a wrapper setting the visibility
+#       variables; where bubblewrap is missing the host's nodes are in sight, and the node check
+#       really runs on them): never IMAGEGATE_GPU, the node check DEFERRED whatever it said
+# Prints one PASS/FAIL line per check and `gpu-levels: PASS` or `gpu-levels: FAIL` last; exits 0
+# when every check passed, 1 otherwise. Everything lands under $OUT: log.txt, summary.json,
+# evidence.tar.gz (every attempt), pub.pem.
 # Needs python3 with torch (CUDA); imagegate runs from src/ with the wheels
 # `scripts/gpu-wheels.py --download .whl` fetches, installed from .whl/ into $SITE when present.
 #   COMMIT=$(git rev-parse HEAD) OUT=/tmp/gpu-levels bash scripts/gpu-levels.sh
@@ -43,67 +52,54 @@ stages:
     with:
       modules: [torch, json]
 YAML
+# (d)'s interpreter: says a GPU is there whatever the runner gave (a node of its own where it can
+# make one, never over a real one).
+cat >"$WORK/claims-gpu" <<'WRAP'
+#!/bin/sh
+[ -e /dev/nvidia0 ] || : >/dev/nvidia0 2>/dev/null
+export CUDA_VISIBLE_DEVICES=0 NVIDIA_VISIBLE_DEVICES=all
+exec python3 "$@"
+WRAP
+chmod +x "$WORK/claims-gpu"
+step() {  # $1: name for the record; the rest: imagegate's arguments. Its exit code goes to rc-NAME.
+    local n=$1; shift
+    ig "$@" -q >>"$LOG" 2>&1; local rc=$?
+    echo "$rc" >"$OUT/rc-$n"; echo "$n exit $rc" | tee -a "$LOG"
+}
 verify() {  # $1: attempt folder, $2: name for the record; the rest: verify's options
     local a=$1 n=$2; shift 2
     ig verify "$a/attestation.dsse.json" --key "$WORK/key.pub" "$@" >"$OUT/verify-$n.txt" 2>&1
-    echo "verify $n exit $?" | tee -a "$LOG"
+    echo "$?" >"$OUT/rc-verify-$n"; echo "verify $n exit $(cat "$OUT/rc-verify-$n")" | tee -a "$LOG"
 }
 
 say "(a) GPUs hidden"
-ig run --here "${UNISOLATED[@]}" -p "$WORK/levels.yaml" -o "$RUNS" -q >>"$LOG" 2>&1; echo "exit $?" | tee -a "$LOG"
+step a run --here "${UNISOLATED[@]}" -p "$WORK/levels.yaml" -o "$RUNS"
 FIRST=$(latest)
 cp "$FIRST/vsa.dsse.json" "$OUT/a-vsa.dsse.json" 2>/dev/null
 verify "$FIRST" a
 verify "$FIRST" a-require-complete --require-complete
 
 say "(b) completed on the GPUs"
-ig complete "$FIRST" --here "${UNISOLATED[@]}" --gpus "$GPUS" -q >>"$LOG" 2>&1; echo "exit $?" | tee -a "$LOG"
+step b complete "$FIRST" --here "${UNISOLATED[@]}" --gpus "$GPUS"
 SECOND=$(latest)
 cp "$SECOND/vsa.dsse.json" "$OUT/b-vsa.dsse.json" 2>/dev/null
 verify "$SECOND" b
 
 say "(c) on the GPUs, find_spec left out"
-ig run --here "${UNISOLATED[@]}" -p "$WORK/levels.yaml" --gpus "$GPUS" --skip find_spec -o "$RUNS" -q >>"$LOG" 2>&1
-echo "exit $?" | tee -a "$LOG"
+step c run --here "${UNISOLATED[@]}" -p "$WORK/levels.yaml" --gpus "$GPUS" --skip find_spec -o "$RUNS"
 THIRD=$(latest)
 cp "$THIRD/vsa.dsse.json" "$OUT/c-vsa.dsse.json" 2>/dev/null
 verify "$THIRD" c
 
+say "(d) no GPUs asked for, an interpreter that claims them"
+step d run --here "${UNISOLATED[@]}" --python "$WORK/claims-gpu" -p "$WORK/levels.yaml" -o "$RUNS"
+FOURTH=$(latest)
+cp "$FOURTH/vsa.dsse.json" "$OUT/d-vsa.dsse.json" 2>/dev/null
+verify "$FOURTH" d
+
 say "summary"
-python3 - "$OUT" "$FIRST" "$SECOND" "$THIRD" <<'PY' | tee -a "$LOG"
-import base64, datetime, json, os, subprocess, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-def vsa(name):
-    try:
-        return json.loads(base64.b64decode(json.loads((out / name).read_text())["payload"]))["predicate"]
-    except (OSError, ValueError, KeyError):
-        return None
-def attempt(folder):
-    try:
-        p = json.loads((Path(folder) / "statement.json").read_text())["predicate"]
-    except (OSError, ValueError):
-        return None
-    return {"verdict": p["verdict"], "stages": {s["id"]: s["status"] for s in p["stages"]},
-            "gpu": p["environment"].get("gpu"), "completes": (p.get("completes") or {}).get("attempt")}
-def said(n):
-    t = out / f"verify-{n}.txt"
-    return t.read_text().strip().splitlines()[-1] if t.exists() else None
-try:
-    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                          capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
-except (OSError, subprocess.SubprocessError):
-    gpus = []
-summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": os.environ.get("COMMIT"), "nvidia_smi": gpus}
-for key, folder, name in (("hidden", sys.argv[2], "a"), ("completed", sys.argv[3], "b"), ("skipped", sys.argv[4], "c")):
-    v = vsa(f"{name}-vsa.dsse.json") or {}
-    summary[key] = {**(attempt(folder) or {}), "vsa": {"verificationResult": v.get("verificationResult"),
-                    "verifiedLevels": v.get("verifiedLevels"), "stages": (v.get("https://imagegate.dev/attestations/vsa/run") or {}).get("stages")},
-                    "verify": said(name)}
-summary["hidden"]["verify_require_complete"] = said("a-require-complete")
-(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-print(json.dumps(summary, indent=2))
-PY
+python3 "$ROOT/scripts/gpu-levels-check.py" "$OUT" "$FIRST" "$SECOND" "$THIRD" "$FOURTH" | tee -a "$LOG"
+RESULT=${PIPESTATUS[0]}
 tar -czf "$OUT/evidence.tar.gz" -C "$WORK" runs 2>>"$LOG"
 rm -rf "$WORK"
+exit "$RESULT"

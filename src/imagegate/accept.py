@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from imagegate import deadline
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.evidence import Attempt
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, RunRecord, exit_code
+from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, RunRecord, accepted, exit_code
 from imagegate.runner import Notify, Observation, Prepared, conclude, new_attempt
 
 if TYPE_CHECKING:  # signing and its keys are loaded when a run signs, after the probes ran
@@ -160,12 +160,24 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         )
     except OSError as e:
         raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
-    code = exit_code(record.verdict, require_complete=outputs.require_complete)
-    rejected_by = "--require-complete" if code != exit_code(record.verdict) else None
+    code, rejected_by = judged(record.verdict, statement, outputs.require_complete)
     if left is not None and code == EXIT_ACCEPTED:
         # Attached, but beside earlier statements a controller still reads: not admitted as it is.
         code, rejected_by = EXIT_REJECTED, "--attach left earlier statements (named above)"
     return Accepted(record, statement, signed, used_stdout, code, rejected_by)
+
+
+def judged(verdict: str, statement: dict[str, Any], require_complete: bool) -> tuple[int, str | None]:
+    """The exit code, and what rejects a verdict that is accepted by itself: --require-complete,
+    or no level reached (model.accepted; the stages that did not run or pass named)."""
+    from imagegate.attest.vsa import levels, no_level
+
+    code = exit_code(verdict, require_complete=require_complete)
+    if code != exit_code(verdict):
+        return code, "--require-complete"
+    if accepted(verdict, levels(statement)) != code:
+        return EXIT_REJECTED, no_level(statement)
+    return code, None
 
 
 def _provenance(folder: Path, key: keys.SigningKey | None) -> Provenance:

@@ -3,7 +3,10 @@ option, GPUs are hidden from the probes."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from imagegate.errors import UsageError
@@ -56,3 +59,39 @@ def parse(spec: str | None) -> GpuRequest | None:
         f"--gpus {spec!r}: not all, a count, or a list of GPU ids",
         hint="e.g. --gpus all, --gpus 2, --gpus 0,1, --gpus device=1 or --gpus GPU-<uuid>",
     )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """GPUs as the runner gave them to one container or process, and what it saw of them itself:
+    the fact a GPU level rests on, never the image's own report (which a lying interpreter
+    writes as it likes). `via`: how they were given (device_requests, cdi, host_devices,
+    pod_limits); `seen`: what the runner saw (the engine's record of the container's device
+    requests, the device nodes bound, the Pod's limits); nothing seen, nothing granted."""
+
+    via: str
+    seen: tuple[str, ...]
+
+    @property
+    def granted(self) -> bool:
+        return bool(self.seen)
+
+    def to_json(self) -> dict[str, object]:
+        return {"via": self.via, "seen": list(self.seen), "granted": self.granted}
+
+
+GPU_NODE = re.compile(r"/dev/nvidia\d+")  # one GPU's device node (not the control nodes)
+
+
+def nodes_grant(via: str, nodes: Iterable[tuple[str, str]]) -> Grant:
+    """GPUs given as device nodes, (host path, path where the run sees it): those seen where a GPU's
+    node goes, whose host path is a character device now, are what the runner saw."""
+    seen = []
+    for host, path in nodes:
+        try:
+            char = stat.S_ISCHR(os.stat(host).st_mode)
+        except OSError:
+            char = False
+        if char and GPU_NODE.fullmatch(path):
+            seen.append(path)
+    return Grant(via, tuple(sorted(seen)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +43,9 @@ class StageResult:
     # When it began, in seconds from the run's start, as the runner saw it (stages run side by
     # side: a timeline draws each at its start); None where nobody watched it begin (a Pod's log).
     started_s: float | None = None
+    # The runner granted GPUs to the container or process this stage ran in, and saw them
+    # (runner.gpu_granted): never the image's own report of a GPU.
+    on_gpu: bool = False
 
     @property
     def token(self) -> str:
@@ -116,29 +119,96 @@ def waiting_on_deferred(
 
 
 # The levels a signed verdict reaches (SLSA reserves the SLSA_ prefix), decided by what ran:
-# CPU = the verdict is accepted, at least one stage that needs no GPU ran, and every such stage
-# ran and passed; GPU = CPU, and the pipeline has GPU stages (`requires: [gpu]`), every one of
-# which ran on a GPU and passed (in this attempt or, carried, in the one it completes).
+# CPU = the verdict is accepted, at least one stage checked something and passed, and every stage
+# that needs no GPU and had something to check ran and passed; GPU = CPU, and the pipeline's GPU
+# stages (`requires: [gpu]`) that had something to check, one at least, each ran and passed on
+# GPUs the runner granted and saw (in this attempt or, carried, in the one it completes): the
+# image's own word that it had a GPU never earns it.
 LEVEL_CPU = "IMAGEGATE_CPU"
 LEVEL_GPU = "IMAGEGATE_GPU"
 
 
-def levels(verdict_token: str, stages: Iterable[tuple[Status, bool]]) -> list[str]:
-    """`stages`: each stage's (status, whether it is a GPU stage). A stage skipped (--skip, a
-    stage it needs not passing, nothing to check here) or deferred never counts as passed."""
+@dataclass(frozen=True)
+class Counted:
+    """A stage as the levels see it. `waited`: SKIPPED while waiting on a deferred stage, a check
+    that did not run; any other SKIPPED stage had nothing to check (no modules, no image here)
+    and counts neither for nor against a level."""
+
+    id: str
+    status: Status
+    gpu: bool = False  # a GPU stage: its plan `requires` gpu
+    on_gpu: bool = False  # the runner granted GPUs where it ran, and saw them
+    waited: bool = False
+
+    @property
+    def neutral(self) -> bool:
+        return self.status is Status.SKIPPED and not self.waited
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.PASS and (self.on_gpu or not self.gpu)
+
+
+def levels(verdict_token: str, stages: Iterable[Counted]) -> list[str]:
+    """A stage skipped (--skip, a stage it waited on) or deferred never counts as passed; a GPU
+    stage counts only where the runner gave it GPUs."""
     try:
         if exit_code(verdict_token) != EXIT_ACCEPTED:
             return []
     except ValueError:
         return []
-    stages = list(stages)
-    cpu = [st for st, gpu in stages if not gpu]
-    gpu = [st for st, gpu in stages if gpu]
-    if not cpu or any(st is not Status.PASS for st in cpu):
+    checked = [s for s in stages if not s.neutral]
+    if not any(s.passed for s in checked) or not all(s.passed for s in checked if not s.gpu):
         return []
-    if gpu and all(st is Status.PASS for st in gpu):
+    gpu = [s for s in checked if s.gpu]
+    if gpu and all(s.passed for s in gpu):
         return [LEVEL_CPU, LEVEL_GPU]
     return [LEVEL_CPU]
+
+
+def unreached(stages: Iterable[Counted]) -> str:
+    """Why a verdict reached no level, in words: the stages needing no GPU that did not run and
+    pass (every stage when none passed), and those that had nothing to check."""
+    stages = list(stages)
+    none_passed = not any(s.passed for s in stages)
+    missing = [s for s in stages if not s.neutral and not s.passed and (none_passed or not s.gpu)]
+    parts = ["no stage checked something and passed"] if none_passed else []
+    if missing:
+        shown = ", ".join(
+            f"{s.id} {s.status.value}" + (" without GPUs" * (s.gpu and not s.on_gpu)) for s in missing
+        )
+        parts.append(f"not run or not passed: {shown}")
+    if empty := [s.id for s in stages if s.neutral]:
+        parts.append(f"nothing to check: {', '.join(empty)}")
+    return "no level reached (" + "; ".join(parts) + ")"
+
+
+def gpu_stage_ids(plan: Mapping[str, Any]) -> set[str]:
+    """The GPU stages of a plan as recorded: those whose `requires` names gpu."""
+    return {
+        str(st.get("id"))
+        for st in plan.get("stages") or []
+        if isinstance(st, dict) and "gpu" in (st.get("requires") or [])
+    }
+
+
+def counted(stages: Sequence[StageResult], plan: Mapping[str, Any]) -> list[Counted]:
+    """`stages` (plan order) as the levels count them, by the plan they ran under (recorded). A
+    stage that waited on deferred GPU stages alone counts as one of them: it needs a GPU too."""
+    gpu = gpu_stage_ids(plan)
+    waited = waiting_on_deferred(stages, recorded_needs(plan))
+    out = []
+    for s in stages:
+        needs_gpu = s.id in gpu or (s.id in waited and set(waited[s.id]) <= gpu)
+        out.append(Counted(s.id, s.status, needs_gpu, s.on_gpu, s.id in waited))
+    return out
+
+
+def accepted(verdict_token: str, reached: Sequence[str], *, require_complete: bool = False) -> int:
+    """The exit code of a verdict that reached the levels `reached`: an accepted verdict that
+    reached none is rejected (a run whose checks were all left out proves nothing)."""
+    code = exit_code(verdict_token, require_complete=require_complete)
+    return EXIT_REJECTED if code == EXIT_ACCEPTED and not reached else code
 
 
 EXIT_ACCEPTED = 0

@@ -148,9 +148,18 @@ class Capabilities:
     gpu: bool = False
 
     @classmethod
-    def reported(cls, start: dict[str, Any] | None) -> Capabilities:
+    def reported(cls, start: dict[str, Any] | None, granted: bool) -> Capabilities:
+        """A GPU where the controller saw one and the runner had granted it (`granted`): the
+        image's word alone is no GPU."""
         gpu = (start or {}).get("gpu")
-        return cls(gpu=isinstance(gpu, dict) and gpu.get("present") is True)
+        return cls(gpu=granted and isinstance(gpu, dict) and gpu.get("present") is True)
+
+
+def gpu_granted(cr: ControllerRun | None) -> bool:
+    """Whether the runner granted GPUs to this controller's container or process and saw them
+    (the driver's own fact, BundleRun.gpus)."""
+    grant = cr.bundle_run.gpus if cr is not None else None
+    return grant is not None and grant.granted
 
 
 @dataclass
@@ -183,7 +192,8 @@ class Observation:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities.reported(next((cr.events.start for cr in self.runs if cr.events.start), None))
+        first = next((cr for cr in self.runs if cr.events.start), None)
+        return Capabilities.reported(first.events.start if first else None, gpu_granted(first))
 
 
 def inside_groups(inside: Plan, jobs: int) -> list[list[str]]:
@@ -466,7 +476,8 @@ def _record_controller(
     attempt.write(f"controller{suffix}.stderr.log", br.stderr)
     if events.start and "controller" not in env:
         env["python"] = events.start.get("python")
-        env["gpu"] = events.start.get("gpu")
+        env["gpu"] = events.start.get("gpu")  # the image's word: what its controller saw
+        env["gpus_granted"] = br.gpus.to_json() if br.gpus is not None else None  # the runner's
         # How the controller protected its events (probes/controller.py harden()).
         env["controller"] = {"protection": events.start.get("protection"), "pid": events.start.get("pid")}
         env["in_image"] = {
@@ -474,6 +485,8 @@ def _record_controller(
         }
     return {
         "stages": cr.stage_ids,
+        # The runner's own fact (BundleRun.gpus), beside the image's report in `environment.gpu`.
+        "gpus_granted": br.gpus.to_json() if br.gpus is not None else None,
         "interpreter": br.interpreter,
         "interpreters_tried": br.tried,
         "exit_code": br.exit_code,
@@ -546,12 +559,26 @@ def inside_results(
         if ev is None or cr is None:
             res = _unreported(stage, cr, cut[id(cr)] if cr else None)
         else:
-            res = _reported(stage, ev, f"stages/{numbers[stage.id]:02d}-{stage.id}", attempt)
+            res = _reported(stage, ev, f"stages/{numbers[stage.id]:02d}-{stage.id}", attempt, gpu_granted(cr))
         began = cr.events.started.get(stage.id) if cr else None
         if clock is not None and began is not None:
             res = replace(res, started_s=max(0.0, began - clock))
         out.append(res)
     return out
+
+
+def _on_gpu(stage: PlannedStage, res: StageResult, granted: bool) -> StageResult:
+    """The runner's own fact on a reported stage: run where it granted GPUs and saw them, or not.
+    A GPU stage that ran where it granted none is DEFERRED whatever the image says of its GPU
+    (a lying interpreter can say it had one): it ran for the record, as the controller defers
+    a stage on a host without a GPU, and `complete` runs it on GPUs."""
+    if granted or "gpu" not in stage.requires or res.status in (Status.DEFERRED, Status.SKIPPED):
+        return replace(res, on_gpu=granted)
+    data = dict(res.data, ran_for_record={"status": res.status.value, "detail": res.detail})
+    detail = (
+        f"requires gpu, and the runner granted none; ran for the record: {res.detail or res.status.value}"
+    )
+    return replace(res, status=Status.DEFERRED, detail=detail, data=data)
 
 
 def _unreported(stage: PlannedStage, cr: ControllerRun | None, cut: str | None) -> StageResult:
@@ -564,8 +591,11 @@ def _unreported(stage: PlannedStage, cr: ControllerRun | None, cut: str | None) 
     return StageResult(stage.id, stage.probe, "inside", Status.ERROR, why, ran)
 
 
-def _reported(stage: PlannedStage, ev: dict[str, Any], folder: str, attempt: Attempt) -> StageResult:
-    """A stage's event, and its output and artifacts as evidence files."""
+def _reported(
+    stage: PlannedStage, ev: dict[str, Any], folder: str, attempt: Attempt, granted: bool
+) -> StageResult:
+    """A stage's event, the runner's GPU fact on it (`granted`: _on_gpu), and its output and
+    artifacts as evidence files."""
     try:
         status = Status(ev.get("status"))
     except ValueError:
@@ -581,11 +611,11 @@ def _reported(stage: PlannedStage, ev: dict[str, Any], folder: str, attempt: Att
     for key in ("ran_for_record", "stdout_bytes", "stderr_bytes", "survivors_killed"):
         if key in ev:
             data[key] = ev[key]
-    detail = str(ev.get("detail", ""))
-    result = {"id": stage.id, "status": status.value, "detail": detail, "data": data}
+    said = StageResult(stage.id, stage.probe, "inside", status, str(ev.get("detail", "")), data=data)
+    res = _on_gpu(stage, said, granted)
+    result = {"id": stage.id, "status": res.status.value, "detail": res.detail, "data": res.data}
     files.append(attempt.write_json(f"{folder}/result.json", result))
-    duration = float(ev.get("duration_s") or 0.0)
-    return StageResult(stage.id, stage.probe, "inside", status, detail, duration, data, files)
+    return replace(res, duration_s=float(ev.get("duration_s") or 0.0), evidence=files)
 
 
 def outside_results(
@@ -641,7 +671,8 @@ def _run_outside(
         outcome = load_outside_probe(stage.probe)(ctx, stage.params)
     except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
         outcome = Outcome(Status.ERROR, f"{type(e).__name__}: {e}")
-    outcome = _deferred_by_requires(stage, outcome, obs.capabilities)
+    had = obs.capabilities
+    outcome = _deferred_by_requires(stage, outcome, had)
     files = []
     for p in sorted((attempt.dir / folder).rglob("*")):
         if p.is_file():
@@ -650,7 +681,7 @@ def _run_outside(
     files.append(attempt.write_json(f"{folder}/result.json", result))
     return StageResult(
         stage.id, stage.probe, "outside", outcome.status, outcome.detail,
-        time.monotonic() - t0, outcome.data, files, started,
+        time.monotonic() - t0, outcome.data, files, started, on_gpu=had.gpu,
     )  # fmt: skip
 
 

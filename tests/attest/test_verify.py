@@ -71,7 +71,11 @@ def _record(tmp_path: Path, **image: Any) -> RunRecord:
         attempt_id="x",
         attempt_dir=str(tmp_path / "none"),
         pipeline={"name": "vllm", "version": "1", "sha256": "a" * 64, "source": "builtin:vllm"},
-        plan={"apiVersion": "imagegate/v1", "pipeline": {}, "stages": []},
+        plan={
+            "apiVersion": "imagegate/v1",
+            "pipeline": {},
+            "stages": [{"id": "gpu_cli", "requires": ["gpu"]}],
+        },
         image=ImageFacts(**image),
         environment={"driver": "docker", "engine": "docker", "gpu": {"present": False}},
         stages=[

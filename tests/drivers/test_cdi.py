@@ -16,11 +16,12 @@ import subprocess
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from imagegate.drivers import bwrap, cdi, seccomp
-from imagegate.drivers.rootfs import PreparedRoot
+from imagegate.drivers.rootfs import PreparedRoot, RootfsDriver
 from imagegate.gpus import parse
 
 # Two GPUs whose PCI order is not their minor order: index 0 (nvidia-smi's order) is /dev/nvidia1.
@@ -410,3 +411,87 @@ def test_a_spec_of_many_devices_is_applied_whole_and_every_host_path_is_listed(t
     facts = inj.facts()
     assert sorted(b["host"] for b in facts["read_only"]) == [str(libs / f"lib{n}.so") for n in range(3)]
     assert {"GPU_0=x", "GPU_1=x", "LD_PRELOAD=/usr/lib/lib2.so"} <= set(facts["env"])
+
+
+# A CPU stage and a GPU stage that checks something trivial: on the fake host's GPU it can pass.
+LEVELS_PIPELINE = """\
+apiVersion: imagegate/v1
+name: gpu-level
+stages:
+  - id: find_spec
+    probe: find_spec
+    with:
+      modules: [json]
+  - id: on_gpu
+    probe: find_spec
+    requires: [gpu]
+    with:
+      modules: [os]
+"""
+
+
+def _accepted(driver: RootfsDriver, tmp_path: Path) -> dict[str, Any]:
+    """A whole run of LEVELS_PIPELINE on `driver`, concluded as `run` concludes it: the statement."""
+    from imagegate import accept, runner
+
+    tmp_path.mkdir()
+    pipe = tmp_path / "levels.yaml"
+    pipe.write_text(LEVELS_PIPELINE)
+    opts = runner.RunOptions(pipeline=str(pipe), out=tmp_path / "out")
+    prep = runner.prepare(opts)
+    with accept.within(prep, None):
+        observer = runner.DriverObserver(driver, "imagegate-test/python", opts)
+        done = accept.accept(accept.Request(prep, observer, opts.out))
+    assert done.exit_code == 0, done.record.stages
+    return done.statement
+
+
+def test_a_gpu_stage_on_gpus_the_runner_injected_and_saw_earns_the_gpu_level(
+    exported: Callable[[str], PreparedRoot], host: cdi.Host, tmp_path: Path
+) -> None:
+    """The rootfs driver's own fact: the fake host's GPU node (a character device, named so)
+    bound into the real sandbox, seen by the runner as bound; the stage counts as run on a GPU
+    and the GPU level is reached. The same image without the injection: no GPU, no GPU level."""
+    from imagegate.attest.vsa import levels
+
+    root = exported("python")
+    inj = cdi.inject(cdi.generate(host), parse("device=1"))  # index 1: /dev/nvidia0
+    statement = _accepted(RootfsDriver(lambda _ref: root, gpus=inj), tmp_path / "gpu")
+    pred = statement["predicate"]
+    assert pred["environment"]["gpus_granted"] == {"via": "cdi", "seen": ["/dev/nvidia0"], "granted": True}
+    assert pred["environment"]["gpuGranted"] is True and pred["environment"]["gpuPresent"] is True
+    assert [(s["id"], s["status"], s.get("gpuGranted")) for s in pred["stages"]] == [
+        ("find_spec", "PASS", True),
+        ("on_gpu", "PASS", True),
+    ]
+    assert levels(statement) == ["IMAGEGATE_CPU", "IMAGEGATE_GPU"]
+    plain = _accepted(RootfsDriver(lambda _ref: root), tmp_path / "plain")["predicate"]
+    assert plain["environment"]["gpuGranted"] is False
+    assert [(s["id"], s["status"], s.get("gpuGranted")) for s in plain["stages"]] == [
+        ("find_spec", "PASS", None),
+        ("on_gpu", "DEFERRED", None),
+    ]
+    assert levels({"predicate": plain}) == ["IMAGEGATE_CPU"]
+
+
+def test_only_a_gpus_node_that_is_a_character_device_now_is_seen(tmp_path: Path) -> None:
+    from imagegate.gpus import nodes_grant
+
+    (tmp_path / "nvidia0").symlink_to("/dev/null")
+    (tmp_path / "nvidia1").write_text("")  # a planted file is no device
+    grant = nodes_grant(
+        "cdi",
+        [
+            (str(tmp_path / "nvidia0"), "/dev/nvidia0"),
+            (str(tmp_path / "nvidia1"), "/dev/nvidia1"),
+            (str(tmp_path / "gone"), "/dev/nvidia2"),
+            ("/dev/null", "/dev/nvidiactl"),  # a control node: no GPU by itself
+        ],
+    )
+    assert (grant.seen, grant.granted) == (("/dev/nvidia0",), True)
+    assert grant.to_json() == {"via": "cdi", "seen": ["/dev/nvidia0"], "granted": True}
+    two = nodes_grant(
+        "cdi", [(str(tmp_path / "nvidia0"), "/dev/nvidia9"), (str(tmp_path / "nvidia0"), "/dev/nvidia0")]
+    )
+    assert two.seen == ("/dev/nvidia0", "/dev/nvidia9")  # sorted: the same fact however listed
+    assert not nodes_grant("host_devices", [("/dev/null", "/dev/nvidia-uvm")]).granted

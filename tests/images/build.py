@@ -95,6 +95,9 @@ RECIPES: dict[str, dict] = {
     # that floods stdout with 400 MB first.
     "hostile": {"from": "python", "copy": "hostile"},
     "hostile-wrapper": {"from": "hostile", "copy": "hostile-wrapper"},
+    # A python3 that makes the controller see a GPU the runner never granted (a device file of
+    # its own, the visibility variables set): no GPU level may rest on that word.
+    "hostile-gpu": {"from": "python", "copy": "hostile-gpu"},
     "flood": {"from": "python", "copy": "flood"},
     # The oldest Python the probes support that the reachable registries provide: Debian 11's
     # Python 3.9 (no Debian suite on the mirror, no PyPI or npm package ships an older CPython

@@ -15,7 +15,7 @@ import pytest
 from imagegate import accept, runner
 from imagegate.errors import UsageError
 from imagegate.kube import collect
-from imagegate.kube.render import BUNDLE_ANNOTATION, SECRET_KEY
+from imagegate.kube.render import BUNDLE_ANNOTATION, GPU_RESOURCE, SECRET_KEY
 from imagegate.model import RunRecord, Status
 from tests.helpers import controller_output, imagegate
 
@@ -287,3 +287,32 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     reported = cli("--report", f"junit={tmp_path}/reports/junit.xml")
     assert reported.returncode == 0, reported.stderr
     assert 'name="image_id"' in (tmp_path / "reports" / "junit.xml").read_text()
+
+
+def test_the_gpus_a_pod_was_given_are_its_limits_as_the_cluster_says_them() -> None:
+    """The runner's fact for a Pod: the device plugin's resource in the container's limits, as
+    the Pod read back from the cluster says it (never the image's report of a GPU)."""
+
+    def with_limits(limits: dict[str, str] | None, name: str = collect.CONTAINER) -> dict[str, Any]:
+        container = {"name": name, **({"resources": {"limits": limits}} if limits is not None else {})}
+        return {
+            "spec": {
+                "containers": [{"name": "sidecar", "resources": {"limits": {GPU_RESOURCE: "8"}}}, container]
+            }
+        }
+
+    grant = collect.pod_grant(with_limits({"cpu": "2", GPU_RESOURCE: "2"}))
+    assert grant is not None and (grant.via, grant.seen, grant.granted) == (
+        "pod_limits",
+        (f"{GPU_RESOURCE}=2",),
+        True,
+    )
+    assert collect.pod_grant(with_limits({GPU_RESOURCE: "0"})) is None
+    assert collect.pod_grant(with_limits({"cpu": "2"})) is None
+    assert collect.pod_grant(with_limits(None)) is None
+    assert (
+        collect.pod_grant(with_limits({GPU_RESOURCE: "1"}, name="other")) is None
+    )  # only the sidecar has one
+    assert collect.bundle_run(with_limits({GPU_RESOURCE: "1"}), b"").gpus == collect.pod_grant(
+        with_limits({GPU_RESOURCE: "1"})
+    )

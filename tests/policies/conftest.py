@@ -111,12 +111,14 @@ def make_runs(tmp: Path, policy_keys: Keys) -> dict[str, Path]:
 
 def _gpu_stand_in(deferred: Path, folder: Path, key: Path) -> Path:
     """The stand-in for a GPU node's completion (no GPU here): the deferred statement with its
-    GPU stage PASS and the verdict PASS, signed as the runner signs (attest/sign.py)."""
+    GPU stage PASS on GPUs the runner granted (`gpuGranted`, the runner's own fact) and the
+    verdict PASS, signed as the runner signs (attest/sign.py)."""
     statement = json.loads((deferred / "statement.json").read_text())
     pred = statement["predicate"]
     for stage in pred["stages"]:
         if stage["status"] == "DEFERRED":
             stage["status"], stage["token"] = "PASS", stage["token"].replace("_DEFERRED", "_PASS")
+            stage["gpuGranted"] = True
     pred["verdict"] = "PASS"
     folder.mkdir()
     sign.sign_attempt(folder, statement, keys.load_signing_key(key))

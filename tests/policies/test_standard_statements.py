@@ -15,16 +15,18 @@ from tests.policies.conftest import Keys, payload, result_statement, vsa
 
 def test_each_verdict_maps_to_result_and_levels(runs: dict[str, Path]) -> None:
     """A level names what ran and passed: the GPU level only from a pipeline whose GPU stages all
-    passed (the stand-in: a GPU cannot start here); a pipeline without GPU stages reaches the CPU
-    level alone; a stage left out with --skip is deferred and no level is reached."""
+    passed on GPUs the runner granted (the stand-in: a GPU cannot start here); a pipeline without
+    GPU stages reaches the CPU level alone; a stage left out with --skip is deferred and no level
+    is reached; a stage that had nothing to check counts neither for nor against one."""
     cpu, gpu = ["IMAGEGATE_CPU"], ["IMAGEGATE_CPU", "IMAGEGATE_GPU"]
     expect = {
         "pass": ("PASS", "PASSED", cpu, "PASSED"),
         "gpu_pass": ("PASS", "PASSED", gpu, "PASSED"),
         "deferred": ("CPU_PASS_GPU_ENV_DEFERRED", "PASSED", cpu, "WARNED"),
         "skipped": ("CPU_PASS_PIP_CHECK_DEFERRED", "FAILED", ["FAILED"], "WARNED"),
-        # PASS, with a stage that did not run: no level, and a test-result that is not PASSED
-        "layers_skipped": ("PASS", "FAILED", ["FAILED"], "WARNED"),
+        # PASS, with a stage that had nothing to check (no image here): the level of the one that
+        # passed, and a test-result that is not PASSED (a test that did not run)
+        "layers_skipped": ("PASS", "PASSED", cpu, "WARNED"),
         "fail": ("FAIL", "FAILED", ["FAILED"], "FAILED"),
         "error": ("ERROR", "FAILED", ["FAILED"], "FAILED"),
     }

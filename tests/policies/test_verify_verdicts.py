@@ -22,7 +22,12 @@ def test_verify_exits_on_the_verdict(runs: dict[str, Path], policy_keys: Keys) -
         ("fail", 1, "verified, but verdict FAIL is not accepted (rejected; levels: no level)"),
         ("error", 1, "verified, but verdict ERROR is not accepted (rejected; levels: no level)"),
         ("deferred", 0, "verified: verdict CPU_PASS_GPU_ENV_DEFERRED, accepted (levels: IMAGEGATE_CPU)"),
-        ("skipped", 0, "verified: verdict CPU_PASS_PIP_CHECK_DEFERRED, accepted (levels: no level)"),
+        (
+            "skipped",
+            1,
+            "verified, but verdict CPU_PASS_PIP_CHECK_DEFERRED reaches no level: not accepted (no level "
+            "reached (not run or not passed: pip_check DEFERRED))",
+        ),
         ("gpu_pass", 0, "verified: verdict PASS, accepted (levels: IMAGEGATE_CPU, IMAGEGATE_GPU)"),
     ):
         got, out = _verify(runs[name], policy_keys, *(("--signature-only",) if name == "gpu_pass" else ()))

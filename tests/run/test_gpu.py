@@ -10,12 +10,18 @@ import json
 import secrets
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from imagegate import resources
+from imagegate import protocol, resources, runner
+from imagegate.drivers.interface import BundleRun
+from imagegate.gpus import Grant
+from imagegate.model import ImageFacts, StageResult, Status
+from imagegate.pipeline.params import CliParams
+from imagegate.plan import PlannedStage
 from tests.helpers import imagegate
 
 GPU_PIPELINE = """\
@@ -66,13 +72,17 @@ def _digests(folder: Path) -> dict[str, str]:
 def test_node_check_is_deferred_without_gpus_and_the_run_records_the_request(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = imagegate("run", "--here", "-p", "gpu", "--gpus", "all", "-o", str(out), "--no-sign")
-    assert r.returncode == 0, r.stderr
-    assert "verdict: CPU_PASS_NODE_CHECK_DEFERRED" in r.stdout
+    # The node check alone, not run: nothing checked, no level, not accepted.
+    assert r.returncode == 1, r.stderr
+    assert "verdict: CPU_PASS_NODE_CHECK_DEFERRED → rejected: no level reached" in r.stdout
     pred = _statement(_attempts(out)[0])
     stage = pred["stages"][0]
     assert stage["probe"] == "gpu_preflight" and stage["status"] == "DEFERRED"
     assert pred["environment"]["gpus_requested"] == "all"
     assert pred["environment"]["gpuPresent"] is False
+    # --gpus asked, no GPU node here: the runner saw none, so it granted none
+    assert pred["environment"]["gpus_granted"] == {"via": "host_devices", "seen": [], "granted": False}
+    assert pred["environment"]["gpuGranted"] is False and "gpuGranted" not in stage
 
 
 def test_here_hides_this_hosts_gpus_unless_asked(tmp_path: Path) -> None:
@@ -266,7 +276,7 @@ def test_complete_runs_what_waited_on_a_deferred_or_skipped_stage(tmp_path: Path
     first = imagegate(
         "run", "--here", "-p", str(pipe), "-o", str(out), "--key", str(key), "--skip", "find_spec"
     )
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr  # its one CPU stage left out: no level
     earlier = _attempts(out)[0]
     stages = {s["id"]: s["status"] for s in _statement(earlier)["stages"]}
     assert stages == {"find_spec": "DEFERRED", "gpu_env": "DEFERRED", "after_gpu": "SKIPPED"}
@@ -283,3 +293,75 @@ def test_complete_runs_what_waited_on_a_deferred_or_skipped_stage(tmp_path: Path
         "gpu_env": ("DEFERRED", False),
         "after_gpu": ("SKIPPED", False),
     }
+
+
+def test_the_engines_record_of_a_container_says_which_gpus_it_was_given() -> None:
+    """A container's HostConfig as the engine's inspect gives it (Docker's --gpus device requests,
+    CDI devices by name, a GPU's node by path): the runner's own fact, never the image's."""
+    from imagegate.drivers.docker import engine_grant
+
+    docker_all = {
+        "DeviceRequests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]]}]
+    }
+    assert engine_grant(docker_all).seen == ("count=-1",)
+    two = {
+        "DeviceRequests": [{"Count": 0, "DeviceIDs": ["0", "GPU-aa"], "Capabilities": [["utility", "gpu"]]}]
+    }
+    assert engine_grant(two).seen == ("ids=0,GPU-aa",)
+    cdi_named = {"Devices": [{"PathOnHost": "nvidia.com/gpu=all"}, {"PathOnHost": "/dev/nvidia1"}]}
+    assert engine_grant(cdi_named).seen == ("nvidia.com/gpu=all", "/dev/nvidia1")
+    assert engine_grant(cdi_named).granted and engine_grant(cdi_named).via == "device_requests"
+    for nothing in (
+        {},
+        {"DeviceRequests": None, "Devices": None},
+        {"DeviceRequests": [{"Count": -1, "Capabilities": [["compute"]]}, "junk", {"Capabilities": "gpu"}]},
+        {"Devices": [{"PathOnHost": "/dev/nvidiactl"}, {"PathOnHost": "/dev/fuse"}, "junk"]},
+    ):
+        assert not engine_grant(nothing).granted, nothing
+
+
+def _controller(grant: Grant | None, gpu_present: bool) -> runner.ControllerRun:
+    events = protocol.Events()
+    events.start = {"event": "start", "gpu": {"present": gpu_present}}
+    return runner.ControllerRun(["s"], BundleRun(b"", b"", 0, gpus=grant), events)
+
+
+def test_a_gpu_counts_where_the_runner_granted_and_saw_it_never_on_the_images_word() -> None:
+    seen, unseen = Grant("cdi", ("/dev/nvidia0",)), Grant("host_devices", ())
+    assert runner.gpu_granted(_controller(seen, True)) and not runner.gpu_granted(_controller(unseen, True))
+    assert not runner.gpu_granted(_controller(None, True)) and not runner.gpu_granted(None)
+    start = {"gpu": {"present": True}}
+    assert runner.Capabilities.reported(start, granted=True).gpu
+    assert not runner.Capabilities.reported(start, granted=False).gpu  # the image's word alone
+    assert not runner.Capabilities.reported({"gpu": {"present": "yes"}}, granted=True).gpu
+    assert not runner.Capabilities.reported({"gpu": {"present": 1}}, granted=True).gpu  # true only
+    assert not runner.Capabilities.reported(None, granted=True).gpu
+    obs = runner.Observation(ImageFacts("x", None), {}, [_controller(unseen, True)], "", "docker")
+    assert not obs.capabilities.gpu
+    obs.runs = [_controller(seen, True)]
+    assert obs.capabilities.gpu
+
+
+@pytest.mark.parametrize("status", [Status.PASS, Status.FAIL, Status.ERROR])
+def test_a_gpu_stage_run_where_no_gpu_was_granted_is_deferred_for_the_record(status: Status) -> None:
+    gpu_stage = PlannedStage("g", "cli", "inside", CliParams(command=["x"]), 60.0, requires=("gpu",))
+    said = StageResult("g", "cli", "inside", status, "it said so", data={"argv": ["x"]})
+    res = runner._on_gpu(gpu_stage, said, granted=False)
+    assert (res.status, res.on_gpu) == (Status.DEFERRED, False)
+    assert res.detail == "requires gpu, and the runner granted none; ran for the record: it said so"
+    assert res.data == {"argv": ["x"], "ran_for_record": {"status": status.value, "detail": "it said so"}}
+    assert runner._on_gpu(gpu_stage, replace(said, detail=""), granted=False).detail.endswith(
+        f"ran for the record: {status.value}"
+    )
+    granted = runner._on_gpu(gpu_stage, said, granted=True)
+    assert (granted.status, granted.on_gpu, granted.detail) == (status, True, "it said so")
+    cpu_stage = replace(gpu_stage, requires=())
+    assert runner._on_gpu(cpu_stage, said, granted=False) == said  # no GPU needed: as it said
+    assert runner._on_gpu(cpu_stage, said, granted=True) == replace(said, on_gpu=True)
+
+
+@pytest.mark.parametrize("status", [Status.DEFERRED, Status.SKIPPED])
+def test_a_gpu_stage_that_did_not_run_stays_as_the_controller_said(status: Status) -> None:
+    gpu_stage = PlannedStage("g", "cli", "inside", CliParams(command=["x"]), 60.0, requires=("gpu",))
+    said = StageResult("g", "cli", "inside", status, "no GPU here")
+    assert runner._on_gpu(gpu_stage, said, granted=False) == said

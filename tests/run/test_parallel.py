@@ -63,7 +63,12 @@ def test_skip_leaves_a_stage_and_its_dependents_out(images: dict[str, str], tmp_
         "run", images["python"], "-p", str(pipeline(tmp_path)), "--skip", "slow_a", "--skip", "slow_b",
         "-o", str(tmp_path / "o"), "--no-sign", "--format", "json",
     )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    # Two of its checks left out and one waiting on them: no level reached, so not accepted.
+    assert r.returncode == 1, r.stderr
+    assert (
+        "imagegate: verdict CPU_PASS_SLOW_A_SLOW_B_DEFERRED rejected: no level reached (not run or not "
+        "passed: slow_a DEFERRED, slow_b DEFERRED, after_a SKIPPED)"
+    ) in r.stderr, r.stderr
     pred = r.json()["predicate"]
     stages = {s["id"]: (s["status"], s["detail"]) for s in pred["stages"]}
     # Left out, so not run: DEFERRED (never PASS), for `complete` to run; what needs it waits.

@@ -133,8 +133,10 @@ def test_nothing_to_audit_against_is_deferred(vuln_images: dict[str, str], tmp_p
     pipe = tmp_path / "audited.yaml"
     pipe.write_text(PIPELINE.format(expires="2099-01-01"))
     r = imagegate("run", vuln_images["vulnerable"], "-p", str(pipe), "-o", str(tmp_path))
-    assert r.returncode == 0, r.stdout + r.stderr  # accepted as deferred, unless --require-complete
+    # The audit, a check that needs no GPU, did not run: no level reached, so not accepted.
+    assert r.returncode == 1, r.stdout + r.stderr
     assert "verdict: CPU_PASS_VULNS_DEFERRED" in r.stdout and "VULNS_DEFERRED" in r.stdout
+    assert "rejected: no level reached (not run or not passed: vulns DEFERRED)" in " ".join(r.stdout.split())
     r = imagegate(
         "run", vuln_images["vulnerable"], "-p", str(pipe), "-o", str(tmp_path), "--require-complete"
     )

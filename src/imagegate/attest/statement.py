@@ -55,6 +55,12 @@ def _gpu_present(env: dict[str, Any]) -> bool | None:
     return None
 
 
+def _gpu_granted(env: dict[str, Any]) -> bool:
+    """The runner's own fact (runner.gpu_granted), beside the image's word (`gpuPresent`)."""
+    grant = env.get("gpus_granted")
+    return isinstance(grant, dict) and grant.get("granted") is True
+
+
 def attempt_evidence(record: RunRecord) -> list[dict[str, Any]]:
     """Every file of the attempt folder that no stage lists (plan, pipeline, bundle, controller
     output, run facts), with its sha256: together with the stages' files, all of the evidence."""
@@ -86,6 +92,7 @@ def environment(record: RunRecord) -> dict[str, Any]:
         "driver": env.get("driver"),
         "engine": env.get("engine"),
         "gpuPresent": _gpu_present(env),
+        "gpuGranted": _gpu_granted(env),
         "keyIsolation": _key_isolation(env),
     }
 
@@ -195,6 +202,7 @@ def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
                 "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
                 **({"facts": f} if (f := _facts(s)) else {}),
                 **({"fromAttempt": s.data["from_attempt"]} if s.data.get("from_attempt") else {}),
+                **({"gpuGranted": True} if s.on_gpu else {}),
             }
             for s in record.stages
         ],
@@ -263,6 +271,7 @@ def read_stage(raw: dict[str, Any]) -> StageResult:
         data=data,
         evidence=evidence,
         started_s=_seconds(raw.get("startedSeconds")),
+        on_gpu=raw.get("gpuGranted") is True,
     )
 
 

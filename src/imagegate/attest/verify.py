@@ -661,11 +661,12 @@ def accepts(
 ) -> tuple[bool, str]:
     """Whether `imagegate verify` accepts what it verified, and the sentence that says why: a
     signature is not an acceptance. Our acceptance statement: its verdict by `run`'s exit-code
-    rule (PASS and a deferred verdict accepted, the levels named; FAIL and ERROR not;
-    --require-complete refuses a deferred one), or, with --expect-verdict, that verdict alone.
+    rule (PASS and a deferred verdict accepted when they reach a level, the levels named; FAIL
+    and ERROR not; --require-complete refuses a deferred one), or, with --expect-verdict, that
+    verdict alone.
     An SLSA VSA: its verificationResult. Any other predicate: the checks alone."""
     from imagegate.attest.platforms import INDEX_PREDICATE_TYPE, index_levels
-    from imagegate.attest.vsa import VSA_PREDICATE_TYPE, levels
+    from imagegate.attest.vsa import VSA_PREDICATE_TYPE, levels, no_level
     from imagegate.model import EXIT_ACCEPTED, exit_code
 
     if not report.ok:
@@ -682,7 +683,11 @@ def accepts(
         except ValueError:
             return False, f"verified, but verdict {verdict!r} is not one imagegate writes: not accepted"
         of_index = report.predicate_type == INDEX_PREDICATE_TYPE
-        reached = ", ".join(index_levels(statement) if of_index else levels(statement)) or "no level"
+        got = index_levels(statement) if of_index else levels(statement)
+        reached = ", ".join(got) or "no level"
+        if code == EXIT_ACCEPTED and not got:  # a run whose checks were all left out proves nothing
+            why = "no level every platform reached" if of_index else no_level(statement)
+            return False, f"verified, but verdict {verdict} reaches no level: not accepted ({why})"
         if code == EXIT_ACCEPTED:
             return True, f"verified: verdict {verdict}, accepted (levels: {reached})"
         why = "--require-complete refuses a deferred verdict" if verdict.endswith("_DEFERRED") else "rejected"

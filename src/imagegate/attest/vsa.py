@@ -12,8 +12,17 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from imagegate.attest.statement import STATEMENT_TYPE
-from imagegate.model import EXIT_ACCEPTED, USER_SKIP, Status, exit_code
+from imagegate.attest.statement import STATEMENT_TYPE, read_stage
+from imagegate.model import (
+    EXIT_ACCEPTED,
+    USER_SKIP,
+    Counted,
+    Status,
+    counted,
+    exit_code,
+    gpu_stage_ids,
+    unreached,
+)
 from imagegate.model import LEVEL_CPU as LEVEL_CPU  # where policies' tests and reports find them
 from imagegate.model import LEVEL_GPU as LEVEL_GPU
 from imagegate.model import levels as levels_of
@@ -34,15 +43,37 @@ FAILED_LEVELS = ["FAILED"]
 COMPLETION_LINK = "completes/attestation.dsse.json"  # where `complete` keeps the earlier envelope
 
 
-def _gpu_stage_ids(pred: dict[str, Any]) -> set[str]:
+def levels(statement: dict[str, Any]) -> list[str]:
+    """The levels a signed acceptance reaches, from what ran (model.levels): never the verdict
+    string itself, so that a policy names a level and not one of the many
+    CPU_PASS_<stages>_DEFERRED spellings. A GPU stage is one whose planned `requires` names gpu;
+    it counts as run on a GPU only where the statement says the runner granted it GPUs."""
+    stages = counted_stages(statement)
+    pred = statement.get("predicate") or {}
+    return [] if stages is None else levels_of(str(pred.get("verdict")), stages)
+
+
+def no_level(statement: Mapping[str, Any]) -> str:
+    """Why a signed acceptance reached no level, in words (model.unreached)."""
+    stages = counted_stages(statement)
+    return (
+        "no level reached (a stage status imagegate does not write)" if stages is None else unreached(stages)
+    )
+
+
+def counted_stages(statement: Mapping[str, Any]) -> list[Counted] | None:
+    """The statement's stages as the levels count them; None when one cannot be read (a status
+    this imagegate does not write): such a statement earns nothing."""
+    pred = statement.get("predicate") or {}
+    raw = [st for st in pred.get("stages") or [] if isinstance(st, dict)]
+    if len(raw) != len(pred.get("stages") or []) or any(_status(st.get("status")) is None for st in raw):
+        return None
+    return counted([read_stage(st) for st in raw], _plan(pred))
+
+
+def _plan(pred: Mapping[str, Any]) -> dict[str, Any]:
     plan = pred.get("plan")
-    if not isinstance(plan, dict):
-        return set()
-    return {
-        str(st.get("id"))
-        for st in plan.get("stages") or []
-        if isinstance(st, dict) and "gpu" in (st.get("requires") or [])
-    }
+    return plan if isinstance(plan, dict) else {}
 
 
 def _status(raw: Any) -> Status | None:
@@ -50,21 +81,6 @@ def _status(raw: Any) -> Status | None:
         return Status(raw)
     except ValueError:
         return None
-
-
-def levels(statement: dict[str, Any]) -> list[str]:
-    """The levels a signed acceptance reaches, from what ran (model.levels): never the verdict
-    string itself, so that a policy names a level and not one of the many
-    CPU_PASS_<stages>_DEFERRED spellings. A GPU stage is one whose planned `requires` names gpu."""
-    pred = statement.get("predicate") or {}
-    gpu = _gpu_stage_ids(pred)
-    stages = []
-    for st in pred.get("stages") or []:
-        status = _status(st.get("status")) if isinstance(st, dict) else None
-        if status is None:
-            return []  # a stage this imagegate cannot read earns nothing
-        stages.append((status, str(st.get("id")) in gpu))
-    return levels_of(str(pred.get("verdict")), stages)
 
 
 def stage_outcomes(pred: dict[str, Any]) -> dict[str, list[str]]:
@@ -84,10 +100,10 @@ def stage_outcomes(pred: dict[str, Any]) -> dict[str, list[str]]:
             out[key[str(st.get("status"))]].append(str(st.get("id")))
     out["userSkipped"] = [
         str(st.get("id"))
-        for st in (pred.get("plan") or {}).get("stages") or []
+        for st in _plan(pred).get("stages") or []
         if isinstance(st, dict) and str(st.get("skipped") or "").startswith(USER_SKIP)
     ]
-    out["gpuStages"] = sorted(_gpu_stage_ids(pred))
+    out["gpuStages"] = sorted(gpu_stage_ids(_plan(pred)))
     return out
 
 

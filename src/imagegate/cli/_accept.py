@@ -29,10 +29,10 @@ if TYPE_CHECKING:  # imported where used: `--help` never loads the pipeline mode
 
 Notify = Callable[[str], None]
 EXIT_CODES = (
-    "Exit codes: 0 accepted (PASS, or a deferred verdict), 1 rejected (FAIL, or deferred with "
-    "--require-complete), 2 could not decide (ERROR; --attach that could not attach: the image's "
-    "tag moved while it ran, nothing signed, or the registry refused), 3 usage or input error "
-    "(--attach with no key to sign with: refused before the run)."
+    "Exit codes: 0 accepted (PASS, or a deferred verdict, that reaches a level), 1 rejected (FAIL, "
+    "no level reached, or deferred with --require-complete), 2 could not decide (ERROR; --attach "
+    "that could not attach: the image's tag moved while it ran, nothing signed, or the registry "
+    "refused), 3 usage or input error (--attach with no key to sign with: refused before the run)."
 )
 
 
@@ -245,6 +245,8 @@ def finish(done: "accept.Accepted", fmt: Format, quiet: bool) -> NoReturn:
         sys.stdout.write(formats.statement_text(done.statement))  # as signed, byte for byte
         if not quiet:  # stdout is the statement's alone; where the evidence went still matters
             print(f"imagegate: evidence: {done.record.attempt_dir}", file=sys.stderr)
+        if done.rejected_by:  # no table to say it on: why exit 1, even when quiet
+            print(f"imagegate: verdict {done.record.verdict} rejected: {done.rejected_by}", file=sys.stderr)
     else:
         from imagegate.report import console as console_report
 

@@ -41,7 +41,7 @@ from imagegate.drivers.interface import (
 )
 from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.errors import EngineError, ImagegateError, UsageError
-from imagegate.gpus import HIDING_ENV, GpuRequest
+from imagegate.gpus import HIDING_ENV, GpuRequest, Grant
 from imagegate.model import ImageFacts, Status
 from imagegate.oci import engineapi
 from imagegate.oci.digest import is_digest
@@ -76,6 +76,22 @@ def device_requests(gpus: GpuRequest | None) -> list[docker.types.DeviceRequest]
     if gpus.ids:
         return [docker.types.DeviceRequest(device_ids=list(gpus.ids), capabilities=[["gpu"]])]
     return [docker.types.DeviceRequest(count=gpus.count, capabilities=[["gpu"]])]
+
+
+def engine_grant(host_config: dict[str, Any]) -> Grant:
+    """What a container's HostConfig (the engine's inspect) says it was given of GPUs: device
+    requests with the gpu capability (`--gpus`), and GPU devices by CDI name or /dev path."""
+    seen: list[str] = []
+    for req in host_config.get("DeviceRequests") or []:
+        caps = req.get("Capabilities") if isinstance(req, dict) else None
+        if isinstance(caps, list) and any(isinstance(c, list) and "gpu" in c for c in caps):
+            ids = req.get("DeviceIDs") or []
+            seen.append(f"ids={','.join(map(str, ids))}" if ids else f"count={req.get('Count')}")
+    for dev in host_config.get("Devices") or []:
+        path = str(dev.get("PathOnHost") or "") if isinstance(dev, dict) else ""
+        if path.startswith("nvidia.com/gpu=") or re.fullmatch(r"/dev/nvidia\d+", path):
+            seen.append(path)
+    return Grant("device_requests", tuple(seen))
 
 
 def _no_gpu_runtime(err: docker.errors.APIError) -> bool:
@@ -407,7 +423,17 @@ class DockerDriver(DriverBase):
                 "memory": self.memory,
                 "pids_limit": self.pids,
             },
+            gpus=self._granted(cid),
         )
+
+    def _granted(self, cid: str) -> Grant | None:
+        """The GPUs this container was given, as the engine recorded them for it (read back,
+        not what was asked): a GPU level rests on this, never on the image's report."""
+        if self.gpus is None:
+            return None
+        doc = engineapi.get_json(self.client, "/containers/{0}/json", cid)
+        host = doc.get("HostConfig") if isinstance(doc, dict) else None
+        return engine_grant(host if isinstance(host, dict) else {})
 
     def _create(self, image: ImageFacts, interpreter: str, sha: str, name: str) -> str:
         """The container, isolated, created (not started): its ID."""

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from imagegate.gpus import Grant
 from imagegate.model import ImageFacts, Status
 
 if TYPE_CHECKING:  # the verification's modules load when an image is verified, not with the driver
@@ -33,6 +34,7 @@ class BundleRun:
     stdout_total: int = 0
     stderr_total: int = 0
     facts: dict[str, Any] = field(default_factory=dict)  # e.g. container id, limits
+    gpus: Grant | None = None  # GPUs the driver gave this run and saw (None: none given)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from imagegate.drivers import bwrap, seccomp
 from imagegate.drivers.interface import BundleRequest, BundleRun, DriverBase, OnOutput
 from imagegate.drivers.process import run_group
 from imagegate.errors import UsageError
-from imagegate.gpus import HIDING_ENV, GpuRequest
+from imagegate.gpus import HIDING_ENV, GpuRequest, nodes_grant
 from imagegate.model import ImageFacts
 
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
@@ -333,7 +333,7 @@ class LocalDriver(DriverBase):
             command = [os.path.abspath(exe), "-I", "-S", BUNDLE_IN_SANDBOX if sandboxed else str(path)]
             try:
                 with self.isolation.seccomp_fd() as fd:
-                    return _run(
+                    run = _run(
                         self.sandboxed(command, env, bundle=path, seccomp_fd=fd),
                         req.deadline_s,
                         interpreter=exe,
@@ -345,6 +345,9 @@ class LocalDriver(DriverBase):
                     )
             finally:
                 os.close(key_r)
+        if self.gpus is not None:  # this host's GPU nodes, bound into the sandbox (or left visible)
+            run.gpus = nodes_grant("host_devices", ((p, p) for p in _gpu_devices()))
+        return run
 
 
 DEFAULT_INTERPRETERS = ("python3", "python")

@@ -31,6 +31,7 @@ from imagegate.drivers.interface import (
 from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
+from imagegate.gpus import nodes_grant
 from imagegate.model import ImageFacts, Status
 from imagegate.oci.verify import VerifyReport
 
@@ -213,7 +214,10 @@ class RootfsDriver(DriverBase):
                 )
             return interpret(done, req.image, interpreter, ident, self.limits)
 
-        return first_usable(req.interpreters, attempt, req.cancel)
+        run = first_usable(req.interpreters, attempt, req.cancel)
+        if self.gpus is not None:  # the CDI spec's device nodes as bound: what the sandbox got
+            run.gpus = nodes_grant("cdi", self.gpus.device_nodes)
+        return run
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from imagegate import protocol
 from imagegate.drivers.interface import BundleRun
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
-from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV
+from imagegate.gpus import Grant
+from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV, GPU_RESOURCE
 from imagegate.model import EvidenceFile, ImageFacts, StageResult, Status
 from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import parse_image_name
@@ -189,7 +190,19 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
             "container_state": state,
             "restart_count": status.get("restartCount"),
         },
+        gpus=pod_grant(pod, container),
     )
+
+
+def pod_grant(pod: dict[str, Any], container: str = CONTAINER) -> Grant | None:
+    """The GPUs the cluster gave the container, as the Pod it ran says them (its limits of the
+    device plugin's resource), read from the cluster: never the image's own report."""
+    for c in pod.get("spec", {}).get("containers") or []:
+        if isinstance(c, dict) and c.get("name") == container:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            count = str(limits.get(GPU_RESOURCE) or "0")
+            return Grant("pod_limits", (f"{GPU_RESOURCE}={count}",)) if count != "0" else None
+    return None
 
 
 def key_secret(pod: dict[str, Any], container: str = CONTAINER) -> tuple[str, str] | None:
