@@ -183,6 +183,7 @@ def test_the_same_statement_again_writes_nothing_and_a_resigned_one_replaces_it(
     before = _written(ref)
     ((done, referred),) = _attach(ref, first)
     assert done.already and referred.already and _written(ref) == before
+    assert referred.via == f"tag {referrers.fallback_tag(_digest(ref))}"  # this registry has no API
     # the same statement signed again (ECDSA: other signature bytes): there already, not added
     ((done, referred),) = _attach(ref, dsse.sign(first.payload, A))
     assert not done.replaced and _there(ref) == {"att": ["A:PASS"], "referrers": ["A:PASS"]}
@@ -217,9 +218,32 @@ def test_where_the_registry_indexes_referrers_a_superseded_one_is_deleted_and_a_
         fronted = attach.parse_image(str(ref).replace(reg, front))
         _attach(fronted, _said(fronted, "FAIL", 10))
         _attach(fronted, _said(fronted, "FAIL", 11, key=B), trusted=(B.public,))
-        ((_, referred),) = _attach(fronted, _said(fronted, "PASS", 12))
+        passed = _said(fronted, "PASS", 12)
+        ((_, referred),) = _attach(fronted, passed)
         assert referred.via == referrers.API and [r.outcome for r in referred.replaced] == ["FAIL"]
         assert sorted(_there(fronted)["referrers"]) == ["A:PASS", "B:FAIL"]
+        # the same statement again: already listed by the API, and no fallback tag is written
+        ((_, again),) = _attach(fronted, passed)
+        assert again.already and again.via == referrers.API
+        fallback = referrers.fallback_tag(_digest(fronted))
+        assert (
+            httpx.get(f"http://{reg}/v2/{ref.repository}/manifests/{fallback}", timeout=10).status_code == 404
+        )
+
+
+def test_a_superseded_referrer_is_unlisted_and_its_manifest_deleted_where_the_registry_allows(
+    reg: str,
+) -> None:
+    ref = _image(reg)
+    ((_, first),) = _attach(ref, _said(ref, "FAIL", 10))
+    ((_, referred),) = _attach(ref, _said(ref, "PASS", 12))
+    assert [r.where for r in referred.replaced] == [f"referrer {first.manifest_digest}"]
+
+    def status(digest: str) -> int:
+        url = f"http://{reg}/v2/{ref.repository}/manifests/{digest}"
+        return httpx.get(url, headers={"Accept": OCI_MANIFEST}, timeout=10).status_code
+
+    assert status(referred.manifest_digest) == 200 and status(first.manifest_digest) == 404
 
 
 def test_what_an_attach_says_names_the_manifest_digest_and_what_was_pushed(reg: str) -> None:

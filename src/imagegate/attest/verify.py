@@ -577,16 +577,20 @@ def verify_image(
     scope = scope or Scope()
     chosen = the_word(reports, scope)
     if chosen is None and scope.pipeline is not None:
-        chosen = Report(f"{ref.registry}/{ref.repository}@{remote.digests[0]}")
-        chosen.add(
-            "attestation",
-            "failed",
-            f"none of the {len(reports)} statement(s) attached is pipeline {scope.pipeline}'s and "
-            "verifies with the keys given",
-        )
+        return _none_of_pipeline(f"{ref.registry}/{ref.repository}@{remote.digests[0]}", scope, len(reports))
     chosen = chosen or choose(reports, predicate_type)
     assert chosen is not None
     return chosen
+
+
+def _none_of_pipeline(pinned: str, scope: Scope, read: int) -> Report:
+    rep = Report(pinned)
+    rep.add(
+        "attestation",
+        "failed",
+        f"none of the {read} statement(s) attached is pipeline {scope.pipeline}'s and verifies with the keys given",
+    )
+    return rep
 
 
 def _none_attached(image: str, ref: Reference, remote: attach.RemoteImage) -> Report:
