@@ -23,7 +23,7 @@ from imagegate.attest import verify as verifying
 from imagegate.attest.sign import Signed, sign_attempt
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, exit_code
+from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, accepted
 from imagegate.oci.digest import short_digest, split_digest
 from imagegate.oci.manifest import parse_platform, platform_matches
 from imagegate.oci.registry import NotFound
@@ -109,7 +109,8 @@ def judge_index(
     signed = sign_attempt(attempt.dir, statement, key)
     notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
     verdict = str(statement["predicate"]["verdict"])
-    code = exit_code(verdict, require_complete=require_complete)
+    # No level, no acceptance: a deferred index whose platforms reached none is rejected, as verify rejects it.
+    code = accepted(verdict, plat.index_levels(statement), require_complete=require_complete)
     pairs: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)

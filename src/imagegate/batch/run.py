@@ -112,7 +112,8 @@ def run_image(
         name,
         entry.image,
         record.verdict,
-        exit_code(record.verdict, require_complete=require),
+        # run's own (a verdict that reached no level is rejected), and the entry's --require-complete
+        max(done.exit_code, exit_code(record.verdict, require_complete=require)),
         "; ".join(problems) or f"{len(record.stages)} stages passed",
         time.monotonic() - t0,
         record.attempt_dir,
