@@ -23,7 +23,7 @@ from imagegate.attest import verify as verifying
 from imagegate.attest.sign import Signed, sign_attempt
 from imagegate.errors import UsageError
 from imagegate.evidence import Attempt
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, accepted
+from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, accepted, exit_code
 from imagegate.oci.digest import short_digest, split_digest
 from imagegate.oci.manifest import parse_platform, platform_matches
 from imagegate.oci.registry import NotFound
@@ -70,6 +70,12 @@ def read_index(reference: str, insecure: bool) -> tuple[str, str, plat.IndexList
     return f"{ref.registry}/{ref.repository}", top.digest, plat.list_platforms(top.raw, top.media_type, where)
 
 
+def _no_level(verdict: str, statement: dict[str, Any]) -> None:
+    """The exit code's reason, on stderr whatever the format, as run gives it."""
+    not_run = ", ".join(statement["predicate"]["notRun"])
+    print(f"imagegate: rejected: {verdict} reaches no level (not run: {not_run})", file=sys.stderr)
+
+
 def judge_index(
     reference: str,
     runs: Sequence[Path],
@@ -111,6 +117,10 @@ def judge_index(
     verdict = str(statement["predicate"]["verdict"])
     # No level, no acceptance: a deferred index whose platforms reached none is rejected, as verify rejects it.
     code = accepted(verdict, plat.index_levels(statement), require_complete=require_complete)
+    if code != exit_code(verdict, require_complete=require_complete):
+        notify(
+            f"rejected: {verdict} reaches no level (not run: {', '.join(statement['predicate']['notRun'])})"
+        )
     pairs: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)

@@ -41,7 +41,12 @@ def _here(work: Path, out: str, *args: str, pipeline: str = "gpu") -> Path:
     done = _imagegate(
         "run", "--here", "--python", sys.executable, "-p", pipeline, "-o", out, "-q", *args, cwd=work
     )
-    assert done.returncode == 0, done.stderr
+    # Here, with no GPU, the node check is deferred: the gpu pipeline reaches no level (exit 1),
+    # and its attempt is what a GPU node's would be, figures aside.
+    want = 1 if pipeline == "gpu" else 0
+    assert done.returncode == want and (want == 0 or "no level reached" in done.stdout), (
+        done.stdout + done.stderr
+    )
     (attempt,) = (work / out).glob("*/2*")
     return attempt
 
