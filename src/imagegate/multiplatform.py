@@ -118,9 +118,7 @@ def judge_index(
     # No level, no acceptance: a deferred index whose platforms reached none is rejected, as verify rejects it.
     code = accepted(verdict, plat.index_levels(statement), require_complete=require_complete)
     if code != exit_code(verdict, require_complete=require_complete):
-        notify(
-            f"rejected: {verdict} reaches no level (not run: {', '.join(statement['predicate']['notRun'])})"
-        )
+        _no_level(verdict, statement)
     pairs: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)
