@@ -133,11 +133,11 @@ def _written(ref: Reference) -> tuple[bytes, bytes]:
 
 def test_the_same_signers_newer_word_supersedes_in_both_places_and_another_signers_stays(reg: str) -> None:
     ref = _image(reg)
-    _attach(ref, _said(ref, "FAIL", 10))
+    _attach(ref, _said(ref, "ERROR", 10))  # A's own earlier word: not what B said, to tell them apart
     _attach(ref, _said(ref, "FAIL", 11, key=B), trusted=(B.public,))
     ((done, referred),) = _attach(ref, _said(ref, "PASS", 12))
-    assert [r.outcome for r in done.replaced] == ["FAIL"] and [r.outcome for r in referred.replaced] == [
-        "FAIL"
+    assert [r.outcome for r in done.replaced] == ["ERROR"] and [r.outcome for r in referred.replaced] == [
+        "ERROR"
     ]
     assert [k.entry.outcome for k in done.kept] == ["FAIL"] and "not signed by key" in done.kept[0].why
     assert [k.entry.outcome for k in referred.kept] == ["FAIL"]
