@@ -237,3 +237,17 @@ def test_a_fail_beside_later_passes_names_the_newest_and_where_it_is() -> None:
     )
     assert got is not None and "still attached beside the later PASS" in got.checks[-1].detail
     assert "at pass-1h" in got.checks[-1].detail and "pass-3h" not in got.checks[-1].detail
+
+
+def test_the_default_bound_is_the_shipped_cluster_policys() -> None:
+    """`verify --image` is as strict as the ClusterPolicy it predicts: the same freshness bound."""
+    import re
+    from pathlib import Path
+
+    policy = (Path(__file__).resolve().parents[2] / "policies" / "kyverno-clusterpolicy.yaml").read_text()
+    bounds = set(
+        re.findall(
+            r"timeVerified \}\}', ''\) \}\}\"\n\s+operator: LessThanOrEquals\n\s+value: (\d+)h", policy
+        )
+    )
+    assert bounds and {word.DEFAULT_MAX_AGE} == {dt.timedelta(hours=int(b)) for b in bounds}

@@ -312,9 +312,10 @@ def test_fail_on_never_keeps_the_step_green_with_the_verdict_in_its_outputs(
         tmp_path, image=images["conflict"], imagegate=str(IMAGEGATE), args="-m json --skip 'pip_check'",
         sign="false", **{"fail-on": "never"},
     )  # fmt: skip
-    # pip_check left out by the extra arguments: DEFERRED, so the verdict is a deferred one.
+    # pip_check left out by the extra arguments: DEFERRED, so the verdict is a deferred one, and
+    # with a CPU stage not run it reaches no level: rejected (exit 1), the step green all the same.
     assert run.outcome == "success", run.log
-    assert run.outputs["verdict"] == "CPU_PASS_PIP_CHECK_DEFERRED" and run.outputs["exit-code"] == "0"
+    assert run.outputs["verdict"] == "CPU_PASS_PIP_CHECK_DEFERRED" and run.outputs["exit-code"] == "1"
     run, _ = _action(
         tmp_path, image=images["conflict"], imagegate=str(IMAGEGATE), sign="false", **{"fail-on": "never"}
     )

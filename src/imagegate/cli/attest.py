@@ -92,7 +92,7 @@ class Verifying:
         None,
         "--max-age",
         metavar="AGE",
-        help="With --image and no file: refuse a statement said longer ago (e.g. 168h, 7d; 0: any age). Default 168h, the shipped policies' bound.",
+        help="With --image and no file: how long ago a statement may have been said (in s, m, h or d; 0: any age); default: the shipped policies' bound, 168h.",
     )
     insecure: bool = _app.INSECURE
     timeout: float = _app.VERIFY_TIMEOUT
