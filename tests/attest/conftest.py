@@ -184,16 +184,56 @@ def docker(*args: str, stdin: bytes | None = None) -> str:
 def one_file_image(ref: str, text: bytes) -> Iterator[str]:
     """A one-file image made with `docker import` (nothing to pull), tagged `ref`; the engine's
     copy removed afterwards."""
+    docker("import", "-", ref, stdin=one_file_tar(text))
+    try:
+        yield ref
+    finally:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+
+
+def one_file_tar(text: bytes) -> bytes:
+    """A layer holding one file, hello.txt, that says `text`."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo("hello.txt")
         info.size = len(text)
         tar.addfile(info, io.BytesIO(text))
-    docker("import", "-", ref, stdin=buf.getvalue())
-    try:
-        yield ref
-    finally:
-        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+    return buf.getvalue()
+
+
+def push_one_file_image(ref: str, text: bytes) -> str:
+    """A one-layer image (`one_file_tar(text)`) pushed to `ref` (a tag) by imagegate's registry
+    client, no engine needed: in a fresh repository, an image with no attestation. Returns `ref`."""
+    from imagegate.attest import attach
+    from imagegate.oci.digest import digest_of
+    from imagegate.oci.manifest import OCI_MANIFEST
+
+    layer = one_file_tar(text)
+    config = json.dumps(
+        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [digest_of(layer)]}}
+    ).encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "size": len(config),
+            "digest": digest_of(config),
+        },
+        "layers": [
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "size": len(layer),
+                "digest": digest_of(layer),
+            }
+        ],
+    }
+    parsed = attach.parse_image(ref)
+    with attach.client_for(parsed) as client:
+        client.upload_blob(parsed.repository, config)
+        client.upload_blob(parsed.repository, layer)
+        client.put_manifest(parsed.repository, parsed.ref, json.dumps(manifest).encode(), OCI_MANIFEST)
+    return ref
 
 
 @pytest.fixture(scope="module")

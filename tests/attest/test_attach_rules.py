@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -24,7 +22,7 @@ from imagegate.errors import NotVerified, UsageError
 from imagegate.oci.digest import digest_of
 from imagegate.oci.manifest import OCI_MANIFEST
 from imagegate.oci.reference import Reference
-from tests.attest.conftest import start_registry
+from tests.attest.conftest import push_one_file_image
 from tests.attest.referrers_front import referrers_front
 from tests.attest.test_supersede import acceptance
 
@@ -32,36 +30,10 @@ A, B = keys.generate(), keys.generate()
 _N = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with start_registry(tmp_path_factory.mktemp("rules")) as host:
-        yield host
-
-
 def _image(host: str) -> Reference:
-    """A fresh repository holding one small image, pushed by the registry client."""
-    ref = attach.parse_image(f"{host}/rules/app{next(_N)}:1")
-    layer = json.dumps({"n": str(ref)}).encode()
-    with attach.client_for(ref) as client:
-        config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [digest_of(layer)]}}).encode()
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "size": len(config),
-                "digest": client.upload_blob(ref.repository, config),
-            },
-            "layers": [
-                {
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "size": len(layer),
-                    "digest": client.upload_blob(ref.repository, layer),
-                }
-            ],
-        }
-        client.put_manifest(ref.repository, "1", json.dumps(manifest).encode(), OCI_MANIFEST)
-    return ref
+    """A fresh repository holding one small image of its own (no engine needed)."""
+    ref = f"{host}/rules/app{next(_N)}:1"
+    return attach.parse_image(push_one_file_image(ref, ref.encode()))
 
 
 def _digest(ref: Reference) -> str:
@@ -131,8 +103,10 @@ def _written(ref: Reference) -> tuple[bytes, bytes]:
     return got[0], got[1]
 
 
-def test_the_same_signers_newer_word_supersedes_in_both_places_and_another_signers_stays(reg: str) -> None:
-    ref = _image(reg)
+def test_the_same_signers_newer_word_supersedes_in_both_places_and_another_signers_stays(
+    registry: str,
+) -> None:
+    ref = _image(registry)
     _attach(ref, _said(ref, "ERROR", 10))  # A's own earlier word: not what B said, to tell them apart
     _attach(ref, _said(ref, "FAIL", 11, key=B), trusted=(B.public,))
     ((done, referred),) = _attach(ref, _said(ref, "PASS", 12))
@@ -145,8 +119,8 @@ def test_the_same_signers_newer_word_supersedes_in_both_places_and_another_signe
     assert got["att"] == ["B:FAIL", "A:PASS"] and sorted(got["referrers"]) == ["A:PASS", "B:FAIL"]
 
 
-def test_an_older_word_is_refused_before_anything_is_written(reg: str) -> None:
-    ref = _image(reg)
+def test_an_older_word_is_refused_before_anything_is_written(registry: str) -> None:
+    ref = _image(registry)
     _attach(ref, _said(ref, "FAIL", 11))
     before = _written(ref)
     with pytest.raises(replace.NewerThere, match=r"acceptance FAIL\), said 2026-12-01T11:00:00\+00:00"):
@@ -154,9 +128,9 @@ def test_an_older_word_is_refused_before_anything_is_written(reg: str) -> None:
     assert _written(ref) == before and _there(ref) == {"att": ["A:FAIL"], "referrers": ["A:FAIL"]}
 
 
-def test_one_older_statement_of_a_group_stops_the_whole_group(reg: str) -> None:
+def test_one_older_statement_of_a_group_stops_the_whole_group(registry: str) -> None:
     """An acceptance and a VSA attached together: the VSA older than the one there refuses both."""
-    ref = _image(reg)
+    ref = _image(registry)
     _attach(ref, _vsa(ref, "FAILED", 11))
     before = _written(ref)
     with pytest.raises(replace.NewerThere):
@@ -164,8 +138,8 @@ def test_one_older_statement_of_a_group_stops_the_whole_group(reg: str) -> None:
     assert _written(ref) == before
 
 
-def test_a_statement_that_does_not_verify_is_never_written(reg: str) -> None:
-    ref = _image(reg)
+def test_a_statement_that_does_not_verify_is_never_written(registry: str) -> None:
+    ref = _image(registry)
     _attach(ref, _said(ref, "PASS", 10))
     before = _written(ref)
     env = _said(ref, "FAIL", 11)
@@ -176,8 +150,8 @@ def test_a_statement_that_does_not_verify_is_never_written(reg: str) -> None:
     assert _written(ref) == before
 
 
-def test_the_same_statement_again_writes_nothing_and_a_resigned_one_replaces_it(reg: str) -> None:
-    ref = _image(reg)
+def test_the_same_statement_again_writes_nothing_and_a_resigned_one_replaces_it(registry: str) -> None:
+    ref = _image(registry)
     first = _said(ref, "PASS", 10)
     _attach(ref, first)
     before = _written(ref)
@@ -189,14 +163,14 @@ def test_the_same_statement_again_writes_nothing_and_a_resigned_one_replaces_it(
     assert not done.replaced and _there(ref) == {"att": ["A:PASS"], "referrers": ["A:PASS"]}
 
 
-def test_a_statement_about_another_image_is_refused(reg: str) -> None:
-    ref, other = _image(reg), _image(reg)
+def test_a_statement_about_another_image_is_refused(registry: str) -> None:
+    ref, other = _image(registry), _image(registry)
     with pytest.raises(UsageError, match="attestation subject"):
         _attach(ref, _said(other, "PASS", 10))
 
 
-def test_another_pipelines_and_another_tools_statements_stay(reg: str) -> None:
-    ref = _image(reg)
+def test_another_pipelines_and_another_tools_statements_stay(registry: str) -> None:
+    ref = _image(registry)
     _attach(ref, _said(ref, "FAIL", 10, source="builtin:vllm"))
     foreign = acceptance("FAIL", "2026-12-01T10:00:00.000Z", subject=_digest(ref))
     foreign["predicate"] = {"verdict": "FAIL"}  # no pipeline: not imagegate's
@@ -211,11 +185,11 @@ def test_another_pipelines_and_another_tools_statements_stay(reg: str) -> None:
 
 
 def test_where_the_registry_indexes_referrers_a_superseded_one_is_deleted_and_a_kept_one_is_not(
-    reg: str,
+    registry: str,
 ) -> None:
-    ref = _image(reg)
-    with referrers_front(reg) as front:
-        fronted = attach.parse_image(str(ref).replace(reg, front))
+    ref = _image(registry)
+    with referrers_front(registry) as front:
+        fronted = attach.parse_image(str(ref).replace(registry, front))
         _attach(fronted, _said(fronted, "FAIL", 10))
         _attach(fronted, _said(fronted, "FAIL", 11, key=B), trusted=(B.public,))
         passed = _said(fronted, "PASS", 12)
@@ -227,30 +201,31 @@ def test_where_the_registry_indexes_referrers_a_superseded_one_is_deleted_and_a_
         assert again.already and again.via == referrers.API
         fallback = referrers.fallback_tag(_digest(fronted))
         assert (
-            httpx.get(f"http://{reg}/v2/{ref.repository}/manifests/{fallback}", timeout=10).status_code == 404
+            httpx.get(f"http://{registry}/v2/{ref.repository}/manifests/{fallback}", timeout=10).status_code
+            == 404
         )
 
 
 def test_a_superseded_referrer_is_unlisted_and_its_manifest_deleted_where_the_registry_allows(
-    reg: str,
+    registry: str,
 ) -> None:
-    ref = _image(reg)
+    ref = _image(registry)
     ((_, first),) = _attach(ref, _said(ref, "FAIL", 10))
     ((_, referred),) = _attach(ref, _said(ref, "PASS", 12))
     assert [r.where for r in referred.replaced] == [f"referrer {first.manifest_digest}"]
 
     def status(digest: str) -> int:
-        url = f"http://{reg}/v2/{ref.repository}/manifests/{digest}"
+        url = f"http://{registry}/v2/{ref.repository}/manifests/{digest}"
         return httpx.get(url, headers={"Accept": OCI_MANIFEST}, timeout=10).status_code
 
     assert status(referred.manifest_digest) == 200 and status(first.manifest_digest) == 404
 
 
-def test_what_an_attach_says_names_the_manifest_digest_and_what_was_pushed(reg: str) -> None:
-    ref, other = _image(reg), _image(reg)
+def test_what_an_attach_says_names_the_manifest_digest_and_what_was_pushed(registry: str) -> None:
+    ref, other = _image(registry), _image(registry)
     ((done, _),) = _attach(ref, _said(ref, "PASS", 10))
     assert (
-        done.reference == f"{reg}/{ref.repository}@{_digest(ref)}"
+        done.reference == f"{registry}/{ref.repository}@{_digest(ref)}"
         and not done.already
         and done.manifest_digest
     )
@@ -261,10 +236,10 @@ def test_what_an_attach_says_names_the_manifest_digest_and_what_was_pushed(reg: 
     )
 
 
-def test_the_same_statement_stays_once_while_an_older_one_is_superseded(reg: str) -> None:
+def test_the_same_statement_stays_once_while_an_older_one_is_superseded(registry: str) -> None:
     """An older FAIL and the PASS, both appended by hand; the PASS signed again is attached: the
     FAIL goes, the PASS stays, once."""
-    ref = _image(reg)
+    ref = _image(registry)
     passed = _said(ref, "PASS", 12)
     with attach.client_for(ref) as client:
         for env in (_said(ref, "FAIL", 10), passed):
@@ -273,14 +248,14 @@ def test_the_same_statement_stays_once_while_an_older_one_is_superseded(reg: str
     assert [r.outcome for r in done.replaced] == ["FAIL"] and _there(ref)["att"] == ["A:PASS"]
 
 
-def test_a_layer_whose_blob_is_gone_is_dropped_and_named_and_stops_nothing(reg: str) -> None:
+def test_a_layer_whose_blob_is_gone_is_dropped_and_named_and_stops_nothing(registry: str) -> None:
     """No reader can read it, and the registry refuses a manifest that names it (MANIFEST_BLOB_UNKNOWN)."""
-    ref = _image(reg)
+    ref = _image(registry)
     lost = _said(ref, "FAIL", 10)
     with attach.client_for(ref) as client:
         attach.append(client, attach.resolve(client, ref), lost)
     layer = digest_of(lost.to_json(indent=None).rstrip(b"\n"))
-    assert httpx.delete(f"http://{reg}/v2/{ref.repository}/blobs/{layer}", timeout=10).status_code == 202
+    assert httpx.delete(f"http://{registry}/v2/{ref.repository}/blobs/{layer}", timeout=10).status_code == 202
     ((done, _),) = _attach(ref, _said(ref, "PASS", 12))
     assert not done.replaced and not done.kept and done.layers == 1
     assert done.dropped == (f"layer {layer}: {attach.GONE}",)

@@ -9,10 +9,8 @@ another host or scheme, pages without end, a page that is no index)."""
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
 import json
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from imagegate.attest.attach import MAX_ATTESTATIONS, Flooded
 from imagegate.attest.referrers import BUNDLE_TYPES, MAX_REFERRER_PAGES
 from imagegate.oci.digest import digest_of
 from imagegate.oci.registry import RegistryError
-from tests.attest.conftest import cli, pub_of, start_registry
+from tests.attest.conftest import cli, pub_of, push_one_file_image
 from tests.attest.referrers_front import Paging, referrers_front
 from tests.attest.test_registry import _signed
 
@@ -34,51 +32,10 @@ SBOM = "application/spdx+json"  # another tool's artifact: listed, never read as
 _SERIAL = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with start_registry(tmp_path_factory.mktemp("registry")) as host:
-        yield host
-
-
-def _layer(text: bytes) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(text)
-        tar.addfile(info, io.BytesIO(text))
-    return buf.getvalue()
-
-
 def _push(host: str, name: str) -> str:
-    """A one-layer image in a fresh repository of `host`, pushed with imagegate's registry client
-    (no engine needed): every test starts with no attestation."""
-    ref = f"{host}/pages/{name}:1"
-    layer = _layer(name.encode())
-    config = json.dumps(
-        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [digest_of(layer)]}}
-    ).encode()
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "size": len(config),
-            "digest": digest_of(config),
-        },
-        "layers": [
-            {
-                "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                "size": len(layer),
-                "digest": digest_of(layer),
-            }
-        ],
-    }
-    parsed = attach.parse_image(ref)
-    with attach.client_for(parsed) as client:
-        client.upload_blob(parsed.repository, config)
-        client.upload_blob(parsed.repository, layer)
-        client.put_manifest(parsed.repository, "1", json.dumps(manifest).encode(), OCI_MANIFEST)
-    return ref
+    """A one-layer image in a fresh repository of `host` (no engine needed): every test starts
+    with no attestation."""
+    return push_one_file_image(f"{host}/pages/{name}:1", name.encode())
 
 
 def _refer(ref: str, artifact_type: str, count: int) -> None:
