@@ -19,6 +19,16 @@ from tests.helpers import DOCKER_SOCK, PODMAN_SOCK
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def commands_not_stopped() -> Iterator[None]:
+    """A test that stops the work in this process (a hard deadline does, as a signal would)
+    leaves the next one free to read: the stop is the command's, and a test is one command."""
+    yield
+    from imagegate import interrupts
+
+    interrupts._stop.clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_config_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test, and every CLI it starts, keeps its keys in a temporary config folder: never the

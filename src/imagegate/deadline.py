@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
+from imagegate import interrupts
 from imagegate.errors import ImagegateError
 
 GRACE_S = 2.0  # after the deadline, before the hard stop: time for the soft way to name the wait
@@ -183,6 +184,7 @@ def _on_alarm(_signum: int, _frame: FrameType | None) -> None:
     global _stranded
     if _current is not None and _armed:
         _stranded = True
+        interrupts.stop()  # the worker threads stop too, at their next read
         raise _current.error()
 
 

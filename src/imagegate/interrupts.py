@@ -11,6 +11,12 @@ if cut, leaves a container nobody removes) the first one is also held, and raise
 section ends. Python runs signal handlers in the main thread only, whatever thread the kernel
 hands the signal to, so holding them is done here, not with the thread's signal mask.
 
+The first signal also stops the worker threads (`stop()`): each raises Stopped at its next read
+(a chunk of an engine's export, of a registry blob, of a layer being hashed or unpacked), and a
+read that blocks in a server that sends nothing is cut by shutting its socket down
+(`cut_on_stop`). So the way out waits for no export or hashing to finish: the threads end within
+a chunk's time, and the engine sees its export's connection close.
+
 The handlers are installed at the first line the console script runs (cli.main), before the
 heavy imports."""
 
@@ -20,7 +26,7 @@ import atexit
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 EXIT_SIGINT = 130
@@ -29,12 +35,66 @@ EXIT_SIGTERM = 143
 _first: int | None = None  # the first signal received
 _raised = False  # KeyboardInterrupt was raised for it (or the command is ending): never again
 _held = 0  # depth of critical() sections in the main thread
+_stop = threading.Event()  # the command stops: every worker's next read raises Stopped
+# Blocking waits to cut on stop, by id: set and removed by plain dict operations (atomic under
+# the GIL), never under a lock, since stop() also runs in a signal handler.
+_cuts: dict[int, Callable[[], None]] = {}
+
+
+class Stopped(KeyboardInterrupt):
+    """Raised in a worker thread at its next read once the command stops (a signal, the
+    deadline's hard stop): a KeyboardInterrupt, so that nothing catching Exception keeps it."""
+
+
+def stop() -> None:
+    """Every worker thread stops: its next read raises Stopped, and each blocking wait
+    registered with cut_on_stop is cut. Idempotent; safe in a signal handler."""
+    _stop.set()
+    for cut in tuple(_cuts.values()):
+        with contextlib.suppress(Exception):
+            cut()
+
+
+def stopping() -> bool:
+    return _stop.is_set()
+
+
+def check_stop(what: str = "the command's work") -> None:
+    """In a worker's read loop: raises Stopped once the command stops."""
+    if _stop.is_set():
+        raise Stopped(f"stopped while reading {what}")
+
+
+def on_stop(cut: Callable[[], None]) -> Callable[[], None]:
+    """`cut()` (e.g. shutting a socket down) ends a blocking wait when the command stops; called
+    at once when it already has. Returns what unregisters it."""
+    key = id(cut)
+
+    def done() -> None:
+        _cuts.pop(key, None)
+
+    _cuts[key] = cut  # `cut` stays alive while registered: its id names it alone
+    if _stop.is_set():
+        with contextlib.suppress(Exception):
+            cut()
+    return done
+
+
+@contextlib.contextmanager
+def cut_on_stop(cut: Callable[[], None]) -> Iterator[None]:
+    """on_stop for the block."""
+    done = on_stop(cut)
+    try:
+        yield
+    finally:
+        done()
 
 
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
     global _first, _raised
     if _first is None:
         _first = signum
+        stop()  # the workers stop now, also while the main thread holds the interrupt
     if _raised or _held:
         return
     _raised = True

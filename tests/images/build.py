@@ -99,6 +99,13 @@ RECIPES: dict[str, dict] = {
     # its own, the visibility variables set): no GPU level may rest on that word.
     "hostile-gpu": {"from": "python", "copy": "hostile-gpu"},
     "flood": {"from": "python", "copy": "flood"},
+    # A multi-GB image (three 1 GiB layers of random bytes, which no compression shrinks) for the
+    # tests that stop a run in each phase of reading it: an engine's export, a registry's blobs,
+    # the hashing (tests/run/test_interrupt_phases.py).
+    "big": {
+        "from": "python",
+        "run": [f"head -c 1G /dev/urandom > /big-{i}" for i in (1, 2, 3)],
+    },
     # The oldest Python the probes support that the reachable registries provide: Debian 11's
     # Python 3.9 (no Debian suite on the mirror, no PyPI or npm package ships an older CPython
     # build), with Debian 11's Python 2.7 beside it for the loader's too-old message.
@@ -373,8 +380,8 @@ def build_derived(name: str, tag: str) -> None:
         if r.get("copy"):  # a tree laid over the image's root (its README stays here)
             shutil.copytree(HERE / r["copy"], ctx / "root", ignore=shutil.ignore_patterns("README.md"))
             lines.append("COPY root/ /")
-        if r.get("run"):
-            lines.append(f"RUN {r['run']}")
+        runs = r.get("run") or []
+        lines += [f"RUN {run}" for run in ([runs] if isinstance(runs, str) else runs)]  # a layer each
         (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")
         sh(
             "docker",

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import zstandard
 from isal import igzip_lib
 
+from imagegate import interrupts
 from imagegate.oci.digest import new_hasher
 from imagegate.oci.zstdframes import ZstdFrameWalker
 
@@ -316,6 +317,7 @@ def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash) -> Itera
     count = 0
     while True:
         n = READ_CHUNK if limit is None else min(READ_CHUNK, limit - count)
+        interrupts.check_stop("a blob")
         data = src.read(n) if n > 0 else b""
         if not data:
             return
@@ -342,6 +344,7 @@ class _Tee:
             if n <= 0:
                 self.hit_limit = True
                 return b""
+        interrupts.check_stop("a blob")  # a signal or the hard deadline: no more hashing
         data = self.src.read(n)
         if data:
             self.hasher.update(data)

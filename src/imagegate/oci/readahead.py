@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
+
+from imagegate import interrupts
 
 
 class _End:
@@ -21,6 +24,7 @@ class _Failed:
 
 _END = _End()
 _PUT_POLL_S = 0.2  # how soon a thread blocked on a full queue notices a stop
+_GET_POLL_S = 0.2  # how soon a consumer waiting for a chunk notices the command stop
 
 
 class ThreadedReader:
@@ -52,7 +56,7 @@ class ThreadedReader:
     # -- the thread --------------------------------------------------------------------------
 
     def _put(self, item: bytes | _End | _Failed) -> bool:
-        while not self._stop.is_set():
+        while not (self._stop.is_set() or interrupts.stopping()):
             try:
                 self._q.put(item, timeout=_PUT_POLL_S)
                 return True
@@ -83,11 +87,15 @@ class ThreadedReader:
         return error
 
     def _next(self) -> bytes:
+        tick = None if self._tick_s is None else time.monotonic() + self._tick_s
         while True:
+            interrupts.check_stop(self._thread.name)
             try:
-                item = self._q.get(timeout=self._tick_s)
+                item = self._q.get(timeout=_GET_POLL_S)
             except queue.Empty:
-                self.on_tick()
+                if tick is not None and time.monotonic() >= tick:
+                    tick = time.monotonic() + (self._tick_s or 0)
+                    self.on_tick()
                 continue
             if isinstance(item, _Failed):
                 self._ended = True

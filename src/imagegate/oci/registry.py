@@ -17,20 +17,21 @@ attestation uploader needs, the way cosign attaches signatures.
 from __future__ import annotations
 
 import base64
+import functools
 import random
 import socket
 import ssl
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlencode, urljoin
 
 import httpx
 
-from imagegate import __version__, deadline
+from imagegate import __version__, deadline, interrupts
 from imagegate.errors import UsageError
 from imagegate.oci import deadline_net, untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
@@ -572,6 +573,7 @@ class BlobStream:
         self._recv_flags = 0
         self._buf = b""
         self._resumes = 0
+        self._cut: Callable[[], None] | None = None  # unregisters the stop's cut
 
     def open(self, offset: int) -> None:
         headers = {"Accept-Encoding": "identity"}
@@ -595,6 +597,7 @@ class BlobStream:
         # Chunks as they arrive (not re-assembled to a size): a cut loses nothing received.
         self._resp, self._iter, self._taken = resp, resp.iter_raw(), 0
         self._sock = self._direct_socket(resp)
+        self._cut = _stop_cut(resp)
         while skip:
             chunk = self._next_chunk()
             if not chunk:
@@ -720,6 +723,24 @@ class BlobStream:
         return out
 
     def close(self) -> None:
+        if self._cut is not None:
+            self._cut()
         if self._resp is not None:
             self._resp.close()
-        self._resp, self._iter, self._sock, self._direct = None, None, None, False
+        self._resp, self._iter, self._sock, self._direct, self._cut = None, None, None, False, None
+
+
+def _stop_cut(resp: httpx.Response) -> Callable[[], None] | None:
+    """While the blob is read: a stop (a signal, the hard deadline) shuts its socket down, so
+    that a read blocked on a registry that sends nothing ends at once (interrupts.cut_on_stop)."""
+    stream = resp.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if not isinstance(sock, socket.socket):
+        return None
+    return interrupts.on_stop(functools.partial(shutdown_socket, sock))
+
+
+def shutdown_socket(sock: socket.socket) -> None:
+    """Both directions of `sock` shut down: a recv blocked in another thread returns at once. The
+    plain socket's call, also for TLS: no TLS goodbye from a thread that does not own it."""
+    socket.socket.shutdown(sock, socket.SHUT_RDWR)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import io
 import json
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -30,6 +31,8 @@ from imagegate.oci.sources.interface import (
     SourceError,
 )
 from imagegate.oci.sources.layout import blob_path
+
+log = logging.getLogger(__name__)
 
 
 class LayerStatus(str, enum.Enum):
@@ -354,6 +357,7 @@ def _verify_random(
         expected = diff_ids[i] if i < len(diff_ids) else None
         label = f"layer {i + 1}/{len(image.layers)} {_clip(desc.digest or desc.locator)}"
         progress.started(i, label, desc.size if desc.size is not None else source.member_size(desc))
+        log.debug("%s: reading %s", source.description, label)
         try:
             with source.open_blob(desc) as r:
                 got = digest_blob(
@@ -379,7 +383,11 @@ def _verify_random(
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="layer") as pool:
         started = {i: pool.submit(one, i, image.layers[i]) for i in order}
         futures: list[Future[LayerResult]] = [started[i] for i in range(len(image.layers))]
-        wait(futures, return_when=FIRST_EXCEPTION)
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # an interrupt: no queued layer starts; running ones stop (interrupts.stop)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
         failed = next((f for f in futures if f.done() and f.exception() is not None), None)
         if failed is not None:
             for f in futures:

@@ -10,16 +10,23 @@ stream breaks."""
 
 from __future__ import annotations
 
+import functools
+import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from imagegate import interrupts
 from imagegate.errors import EngineError, UsageError
 from imagegate.oci.engineapi import connect, engine_endpoint, inspect_image
 from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.reference import ImageName, parse_image_name
+from imagegate.oci.registry import shutdown_socket
 from imagegate.oci.sources.archive import TarStream
 from imagegate.oci.sources.interface import Waiting
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 # Chunks read ahead of the consumer: bounds memory (16 MiB) and lets reading overlap hashing.
@@ -70,6 +77,7 @@ class EngineStream(ThreadedReader):
         if not self._first:
             self._first = True
             self.first_byte_s = time.monotonic() - self._t0
+            log.debug("%s: the engine's export began after %.1f s", self._what, self.first_byte_s)
             if self._waiting is not None:
                 self._waiting(self.first_byte_s, True)
 
@@ -79,6 +87,19 @@ class EngineStream(ThreadedReader):
     def close(self, *, wait: bool = False) -> None:
         # The thread may be blocked in the engine for minutes: never wait for it.
         super().close(wait=wait)
+
+
+def _until_end(chunks: Iterator[bytes], done: Callable[[], None]) -> Iterator[bytes]:
+    try:
+        yield from chunks
+    finally:
+        done()
+
+
+def response_socket(res: Any) -> socket.socket | None:
+    """The socket a requests (urllib3) response streams from, where it can be found."""
+    sock = getattr(getattr(getattr(res, "raw", None), "_connection", None), "sock", None)
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def _sizeof(n: int) -> str:
@@ -136,12 +157,17 @@ class DaemonArchive(TarStream):
 
         def start() -> Iterator[bytes]:
             api = client.api
+            log.debug("%s: asking %s for the export of %s", self.description, engine, self.ref)
             # The SDK's get_image() waits for the first byte under the client's read timeout
             # (60 s by default): far less than an engine takes to prepare a 10 GB export. The
             # same request without one; the stream's socket timeout is lifted by the SDK too.
             res = api._get(api._url("/images/{0}/get", self.ref), stream=True, timeout=None)
             chunks: Iterator[bytes] = api._stream_raw_result(res, CHUNK, False)
-            return chunks
+            sock = response_socket(res)
+            if sock is None:
+                return chunks
+            # A stop closes the export's connection: the thread's read ends, the engine's export too.
+            return _until_end(chunks, interrupts.on_stop(functools.partial(shutdown_socket, sock)))
 
         def describe(error: BaseException, nbytes: int, elapsed: float) -> Exception:
             if isinstance(error, not_found):

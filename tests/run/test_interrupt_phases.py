@@ -1,0 +1,197 @@
+"""A signal or the deadline ends a run within 2 s in every phase of reading a multi-GB image: the
+engine's export (before its first byte and while it streams), the hashing of its layers, a
+registry's blobs. Before, the interrupt waited for the export and the hashing to finish (over a
+minute on a 10 GB image): the layers stage's thread had nothing to stop it.
+
+The image is `big` (tests/images/build.py): three 1 GiB layers of random bytes, so that each
+phase lasts seconds on any machine. Each signal is sent when the run's log (-vv) says the phase
+began, and the time counted is from the signal to the process's exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DOCKER_SOCK, default_signals
+from tests.oci.infra import Registry, skopeo, start_registry
+
+pytestmark = pytest.mark.signals
+
+EXIT_WITHIN_S = 2.0  # the promise: a signal ends the command within 2 s, at real sizes
+GRACE_S = 2.0  # imagegate.deadline.GRACE_S: after the deadline, before its hard stop
+
+# The layers stage alone, so that what is timed is the reading, not a container's removal
+# (tests/run/test_interrupt.py covers those); it runs in the runner's background thread as
+# beside any in-image stage.
+LAYERS_ONLY = """\
+apiVersion: imagegate/v1
+kind: Pipeline
+name: layers-only
+stages:
+  - id: layers
+    probe: layers
+    timeout: 30m
+"""
+
+EXPORT_ASKED = "asking the engine"  # imagegate.oci.sources.daemon: the export request is sent
+EXPORT_BEGAN = "export began"  # its first byte arrived: the layers are being hashed
+BLOB_READ = ": reading layer "  # imagegate.oci.verify: a registry blob is being read and hashed
+
+
+@dataclass
+class Ended:
+    code: int
+    after_signal_s: float  # from the signal to the exit
+    after_start_s: float  # from the start to the exit
+    lines: list[str]
+    pid: int
+    tmp: Path  # its TMPDIR
+
+
+def _run(argv: list[str], marker: str | None, sig: int | None, tmp: Path, *, delay: float = 0.5) -> Ended:
+    """`imagegate ARGV -vv` with a TMPDIR of its own; `sig` sent `delay` s after a stderr line
+    holds `marker`."""
+    (tmp / "tmpdir").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, COLUMNS="200", TMPDIR=str(tmp / "tmpdir"))
+
+    start = time.monotonic()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "imagegate", *argv, "-vv"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
+        env=env,
+    )  # fmt: skip
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert p.stderr is not None
+        for line in p.stderr:
+            lines.append(line.rstrip("\n"))
+            if marker is not None and marker in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    sent = start
+    try:
+        if marker is not None:
+            assert seen.wait(300), "\n".join(lines[-30:])
+            time.sleep(delay)
+            assert p.poll() is None, "ended before the signal:\n" + "\n".join(lines[-30:])
+            sent = time.monotonic()
+            assert sig is not None
+            p.send_signal(sig)
+        p.wait(timeout=600)
+        ended = time.monotonic()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    reader.join(10)
+    return Ended(p.returncode, ended - sent, ended - start, lines, p.pid, tmp / "tmpdir")
+
+
+def _left_by(pid: int) -> list[str]:
+    out = subprocess.run(
+        ["docker", "-H", DOCKER_SOCK, "ps", "-a", "--filter", f"label=io.imagegate.pid={pid}", "-q"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return out.split()
+
+
+@pytest.fixture(scope="module")
+def big(images: dict[str, str]) -> str:
+    return images["big"]
+
+
+@pytest.fixture(scope="module")
+def big_in_registry(big: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The image in a registry on 127.0.0.1, its layers as the engine exports them (a compressed
+    copy would shrink nothing: random bytes)."""
+    reg: Registry = start_registry(tmp_path_factory.mktemp("big-registry"))
+    try:
+        ref = f"{reg.host}/big:1"
+        skopeo("copy", "--quiet", "--dest-tls-verify=false", f"docker-daemon:{big}", f"docker://{ref}")
+        yield ref
+    finally:
+        reg.stop()
+
+
+@pytest.fixture
+def layers_only(tmp_path: Path) -> Path:
+    path = tmp_path / "layers-only.yaml"
+    path.write_text(LAYERS_ONLY)
+    return path
+
+
+def _assert_quick(ended: Ended, code: int, what: str) -> None:
+    """The exit code, within EXIT_WITHIN_S of the signal, and nothing left: no container of the
+    run, no temporary file, no "may be left" in what it said."""
+    text = "\n".join(ended.lines[-40:])
+    assert ended.code == code, text
+    assert "Traceback" not in text and "may be left" not in text, text
+    assert ended.after_signal_s <= EXIT_WITHIN_S, (
+        f"{what}: exit {ended.after_signal_s:.1f} s after the signal\n{text}"
+    )
+    assert _left_by(ended.pid) == []
+    assert list(ended.tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("marker", "sig", "code"),
+    [
+        (EXPORT_ASKED, signal.SIGINT, 130),  # the engine prepares the export: no byte yet
+        (EXPORT_BEGAN, signal.SIGINT, 130),  # the export streams; its layers are hashed
+        (EXPORT_BEGAN, signal.SIGTERM, 143),
+    ],
+    ids=["export-sigint", "hashing-sigint", "hashing-sigterm"],
+)
+def test_a_signal_while_the_engine_exports_ends_the_run_at_once(
+    big: str, layers_only: Path, tmp_path: Path, marker: str, sig: int, code: int
+) -> None:
+    argv = ["run", big, "-p", str(layers_only), "--no-sign", "-o", str(tmp_path / "runs")]
+    ended = _run(argv, marker, sig, tmp_path, delay=0.2 if marker == EXPORT_ASKED else 1.0)
+    _assert_quick(ended, code, marker)
+
+
+def test_a_signal_while_registry_blobs_are_read_ends_the_command_at_once(
+    big_in_registry: str, tmp_path: Path
+) -> None:
+    ended = _run(["layers", f"docker://{big_in_registry}"], BLOB_READ, signal.SIGINT, tmp_path, delay=1.0)
+    _assert_quick(ended, 130, "registry read")
+
+
+def test_the_deadline_ends_a_run_while_the_export_is_hashed(
+    big: str, layers_only: Path, tmp_path: Path
+) -> None:
+    # Timed to strike while the layers are hashed: the export's first byte arrives within it.
+    probe = _run(
+        ["run", big, "-p", str(layers_only), "--no-sign", "-o", str(tmp_path / "a")], None, None, tmp_path
+    )
+    assert probe.code == 0, "\n".join(probe.lines[-30:])
+    timeout = max(3, int(probe.after_start_s / 2))
+    argv = [
+        "run",
+        big,
+        "-p",
+        str(layers_only),
+        "--no-sign",
+        "-o",
+        str(tmp_path / "b"),
+        "--timeout",
+        str(timeout),
+    ]
+    ended = _run(argv, None, None, tmp_path)
+    text = "\n".join(ended.lines[-30:])
+    assert ended.code == 2, text
+    assert ended.after_start_s <= timeout + GRACE_S + EXIT_WITHIN_S, f"{ended.after_start_s:.1f} s\n{text}"
+    assert _left_by(ended.pid) == [] and list(ended.tmp.iterdir()) == []
