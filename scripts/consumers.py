@@ -18,7 +18,8 @@ Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FIL
   build             build (or find) the three tools; print each one's path, build time and size
   --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act; repeatable)
   run               build, then run every case and write the record (the default)
-  --kyverno-policy  a Kyverno policy to apply, instead of policies/kyverno-clusterpolicy.yaml
+  --kyverno-policy  a Kyverno policy to apply, instead of the shipped
+                    src/imagegate/policies/kyverno-clusterpolicy.yaml
                     (repeat for several; each is judged on its own); its placeholders are those
                     of the shipped one: the public key text and the image pattern registry.example/
 Needs: Go (any release that can fetch the pinned toolchain), the network for a first build, a
@@ -287,7 +288,7 @@ class Setting:
         if PLACEHOLDER not in text or EXAMPLE_REGISTRY not in text:
             raise SystemExit(
                 f"consumers: {source} names no {PLACEHOLDER!r} or {EXAMPLE_REGISTRY!r} to fill in; "
-                "give a policy written like policies/kyverno-clusterpolicy.yaml"
+                "give a policy written like src/imagegate/policies/kyverno-clusterpolicy.yaml"
             )
         out = d / source.name
         out.write_text(self.filled(text))
@@ -300,19 +301,16 @@ class Setting:
 
 
 def kyverno_answer(s: Setting, policy: Path, pod: dict[str, Any], d: Path) -> Answer:
-    tool = TOOLS[1]
     resource = d / "pod.yaml"
     resource.write_text(yaml.safe_dump(pod))
+    return kyverno_apply(s.kyverno_policy(policy, d), resource)
+
+
+def kyverno_apply(policy: Path, resource: Path) -> Answer:
+    """Kyverno's CLI on one policy file (filled in) and one resource, the images read from their
+    registry: admitted when every rule that applied passed; None when none applied."""
     p = _run(
-        [
-            exe(tool),
-            "apply",
-            str(s.kyverno_policy(policy, d)),
-            "--resource",
-            str(resource),
-            "--registry",
-            "--remove-color",
-        ]
+        [exe(TOOLS[1]), "apply", str(policy), "--resource", str(resource), "--registry", "--remove-color"]
     )
     out = p.stdout + p.stderr
     summary = re.search(r"pass: (\d+), fail: (\d+), warn: (\d+), error: (\d+), skip: (\d+)", out)
@@ -325,10 +323,15 @@ def kyverno_answer(s: Setting, policy: Path, pod: dict[str, Any], d: Path) -> An
 
 
 def policy_controller_answer(s: Setting, image: str, pod: dict[str, Any], d: Path, floor: str) -> Answer:
-    tool = TOOLS[2]
     resource = d / "pod.yaml"
     resource.write_text(yaml.safe_dump(pod))
-    argv = [exe(tool), "--policy", str(s.cip(d, floor)), "--image", image, "--resource", str(resource)]
+    return policy_controller_test(s.cip(d, floor), image, resource)
+
+
+def policy_controller_test(cip: Path, image: str, resource: Path) -> Answer:
+    """policy-controller's tester on one ClusterImagePolicy (filled in), `image` and the resource
+    running it: admitted on exit 0; None when it failed to judge."""
+    argv = [exe(TOOLS[2]), "--policy", str(cip), "--image", image, "--resource", str(resource)]
     p = _run([*argv, "--log-level", "error"])
     if p.returncode == 0:
         return Answer(True, _tail(p.stdout + p.stderr))

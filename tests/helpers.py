@@ -122,6 +122,8 @@ def load_script(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    # registered first: a dataclass of the script looks its module up while it is made
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 

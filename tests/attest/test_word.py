@@ -242,9 +242,10 @@ def test_a_fail_beside_later_passes_names_the_newest_and_where_it_is() -> None:
 def test_the_default_bound_is_the_shipped_cluster_policys() -> None:
     """`verify --image` is as strict as the ClusterPolicy it predicts: the same freshness bound."""
     import re
-    from pathlib import Path
 
-    policy = (Path(__file__).resolve().parents[2] / "policies" / "kyverno-clusterpolicy.yaml").read_text()
+    from imagegate import policies
+
+    policy = policies.text("kyverno-clusterpolicy")
     bounds = set(
         re.findall(
             r"timeVerified \}\}', ''\) \}\}\"\n\s+operator: LessThanOrEquals\n\s+value: (\d+)h", policy

@@ -44,21 +44,29 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
         "items": {"audit"},
         "nodes": {"fleet run"},
     },
+    # the image a statement's subject must be vs. the images the admission policies guard
+    "--image": {"subject": {"verify"}, "pattern": {"policies write"}},
+    # how old an attached statement verify reads may be vs. the bound written into the policies
+    "--max-age": {"read": {"verify"}, "policy": {"policies write"}},
     # a signing key; the public keys a chain is verified with; the signers an attach must verify
-    # with; the one key a report checks; render signs nothing (hidden, from older scripts)
+    # with; the one key a report checks; the key the written policies trust; render signs nothing
+    # (hidden, from older scripts)
     "--key": {
         "signing": set(_SIGNED),
         "chain": {"verify"},
         "signer": {"attach"},
         "report": {"report", "fleet report"},
+        "policy": {"policies write"},
         "hidden": {"pod render"},
     },
     "--no-sign": {"sign": {"run", "complete", "audit", "pod run", "pod collect"}, "hidden": {"pod render"}},
-    # the evidence folder; the folder compare writes its signed files to; keygen's file prefix
+    # the evidence folder; the folder compare writes its signed files to; keygen's file prefix;
+    # the folder the filled-in policies are written to
     "--out": {
         "evidence": set(_SIGNED),
         "signed files": {"compare"},
         "prefix": {"keygen"},
+        "policy files": {"policies write"},
     },
     # --here's host interpreter vs. the interpreter inside the image a Pod runs
     "--python": {"host": {"run", "complete"}, "image": {"pod render", "pod run"}},

@@ -1,5 +1,5 @@
 """imagegate as a user installs it: the wheel built from this tree (`pip wheel`, the in-image
-probes, pipelines and manifests inside it), installed into a fresh venv with no test or
+probes, pipelines, manifests and admission policies inside it), installed into a fresh venv with no test or
 development dependency, runs a real acceptance against the engine (a PASS and a FAIL), and
 `pod render` needs the `kube` extra, saying so, until it is installed."""
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from imagegate.policies import NAMES
 from tests.helpers import DOCKER_SOCK
 
 pytestmark = pytest.mark.engine
@@ -87,6 +88,22 @@ def test_pod_render_names_the_kube_extra_until_it_is_installed(venv: Path, tmp_p
     _pip("install", "kubernetes-validate>=1.30", python=venv / "bin" / "python")
     done = _imagegate(venv, "pod", "render", "example/app:1", cwd=tmp_path)
     assert done.returncode == 0 and "kind: Job" in done.stdout, done.stderr
+
+
+def test_the_installed_wheel_carries_the_policies_of_its_version(venv: Path, tmp_path: Path) -> None:
+    """A user who installed the wheel gets the admission policies from it, filled in."""
+    listed = _imagegate(venv, "policies", "list", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1 : 1 + len(NAMES)]] == list(NAMES)
+    made = _imagegate(venv, "keygen", "--out", "gate", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    written = _imagegate(
+        venv, "policies", "write", "--key", "gate.pub", "--image", "r.example/*", "--out", "p", cwd=tmp_path
+    )
+    assert written.returncode == 0, written.stderr
+    version = _imagegate(venv, "--version", cwd=tmp_path).stdout.split()[1]
+    for name in NAMES:
+        assert (tmp_path / "p" / f"{name}.yaml").read_text().startswith(f"# written by imagegate {version} ")
 
 
 def _head() -> str:

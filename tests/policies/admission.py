@@ -1,4 +1,4 @@
-"""An admission request as each controller judges it with the policies in policies/, built from
+"""An admission request as each controller judges it with the shipped policies (imagegate.policies), built from
 the real evaluators in engines.py: the policy file as shipped, with only its placeholders filled
 (the public key; policy-controller's NOT_BEFORE), the Pod, and an attempt folder the runner
 signed, whose SLSA VSA the image carries."""
@@ -14,13 +14,13 @@ from typing import Any
 
 import yaml
 
+import imagegate.policies
 from imagegate.attest import sign
 from imagegate.attest.vsa import VSA_PREDICATE_TYPE
-from tests.npm_tools import ROOT
 from tests.policies import engines, ivpol
 from tests.policies.conftest import vsa
 
-POLICIES = ROOT / "policies"
+POLICIES = Path(imagegate.policies.__file__).parent  # shipped in the package
 KYVERNO = POLICIES / "kyverno-clusterpolicy.yaml"
 POLICY_CONTROLLER = POLICIES / "policy-controller-clusterimagepolicy.yaml"
 PLACEHOLDER = "REPLACE WITH THE CONTENTS OF imagegate.pub"

@@ -50,6 +50,10 @@ stages:
 """
 
 
+# `run --here` with this interpreter and the python pipeline: add -m MODULE (json passes)
+PYTHON_HERE = ("--python", sys.executable, "-p", "python")
+
+
 @dataclass(frozen=True)
 class Keys:
     key: Path  # the key the policies trust
@@ -63,7 +67,8 @@ def policy_keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     return make_keys(tmp_path_factory.mktemp("policy-keys"))
 
 
-def _run(out: Path, key: Path, *args: str) -> Path:
+def run_here(out: Path, key: Path, *args: str) -> Path:
+    """The attempt folder of one `run --here` into `out`, signed with `key`."""
     r = imagegate("run", "--here", *args, "-o", str(out), "--key", str(key), "-q")
     assert r.returncode in (0, 1, 2), r.stdout + r.stderr
     (attempt,) = [p.parent for p in out.glob("*/*/statement.json")]
@@ -85,20 +90,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory, policy_keys: Keys) -> dict[st
 def make_runs(tmp: Path, policy_keys: Keys) -> dict[str, Path]:
     """name -> attempt folder under `tmp`: pass, fail, error, deferred, skipped, other_key,
     completion, gpu_pass (the stand-in), layers_skipped (PASS with a stage skipped)."""
-    py = ("--python", sys.executable, "-p", "python")
+    py = PYTHON_HERE
     error_pipe, gpu_pipe = tmp / "error.yaml", tmp / "gpu.yaml"
     error_pipe.write_text(ERROR_PIPELINE.format(python=sys.executable))
     gpu_pipe.write_text(GPU_PIPELINE.format(python=sys.executable))
     here_pipe = tmp / "layers-here.yaml"
     here_pipe.write_text(LAYERS_HERE_PIPELINE.format(python=sys.executable))
     made = {
-        "pass": _run(tmp / "pass", policy_keys.key, *py, "-m", "json"),
-        "fail": _run(tmp / "fail", policy_keys.key, *py, "-m", "no_such_module_anywhere"),
-        "error": _run(tmp / "error", policy_keys.key, "-p", str(error_pipe)),
-        "deferred": _run(tmp / "deferred", policy_keys.key, "-p", str(gpu_pipe)),
-        "skipped": _run(tmp / "skipped", policy_keys.key, *py, "-m", "json", "--skip", "pip_check"),
-        "other_key": _run(tmp / "other", policy_keys.other_key, *py, "-m", "json"),
-        "layers_skipped": _run(tmp / "layers_skipped", policy_keys.key, "-p", str(here_pipe)),
+        "pass": run_here(tmp / "pass", policy_keys.key, *py, "-m", "json"),
+        "fail": run_here(tmp / "fail", policy_keys.key, *py, "-m", "no_such_module_anywhere"),
+        "error": run_here(tmp / "error", policy_keys.key, "-p", str(error_pipe)),
+        "deferred": run_here(tmp / "deferred", policy_keys.key, "-p", str(gpu_pipe)),
+        "skipped": run_here(tmp / "skipped", policy_keys.key, *py, "-m", "json", "--skip", "pip_check"),
+        "other_key": run_here(tmp / "other", policy_keys.other_key, *py, "-m", "json"),
+        "layers_skipped": run_here(tmp / "layers_skipped", policy_keys.key, "-p", str(here_pipe)),
     }
     done = imagegate("complete", str(made["deferred"]), "--here", "--key", str(policy_keys.key), "-q")
     assert done.returncode == 0, done.stdout + done.stderr

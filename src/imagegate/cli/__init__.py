@@ -31,6 +31,7 @@ COMMAND_MODULES = {
     "verify": "attest",
     "attach": "attest",
     "index": "attest",
+    "policies": "policies",
     "pod": "pod",
     "fleet": "fleet",
     "report": "report",

@@ -33,7 +33,7 @@ class ReportFormat(str, enum.Enum):
     "Every format is rendered from the statement as signed (attestation.dsse.json's payload) and "
     "says whether the signature was checked (--key), and flags a statement.json or an evidence "
     "file that differs from what was signed, or an attempt that was never signed. html is one "
-    "self-contained page; sarif is SARIF 2.1.0 for code-scanning pages (a result per broken requirement, missing module and advisory); json is the signed statement (statement.json where the attempt is "
+    "self-contained page; sarif is SARIF 2.1.0 for code-scanning pages (a result per broken requirement, missing module and advisory, each at a file of the repository: --sarif-location, else the pipeline file, else the attempt's statement.json); json is the signed statement (statement.json where the attempt is "
     "unsigned), the flags on stderr; github is the GitHub Actions workflow commands. "
     "Exit codes: 0 written; 1 written, but statement.json or an evidence file differs from what "
     "was signed, the envelope cannot be read, or --key does not verify it (or the attempt is "
@@ -48,12 +48,23 @@ def report(
     ),
     output: Path | None = Option(None, "--output", "-o", help="Write to this file instead of stdout."),
     key: Path | None = _app.ATTESTATION_KEY,
+    sarif_location: str | None = Option(
+        None,
+        "--sarif-location",
+        metavar="PATH",
+        help="sarif: the repository file every result points at (e.g. the Dockerfile), relative to the root; default: the pipeline file, else the attempt's statement.json.",
+    ),
 ) -> None:
     """Render a report again from an attempt's signed statement, in any format."""
     from imagegate.attest.keys import load_public_key
+    from imagegate.errors import UsageError
     from imagegate.report.formats import rerender
 
-    provenance = rerender(attempt, fmt.value, output, load_public_key(key) if key else None)
+    if sarif_location is not None and fmt is not ReportFormat.sarif:
+        raise UsageError("--sarif-location is for --format sarif", hint="add -f sarif, or leave it out")
+    provenance = rerender(
+        attempt, fmt.value, output, load_public_key(key) if key else None, sarif_location=sarif_location
+    )
     raise typer.Exit(0 if provenance.ok else 1)
 
 

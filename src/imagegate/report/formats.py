@@ -128,10 +128,11 @@ def rerender(
     output: Path | None = None,
     key: PublicKey | None = None,
     stderr: TextIO | None = None,
+    sarif_location: str | None = None,
 ) -> Provenance:
     """`imagegate report`: an attempt folder's report (or an image folder's latest attempt's) in
     `fmt` (a format, "table": the console view, "github": the workflow commands), to `output` or
-    stdout, from the statement as signed. Returns what vouches for it (`Provenance.ok` False:
+    stdout, from the statement as signed (`sarif_location`: sarif.render's `location`). Returns what vouches for it (`Provenance.ok` False:
     the caller exits non-zero); json, which must stay the statement alone, says it on stderr."""
     from imagegate.report import console, github, load
 
@@ -152,6 +153,10 @@ def rerender(
             text = console.render_text(record, provenance=provenance) if output else None
         elif fmt == "github":
             text = github.render(record, provenance)
+        elif fmt == "sarif":
+            from imagegate.report import sarif
+
+            text = sarif.render(record, provenance=provenance, location=sarif_location)
         else:
             text = renderer(fmt)(record, output.parent if output else None, provenance=provenance)
         if text is None:  # the table on stdout: a terminal's own width and colours

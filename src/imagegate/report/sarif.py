@@ -8,14 +8,23 @@ viewers): one result per finding a stage made, a rule per kind of finding.
 - any other stage that did not pass: one result with its detail (deferred ones as notes).
 
 The findings are the stages' own data (a stage inside the image reports what it saw there), so
-each result says which stage found it. Locations are in the image: a package's folder where the
-stage knows it, else the image itself (`uriBaseId` IMAGE); each result also names the image as a
-logical location. The run's verdict, attempt and image digest are the run's properties."""
+each result says which stage found it. Code scanning shows a result only at a file of the
+repository (a physical location, its path relative to the root, `%SRCROOT%`, and a line), so every
+result points at one: the file the user names (`report --sarif-location`, e.g. the Dockerfile),
+else the pipeline file the run was given (at the stage's `id:` line), else the attempt's
+statement.json; each path is taken relative to the current folder (the repository's root, where
+CI runs). Where in the image a finding is (a package's folder) is the result's `imagePath`, and the
+image and the package are its logical locations. The run's verdict, attempt and image digest are
+the run's properties."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -42,17 +51,50 @@ def _rule(rule_id: str, text: str, **props: Any) -> dict[str, Any]:
     return rule
 
 
-def _location(record: RunRecord, path: str | None = None, name: str | None = None) -> dict[str, Any]:
-    """A place in the image: a folder the stage named, else the image, and the image (and the
+@dataclass(frozen=True)
+class Where:
+    """The repository file every result points at, relative to the root, and its lines."""
+
+    uri: str
+    lines: list[str]
+
+    def line_of(self, stage: StageResult) -> int:
+        """The line of the stage's `id:` in a pipeline file, else 1."""
+        pattern = re.compile(rf"""^\s*(-\s*)?id:\s*['"]?{re.escape(stage.id)}['"]?\s*(#.*)?$""")
+        return next((n for n, line in enumerate(self.lines, 1) if pattern.match(line)), 1)
+
+
+def _relative(path: str) -> str:
+    """`path` relative to the current folder (the repository's root in CI); a file outside it
+    by its name alone, as code scanning shows no file outside the repository."""
+    full = os.path.abspath(path)
+    rel = os.path.relpath(full)
+    return os.path.basename(full) if rel.startswith("..") else rel
+
+
+def where(record: RunRecord, location: str | None = None) -> Where:
+    """The file named, else the pipeline's file (a built-in has none), else statement.json."""
+    source = str(record.pipeline.get("source") or "")
+    from_pipeline = location is None and bool(source) and not source.startswith("builtin:")
+    chosen = location or (source if from_pipeline else os.path.join(record.attempt_dir, "statement.json"))
+    lines: list[str] = []
+    if from_pipeline:
+        # moved or unreadable since the run: line 1
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            lines = Path(chosen).read_text(encoding="utf-8").splitlines()
+    return Where(quote(_relative(chosen).replace(os.sep, "/"), safe="/@"), lines)
+
+
+def _location(record: RunRecord, at: Where, stage: StageResult, name: str | None = None) -> dict[str, Any]:
+    """The repository file `at` (the stage's line in a pipeline file), and the image (and the
     package, when there is one) as logical locations."""
-    uri = quote(path.lstrip("/") if path else record.image.reference, safe="/@")
     logical = [{"fullyQualifiedName": record.image.reference, "kind": "module"}]
     if name:
         logical.append({"fullyQualifiedName": name, "kind": "package"})
     return {
         "physicalLocation": {
-            "artifactLocation": {"uri": uri, "uriBaseId": "IMAGE"},
-            "region": {"startLine": 1},
+            "artifactLocation": {"uri": at.uri, "uriBaseId": "%SRCROOT%"},
+            "region": {"startLine": at.line_of(stage)},
         },
         "logicalLocations": logical,
     }
@@ -78,7 +120,9 @@ def _dicts(value: Any) -> Iterator[Mapping[str, Any]]:
             yield item
 
 
-def _pip_check(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _pip_check(
+    record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where
+) -> Iterator[dict[str, Any]]:
     for p in _dicts(stage.data.get("problems")):
         kind = str(p.get("kind"))
         if kind not in _PIP_KINDS:
@@ -88,10 +132,12 @@ def _pip_check(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> 
         project = str(p.get("project") or "")
         level = "note" if p.get("ignored") else "error"
         text = str(p.get("line") or kind) + (" (ignored by the pipeline)" if p.get("ignored") else "")
-        yield _result(rule_id, level, text, stage, _location(record, name=project or None))
+        yield _result(rule_id, level, text, stage, _location(record, at, stage, project or None))
 
 
-def _find_spec(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _find_spec(
+    record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where
+) -> Iterator[dict[str, Any]]:
     for m in _dicts(stage.data.get("modules")):
         if m.get("found") and not m.get("reason"):
             continue
@@ -104,10 +150,14 @@ def _find_spec(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> 
         )
         rules.setdefault(rule_id, _rule(rule_id, f"find_spec: {what}"))
         module = str(m.get("module"))
-        yield _result(rule_id, "error", f"{module}: {m.get('reason')}", stage, _location(record, name=module))
+        yield _result(
+            rule_id, "error", f"{module}: {m.get('reason')}", stage, _location(record, at, stage, module)
+        )
 
 
-def _vulns(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _vulns(
+    record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where
+) -> Iterator[dict[str, Any]]:
     for f in _dicts(stage.data.get("findings")):
         fid, package, version = str(f.get("id")), str(f.get("package")), str(f.get("version"))
         aliases = [str(a) for a in f.get("aliases") or [] if isinstance(a, str)]
@@ -121,7 +171,7 @@ def _vulns(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> Iter
         fixed = [str(x) for x in f.get("fixed") or []]
         text = f"{package} {version}: {fid}" + (f" ({', '.join(aliases)})" if aliases else "")
         text += f", fixed in {fixed[0]}" if fixed else ", no fixed release"
-        where = [str(x) for x in f.get("locations") or [] if isinstance(x, str)]
+        paths = [str(x) for x in f.get("locations") or [] if isinstance(x, str)]
         extra: dict[str, Any] = {}
         ignore = f.get("ignore")
         if isinstance(ignore, Mapping):
@@ -132,31 +182,41 @@ def _vulns(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> Iter
                 }
             ]
         level = _LEVEL.get(str(f.get("severity")), "warning")
-        yield _result(
-            fid, level, text, stage, _location(record, where[0] if where else None, package), **extra
-        )
+        found = _result(fid, level, text, stage, _location(record, at, stage, package), **extra)
+        if paths:  # where in the image: no file of the repository
+            found["properties"]["imagePath"] = paths[0]
+        yield found
 
 
 _FINDINGS = {"pip_check": _pip_check, "find_spec": _find_spec, "vulns": _vulns}
 
 
-def _stage_result(record: RunRecord, stage: StageResult, rules: dict[str, Any]) -> dict[str, Any]:
+def _stage_result(record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where) -> dict[str, Any]:
     rule_id = f"imagegate/stage/{stage.probe}"
     rules.setdefault(rule_id, _rule(rule_id, f"a {stage.probe} stage did not pass"))
     level = "note" if stage.status is Status.DEFERRED else "error"
     text = f"{stage.token}: " + ("; ".join(view.reasons(stage)) or stage.status.value)
-    return _result(rule_id, level, text, stage, _location(record))
+    return _result(rule_id, level, text, stage, _location(record, at, stage))
 
 
-def render(record: RunRecord, base: Path | None = None, *, provenance: Provenance | None = None) -> str:
-    del base  # nothing is linked: the locations are in the image
+def render(
+    record: RunRecord,
+    base: Path | None = None,
+    *,
+    provenance: Provenance | None = None,
+    location: str | None = None,
+) -> str:
+    """`location`: the repository file every result points at (None: the pipeline file, else the
+    attempt's statement.json)."""
+    del base  # the locations are relative to the repository's root, not to the report
+    at = where(record, location)
     rules: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     for stage in record.stages:
-        found = list(_FINDINGS[stage.probe](record, stage, rules)) if stage.probe in _FINDINGS else []
+        found = list(_FINDINGS[stage.probe](record, stage, rules, at)) if stage.probe in _FINDINGS else []
         results += found
         if not found and stage.status in (Status.FAIL, Status.ERROR, Status.DEFERRED):
-            results.append(_stage_result(record, stage, rules))
+            results.append(_stage_result(record, stage, rules, at))
     properties: dict[str, Any] = {
         "verdict": record.verdict,
         "attempt": record.attempt_id,
@@ -185,7 +245,7 @@ def render(record: RunRecord, base: Path | None = None, *, provenance: Provenanc
                 "endTimeUtc": record.finished_at,
             }
         ],
-        "originalUriBaseIds": {"IMAGE": {"description": {"text": f"the root of {record.image.reference}"}}},
+        "originalUriBaseIds": {"%SRCROOT%": {"description": {"text": "the repository's root"}}},
         "results": results,
         "properties": properties,
     }
