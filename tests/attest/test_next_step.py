@@ -4,7 +4,9 @@ the key `run` signs with, saying so; an unsigned run's evidence is said to be un
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,19 +34,25 @@ def _said_verify(r: Result) -> list[str]:
 
 
 def test_every_signed_run_ends_with_its_public_key_and_the_command_that_verifies_it(tmp_path: Path) -> None:
-    work, config = tmp_path / "work dir", tmp_path / "config"  # a space: the paths must be quoted
+    work, config = tmp_path / "work", tmp_path / "key dir"  # a space: the path must be quoted
     work.mkdir()
-    pub = config / "imagegate" / "signing.pub"
+    home = {"HOME": str(tmp_path)}  # the key under the home folder: named from ~
     for n in (1, 2):  # the first run makes the key, the next one finds it: both say the same
-        r = _run(work, config)
+        r = _run(work, config, env=home)
         assert r.returncode == 0, r.stdout + r.stderr
         lines = r.stdout.rstrip().splitlines()
-        assert lines[-2] == f"public key: {shlex.quote(str(pub))}", r.stdout  # not under the cwd
-        said = _said_verify(r)
+        assert lines[-2] == "public key: ~/'key dir/imagegate/signing.pub'", r.stdout
         attempt = sorted((work / "runs").glob("*/*/attestation.dsse.json"))[-1]
-        assert said == ["verify", str(attempt.relative_to(work)), "--key", str(pub)], (n, said)
-        checked = cli(*said, cwd=work)  # pasted as printed, from where the run was
-        assert checked.returncode == 0 and "verified: verdict PASS" in checked.stdout, checked
+        said = lines[-1].removeprefix("to verify: ")
+        assert (
+            said == f"imagegate verify {attempt.relative_to(work)} --key ~/'key dir/imagegate/signing.pub'"
+        ), n
+        # pasted into a shell as printed, from where the run was
+        pasted = subprocess.run(
+            ["bash", "-c", f"imagegate() {{ {shlex.quote(sys.executable)} -m imagegate \"$@\"; }}; {said}"],
+            capture_output=True, text=True, cwd=work, env={**os.environ, **home}, timeout=300,
+        )  # fmt: skip
+        assert pasted.returncode == 0 and "verified: verdict PASS" in pasted.stdout, pasted
 
 
 def test_a_key_under_the_cwd_is_named_relative_to_it(tmp_path: Path) -> None:

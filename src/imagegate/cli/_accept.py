@@ -287,7 +287,11 @@ def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[st
 
 
 def pasteable(path: Path) -> str:
-    """`path` for a shell: relative to the cwd when under it, quoted when it must be."""
+    """`path` for a shell: relative to the cwd when under it, else to ~ when under the home
+    folder (unquoted, for the shell to expand), quoted where it must be."""
+    full = Path(path).absolute()
     with contextlib.suppress(ValueError, OSError):
-        path = Path(path).absolute().relative_to(Path.cwd())
+        return shlex.quote(os.fspath(full.relative_to(Path.cwd())))
+    with contextlib.suppress(ValueError, RuntimeError):  # RuntimeError: no home folder known
+        return "~/" + shlex.quote(os.fspath(full.relative_to(Path.home())))
     return shlex.quote(os.fspath(path))
