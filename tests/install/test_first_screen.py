@@ -142,6 +142,9 @@ def test_the_first_screen_reaches_a_verified_pass_in_five_minutes(home: Path, sm
         done, took = _as_user(step, home, checkout)
         assert done.returncode == 0, (step, done.stdout[-3000:], done.stderr[-3000:])
         said.append((step, done.stdout, took))  # the progress on stderr is not the page's
+    commit = sh("git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD").strip()  # what was cloned
+    # the version names the commit it was built from (hatch-vcs: the clone's git metadata)
+    assert re.search(rf"installed package imagegate \S+\+g{commit}", said[2][1]), said[2][1]
     printed = done.stdout.rstrip().splitlines()
     assert "verdict: PASS" in printed, done.stdout
     assert printed[-2] == "public key: ~/.config/imagegate/signing.pub", done.stdout
