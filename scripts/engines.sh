@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Installs (if missing) and starts a Docker engine, Podman's Docker-compatible API service.
 # Idempotent: an engine that already answers is left alone. PIDs go to $IMAGEGATE_STATE (default
-# /run/imagegate-ci) so they can be stopped by PID, never by name: `bash scripts/engines.sh stop`.
+# /run/imagegate-ci) so they can be stopped by PID, never by name: `bash scripts/engines.sh stop`
+# (or `stop dockerd`: that one alone).
+# --minimal: what one acceptance on the embedded default needs (scripts/demo.sh), no more: the
+# Docker engine, mmdebstrap for the image's Debian root, python3-venv; no Podman, no test tools.
 set -euo pipefail
 state=${IMAGEGATE_STATE:-/run/imagegate-ci}
 mkdir -p "$state"
 
 if [ "${1:-}" = "stop" ]; then  # stop what this script started (by the PIDs it recorded), nothing else
-  for name in podman dockerd; do
+  shift
+  names=("$@")
+  [ ${#names[@]} -gt 0 ] || names=(podman dockerd)
+  for name in "${names[@]}"; do
     if [ -f "$state/$name.pid" ] && kill "$(cat "$state/$name.pid")" 2>/dev/null; then
       echo "engines: stopped $name (pid $(cat "$state/$name.pid"))" >&2
     fi
@@ -16,30 +22,36 @@ if [ "${1:-}" = "stop" ]; then  # stop what this script started (by the PIDs it 
   exit 0
 fi
 
+minimal=
+[ "${1:-}" = "--minimal" ] && minimal=1
 need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
-command -v podman >/dev/null || need_pkgs+=(podman)
-command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
-command -v skopeo >/dev/null || need_pkgs+=(skopeo)
 command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
-command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
-command -v pigz >/dev/null || need_pkgs+=(pigz)
-# igzip (ISA-L's own gunzip): the layer benchmarks' second baseline, the inflater imagegate uses
-command -v igzip >/dev/null || need_pkgs+=(isal)
-command -v curl >/dev/null || need_pkgs+=(curl)
-command -v unshare >/dev/null || need_pkgs+=(util-linux)
-# the rootfs driver's sandbox (run --driver rootfs)
-command -v bwrap >/dev/null || need_pkgs+=(bubblewrap)
-# its seccomp filter, compiled by the system's libseccomp (drivers/seccomp.py loads it with ctypes)
-dpkg -s libseccomp2 >/dev/null 2>&1 || need_pkgs+=(libseccomp2)
-# node and npm for the independent Sigstore bundle check (sigstore-js, from the npm registry)
-command -v node >/dev/null || need_pkgs+=(nodejs)
-command -v npm >/dev/null || need_pkgs+=(npm)
-if [ -f "$(dirname "$0")/../.ci/apt-packages.txt" ]; then
-  while read -r pkg; do
-    case "$pkg" in ''|'#'*) continue;; esac
-    dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
-  done < "$(dirname "$0")/../.ci/apt-packages.txt"
+# `python3 -m venv` on Debian's Python (scripts/setup.sh's .venv)
+dpkg -s python3-venv >/dev/null 2>&1 || need_pkgs+=(python3-venv)
+if [ -z "$minimal" ]; then
+  command -v podman >/dev/null || need_pkgs+=(podman)
+  command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
+  command -v skopeo >/dev/null || need_pkgs+=(skopeo)
+  command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
+  command -v pigz >/dev/null || need_pkgs+=(pigz)
+  # igzip (ISA-L's own gunzip): the layer benchmarks' second baseline, the inflater imagegate uses
+  command -v igzip >/dev/null || need_pkgs+=(isal)
+  command -v curl >/dev/null || need_pkgs+=(curl)
+  command -v unshare >/dev/null || need_pkgs+=(util-linux)
+  # the rootfs driver's sandbox (run --driver rootfs)
+  command -v bwrap >/dev/null || need_pkgs+=(bubblewrap)
+  # its seccomp filter, compiled by the system's libseccomp (drivers/seccomp.py loads it with ctypes)
+  dpkg -s libseccomp2 >/dev/null 2>&1 || need_pkgs+=(libseccomp2)
+  # node and npm for the independent Sigstore bundle check (sigstore-js, from the npm registry)
+  command -v node >/dev/null || need_pkgs+=(nodejs)
+  command -v npm >/dev/null || need_pkgs+=(npm)
+  if [ -f "$(dirname "$0")/../.ci/apt-packages.txt" ]; then
+    while read -r pkg; do
+      case "$pkg" in ''|'#'*) continue;; esac
+      dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+    done < "$(dirname "$0")/../.ci/apt-packages.txt"
+  fi
 fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "engines: installing ${need_pkgs[*]}" >&2
@@ -80,6 +92,11 @@ if ! docker -H unix:///var/run/docker.sock version >/dev/null 2>&1; then
     >"$state/dockerd.log" 2>&1 &
   echo $! >"$state/dockerd.pid"
   wait_for 60 docker -H unix:///var/run/docker.sock version || { tail -20 "$state/dockerd.log" >&2; exit 1; }
+fi
+
+if [ -n "$minimal" ]; then
+  echo "engines: docker $(docker -H unix:///var/run/docker.sock version -f '{{.Server.Version}}')" >&2
+  exit 0
 fi
 
 # The test engine's own config (CONTAINERS_CONF, read by the service alone): crun fails on this

@@ -14,8 +14,9 @@ from imagegate.errors import UsageError
 from tests.attest.conftest import cli
 
 
-def test_verify_without_a_key_is_a_usage_error(signed: sign.Signed) -> None:
-    r = cli("verify", str(signed.dsse_path))
+def test_verify_without_a_key_is_a_usage_error(signed: sign.Signed, tmp_path: Path) -> None:
+    # no key given, and none where run keeps its key (tests/attest/test_next_step.py: one there)
+    r = cli("verify", str(signed.dsse_path), env={"XDG_CONFIG_HOME": str(tmp_path / "no-config")})
     assert r.returncode == 3, r.stdout + r.stderr
     assert "no public key to verify with" in r.stderr and "--trusted-keys FILE" in r.stderr
 

@@ -30,7 +30,7 @@ NOT_BUILT = "imagegate-test/never-built-here:1"
     ],
 )
 def test_parser_usage_errors_exit_3(args: list[str], says: str, tmp_path: Path) -> None:
-    r = imagegate(*args, cwd=tmp_path)
+    r = imagegate(*args, cwd=tmp_path, env={"XDG_CONFIG_HOME": str(tmp_path / "no-config")})  # no key
     assert r.returncode == 3, r.stderr
     assert says in r.stderr
     assert "Traceback" not in r.stderr

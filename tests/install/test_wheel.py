@@ -135,11 +135,11 @@ def test_a_source_tree_without_git_builds_the_fallback_version(tmp_path: Path) -
     assert [w.name for w in (tmp_path / "dist").glob("*.whl")] == [f"imagegate-{fallback}-py3-none-any.whl"]
 
 
-@pytest.mark.parametrize("tool", ["pipx", "uv"])
+@pytest.mark.parametrize("tool", ["uv"])  # README's `pipx install .`: tests/install/test_first_screen.py
 def test_pipx_and_uv_install_it_as_a_command(tool: str, wheel: Path, tmp_path: Path) -> None:
     """As users install command-line tools, each in its own venv with its command on PATH (the
-    name is not published): README's `pipx install .` from the checkout, and `uv tool install
-    FILE` from the built wheel."""
+    name is not published): `uv tool install FILE` from the built wheel (`pipx install .` from a
+    clone, as README's first screen says it, is followed by its own test)."""
     bin_dir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"PIPX_HOME": str(tmp_path / "home"), "PIPX_BIN_DIR": str(tmp_path / "bin"),

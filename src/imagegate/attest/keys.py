@@ -263,6 +263,44 @@ def resolve_signing_key(
     return SigningKey(new.key, path)
 
 
+def public_key_file(key: SigningKey) -> Path | None:
+    """The .pub file beside `key`'s file (keygen's PREFIX.pub, the default signing.pub) when it
+    holds `key`'s public half: the file a verifier is told to use. None when there is none."""
+    if key.path is None:
+        return None
+    pub = key.path.with_suffix(".pub")
+    try:
+        same = load_public_key(pub).fingerprint == key.public.fingerprint
+    except UsageError:  # absent or not a public key: nothing to point at
+        return None
+    return pub if same else None
+
+
+@dataclass(frozen=True)
+class RunsKey:
+    """The public half of the key `run` signs with when given none, for `verify` given none."""
+
+    public: PublicKey
+    path: Path  # the .pub file beside the key, else the key file itself
+    origin: str  # "run's default key", or the variable that named it
+
+
+def runs_public_key(env: Mapping[str, str] | None = None) -> RunsKey | Path:
+    """The key `run` would sign with (as resolve_signing_key finds it, never creating one): its
+    .pub file beside it, else its own public half (read with the passphrase, if any). Without
+    one, the path where it was looked for."""
+    env = os.environ if env is None else env
+    named = env.get(KEY_ENV)
+    path = Path(named).expanduser() if named else default_key_path()
+    origin = f"${KEY_ENV}" if named else "run's default key"
+    pub = path.with_suffix(".pub")
+    if pub.is_file():
+        return RunsKey(load_public_key(pub), pub, origin)
+    if path.is_file():
+        return RunsKey(load_signing_key(path, password_from_env(env)).public, path, origin)
+    return path
+
+
 MAX_KEYS_FILE_BYTES = 1 << 20
 MAX_KEY_FILE_BYTES = (
     1 << 20

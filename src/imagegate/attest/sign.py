@@ -23,6 +23,16 @@ VSA_FILE = "vsa.dsse.json"
 VSA_BUNDLE_FILE = "vsa.sigstore.json"
 TEST_RESULT_FILE = "testresult.dsse.json"
 TEST_RESULT_BUNDLE_FILE = "testresult.sigstore.json"
+# What signing writes in an attempt folder: what `verify` may be given.
+SIGNED_FILES = (
+    DSSE_FILE,
+    INTOTO_FILE,
+    BUNDLE_FILE,
+    VSA_FILE,
+    VSA_BUNDLE_FILE,
+    TEST_RESULT_FILE,
+    TEST_RESULT_BUNDLE_FILE,
+)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ CheckOutcome = Literal["ok", "failed", "skipped"]
 # The keys an attestation, or any envelope of its chain, may be signed with: one, or several
 # (a chain signed on two machines: the first attempt by CI, its completion on a GPU host).
 Trusted = PublicKey | Sequence[PublicKey]
+STATEMENT_COPY = "statement.json"  # the statement written beside the evidence, signed or not
 MAX_CHAIN = 64  # completions of completions: far more than any real chain, bounded all the same
 
 
@@ -253,7 +254,7 @@ def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
 
 def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) -> None:
     # statement.json is the readable copy beside the evidence; it must say what was signed.
-    copy = root / "statement.json"
+    copy = root / STATEMENT_COPY
     if not copy.is_file():
         return
     try:
@@ -460,6 +461,29 @@ def verify_file(
     return chosen
 
 
+def attestation_in(path: Path) -> Path:
+    """What `verify PATH` checks: an attempt folder, or its statement.json, stands for the
+    attestation signed in it. An attempt that holds none was not signed, and is said to be so
+    rather than a file that cannot be read; any other path is the attestation itself."""
+    from imagegate.attest import sign
+
+    signed = sign.DSSE_FILE
+    whole = path.is_dir() or path.name == STATEMENT_COPY
+    folder = path if path.is_dir() else path.parent
+    if whole and (folder / signed).is_file():
+        return folder / signed
+    named_signed = not path.exists() and path.name in sign.SIGNED_FILES
+    unsigned = (folder / STATEMENT_COPY).is_file() and not (folder / signed).exists()
+    if (whole or named_signed) and unsigned:
+        raise UsageError(
+            f"{folder}: this run was not signed (--no-sign): nothing to verify",
+            hint=f"`imagegate report {folder}` shows its verdict, unsigned; run again without --no-sign to sign",
+        )
+    if path.is_dir():
+        raise UsageError(f"{path}: not an attempt folder (no {signed}, no {STATEMENT_COPY})")
+    return path
+
+
 def verify(
     attestation: Path | None,
     trusted: Trusted,
@@ -485,6 +509,7 @@ def verify(
             insecure=insecure,
             scope=scope,
         )
+    attestation = attestation_in(attestation)
     name, digests = image_digests(image, insecure=insecure) if image else (None, [])
     return verify_file(
         attestation,

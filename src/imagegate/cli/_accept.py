@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import os
+import shlex
 import sys
 import typing
 from collections.abc import Callable, Iterator
@@ -25,6 +27,7 @@ NOTHING_LEFT = "nothing was left running"  # accept.NOTHING_LEFT, without import
 
 if TYPE_CHECKING:  # imported where used: `--help` never loads the pipeline models
     from imagegate import accept
+    from imagegate.attest import keys
     from imagegate.runner import RunOptions
 
 Notify = Callable[[str], None]
@@ -237,14 +240,19 @@ def interrupts() -> Iterator[None]:
         raise typer.Exit(EXIT_SIGINT) from None  # 143 for SIGTERM: run_main tells them apart
 
 
-def finish(done: "accept.Accepted", fmt: Format, quiet: bool) -> NoReturn:
-    """The outcome: the statement (--format json) or the table; exit with the verdict's code."""
+def finish(
+    done: "accept.Accepted", fmt: Format, quiet: bool, key: "keys.SigningKey | None" = None
+) -> NoReturn:
+    """The outcome: the statement (--format json) or the table, then how to check it (`key`:
+    what signed it); exit with the verdict's code."""
     if fmt is Format.json:
         from imagegate.report import formats
 
         sys.stdout.write(formats.statement_text(done.statement))  # as signed, byte for byte
         if not quiet:  # stdout is the statement's alone; where the evidence went still matters
             print(f"imagegate: evidence: {done.record.attempt_dir}", file=sys.stderr)
+            for line in next_step(done, key):
+                print(f"imagegate: {line}", file=sys.stderr)
         if done.rejected_by:  # no table to say it on: why exit 1, even when quiet
             print(f"imagegate: verdict {done.record.verdict} rejected: {done.rejected_by}", file=sys.stderr)
     else:
@@ -253,4 +261,37 @@ def finish(done: "accept.Accepted", fmt: Format, quiet: bool) -> NoReturn:
         # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
         console = console_report.make_console(stderr=done.used_stdout)
         console_report.render(done.record, console, rejected_by=done.rejected_by)
+        for line in next_step(done, key):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
     raise typer.Exit(done.exit_code)
+
+
+def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[str]:
+    """After a signed run, its last lines: the public key to give verifiers, and the command that
+    checks this run's statement, as the user can paste it (paths relative under the cwd)."""
+    if done.signed is None or key is None:
+        return []
+    from imagegate.attest import keys
+
+    statement = pasteable(done.signed.dsse_path)
+    pub = keys.public_key_file(key)
+    if pub is None:  # a key of the user's own, with no .pub beside it
+        return [
+            f"public key: none beside {key.path or 'the signing key'} (fingerprint {done.signed.fingerprint})",
+            f"to verify: imagegate verify {statement} --key PUB",
+        ]
+    return [
+        f"public key: {pasteable(pub)}",
+        f"to verify: imagegate verify {statement} --key {pasteable(pub)}",
+    ]
+
+
+def pasteable(path: Path) -> str:
+    """`path` for a shell: relative to the cwd when under it, else to ~ when under the home
+    folder (unquoted, for the shell to expand), quoted where it must be."""
+    full = Path(path).absolute()
+    with contextlib.suppress(ValueError, OSError):
+        return shlex.quote(os.fspath(full.relative_to(Path.cwd())))
+    with contextlib.suppress(ValueError, RuntimeError):  # RuntimeError: no home folder known
+        return "~/" + shlex.quote(os.fspath(full.relative_to(Path.home())))
+    return shlex.quote(os.fspath(path))

@@ -5,6 +5,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from typer import Argument
@@ -14,6 +15,9 @@ from imagegate.cli._accept import grouped
 from imagegate.cli._app import Option, app
 from imagegate.errors import UsageError
 from imagegate.names import KEY_ENV, PASSWORD_ENV, PREDICATE_TYPE
+
+if TYPE_CHECKING:  # imported where used: `--help` loads no key code
+    from imagegate.attest import keys
 
 
 class KeyAlgorithm(str, enum.Enum):
@@ -58,7 +62,8 @@ class Verifying:
         "--key",
         "-k",
         metavar="PUB",
-        help="A signer's public key (PEM); repeatable: each envelope of a chain may be signed by any of them.",
+        help="A signer's public key (PEM); repeatable: each envelope of a chain may be signed by any of them. "
+        f"Default: the public half of the key run signs with (${KEY_ENV}, else the user's key).",
     )
     trusted_keys: list[Path] = _app.TRUSTED_KEYS
     image: str | None = Option(
@@ -122,23 +127,21 @@ class Verifying:
 def verify(
     attestation: Path | None = Argument(
         None,
-        help="attestation.dsse.json, .intoto.jsonl or .sigstore.json; omit with --image to fetch from the registry.",
+        help="attestation.dsse.json, .intoto.jsonl or .sigstore.json, or a run's attempt folder; omit with --image to fetch from the registry.",
     ),
     v: Verifying = Verifying(),
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest import keys
-    from imagegate.attest.verify import accepts  # lazy: keeps CLI start-up fast
+    from imagegate.attest.verify import accepts, attestation_in  # lazy: keeps CLI start-up fast
     from imagegate.attest.verify import verify as verify_attestation
     from imagegate.attest.word import Scope
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
     from imagegate.report import console_attest
 
-    trusted = keys.trusted_keys(v.key, v.trusted_keys)
-    if not trusted:
-        raise UsageError(
-            "no public key to verify with", hint="pass --key PUB (repeatable) or --trusted-keys FILE"
-        )
+    if attestation is not None:  # an unsigned run needs no key to be told so
+        attestation = attestation_in(attestation)
+    trusted = keys.trusted_keys(v.key, v.trusted_keys) or _runs_key()
     if (v.pipeline or v.max_age) and (attestation is not None or v.image is None):
         raise UsageError(
             "--pipeline and --max-age read the statements attached to an image",
@@ -160,6 +163,21 @@ def verify(
     ok, conclusion = accepts(report, expect_verdict=v.expect_verdict, require_complete=v.require_complete)
     console_attest.render_verify(report, conclusion)
     raise typer.Exit(EXIT_ACCEPTED if ok else EXIT_REJECTED)
+
+
+def _runs_key() -> "tuple[keys.PublicKey, ...]":
+    """verify given no key: the public half of the key `run` signs with (the one a first run
+    made), named in one line, so that a run's statement verifies as the run left it."""
+    from imagegate.attest import keys
+
+    found = keys.runs_public_key()
+    if isinstance(found, Path):
+        raise UsageError(
+            "no public key to verify with",
+            hint=f"pass --key PUB (repeatable) or --trusted-keys FILE (run's signing key {found} does not exist)",
+        )
+    print(f"verify: using the signing key's public half {found.path} ({found.origin})", file=sys.stderr)
+    return (found.public,)
 
 
 @app.command(

@@ -140,7 +140,7 @@ def complete(
             observer = completing.CompletionObserver(earlier, made, opts, notify)
             root = c.out or earlier.dir.parent.parent  # beside the earlier attempt by default
             done = accept.accept(accept.Request(prep, observer, root, outputs), notify)
-    o.finish(done, c.fmt, c.quiet)
+    o.finish(done, c.fmt, c.quiet, outputs.key)
 
 
 def _trusted(

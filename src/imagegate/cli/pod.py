@@ -218,8 +218,9 @@ def collect_cmd(
     _checks.check_stage_inputs(prep, expect_config)
     pod_obj, log, key = podrun.finished_pod(logs, pod, job, namespace, context, timeout, notify, secret)
     observer = PodObserver(pod_obj, log, secret=key, expect_digests=expect_digest, notify=notify)
-    done = accept.accept(accept.Request(prep, observer, a.out, a.outputs(observer.reference, notify)), notify)
-    o.finish(done, a.fmt, a.quiet)
+    outputs = a.outputs(observer.reference, notify)
+    done = accept.accept(accept.Request(prep, observer, a.out, outputs), notify)
+    o.finish(done, a.fmt, a.quiet, outputs.key)
 
 
 @pod_app.command(
@@ -273,4 +274,4 @@ def run_cmd(
             notify=notify,
         )
         done = accept.accept(accept.Request(prep, observer, a.out, outputs), notify)
-    o.finish(done, a.fmt, a.quiet)
+    o.finish(done, a.fmt, a.quiet, outputs.key)

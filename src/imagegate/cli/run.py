@@ -142,7 +142,7 @@ def run(
             with run_shown(a.silent) as display:
                 observer = runner.DriverObserver(driver, image, opts, notify, display)
                 done = accept.accept(accept.Request(prep, observer, a.out, outputs), notify)
-    o.finish(done, a.fmt, a.quiet)
+    o.finish(done, a.fmt, a.quiet, outputs.key)
 
 
 def _all_platforms(
