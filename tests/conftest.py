@@ -27,6 +27,7 @@ def commands_not_stopped() -> Iterator[None]:
     from imagegate import interrupts
 
     interrupts._stop.clear()
+    interrupts._hard_stopped = False
 
 
 @pytest.fixture(scope="session", autouse=True)

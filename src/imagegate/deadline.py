@@ -184,7 +184,7 @@ def _on_alarm(_signum: int, _frame: FrameType | None) -> None:
     global _stranded
     if _current is not None and _armed:
         _stranded = True
-        interrupts.stop()  # the worker threads stop too, at their next read
+        interrupts.stop(final=True)  # the worker threads stop too, at their next read
         raise _current.error()
 
 

@@ -36,6 +36,7 @@ _first: int | None = None  # the first signal received
 _raised = False  # KeyboardInterrupt was raised for it (or the command is ending): never again
 _held = 0  # depth of critical() sections in the main thread
 _stop = threading.Event()  # the command stops: every worker's next read raises Stopped
+_hard_stopped = False  # the deadline's hard stop came (deadline.py): never lifted either
 # Blocking waits to cut on stop, by id: set and removed by plain dict operations (atomic under
 # the GIL), never under a lock, since stop() also runs in a signal handler.
 _cuts: dict[int, Callable[[], None]] = {}
@@ -46,9 +47,12 @@ class Stopped(KeyboardInterrupt):
     deadline's hard stop): a KeyboardInterrupt, so that nothing catching Exception keeps it."""
 
 
-def stop() -> None:
+def stop(*, final: bool = False) -> None:
     """Every worker thread stops: its next read raises Stopped, and each blocking wait
-    registered with cut_on_stop is cut. Idempotent; safe in a signal handler."""
+    registered with cut_on_stop is cut. `final`: the command ends (never resumed). Idempotent;
+    safe in a signal handler."""
+    global _hard_stopped
+    _hard_stopped = _hard_stopped or final
     _stop.set()
     for cut in tuple(_cuts.values()):
         with contextlib.suppress(Exception):
@@ -57,6 +61,17 @@ def stop() -> None:
 
 def stopping() -> bool:
     return _stop.is_set()
+
+
+def signalled() -> bool:
+    """A signal came, or the deadline's hard stop: the stop is the command's, never lifted."""
+    return _first is not None or _hard_stopped
+
+
+def resume() -> None:
+    """Lifts a stop that is not the command's (--fail-fast's, once what it stopped has ended)."""
+    if not signalled():
+        _stop.clear()
 
 
 def check_stop(what: str = "the command's work") -> None:

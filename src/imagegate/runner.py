@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagegate import __version__, bundle, deadline, pipeline, protocol, workers
+from imagegate import __version__, bundle, deadline, interrupts, pipeline, protocol, workers
 from imagegate.attest.statement import build_statement
 from imagegate.drivers.interface import BundleRequest, BundleRun, Driver, Refusal
 from imagegate.evidence import Attempt, sha256_file
@@ -40,6 +40,7 @@ class RunOptions:
     jobs: int = 1  # in-image stage groups run at once (container drivers only)
     model: str | None = None  # --model: the serve stages' model, where the sandbox sees it
     startup_budget: float | None = None  # --startup-budget: the serve stages' time to readiness
+    fail_fast: bool = False  # --fail-fast: stop the stages still running once no verdict can accept
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,45 @@ class Display:
 
 
 Notify = Callable[[str], None]
+
+
+class FailFast:
+    """--fail-fast: once a stage's result leaves the verdict no way to be accepted (FAIL or ERROR
+    of a stage that no `requires` may turn DEFERRED), the stages still running stop: the
+    controllers by `cancel` (each removes its container), the outside stages' reads by the stop
+    (interrupts.stop), lifted once they ended. What stopped is SKIPPED with `reason`. An image
+    that says its own stage FAILed only rejects itself sooner."""
+
+    def __init__(self, prep: Prepared, notify: Notify) -> None:
+        self.cancel = threading.Event()
+        self.reason: str | None = None
+        self._deferrable = {s.id for s in prep.plan.stages if s.requires}
+        self._notify = notify
+        self._lock = threading.Lock()
+
+    def saw(self, stage_id: str, status: str) -> None:
+        if status not in (Status.FAIL.value, Status.ERROR.value) or stage_id in self._deferrable:
+            return
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = f"stopped by --fail-fast: {stage_id} {status}, so no verdict could accept the image"
+        self._notify(f"--fail-fast: {stage_id} {status}: stopping the stages still running")
+        self.cancel.set()
+        interrupts.stop()
+
+    def watching(self, on_event: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
+        def relay(ev: dict[str, Any]) -> None:
+            if ev.get("event") == "stage":
+                self.saw(str(ev.get("id")), str(ev.get("status")))
+            if on_event is not None:
+                on_event(ev)
+
+        return relay
+
+    def stopped(self, stage: PlannedStage) -> StageResult:
+        assert self.reason is not None
+        return StageResult(stage.id, stage.probe, stage.side, Status.SKIPPED, self.reason)
 
 
 def _now() -> str:
@@ -189,6 +229,7 @@ class Observation:
     # stages ran unwatched (a Pod's log read afterwards), so no start is known.
     clock: float | None = None
     progress: Progress | None = None  # where the layers stage shows its blobs (Display.progress)
+    fail_fast: FailFast | None = None  # --fail-fast, and whether it stopped the run
 
     @property
     def capabilities(self) -> Capabilities:
@@ -256,16 +297,17 @@ def run_inside(
     image: ImageFacts,
     opts: RunOptions,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[ControllerRun]:
     """Every in-image stage, in one controller or (a container driver, --jobs > 1) in several
-    at once. Runs happen in worker threads; an interrupt cancels them, and each removes its
-    container before the interrupt goes on."""
+    at once. Runs happen in worker threads; an interrupt (or `cancel`, set by --fail-fast)
+    cancels them, and each removes its container before the interrupt goes on."""
     jobs = opts.jobs if driver.isolated_runs else 1
     groups = inside_groups(prep.inside, jobs)
     if not groups:
         return []
     relay = _PlanOrder(prep.stage_ids, on_event) if on_event else None
-    cancel = threading.Event()
+    cancel = cancel or threading.Event()
 
     def one(ids: list[str]) -> ControllerRun:
         key = protocol.new_key()  # this controller's event key: only it gets it
@@ -322,6 +364,8 @@ def observe(
     # Outside stages that need nothing from inside run while the image's stages do; one that
     # `requires` a capability waits for the controller to say what this run has.
     early = [s for s in prep.plan.outside_stages if not (s.needs or s.requires or prep.plan.stop_on_fail)]
+    gate = obs.fail_fast = FailFast(prep, notify) if opts.fail_fast else None
+    on_event = display.on_event if gate is None else gate.watching(display.on_event)
 
     def outside() -> list[StageResult]:
         return outside_results(prep, early, obs, attempt, [], notify) if early else []
@@ -332,8 +376,10 @@ def observe(
                 f"running {len(prep.inside.stages)} stages in {image.reference} "
                 f"({env.get('engine') or env['driver']})"
             )
-            obs.runs = run_inside(prep, driver, image, opts, display.on_event)
+            obs.runs = run_inside(prep, driver, image, opts, on_event, gate.cancel if gate else None)
         obs.outside_done = done.result()
+    if gate is not None and gate.reason is not None:
+        interrupts.resume()  # what it stopped has ended; the run goes on to its verdict
     return obs
 
 
@@ -420,7 +466,7 @@ def conclude(
     ]
     results: list[StageResult] = list(obs.given)
     if obs.runs:
-        results += inside_results(prep, obs.runs, attempt, obs.clock)
+        results += _fail_fast(prep, obs, inside_results(prep, obs.runs, attempt, obs.clock))
     given = {r.id for r in obs.given}  # a completion's earlier results stand for their stages
     results += [left_out(s) for s in prep.plan.stages if s.skipped and s.id not in given]
     done_ids = {r.id for r in obs.outside_done}
@@ -430,7 +476,11 @@ def conclude(
         done_ids |= {r.id for r in results}
     later = [s for s in prep.plan.outside_stages if s.id not in done_ids]
     results += obs.outside_done
-    results += outside_results(prep, later, obs, attempt, results, notify)
+    gate = obs.fail_fast
+    if gate is not None and gate.reason is not None:  # not started: stopped as well
+        results += [gate.stopped(s) for s in later]
+    else:
+        results += outside_results(prep, later, obs, attempt, results, notify)
     order = {sid: n for n, sid in enumerate(prep.plan.ids)}
     results.sort(key=lambda r: order.get(r.id, -1))  # plan order; runner-made stages first
     attempt.write_json(
@@ -464,6 +514,17 @@ def conclude(
         }
     )
     return Concluded(record, statement)
+
+
+def _fail_fast(prep: Prepared, obs: Observation, results: list[StageResult]) -> list[StageResult]:
+    """With --fail-fast that stopped the run: each in-image stage that reported nothing (its
+    controller was cancelled) is SKIPPED with the reason, not an ERROR of its own."""
+    gate = obs.fail_fast
+    if gate is None or gate.reason is None:
+        return results
+    reported = {sid for cr in obs.runs for sid in cr.events.stages}
+    planned = {s.id: s for s in prep.inside.stages}
+    return [gate.stopped(planned[r.id]) if r.id in planned and r.id not in reported else r for r in results]
 
 
 def _record_controller(
@@ -667,10 +728,17 @@ def _run_outside(
     )
     t0 = time.monotonic()
     started = None if obs.clock is None else max(0.0, t0 - obs.clock)
+    gate = obs.fail_fast
     try:
         outcome = load_outside_probe(stage.probe)(ctx, stage.params)
+    except interrupts.Stopped:
+        if gate is None or gate.reason is None or interrupts.signalled():
+            raise  # a signal or the deadline: the command ends
+        outcome = Outcome(Status.SKIPPED, gate.reason)
     except Exception as e:  # a bug or an unreadable source is an ERROR of the stage
         outcome = Outcome(Status.ERROR, f"{type(e).__name__}: {e}")
+    if gate is not None:
+        gate.saw(stage.id, outcome.status.value)
     had = obs.capabilities
     outcome = _deferred_by_requires(stage, outcome, had)
     files = []

@@ -44,7 +44,7 @@ stages:
 
 EXPORT_ASKED = "asking the engine"  # imagegate.oci.sources.daemon: the export request is sent
 EXPORT_BEGAN = "export began"  # its first byte arrived: the layers are being hashed
-BLOB_READ = ": reading layer "  # imagegate.oci.verify: a registry blob is being read and hashed
+UNPACKING = ": unpacking layer "  # imagegate.rootfs.unpack: a blob is read, verified and unpacked
 
 
 @dataclass
@@ -163,11 +163,18 @@ def test_a_signal_while_the_engine_exports_ends_the_run_at_once(
     _assert_quick(ended, code, marker)
 
 
-def test_a_signal_while_registry_blobs_are_read_ends_the_command_at_once(
-    big_in_registry: str, tmp_path: Path
+def test_a_signal_while_registry_blobs_are_read_and_unpacked_ends_the_run_at_once(
+    big_in_registry: str, layers_only: Path, tmp_path: Path
 ) -> None:
-    ended = _run(["layers", f"docker://{big_in_registry}"], BLOB_READ, signal.SIGINT, tmp_path, delay=1.0)
-    _assert_quick(ended, 130, "registry read")
+    """--driver rootfs reads the registry's blobs, verifying and unpacking each in one pass: a
+    signal then leaves no half-unpacked root in the cache, nor a root taken for complete."""
+    cache = tmp_path / "cache"
+    argv = ["run", f"docker://{big_in_registry}", "-p", str(layers_only), "--driver", "rootfs",
+            "--cache-dir", str(cache), "--no-sign", "-o", str(tmp_path / "runs")]  # fmt: skip
+    ended = _run(argv, UNPACKING, signal.SIGINT, tmp_path, delay=1.0)
+    _assert_quick(ended, 130, "registry read and unpacking")
+    left = [p for p in cache.rglob("*") if p.is_dir() and p.parent.name in ("work", "roots")]
+    assert left == [], left
 
 
 def test_the_deadline_ends_a_run_while_the_export_is_hashed(
@@ -195,3 +202,49 @@ def test_the_deadline_ends_a_run_while_the_export_is_hashed(
     assert ended.code == 2, text
     assert ended.after_start_s <= timeout + GRACE_S + EXIT_WITHIN_S, f"{ended.after_start_s:.1f} s\n{text}"
     assert _left_by(ended.pid) == [] and list(ended.tmp.iterdir()) == []
+
+
+FAILING_AND_LAYERS = """\
+apiVersion: imagegate/v1
+kind: Pipeline
+name: failing-and-layers
+stages:
+  - id: find_spec
+    probe: find_spec
+    timeout: 5m
+    with:
+      modules: [no_such_module_here]
+  - id: layers
+    probe: layers
+    timeout: 30m
+"""
+
+
+def test_fail_fast_stops_the_layers_stage_once_the_verdict_is_known(big: str, tmp_path: Path) -> None:
+    """The issue's run: the verdict (FAIL) known in seconds, the export read on for a minute.
+    With --fail-fast the layers stage stops at once and says why; by default it runs to the end
+    (every failure is listed: what CI users want)."""
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(FAILING_AND_LAYERS)
+    out = tmp_path / "runs"
+    base = ["run", big, "-p", str(pipeline), "--no-sign", "-o", str(out)]
+    fast = _run([*base, "--fail-fast"], None, None, tmp_path / "fast")
+    full = _run(base, None, None, tmp_path / "full")
+    assert fast.code == 1 and full.code == 1, "\n".join(fast.lines[-20:] + full.lines[-20:])
+    statements = sorted(out.glob("*/*/statement.json"), key=lambda p: p.stat().st_mtime)
+    fast_stages, full_stages = ({s["id"]: s for s in _stages(p)} for p in statements)
+    assert fast_stages["find_spec"]["status"] == "FAIL" == full_stages["find_spec"]["status"]
+    assert fast_stages["layers"]["status"] == "SKIPPED"
+    assert fast_stages["layers"]["detail"].startswith("stopped by --fail-fast: find_spec FAIL")
+    assert full_stages["layers"]["status"] == "PASS"
+    assert any("--fail-fast: find_spec FAIL: stopping" in line for line in fast.lines)
+    assert fast.after_start_s < full.after_start_s
+    assert _left_by(fast.pid) == [] and list(fast.tmp.iterdir()) == []
+
+
+def _stages(statement: Path) -> list[dict[str, str]]:
+    import json
+
+    doc = json.loads(statement.read_text())
+    stages: list[dict[str, str]] = doc["predicate"]["stages"]
+    return stages

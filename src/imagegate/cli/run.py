@@ -40,6 +40,12 @@ class Placement:
         metavar="ID",
         help="Leave stage ID out (repeatable): it does not run, so it is DEFERRED (never PASS; `complete` runs it), and the stages that need it SKIPPED.",
     )
+    fail_fast: bool = Option(
+        False,
+        "--fail-fast",
+        help="Once a stage FAILs or cannot run (no verdict can accept the image), stop the stages still "
+        "running: SKIPPED, named so. Default: every stage runs, so that every failure is listed.",
+    )
     pull: str = Option("missing", "--pull", help=o.PULL_HELP)
     here: bool = Option(False, "--here", help="Run in this environment: the same as --driver here.")
     driver: str | None = o.DRIVER
@@ -67,6 +73,7 @@ class Placement:
             gpus=gpu.spec if gpu else None,
             skip=self.skip,
             jobs=self.jobs or os.cpu_count() or 1,
+            fail_fast=self.fail_fast,
         )
 
     def make_driver(

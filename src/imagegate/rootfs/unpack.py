@@ -7,6 +7,7 @@ a hostile entry discards the whole root, so nothing unverified is ever used."""
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -57,6 +58,9 @@ FEED_DEPTH = 4
 _VERIFIER_SLACK = 64 << 20
 
 _DONE = object()
+
+
+log = logging.getLogger(__name__)
 
 
 def materialize(
@@ -179,6 +183,7 @@ def _unpack(
             budget = _budget(feed, before, limits)
             feed.start(lambda stream, budget=budget: applier.apply(stream, budget))  # type: ignore[misc]
             progress.started(i, label, desc.size)
+            log.debug("%s: unpacking %s", source.description, label)
             got, known, applied = _read_layer(
                 source,
                 desc,
