@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import Goal, print_goals, write  # noqa: E402
+from record import Goal, print_goals, write
 
 ROOT = Path(__file__).resolve().parents[1]
 WITHIN_S = 2.0
@@ -105,8 +105,15 @@ def main() -> int:
     codes = all(r.get("exit_code") == (143 if r.get("signal") == "SIGTERM" else 130) for r in timed)
     left = sum(int(r.get("containers_left", 1)) for r in timed)  # type: ignore[call-overload]
     goals = [
-        Goal("slowest exit after the signal, every phase", f"<= {WITHIN_S} s", f"{worst:.2f} s", worst <= WITHIN_S),
-        Goal("exit codes", "130 (SIGINT), 143 (SIGTERM)", "as expected" if codes else "not as expected", codes),
+        Goal(
+            "slowest exit after the signal, every phase",
+            f"<= {WITHIN_S} s",
+            f"{worst:.2f} s",
+            worst <= WITHIN_S,
+        ),
+        Goal(
+            "exit codes", "130 (SIGINT), 143 (SIGTERM)", "as expected" if codes else "not as expected", codes
+        ),
         Goal("containers left", "0", str(left), left == 0),
     ]
     if args.record:
