@@ -103,7 +103,8 @@ class Background(Generic[R]):
 @contextlib.contextmanager
 def background(fn: Callable[[], R], name: str) -> Iterator[Background[R]]:
     """`fn()` runs in its own thread while the block runs; the thread is waited for on the way
-    out, also when an interrupt ends the block (it finishes its work first)."""
+    out, also when an interrupt ends the block: the interrupt stopped its reads
+    (interrupts.stop), so it ends within a chunk's time."""
     tag = f"{name}-{secrets.token_hex(4)}"
     task = Background(fn)
     task.thread = threading.Thread(target=task._run, name=f"{tag}-0")

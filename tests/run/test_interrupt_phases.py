@@ -24,8 +24,8 @@ import pytest
 from tests.helpers import DOCKER_SOCK, default_signals
 from tests.oci.infra import Registry, skopeo, start_registry
 
-pytestmark = pytest.mark.signals
-
+# Not marked `signals`: CI runs those again with SIGINT ignored to test the handlers'
+# dispositions (tests/run/test_interrupt.py does); what is tested here is how soon each phase ends.
 EXIT_WITHIN_S = 2.0  # the promise: a signal ends the command within 2 s, at real sizes
 GRACE_S = 2.0  # imagegate.deadline.GRACE_S: after the deadline, before its hard stop
 
