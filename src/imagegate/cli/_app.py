@@ -159,6 +159,10 @@ def show(fmt: Format, doc: Callable[[], Any], table: Callable[["Console"], None]
 
 def report_error(err: ImagegateError) -> int:
     """Print `err` (and its hint) to stderr; return its exit code."""
+    if "imagegate.drivers.docker" in sys.modules:  # an engine's pull failure comes from there
+        from imagegate.oci.pullfailure import worded
+
+        err = worded(err)
     msg = f"imagegate: error: {err}"
     if err.hint:
         msg += f"\n  hint: {err.hint}"

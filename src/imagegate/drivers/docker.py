@@ -46,7 +46,6 @@ from imagegate.model import ImageFacts, Status
 from imagegate.oci import engineapi
 from imagegate.oci.digest import is_digest
 from imagegate.oci.manifest import Platform
-from imagegate.oci.pullfailure import EXIT_INPUT, engine_pull_cause
 from imagegate.oci.ran import RanManifest, ran_manifest
 from imagegate.oci.reference import ImageName, parse_image_name
 
@@ -113,20 +112,11 @@ _BYTES_REFUSED = re.compile(r"verif|digest|checksum|mismatch|corrupt|does not ma
 
 
 class PullFailed(UsageError):
-    """The engine could not pull an image: a name no registry has (exit 3), or a registry out of
-    reach (exit 2: nothing decided). `detail` is the engine's own text; the message says it in
-    words, after `missing` when the engine lacked the image first."""
+    """The engine could not pull an image: a name no registry has, or a registry out of reach."""
 
-    def __init__(
-        self, reference: str, detail: str, *, hint: str, registry: str, missing: str | None = None
-    ) -> None:
-        cause = engine_pull_cause(detail, registry)
-        what = f"{missing}, and pulling it failed" if missing else f"image {reference}: pull failed"
-        # An image the engine lacks and no registry has: most likely a local name mistyped.
-        own = missing is not None and cause.exit_code == EXIT_INPUT
-        super().__init__(f"{what}: {cause.words}", hint=hint if own else cause.hint or hint)
-        self.detail, self.registry = detail, registry
-        self.exit_code = cause.exit_code
+    def __init__(self, reference: str, detail: str, *, hint: str) -> None:
+        super().__init__(f"image {reference}: pull failed: {detail}", hint=hint)
+        self.detail = detail
 
 
 class DockerDriver(DriverBase):
@@ -268,13 +258,12 @@ class DockerDriver(DriverBase):
         repo, tag = name.repository, name.reference.ref  # a bare name means :latest
         self.notify(f"{why}; pulling it" if why else f"pulling {reference}")
         hint = "check the reference, the registry's reachability and your credentials (docker login)"
-        registry = name.reference.registry
         try:
             for msg in self.client.api.pull(repo, tag=tag, stream=True, decode=True):
                 if "error" in msg:
-                    raise PullFailed(reference, str(msg.get("error")), hint=hint, registry=registry)
+                    raise PullFailed(reference, str(msg.get("error")), hint=hint)
         except docker.errors.APIError as e:
-            raise PullFailed(reference, str(e.explanation or e), hint=hint, registry=registry) from e
+            raise PullFailed(reference, str(e.explanation or e), hint=hint) from e
 
     def resolve(self, image: ImageName | str) -> ImageFacts:
         name = image if isinstance(image, ImageName) else parse_image_name(image)
@@ -300,13 +289,10 @@ class DockerDriver(DriverBase):
                     refused = self._refused_by_registry(name, pull_error)
                     if refused is not None:
                         return refused
-                    raise PullFailed(
-                        reference,
-                        pull_error.detail,
+                    raise UsageError(
+                        f"{missing}, and pulling it failed: {pull_error.detail}",
                         hint="check the name (docker images lists the engine's), build it, or "
                         "check the registry's reachability and your credentials (docker login)",
-                        registry=pull_error.registry,
-                        missing=missing,
                     ) from pull_error
                 self.pull = "never"  # once: a pulled image that still cannot be inspected is an error
                 return self.resolve(name)

@@ -241,13 +241,7 @@ class RegistryClient:
                 req = self._http.build_request(method, url, headers=hdrs, content=content)
                 resp = self._http.send(req, stream=True)  # every body is read capped, below
             except httpx.TransportError as e:
-                if (late := deadline.expired_error(label)) is not None:
-                    raise late from e
-                if no_such_host(e):  # a name no resolver knows: no retry finds it (exit 3)
-                    raise NoSuchHost(
-                        f"{self.registry}: no such host", hint="check the registry's name in the reference"
-                    ) from e
-                last = self._unanswered(e)
+                last = self._unanswered(e, label)
             except httpx.TooManyRedirects as e:
                 raise RegistryError(
                     f"{self.registry}: {method} {httpx.URL(url).path} was redirected more than "
@@ -278,8 +272,15 @@ class RegistryClient:
             self._sleep(attempt, resp)
             attempt += 1
 
-    def _unanswered(self, err: httpx.TransportError) -> str:
-        """Why the registry did not answer, in words naming it."""
+    def _unanswered(self, err: httpx.TransportError, label: str) -> str:
+        """Why the registry did not answer, in words naming it, for another try; raises when no
+        try can help: the deadline passed, or the name resolves to nothing (exit 3)."""
+        if (late := deadline.expired_error(label)) is not None:
+            raise late from err
+        if no_such_host(err):
+            raise NoSuchHost(
+                f"{self.registry}: no such host", hint="check the registry's name in the reference"
+            ) from err
         words = describe_exception(err)
         if words == "connection refused":
             return f"registry {self.registry} refused the connection"
