@@ -137,3 +137,17 @@ def test_a_runs_layers_stage_shows_its_layers_in_a_ci_log(images: dict[str, str]
     # The engine's export is read once, each blob hashed as it passes: a line per blob read.
     lines = [ln for ln in r.stderr.splitlines() if "/layer.tar: hashed, " in ln and " MB in " in ln]
     assert len(lines) >= 2, r.stderr
+
+
+def test_a_count_of_problems_is_told_apart_from_the_problems(images: dict[str, str], tmp_path: Path) -> None:
+    """pip_check's '2 problems: a; b': the count heads the list, never glued to its first item."""
+    r = imagegate("run", images["conflict"], "-p", "python", "-o", str(tmp_path), "--no-sign", env=CI)
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("pip_check FAIL:"))
+    count = int(lines[head].split(": ")[1].split()[0])
+    assert lines[head] == f"pip_check FAIL: {count} problems", lines[head]
+    items = lines[head + 1 : head + 1 + count]
+    assert all(ln.startswith("  - ") and ("requires" in ln or "has requirement" in ln) for ln in items), items
+    assert "  - nixl 1.2.0 requires nixl-cu12, which is not installed." in items
+    assert not any("problems" in ln for ln in items)

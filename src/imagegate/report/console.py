@@ -13,7 +13,7 @@ from rich.text import Text
 from imagegate.model import RunRecord, StageResult, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
-from imagegate.report.view import split_reasons
+from imagegate.report.view import counted_reasons
 
 STYLE = {
     Status.PASS: "green",
@@ -130,10 +130,11 @@ def render(
 def _full_reasons(record: RunRecord, console: Console, limit: int | None) -> None:
     """The full reasons of every stage that did not pass, one problem a line: the table keeps one."""
     for s in record.stages:
-        parts = split_reasons(s.detail)
+        count, parts = counted_reasons(s.detail)
         if s.status is Status.PASS or (len(parts) <= 1 and (limit is None or len(s.detail) <= limit)):
             continue
-        console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
+        head = Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status]))
+        console.print(head.append(f" {count}") if count else head)  # "pip_check FAIL: 2 problems"
         for part in parts:
             console.print(f"  - {part}", soft_wrap=True, highlight=False, markup=False)
 
