@@ -81,7 +81,11 @@ class Verifying:
         help="Check the signed statement only (signature, subject, verdict), not the evidence files it lists.",
     )
     no_evidence: bool = Option(False, "--no-evidence", hidden=True)  # the earlier name
-    predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect.")
+    predicate_type: str = Option(
+        PREDICATE_TYPE,
+        "--type",
+        help="The predicate type to expect: its URI, or acceptance, index, vsa, test-result, mirror, node-check.",
+    )
     pipeline: str | None = Option(
         None,
         "--pipeline",
@@ -128,7 +132,7 @@ def verify(
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest import keys
-    from imagegate.attest.verify import accepts  # lazy: keeps CLI start-up fast
+    from imagegate.attest.verify import accepts, predicate_type_named  # lazy: keeps CLI start-up fast
     from imagegate.attest.verify import verify as verify_attestation
     from imagegate.attest.word import Scope
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
@@ -153,7 +157,7 @@ def verify(
             evidence_dir=v.evidence,
             evidence=not (v.signature_only or v.no_evidence),
             expect_verdict=v.expect_verdict,
-            predicate_type=v.predicate_type,
+            predicate_type=predicate_type_named(v.predicate_type),
             insecure=v.insecure,
             scope=scope,
         )
