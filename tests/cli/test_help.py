@@ -109,3 +109,15 @@ def test_run_help_loads_neither_the_pipeline_models_nor_the_attestation_layer() 
         if m.startswith(("imagegate.pipeline", "imagegate.attest", "imagegate.accept", "imagegate.runner"))
     )
     assert heavy == [], heavy
+
+
+def test_pipeline_help_names_every_builtin_pipeline() -> None:
+    """-p's help lists the built-in pipelines from the shipped files, so it cannot drift."""
+    from imagegate import pipeline
+
+    for command in (["run"], ["pod", "render"], ["pod", "run"]):
+        text = " ".join(imagegate(*command, "--help").stdout.split())
+        listed = text.split("Built-in name (")[1].split(")")[0]
+        named = listed.replace("- ", "-").split(", ")  # the help wraps lines at a hyphen too
+        assert named == pipeline.builtin_names(), (command, named)
+        assert "gpu" in named

@@ -20,6 +20,7 @@ from imagegate.cli._app import SIGNING_KEY, Format, Option
 from imagegate.errors import UsageError
 from imagegate.interrupts import EXIT_SIGINT
 from imagegate.modelpath import IN_SANDBOX
+from imagegate.resources import builtin_pipelines
 
 NOTHING_LEFT = "nothing was left running"  # accept.NOTHING_LEFT, without importing the use case
 
@@ -42,7 +43,7 @@ PIPELINE = Option(
     "--pipeline",
     "-p",
     metavar="NAME|FILE",
-    help="Built-in name (python, vllm, vllm-serve, sglang, sglang-disagg, sglang-serve) or a YAML file.",
+    help=f"Built-in name ({', '.join(builtin_pipelines())}) or a YAML file.",
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 # run, complete: by default 30 min to get the image plus the stages' timeouts (_checks.check_timeout)
