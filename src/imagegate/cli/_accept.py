@@ -214,10 +214,13 @@ def grouped(command: Callable[..., None]) -> Callable[..., None]:
 def notifier(quiet: bool) -> Notify:
     if quiet:  # a quiet or JSON run loads no console at all
         return lambda _m: None
-    from rich.console import Console  # here: `--help` and completion never build a console
+    from rich.text import Text  # here: `--help` and completion never build a console
 
-    err = Console(stderr=True)
-    return lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False)
+    from imagegate.report.console import make_console
+
+    err = make_console(stderr=True)  # in a log one line each, however long (a digest, a path)
+    # Text, not markup: a message's own brackets ("[1/2]", an argv) are printed as they are.
+    return lambda m: err.print(Text(f"imagegate: {m}", style="dim"), soft_wrap=True, highlight=False)
 
 
 def warn(message: str) -> None:

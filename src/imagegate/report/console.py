@@ -30,10 +30,18 @@ LOG_WIDTH = 100_000
 TERMINAL_REASON_WIDTH = 90
 
 
+def a_terminal(console: Console) -> bool:
+    """Whether the console writes to a terminal a person watches. rich says so of any stream when
+    FORCE_COLOR or TTY_COMPATIBLE is set, as CI runners often set them for colours: a log then
+    keeps its colours but gets no bars and no width."""
+    isatty = getattr(console.file, "isatty", None)
+    return console.is_terminal and callable(isatty) and bool(isatty())
+
+
 def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     """A console on stdout or stderr: a terminal's own width, or no width limit anywhere else."""
     console = Console(stderr=stderr, **kwargs)
-    if console.is_terminal or "width" in kwargs:
+    if a_terminal(console) or "width" in kwargs:
         return console
     return Console(stderr=stderr, width=LOG_WIDTH, **kwargs)
 
