@@ -23,5 +23,10 @@ def pipelines_dir() -> Path:
     return _dir("pipelines")
 
 
+def builtin_pipelines() -> list[str]:
+    """The built-in pipelines' names: their files, read where help is made (no pipeline model)."""
+    return sorted(p.stem for p in pipelines_dir().glob("*.yaml"))
+
+
 def manifests_dir() -> Path:
     return _dir("manifests")

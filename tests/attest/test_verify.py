@@ -363,3 +363,30 @@ def test_verify_of_nothing_is_refused_and_a_file_is_checked_against_the_digest_g
     assert ok.ok and [c.outcome for c in ok.checks if c.name in ("subject", "evidence")] == ["ok", "skipped"]
     bad = verify.verify(signed.dsse_path, key.public, image="sha256:" + "9" * 64, evidence=False)
     assert [c.name for c in bad.failures] == ["subject"]
+
+
+def test_a_signed_runs_vsa_verifies_with_its_type_by_uri_or_short_name(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """`imagegate run --key` writes vsa.dsse.json beside the acceptance; `verify --type` takes the
+    VSA's predicate type (its URI, or `vsa`) and checks it against what it summarises, not
+    against the acceptance's statement.json beside it."""
+    from tests.helpers import imagegate
+
+    key = tmp_path / "k"
+    assert imagegate("keygen", "--out", str(key)).returncode == 0
+    r = imagegate(
+        "run", images["python"], "-p", "python", "--key", f"{key}.key", "-o", str(tmp_path / "runs")
+    )
+    assert r.returncode == 0, r.stderr
+    attempt = next(p for p in (tmp_path / "runs").glob("*/*") if p.is_dir())
+    vsa = attempt / sign.VSA_FILE
+    for kind in (VSA_PREDICATE_TYPE, "vsa"):
+        v = imagegate("verify", str(vsa), "--type", kind, "--key", f"{key}.pub")
+        assert v.returncode == 0, v.stdout + v.stderr
+        assert "verified: verification summary PASSED (levels: IMAGEGATE_CPU)" in v.stdout
+        assert "1 files match their sha256" in v.stdout  # the acceptance it summarises, by digest
+        assert "statement.json" not in v.stdout and "None" not in v.stdout
+    (attempt / sign.DSSE_FILE).write_bytes((attempt / sign.DSSE_FILE).read_bytes() + b"\n")
+    changed = imagegate("verify", str(vsa), "--type", VSA_PREDICATE_TYPE, "--key", f"{key}.pub")
+    assert changed.returncode == 1 and f"{sign.DSSE_FILE}: changed" in changed.stdout, changed.stdout

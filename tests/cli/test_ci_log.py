@@ -137,3 +137,37 @@ def test_a_runs_layers_stage_shows_its_layers_in_a_ci_log(images: dict[str, str]
     # The engine's export is read once, each blob hashed as it passes: a line per blob read.
     lines = [ln for ln in r.stderr.splitlines() if "/layer.tar: hashed, " in ln and " MB in " in ln]
     assert len(lines) >= 2, r.stderr
+
+
+def test_a_count_of_problems_is_told_apart_from_the_problems(images: dict[str, str], tmp_path: Path) -> None:
+    """pip_check's '2 problems: a; b': the count heads the list, never glued to its first item."""
+    r = imagegate("run", images["conflict"], "-p", "python", "-o", str(tmp_path), "--no-sign", env=CI)
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("pip_check FAIL:"))
+    count = int(lines[head].split(": ")[1].split()[0])
+    assert lines[head] == f"pip_check FAIL: {count} problems", lines[head]
+    items = lines[head + 1 : head + 1 + count]
+    assert all(ln.startswith("  - ") and ("requires" in ln or "has requirement" in ln) for ln in items), items
+    assert "  - nixl 1.2.0 requires nixl-cu12, which is not installed." in items
+    assert not any("problems" in ln for ln in items)
+
+
+@pytest.mark.parametrize("colours", [{}, {"FORCE_COLOR": "1"}, {"TTY_COMPATIBLE": "1"}])
+def test_progress_lines_come_whole_into_a_log_of_80_columns(
+    colours: dict[str, str], images: dict[str, str], tmp_path: Path
+) -> None:
+    """stderr a pipe at COLUMNS=80, with the colours a CI runner may force: every progress line
+    whole on one line (a digest never split), no bar redrawn into the log."""
+    import re
+
+    out = tmp_path / "imagegate-runs"
+    r = imagegate("run", images["python"], "-o", str(out), "--no-sign", env={"COLUMNS": "80", **colours})
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stderr
+    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", ln) for ln in r.stderr.splitlines()]
+    attempt = next(p for p in out.glob("*/*") if p.is_dir())
+    assert f"imagegate: attempt {attempt}" in lines, lines
+    assert re.search(r"/sha256-[0-9a-f]{64}/", str(attempt))
+    assert all(ln.startswith("imagegate: ") for ln in lines), lines
+    assert f"evidence: {attempt}" in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", r.stdout)

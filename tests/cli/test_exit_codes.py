@@ -18,23 +18,62 @@ NOT_BUILT = "imagegate-test/never-built-here:1"
 
 
 @pytest.mark.parametrize(
-    ("args", "says"),
+    ("args", "says", "help_of"),
     [
-        (["run", "imagegate-test/python", "--pipline", "x"], "No such option: --pipline"),
-        (["run", "imagegate-test/python", "--pipeline"], "'--pipeline' requires an argument"),
-        (["run", "imagegate-test/python", "--format", "xml"], "Invalid value for '--format'"),
-        (["run", "imagegate-test/python", "--key"], "'--key' requires an argument"),
-        (["layers", "docker-daemon:x", "--format", "yaml"], "Invalid value for '--format'"),
-        (["verify", "statement.json"], "no public key to verify with"),  # --key or --trusted-keys
-        (["nosuchcommand"], "No such command"),
+        (["run", "imagegate-test/python", "--pipline", "x"], "no such option: --pipline", "imagegate run"),
+        (
+            ["run", "imagegate-test/python", "--pipeline"],
+            "'--pipeline' requires an argument",
+            "imagegate run",
+        ),
+        (
+            ["run", "imagegate-test/python", "--format", "xml"],
+            "invalid value for '--format'",
+            "imagegate run",
+        ),
+        (
+            ["run", "imagegate-test/python", "--timeout", "abc"],
+            "invalid value for '--timeout'",
+            "imagegate run",
+        ),
+        (["run", "imagegate-test/python", "--key"], "'--key' requires an argument", "imagegate run"),
+        (["run", "a", "b"], "unexpected extra argument", "imagegate run"),
+        (["layers"], "missing argument", "imagegate layers"),
+        (
+            ["layers", "docker-daemon:x", "--format", "yaml"],
+            "invalid value for '--format'",
+            "imagegate layers",
+        ),
+        (["pipelines", "list", "--bad"], "no such option: --bad", "imagegate pipelines list"),
+        (["nosuchcommand"], "no such command 'nosuchcommand'", "imagegate"),
     ],
 )
-def test_parser_usage_errors_exit_3(args: list[str], says: str, tmp_path: Path) -> None:
+def test_parser_usage_errors_speak_as_every_error_and_exit_3(
+    args: list[str], says: str, help_of: str, tmp_path: Path
+) -> None:
+    """The parser's own errors read as every other error: one line `imagegate: error: …` and a
+    hint naming the help to read (under the program's name, however it was started), not the
+    parser's usage block; exit 3."""
     r = imagegate(*args, cwd=tmp_path, env={"XDG_CONFIG_HOME": str(tmp_path / "no-config")})  # no key
     assert r.returncode == 3, r.stderr
-    assert says in r.stderr
-    assert "Traceback" not in r.stderr
+    error, hint = r.stderr.splitlines()
+    assert error.startswith("imagegate: error: ") and says in error, r.stderr
+    assert hint.startswith(f"  hint: {help_of} --help "), r.stderr
     assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+def test_an_input_error_of_ours_exits_3_with_its_hint(tmp_path: Path) -> None:
+    r = imagegate("verify", "statement.json", cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "imagegate: error: no public key to verify with" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_help_and_version_still_answer(tmp_path: Path) -> None:
+    assert imagegate("run", "--help", cwd=tmp_path).stdout.startswith("Usage: ")
+    assert imagegate("--version", cwd=tmp_path).returncode == 0
+    group = imagegate("pipelines", cwd=tmp_path)  # a group named alone shows its help
+    assert "list" in group.stderr and "imagegate: error" not in group.stderr
 
 
 def test_a_short_name_the_engine_lacks_says_so_first(engine: str, tmp_path: Path) -> None:

@@ -109,3 +109,38 @@ def test_run_help_loads_neither_the_pipeline_models_nor_the_attestation_layer() 
         if m.startswith(("imagegate.pipeline", "imagegate.attest", "imagegate.accept", "imagegate.runner"))
     )
     assert heavy == [], heavy
+
+
+def test_pipeline_help_names_every_builtin_pipeline() -> None:
+    """-p's help lists the built-in pipelines from the shipped files, so it cannot drift."""
+    from imagegate import pipeline
+
+    for command in (["run"], ["pod", "render"], ["pod", "run"]):
+        text = " ".join(imagegate(*command, "--help").stdout.split())
+        listed = text.split("Built-in name (")[1].split(")")[0]
+        named = listed.replace("- ", "-").split(", ")  # the help wraps lines at a hyphen too
+        assert named == pipeline.builtin_names(), (command, named)
+        assert "gpu" in named
+
+
+def test_pipelines_list_reads_at_80_columns_and_as_json() -> None:
+    """Each pipeline's verdicts whole, no line past 80 columns; the JSON names every built-in."""
+    import json
+
+    from imagegate import pipeline
+    from imagegate.report.console_pipelines import verdicts
+
+    r = imagegate("pipelines", "list", env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert max(len(ln) for ln in r.stdout.splitlines()) <= 80, r.stdout
+    words = r.stdout.replace(",", " ").split()
+    for name in pipeline.builtin_names():
+        assert f"{name} (version" in r.stdout
+        assert all(v in words for v in verdicts(pipeline.load(name).pipeline))
+    assert "CPU_PASS_GPU_CLI_DEFERRED" in words and "CPU_PASS_NODE_CHECK_DEFERRED" in words
+    doc = json.loads(imagegate("pipelines", "list", "--format", "json").stdout)
+    assert [p["name"] for p in doc["pipelines"]] == pipeline.builtin_names()
+    vllm = next(p for p in doc["pipelines"] if p["name"] == "vllm")
+    assert vllm["source"] == "builtin:vllm" and "CPU_PASS_GPU_CLI_DEFERRED" in vllm["verdicts"]
+    gpu_cli = next(s for s in vllm["stages"] if s["id"] == "gpu_cli")
+    assert gpu_cli["requires"] == ["gpu"] and gpu_cli["side"] in ("inside", "outside") and gpu_cli["probe"]

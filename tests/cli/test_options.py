@@ -32,6 +32,7 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
             "fleet report",
             "fleet run",
             "fleet collect",
+            "pipelines list",
         },
         "report": {"report"},
     },

@@ -51,4 +51,4 @@ def test_cli_render_with_gpus() -> None:
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert validate.validate(objs, validate.DEFAULT_VERSION) == []
     bad = imagegate("pod", "render", "myorg/vllm:0.11", "--gpus", "-1")
-    assert bad.returncode == 3 and "Invalid value for '--gpus'" in bad.stderr
+    assert bad.returncode == 3 and "invalid value for '--gpus'" in bad.stderr

@@ -162,6 +162,31 @@ def _verdict_types(predicate_type: str) -> tuple[str, ...]:
     return (predicate_type, INDEX_PREDICATE_TYPE) if predicate_type == PREDICATE_TYPE else (predicate_type,)
 
 
+def predicate_type_named(name: str) -> str:
+    """`--type`: a predicate type URI as it is, or the short name of one imagegate signs."""
+    from imagegate.attest.mirror import MIRROR_PREDICATE_TYPE
+    from imagegate.attest.nodecheck import NODE_PREDICATE_TYPE
+    from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
+    from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
+
+    short = {
+        "acceptance": PREDICATE_TYPE,
+        "index": INDEX_PREDICATE_TYPE,
+        "vsa": VSA_PREDICATE_TYPE,
+        "test-result": TEST_RESULT_PREDICATE_TYPE,
+        "mirror": MIRROR_PREDICATE_TYPE,
+        "node-check": NODE_PREDICATE_TYPE,
+    }
+    if "://" in name:
+        return name
+    if name not in short:
+        raise UsageError(
+            f"--type {name!r}: not a predicate type URI nor a short name",
+            hint=f"give a URI, or one of {', '.join(short)}",
+        )
+    return short[name]
+
+
 def _subject_ok(s: object) -> bool:
     return isinstance(s, dict) and isinstance(s.get("digest"), dict) and bool(s["digest"])
 
@@ -192,7 +217,8 @@ def _check_subject(
         )
         return
     if not image_digests:
-        rep.add("subject", "skipped", f"{', '.join(subj)} ({kind} digest); pass --image to check it")
+        of = f" ({kind} digest)" if kind else ""  # a VSA or test result names no kind
+        rep.add("subject", "skipped", f"{', '.join(subj)}{of}; pass --image to check it")
         return
     from imagegate.attest.attach import matching_subject
 
@@ -218,8 +244,23 @@ def _safe_rel(path: object) -> str | None:
     return path
 
 
+def listed_files(statement: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files beside it that a statement vouches for, by sha256: an acceptance's evidence; a
+    VSA's input attestations (the acceptance it summarises)."""
+    from imagegate.attest.vsa import VSA_PREDICATE_TYPE
+
+    if statement.get("predicateType") != VSA_PREDICATE_TYPE:
+        return evidence_files(statement)
+    inputs = (statement.get("predicate") or {}).get("inputAttestations") or []
+    return [
+        {"path": a.get("uri"), "sha256": (a.get("digest") or {}).get("sha256")}
+        for a in inputs
+        if isinstance(a, dict)
+    ]
+
+
 def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
-    files = evidence_files(statement)
+    files = listed_files(statement)
     missing: list[str] = []
     bad = 0
     for f in files:
@@ -253,9 +294,10 @@ def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
 
 
 def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) -> None:
-    # statement.json is the readable copy beside the evidence; it must say what was signed.
+    # statement.json is the readable copy of the attempt's own statement (acceptance, or an
+    # index's); it must say what was signed. A VSA or test result beside it is another statement.
     copy = root / STATEMENT_COPY
-    if not copy.is_file():
+    if not copy.is_file() or statement.get("predicateType") not in _verdict_types(PREDICATE_TYPE):
         return
     try:
         same = (
@@ -422,7 +464,7 @@ def verify_in_folder(
     if evidence:
         check_evidence(rep.statement, root, rep)
     else:
-        listed = len(evidence_files(rep.statement))
+        listed = len(listed_files(rep.statement))
         rep.add("evidence", "skipped", f"{listed} listed files not checked (--signature-only)")
     return rep
 

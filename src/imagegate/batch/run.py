@@ -18,6 +18,7 @@ from imagegate.batch.imagelist import ImageEntry, LoadedImageList, MirrorEntry
 from imagegate.drivers.interface import Driver
 from imagegate.errors import ImagegateError
 from imagegate.model import EXIT_UNDECIDED, EXIT_USAGE, exit_code
+from imagegate.oci.pullfailure import worded
 
 log = logging.getLogger("imagegate.audit")
 
@@ -77,6 +78,7 @@ def _failed(
     kind: Literal["image", "mirror"], name: str, subject: str, e: BaseException, t0: float
 ) -> ItemResult:
     if isinstance(e, ImagegateError):
+        e = worded(e)
         detail = str(e) + (f" (hint: {e.hint})" if e.hint else "")
         code = e.exit_code
     else:  # a bug in one item must not lose the others' results

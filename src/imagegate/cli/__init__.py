@@ -37,7 +37,6 @@ COMMAND_MODULES = {
     "report": "report",
     "audit": "report",
 }
-EXIT_USAGE = 3
 # What the shell sets to ask typer for completions, for the console script's name.
 COMPLETE_VAR = "_IMAGEGATE_COMPLETE"
 
@@ -152,7 +151,7 @@ def run_main(argv: list[str] | None = None) -> int:
 
     import typer
 
-    from imagegate.cli._app import app, report_error
+    from imagegate.cli._app import app, report_error, report_usage
     from imagegate.errors import ImagegateError
 
     command = _command(args)
@@ -169,12 +168,7 @@ def run_main(argv: list[str] | None = None) -> int:
     except typer.TyperException as e:
         # A parser error (unknown option, missing value, bad choice) is a usage error: exit 3,
         # as documented, not the parser's own 2 ("could not decide" here).
-        show = getattr(e, "show", None)
-        if callable(show):
-            show()  # the usage line, the "--help" pointer and the problem
-        else:
-            print(f"imagegate: error: {e.format_message()}", file=sys.stderr)
-        return EXIT_USAGE
+        return report_usage(e, args, COMMAND_MODULES)
     except ImagegateError as e:  # every command's input and setup errors, mapped here only
         return report_error(e)
     except (typer.Abort, KeyboardInterrupt):

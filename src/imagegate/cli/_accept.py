@@ -22,6 +22,7 @@ from imagegate.cli._app import SIGNING_KEY, Format, Option
 from imagegate.errors import UsageError
 from imagegate.interrupts import EXIT_SIGINT
 from imagegate.modelpath import IN_SANDBOX
+from imagegate.resources import builtin_pipelines
 
 NOTHING_LEFT = "nothing was left running"  # accept.NOTHING_LEFT, without importing the use case
 
@@ -45,7 +46,7 @@ PIPELINE = Option(
     "--pipeline",
     "-p",
     metavar="NAME|FILE",
-    help="Built-in name (python, vllm, vllm-serve, sglang, sglang-disagg, sglang-serve) or a YAML file.",
+    help=f"Built-in name ({', '.join(builtin_pipelines())}) or a YAML file.",
 )
 MODULES = Option([], "--module", "-m", help="Module for the find_spec stage (repeatable).")
 # run, complete: by default 30 min to get the image plus the stages' timeouts (_checks.check_timeout)
@@ -216,10 +217,13 @@ def grouped(command: Callable[..., None]) -> Callable[..., None]:
 def notifier(quiet: bool) -> Notify:
     if quiet:  # a quiet or JSON run loads no console at all
         return lambda _m: None
-    from rich.console import Console  # here: `--help` and completion never build a console
+    from rich.text import Text  # here: `--help` and completion never build a console
 
-    err = Console(stderr=True)
-    return lambda m: err.print(f"[dim]imagegate: {m}[/dim]", soft_wrap=True, highlight=False)
+    from imagegate.report.console import make_console
+
+    err = make_console(stderr=True)  # in a log one line each, however long (a digest, a path)
+    # Text, not markup: a message's own brackets ("[1/2]", an argv) are printed as they are.
+    return lambda m: err.print(Text(f"imagegate: {m}", style="dim"), soft_wrap=True, highlight=False)
 
 
 def warn(message: str) -> None:

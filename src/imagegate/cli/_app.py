@@ -5,14 +5,14 @@ once, around the whole app, and calls `report_error`."""
 import contextlib
 import enum
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
 from typer import Argument
 
 from imagegate import deadline, version_line
-from imagegate.errors import ImagegateError
+from imagegate.errors import ImagegateError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -159,11 +159,41 @@ def show(fmt: Format, doc: Callable[[], Any], table: Callable[["Console"], None]
 
 def report_error(err: ImagegateError) -> int:
     """Print `err` (and its hint) to stderr; return its exit code."""
+    if "imagegate.drivers.docker" in sys.modules:  # an engine's pull failure comes from there
+        from imagegate.oci.pullfailure import worded
+
+        err = worded(err)
     msg = f"imagegate: error: {err}"
     if err.hint:
         msg += f"\n  hint: {err.hint}"
     print(msg, file=sys.stderr)
     return err.exit_code
+
+
+EXIT_USAGE = 3
+
+
+def report_usage(err: typer.TyperException, args: list[str], commands: Iterable[str]) -> int:
+    """A parser error (an unknown option or command, a missing or bad value) in the voice of
+    every other error: one line saying what is wrong, a hint naming the help to read; exit 3.
+    `commands`: the top-level command names, for an error the parser raised outside a command."""
+    ctx = getattr(err, "ctx", None)
+    if type(err).__name__ == "NoArgsIsHelpError":  # a group named alone: its help is the answer
+        err.show()  # type: ignore[attr-defined]
+        return EXIT_USAGE
+    words: list[str] = []  # the command's words as typed, under the program's own name (not `python -m …`)
+    while ctx is not None:
+        words.insert(0, ctx.info_name if ctx.parent is not None else "imagegate")
+        ctx = ctx.parent
+    if not words:  # an option's missing value is raised before its command's context exists
+        words = ["imagegate", *[a for a in args[:1] if a in commands]]
+    what = err.format_message().strip().removesuffix(".")
+    if what[:1].isupper() and what[1:2].islower():  # "No such option" reads as the rest of ours
+        what = what[0].lower() + what[1:]
+    hint = " ".join(words) + (
+        " --help shows what it takes" if len(words) > 1 else " --help lists the commands"
+    )
+    return report_error(UsageError(what, hint=hint))
 
 
 def version_callback(value: bool) -> None:

@@ -86,7 +86,11 @@ class Verifying:
         help="Check the signed statement only (signature, subject, verdict), not the evidence files it lists.",
     )
     no_evidence: bool = Option(False, "--no-evidence", hidden=True)  # the earlier name
-    predicate_type: str = Option(PREDICATE_TYPE, "--type", help="The predicate type to expect.")
+    predicate_type: str = Option(
+        PREDICATE_TYPE,
+        "--type",
+        help="The predicate type to expect: its URI, or acceptance, index, vsa, test-result, mirror, node-check.",
+    )
     pipeline: str | None = Option(
         None,
         "--pipeline",
@@ -133,7 +137,11 @@ def verify(
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest import keys
-    from imagegate.attest.verify import accepts, attestation_in  # lazy: keeps CLI start-up fast
+    from imagegate.attest.verify import (  # lazy: keeps CLI start-up fast
+        accepts,
+        attestation_in,
+        predicate_type_named,
+    )
     from imagegate.attest.verify import verify as verify_attestation
     from imagegate.attest.word import Scope
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
@@ -156,7 +164,7 @@ def verify(
             evidence_dir=v.evidence,
             evidence=not (v.signature_only or v.no_evidence),
             expect_verdict=v.expect_verdict,
-            predicate_type=v.predicate_type,
+            predicate_type=predicate_type_named(v.predicate_type),
             insecure=v.insecure,
             scope=scope,
         )

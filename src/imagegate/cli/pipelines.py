@@ -2,7 +2,8 @@
 
 import typer
 
-from imagegate.cli._app import app
+from imagegate.cli import _app
+from imagegate.cli._app import FORMAT, Format, app
 
 pipelines_app = typer.Typer(
     help="Built-in pipelines and the pipeline file format.\n\n"
@@ -14,23 +15,19 @@ app.add_typer(pipelines_app, name="pipelines")
 
 
 @pipelines_app.command("list")
-def list_() -> None:
-    """List the built-in pipelines (use the name with `run -p NAME`).
+def list_(fmt: Format = FORMAT) -> None:
+    """List the built-in pipelines: their stages and verdicts (use the name with `run -p NAME`).
 
-    Example: imagegate pipelines list
+    Example: imagegate pipelines list --format json
     """
-    from rich.console import Console
-    from rich.table import Table
-
     from imagegate import pipeline  # here, not above: `--help` never loads the pipeline models
+    from imagegate.report import console_pipelines as view
 
-    table = Table("name", "version", "stages", "description")
-    for name in pipeline.builtin_names():
-        p = pipeline.load(name).pipeline
-        table.add_row(
-            name, p.version, ", ".join(s.id for s in p.stages), (p.description or "").strip().split("\n")[0]
-        )
-    Console().print(table)
+    loaded = [pipeline.load(name) for name in pipeline.builtin_names()]
+    if fmt is Format.json:
+        _app.show(fmt, lambda: view.document(loaded), lambda _c: None)
+        return
+    typer.echo("\n".join(view.lines(loaded)))
 
 
 @pipelines_app.command("show")

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from imagegate import deadline
-from imagegate.errors import EngineError
+from imagegate.errors import EngineError, describe_exception
 from imagegate.oci import untrusted_json
 
 MAX_ENGINE_JSON_BYTES = 4 << 20  # an image's inspect is a few KiB; a long history some more
@@ -57,7 +57,7 @@ def get_json(
         raise  # the SDK's error for the status (its APIError is a requests error too)
     except (requests.exceptions.RequestException, HTTPError, OSError) as e:
         raise deadline.expired_error(what) or EngineError(
-            f"{what}: not answered ({type(e).__name__}: {e})",
+            f"{what}: not answered ({describe_exception(e)})",
             hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
         ) from e
     if len(data) > MAX_ENGINE_JSON_BYTES:
@@ -153,7 +153,7 @@ def connect(host: str | None, *, timeout: int) -> Any:
         client = docker.DockerClient(base_url=host, **kwargs) if host else docker.from_env(**kwargs)
     except docker.errors.DockerException as e:
         raise EngineError(
-            f"container engine at {host or 'DOCKER_HOST'}: not reachable ({e})",
+            f"container engine at {host or 'DOCKER_HOST'}: not reachable ({describe_exception(e)})",
             hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
         ) from e
     try:
@@ -163,7 +163,7 @@ def connect(host: str | None, *, timeout: int) -> Any:
             raise
         raise EngineError(
             f"container engine at {host or os.environ.get('DOCKER_HOST') or 'the default socket'}: "
-            f"not reachable ({e.__cause__})",
+            f"not reachable ({describe_exception(e.__cause__)})",
             hint="start dockerd (or `podman system service`), or point DOCKER_HOST at it",
         ) from e
     if not isinstance(api_version, str) or not _API_VERSION.fullmatch(api_version):

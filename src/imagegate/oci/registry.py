@@ -32,7 +32,7 @@ from urllib.parse import urlencode, urljoin
 import httpx
 
 from imagegate import __version__, deadline, interrupts
-from imagegate.errors import UsageError
+from imagegate.errors import UsageError, describe_exception, no_such_host
 from imagegate.oci import deadline_net, untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
 from imagegate.oci.digest import digest_of, is_digest
@@ -57,6 +57,12 @@ class AuthenticationError(RegistryError):
 
 class NotFound(RegistryError):
     pass
+
+
+class NoSuchHost(RegistryError):
+    """The registry's name resolves to nothing: an input error (exit 3), which no retry mends."""
+
+    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ def read_capped(resp: httpx.Response, limit: int, what: str, *, truncate: bool =
         data = b"".join(parts)[:limit] if truncate else b"".join(parts)
     except httpx.HTTPError as e:
         raise deadline.expired_error(what) or RegistryError(
-            f"{what}: the connection failed while reading ({type(e).__name__}: {e})"
+            f"{what}: the connection failed while reading ({describe_exception(e)})"
         ) from e
     finally:
         resp.close()
@@ -236,9 +242,7 @@ class RegistryClient:
                 req = self._http.build_request(method, url, headers=hdrs, content=content)
                 resp = self._http.send(req, stream=True)  # every body is read capped, below
             except httpx.TransportError as e:
-                if (late := deadline.expired_error(label)) is not None:
-                    raise late from e
-                last = f"{type(e).__name__}: {e}"
+                last = self._unanswered(e, label)
             except httpx.TooManyRedirects as e:
                 raise RegistryError(
                     f"{self.registry}: {method} {httpx.URL(url).path} was redirected more than "
@@ -259,15 +263,29 @@ class RegistryClient:
                 if resp.status_code not in RETRY_STATUSES:
                     read_capped(resp, MAX_ERROR_BYTES, f"{self.registry}: an error answer", truncate=True)
                     raise self._status_error(method, url, resp)
-                last = f"HTTP {resp.status_code}"
+                last = f"registry {self.registry} answered {resp.status_code} {resp.reason_phrase}".strip()
                 resp.close()
             if attempt >= self.retries:
                 raise RegistryError(
-                    f"{self.registry}: {method} {httpx.URL(url).path} failed after {attempt + 1} tries ({last})",
+                    f"{last} ({method} {httpx.URL(url).path}, {attempt + 1} tries)",
                     hint="the registry may be down or overloaded; try again later",
                 )
             self._sleep(attempt, resp)
             attempt += 1
+
+    def _unanswered(self, err: httpx.TransportError, label: str) -> str:
+        """Why the registry did not answer, in words naming it, for another try; raises when no
+        try can help: the deadline passed, or the name resolves to nothing (exit 3)."""
+        if (late := deadline.expired_error(label)) is not None:
+            raise late from err
+        if no_such_host(err):
+            raise NoSuchHost(
+                f"{self.registry}: no such host", hint="check the registry's name in the reference"
+            ) from err
+        words = describe_exception(err)
+        if words == "connection refused":
+            return f"registry {self.registry} refused the connection"
+        return f"registry {self.registry}: {words}"
 
     def _status_error(self, method: str, url: str, resp: httpx.Response) -> RegistryError:
         path = httpx.URL(url).path
@@ -336,7 +354,9 @@ class RegistryClient:
             ) from e
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             what = f"{self.registry}: the token server {realm}"
-            raise deadline.expired_error(what) or RegistryError(f"{what} could not be reached: {e}") from e
+            raise deadline.expired_error(what) or RegistryError(
+                f"{what} could not be reached: {describe_exception(e)}"
+            ) from e
         read_capped(
             resp,
             MAX_TOKEN_BYTES,
@@ -697,7 +717,7 @@ class BlobStream:
                 if self._resumes >= self.client.retries:
                     raise RegistryError(
                         f"{self.client.registry}/{self.repository}: reading {self.digest} failed "
-                        f"{self._resumes + 1} times at byte {self.offset} ({type(e).__name__}: {e})",
+                        f"{self._resumes + 1} times at byte {self.offset} ({describe_exception(e)})",
                         hint="the registry or the network drops connections; try again later",
                     ) from e
                 self._resumes += 1

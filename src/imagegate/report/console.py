@@ -13,7 +13,7 @@ from rich.text import Text
 from imagegate.model import RunRecord, StageResult, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
-from imagegate.report.view import split_reasons
+from imagegate.report.view import counted_reasons
 
 STYLE = {
     Status.PASS: "green",
@@ -30,10 +30,18 @@ LOG_WIDTH = 100_000
 TERMINAL_REASON_WIDTH = 90
 
 
+def a_terminal(console: Console) -> bool:
+    """Whether the console writes to a terminal a person watches. rich says so of any stream when
+    FORCE_COLOR or TTY_COMPATIBLE is set, as CI runners often set them for colours: a log then
+    keeps its colours but gets no bars and no width."""
+    isatty = getattr(console.file, "isatty", None)
+    return console.is_terminal and callable(isatty) and bool(isatty())
+
+
 def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     """A console on stdout or stderr: a terminal's own width, or no width limit anywhere else."""
     console = Console(stderr=stderr, **kwargs)
-    if console.is_terminal or "width" in kwargs:
+    if a_terminal(console) or "width" in kwargs:
         return console
     return Console(stderr=stderr, width=LOG_WIDTH, **kwargs)
 
@@ -130,10 +138,11 @@ def render(
 def _full_reasons(record: RunRecord, console: Console, limit: int | None) -> None:
     """The full reasons of every stage that did not pass, one problem a line: the table keeps one."""
     for s in record.stages:
-        parts = split_reasons(s.detail)
+        count, parts = counted_reasons(s.detail)
         if s.status is Status.PASS or (len(parts) <= 1 and (limit is None or len(s.detail) <= limit)):
             continue
-        console.print(Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status])))
+        head = Text.assemble((f"{s.id} {s.status.value}:", STYLE[s.status]))
+        console.print(head.append(f" {count}") if count else head)  # "pip_check FAIL: 2 problems"
         for part in parts:
             console.print(f"  - {part}", soft_wrap=True, highlight=False, markup=False)
 

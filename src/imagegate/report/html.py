@@ -115,7 +115,7 @@ def _stage_table(record: RunRecord, base: Path | None) -> str:
         rows.append(
             f'<tr data-stage="{escape(s.id)}" data-status="{s.status.value}"><td><code>{escape(s.id)}</code></td>'
             f"<td>{_badge(s.status)}</td><td><code>{escape(s.token)}</code></td>"
-            f'<td class="num">{s.duration_s:.2f} s</td><td>{escape(view.reasons(s)[0] if view.reasons(s) else "")}</td>'
+            f'<td class="num">{s.duration_s:.2f} s</td><td>{escape((view.split_reasons(s.detail) or [""])[0])}</td>'
             f"<td>{files}</td></tr>"
         )
     head = "<tr><th>stage</th><th>status</th><th>token</th><th>time</th><th>detail</th><th>evidence</th></tr>"
@@ -125,9 +125,11 @@ def _stage_table(record: RunRecord, base: Path | None) -> str:
 def _reasons(record: RunRecord) -> str:
     parts = []
     for s in view.not_passed(record):
-        items = "".join(f"<li>{escape(r)}</li>" for r in view.reasons(s))
+        count, said = view.counted_reasons(s.detail)
+        items = "".join(f"<li>{escape(r)}</li>" for r in said)
+        counted = f": {escape(count)}" if count else ""
         parts.append(
-            f'<div>{_badge(s.status)} <code>{escape(s.id)}</code><ul class="reasons">{items}</ul></div>'
+            f'<div>{_badge(s.status)} <code>{escape(s.id)}</code>{counted}<ul class="reasons">{items}</ul></div>'
         )
     return "".join(parts) or "<p>Every stage passed.</p>"
 

@@ -40,7 +40,7 @@ def _testcase(record: RunRecord, stage: StageResult, classname: str) -> ET.Eleme
     case = ET.Element("testcase", classname=classname, name=stage.id, time=_seconds(stage.duration_s))
     tag = _ELEMENT.get(stage.status)
     if tag is not None:
-        first = view.reasons(stage)[:1] or [stage.status.value]
+        first = view.split_reasons(stage.detail)[:1] or [stage.status.value]
         el = ET.SubElement(case, tag, message=_clean(f"{stage.token}: {first[0]}"[:500]), type=stage.token)
         el.text = _clean(stage.detail)
     out = view.stage_output(record, stage, "stdout.txt")

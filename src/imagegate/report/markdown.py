@@ -78,7 +78,8 @@ def render(record: RunRecord, base: Path | None = None, *, provenance: Provenanc
     if problems:
         lines += ["", "### Reasons", ""]
         for s in problems:
-            lines.append(f"- **{s.id}** {s.status.value}")
-            lines += [f"  - {cell(r, 400)}" for r in view.reasons(s)]
+            count, parts = view.counted_reasons(s.detail)
+            lines.append(f"- **{s.id}** {s.status.value}" + (f": {count}" if count else ""))
+            lines += [f"  - {cell(r, 400)}" for r in parts]
     lines += ["", f"Evidence: {code(record.attempt_dir)}", ""]
     return "\n".join(lines)

@@ -43,7 +43,6 @@ class ItemsBar:
     """One bar counting finished items (audit), on a terminal; inert elsewhere or when quiet."""
 
     def __init__(self, total: int, label: str, *, quiet: bool, console: Console | None = None) -> None:
-        from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -52,8 +51,10 @@ class ItemsBar:
             TimeElapsedColumn,
         )
 
-        self.console = console or Console(stderr=True)
-        self.enabled = not quiet and self.console.is_terminal
+        from imagegate.report.console import a_terminal, make_console
+
+        self.console = console or make_console(stderr=True)
+        self.enabled = not quiet and a_terminal(self.console)
         self._lock = threading.Lock()
         self._progress = Progress(
             TextColumn("{task.description}"),
@@ -92,9 +93,10 @@ class StageView:
     list comes from the controller's start event."""
 
     def __init__(self, *, console: Console | None = None) -> None:
-        from rich.console import Console
+        from imagegate.report.console import a_terminal, make_console
 
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or make_console(stderr=True, highlight=False)
+        self.bar = a_terminal(self.console)  # a bar on a terminal; a line a stage in a log
         self.ids: list[str] = []
         self.done = 0
         self._progress: Progress | None = None
@@ -119,7 +121,7 @@ class StageView:
         if ev.get("event") == "start":
             plan = ev.get("plan_stages")
             self.ids = [str(x) for x in plan] if isinstance(plan, list) else []
-            if self.console.is_terminal and self.ids and self._progress is None:
+            if self.bar and self.ids and self._progress is None:
                 self._progress = Progress(
                     SpinnerColumn(),
                     TextColumn("{task.description}"),
@@ -280,10 +282,10 @@ def run_shown(silent: bool) -> Iterator[Display]:
     if silent:
         yield Display()
         return
-    from rich.console import Console
+    from imagegate.report.console import a_terminal, make_console
 
-    err = Console(stderr=True, highlight=False)
-    bars = LayerBars(err) if err.is_terminal else None
+    err = make_console(stderr=True, highlight=False)
+    bars = LayerBars(err) if a_terminal(err) else None
     try:
         with StageView(console=err) as view:
             yield Display(on_event=view.event, progress=bars or WaitLines(err, layers=True))
@@ -296,12 +298,11 @@ def run_shown(silent: bool) -> Iterator[Display]:
 def layer_progress(quiet: bool) -> Iterator[LayerProgress]:
     """The progress of reading an image's blobs (layers, compare, cache unpack), on stderr: bars
     on a terminal, a line every 15 s of an engine's silent export elsewhere, nothing when quiet."""
-    from rich.console import Console
-
     from imagegate.oci.verify import NoProgress
+    from imagegate.report.console import a_terminal, make_console
 
-    err = Console(stderr=True, highlight=False, markup=False)
-    bars = None if quiet or not err.is_terminal else LayerBars(err)
+    err = make_console(stderr=True, highlight=False, markup=False)
+    bars = None if quiet or not a_terminal(err) else LayerBars(err)
     try:
         if bars is not None:
             bars.progress.start()

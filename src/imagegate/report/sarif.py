@@ -195,7 +195,7 @@ def _stage_result(record: RunRecord, stage: StageResult, rules: dict[str, Any], 
     rule_id = f"imagegate/stage/{stage.probe}"
     rules.setdefault(rule_id, _rule(rule_id, f"a {stage.probe} stage did not pass"))
     level = "note" if stage.status is Status.DEFERRED else "error"
-    text = f"{stage.token}: " + ("; ".join(view.reasons(stage)) or stage.status.value)
+    text = f"{stage.token}: " + ("; ".join(view.split_reasons(stage.detail)) or stage.status.value)
     return _result(rule_id, level, text, stage, _location(record, at, stage))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,8 +74,24 @@ def split_reasons(detail: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+# "2 problems: a; b": a count, then the problems it counts (pip_check's FAIL).
+_COUNTED = re.compile(r"(\d+) ([a-z][a-z ()]*): (.+)", re.DOTALL)
+
+
+def counted_reasons(detail: str) -> tuple[str, list[str]]:
+    """('2 problems', [a, b]) for '2 problems: a; b', the count told apart from the first
+    problem it counts; ('', the problems) for any other detail."""
+    parts = split_reasons(detail)
+    m = _COUNTED.fullmatch(parts[0]) if len(parts) > 1 else None
+    if m is None or int(m[1]) != len(parts):
+        return "", parts
+    return f"{m[1]} {m[2]}", [m[3], *parts[1:]]
+
+
 def reasons(stage: StageResult) -> list[str]:
-    return split_reasons(stage.detail)
+    """One problem a line; a count that heads them is a line of its own ('2 problems:')."""
+    count, parts = counted_reasons(stage.detail)
+    return [f"{count}:", *parts] if count else parts
 
 
 def deferred_skips(record: RunRecord) -> dict[str, list[str]]:

@@ -14,6 +14,8 @@ from typing import Literal
 
 from packaging.version import Version
 
+from imagegate.errors import describe_exception
+
 Service = Literal["osv", "pypi"]
 
 # The pip-audit releases whose private service interface matches what this module uses.
@@ -78,6 +80,4 @@ def _advisory(r: object) -> Advisory:
 
 def _reason(e: BaseException) -> str:
     # pip-audit wraps the requests error; the innermost one says what happened (DNS, refused).
-    while e.__cause__ is not None or e.__context__ is not None:
-        e = e.__cause__ or e.__context__  # type: ignore[assignment]
-    return f"{type(e).__name__}: {str(e)[:200]}"
+    return describe_exception(e)[:200]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from imagegate import interrupts
-from imagegate.errors import EngineError, UsageError
+from imagegate.errors import EngineError, UsageError, describe_exception
 from imagegate.oci.engineapi import connect, engine_endpoint, inspect_image
 from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.reference import ImageName, parse_image_name
@@ -151,7 +151,7 @@ class DaemonArchive(TarStream):
             raise EngineError(f"{self.description}: {e}", hint=e.hint) from e
         except (APIError, DockerException, requests.exceptions.RequestException) as e:
             raise EngineError(
-                f"{self.description}: {engine} could not be asked for {self.ref}: {e}",
+                f"{self.description}: {engine} could not be asked for {self.ref}: {describe_exception(e)}",
                 hint="is the engine running? DOCKER_HOST selects it (e.g. unix:///run/podman.sock for Podman)",
             ) from e
 
