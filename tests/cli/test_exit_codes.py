@@ -63,7 +63,10 @@ def test_parser_usage_errors_speak_as_every_error_and_exit_3(
 
 
 def test_an_input_error_of_ours_exits_3_with_its_hint(tmp_path: Path) -> None:
-    r = imagegate("verify", "statement.json", cwd=tmp_path)
+    # An empty config folder: verify with no --key would take run's key from the shared one.
+    r = imagegate(
+        "verify", "statement.json", cwd=tmp_path, env={"XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+    )
     assert r.returncode == 3, r.stderr
     assert "imagegate: error: no public key to verify with" in r.stderr
     assert "Traceback" not in r.stderr

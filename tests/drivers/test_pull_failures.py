@@ -110,12 +110,14 @@ def test_an_engines_pull_failure_in_words(said: str, words: str, code: int) -> N
     ("docker_host", "cause"),
     [
         ("unix:///nonexistent.sock", "no such file or directory"),
-        (f"tcp://127.0.0.1:{free_port()}", "connection refused"),
+        ("tcp://127.0.0.1:{free_port}", "connection refused"),  # the port chosen when it runs
         (f"tcp://{NO_HOST}:2375", "no such host"),
     ],
 )
 def test_an_engine_out_of_reach_is_said_in_words(docker_host: str, cause: str, tmp_path: Path) -> None:
     """Not the reprs of the HTTP library's wrappers around the socket's error."""
+    # Chosen here, not at collection: pytest-xdist's workers must collect the same test ids.
+    docker_host = docker_host.format(free_port=free_port())
     r = imagegate(
         "run", "imagegate-test/python", "--no-sign", "-o", str(tmp_path), env={"DOCKER_HOST": docker_host}
     )
