@@ -173,3 +173,17 @@ def test_the_deadlines_hard_stop_stops_the_workers_for_good() -> None:
             deadline._stranded = False
         assert d.expired()
     assert interrupts.stopping() and interrupts.signalled()
+
+
+def test_one_interrupt_is_raised_once_and_held_inside_a_critical_section() -> None:
+    interrupts._held = 1
+    try:
+        interrupts._on_signal(signal.SIGINT, None)  # held: the section ends first
+    finally:
+        interrupts._held = 0
+    interrupts._first = None
+    with pytest.raises(KeyboardInterrupt):
+        interrupts._on_signal(signal.SIGINT, None)
+    interrupts._on_signal(signal.SIGINT, None)  # a second Ctrl-C is only noted
+    interrupts._on_signal(signal.SIGTERM, None)
+    assert interrupts.exit_code() == interrupts.EXIT_SIGINT  # the first one's
