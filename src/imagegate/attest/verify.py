@@ -162,31 +162,6 @@ def _verdict_types(predicate_type: str) -> tuple[str, ...]:
     return (predicate_type, INDEX_PREDICATE_TYPE) if predicate_type == PREDICATE_TYPE else (predicate_type,)
 
 
-def predicate_type_named(name: str) -> str:
-    """`--type`: a predicate type URI as it is, or the short name of one imagegate signs."""
-    from imagegate.attest.mirror import MIRROR_PREDICATE_TYPE
-    from imagegate.attest.nodecheck import NODE_PREDICATE_TYPE
-    from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
-    from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
-
-    short = {
-        "acceptance": PREDICATE_TYPE,
-        "index": INDEX_PREDICATE_TYPE,
-        "vsa": VSA_PREDICATE_TYPE,
-        "test-result": TEST_RESULT_PREDICATE_TYPE,
-        "mirror": MIRROR_PREDICATE_TYPE,
-        "node-check": NODE_PREDICATE_TYPE,
-    }
-    if "://" in name:
-        return name
-    if name not in short:
-        raise UsageError(
-            f"--type {name!r}: not a predicate type URI nor a short name",
-            hint=f"give a URI, or one of {', '.join(short)}",
-        )
-    return short[name]
-
-
 def _subject_ok(s: object) -> bool:
     return isinstance(s, dict) and isinstance(s.get("digest"), dict) and bool(s["digest"])
 

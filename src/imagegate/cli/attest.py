@@ -137,11 +137,8 @@ def verify(
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest import keys
-    from imagegate.attest.verify import (  # lazy: keeps CLI start-up fast
-        accepts,
-        attestation_in,
-        predicate_type_named,
-    )
+    from imagegate.attest.predicates import predicate_type_named  # lazy: keeps CLI start-up fast
+    from imagegate.attest.verify import accepts, attestation_in
     from imagegate.attest.verify import verify as verify_attestation
     from imagegate.attest.word import Scope
     from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
