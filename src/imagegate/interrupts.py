@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import signal
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -103,6 +104,12 @@ def cut_on_stop(cut: Callable[[], None]) -> Iterator[None]:
         yield
     finally:
         done()
+
+
+def shutdown_socket(sock: socket.socket) -> None:
+    """Both directions of `sock` shut down: a recv blocked in another thread returns at once. The
+    plain socket's call, also for TLS: no TLS goodbye from a thread that does not own it."""
+    socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def _on_signal(signum: int, _frame: FrameType | None) -> None:

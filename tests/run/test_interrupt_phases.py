@@ -177,31 +177,33 @@ def test_a_signal_while_registry_blobs_are_read_and_unpacked_ends_the_run_at_onc
     assert left == [], left
 
 
-def test_the_deadline_ends_a_run_while_the_export_is_hashed(
+def test_the_deadline_ends_a_run_while_the_export_is_read(
     big: str, layers_only: Path, tmp_path: Path
 ) -> None:
-    # Timed to strike while the layers are hashed: the export's first byte arrives within it.
+    """A run the deadline strikes, waiting for the export or hashing it, ends by the deadline plus
+    GRACE_S plus 2 s with exit 2, never a verdict. How long the export takes depends on the
+    machine and its load: the deadline is first put at half an unhindered run's time, and made
+    shorter each time the run beats it, until one strikes."""
     probe = _run(
         ["run", big, "-p", str(layers_only), "--no-sign", "-o", str(tmp_path / "a")], None, None, tmp_path
     )
     assert probe.code == 0, "\n".join(probe.lines[-30:])
-    timeout = max(3, int(probe.after_start_s / 2))
-    argv = [
-        "run",
-        big,
-        "-p",
-        str(layers_only),
-        "--no-sign",
-        "-o",
-        str(tmp_path / "b"),
-        "--timeout",
-        str(timeout),
-    ]
-    ended = _run(argv, None, None, tmp_path)
-    text = "\n".join(ended.lines[-30:])
-    assert ended.code == 2, text
-    assert ended.after_start_s <= timeout + GRACE_S + EXIT_WITHIN_S, f"{ended.after_start_s:.1f} s\n{text}"
-    assert _left_by(ended.pid) == [] and list(ended.tmp.iterdir()) == []
+    timeout = max(2, int(probe.after_start_s / 2))
+    for attempt in range(5):
+        out = str(tmp_path / f"b{attempt}")
+        argv = ["run", big, "-p", str(layers_only), "--no-sign", "-o", out, "--timeout", str(timeout)]
+        ended = _run(argv, None, None, tmp_path)
+        if ended.code == 0 and ended.after_start_s < timeout:
+            timeout = max(2, int(ended.after_start_s / 2))  # it beat the deadline: strike sooner
+            continue
+        text = "\n".join(ended.lines[-30:])
+        assert ended.code == 2, text
+        assert ended.after_start_s <= timeout + GRACE_S + EXIT_WITHIN_S, (
+            f"{ended.after_start_s:.1f} s\n{text}"
+        )
+        assert _left_by(ended.pid) == [] and list(ended.tmp.iterdir()) == []
+        return
+    pytest.fail(f"five runs beat their deadline, the last {timeout} s")
 
 
 FAILING_AND_LAYERS = """\

@@ -17,7 +17,6 @@ import pytest
 from imagegate import deadline, interrupts
 from imagegate.oci.hashing import digest_blob
 from imagegate.oci.readahead import ThreadedReader
-from imagegate.oci.registry import shutdown_socket
 
 SOON_S = 1.0  # a stopped reader ends within this (its polls are 0.2 s)
 
@@ -107,7 +106,7 @@ def test_a_read_blocked_on_a_silent_socket_is_cut() -> None:
     got: list[bytes] = []
     t = threading.Thread(target=lambda: got.append(a.recv(10)))
     t.start()
-    done = interrupts.on_stop(lambda: shutdown_socket(a))
+    done = interrupts.on_stop(lambda: interrupts.shutdown_socket(a))
     time.sleep(0.1)
     interrupts.stop()
     t.join(SOON_S)

@@ -757,10 +757,4 @@ def _stop_cut(resp: httpx.Response) -> Callable[[], None] | None:
     sock = stream.get_extra_info("socket") if stream is not None else None
     if not isinstance(sock, socket.socket):
         return None
-    return interrupts.on_stop(functools.partial(shutdown_socket, sock))
-
-
-def shutdown_socket(sock: socket.socket) -> None:
-    """Both directions of `sock` shut down: a recv blocked in another thread returns at once. The
-    plain socket's call, also for TLS: no TLS goodbye from a thread that does not own it."""
-    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    return interrupts.on_stop(functools.partial(interrupts.shutdown_socket, sock))

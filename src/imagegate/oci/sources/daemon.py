@@ -22,7 +22,6 @@ from imagegate.errors import EngineError, UsageError, describe_exception
 from imagegate.oci.engineapi import connect, engine_endpoint, inspect_image
 from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.reference import ImageName, parse_image_name
-from imagegate.oci.registry import shutdown_socket
 from imagegate.oci.sources.archive import TarStream
 from imagegate.oci.sources.interface import Waiting
 
@@ -167,7 +166,7 @@ class DaemonArchive(TarStream):
             if sock is None:
                 return chunks
             # A stop closes the export's connection: the thread's read ends, the engine's export too.
-            return _until_end(chunks, interrupts.on_stop(functools.partial(shutdown_socket, sock)))
+            return _until_end(chunks, interrupts.on_stop(functools.partial(interrupts.shutdown_socket, sock)))
 
         def describe(error: BaseException, nbytes: int, elapsed: float) -> Exception:
             if isinstance(error, not_found):
