@@ -241,7 +241,7 @@ def cores_delivered() -> float:
 
 def default_jobs() -> int:
     sys.path.insert(0, str(ROOT / "src"))
-    from imagegate.oci.verify import default_jobs as jobs
+    from imagegate.oci.layercheck import default_jobs as jobs
 
     return jobs()
 

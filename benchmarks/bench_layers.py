@@ -204,7 +204,7 @@ def main() -> int:
     if args.size < MIN_SIZE_GB:  # the docs' "at least 2 GB": smaller, the fixed costs dominate
         ap.error(f"--size {args.size}: at least {MIN_SIZE_GB} GB, e.g. --size 2.2")
     if args.jobs is None:  # imagegate's own default, asked in a child: this process stays small
-        probe = "from imagegate.oci.verify import default_jobs; print(default_jobs())"
+        probe = "from imagegate.oci.layercheck import default_jobs; print(default_jobs())"
         args.jobs = int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout)
     args.work.mkdir(parents=True, exist_ok=True)
     print("building the archive (cached in --work)...", file=sys.stderr)

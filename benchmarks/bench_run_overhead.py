@@ -162,7 +162,7 @@ def timeline(attempt: Path, spawned: float, exited: float) -> dict[str, float]:
 
 # What a run imports before its first container, as the command's own lazy imports reach them.
 RUN_IMPORTS = (
-    "import imagegate.cli.run, imagegate.accept, imagegate.runner, imagegate.drivers.docker, "
+    "import imagegate.cli.run, imagegate.usecases.accept, imagegate.usecases.runner, imagegate.drivers.docker, "
     "imagegate.attest.sign, imagegate.report.console"
 )
 # The libraries no run can do without: the command line, the pipeline's models, the engine's API.

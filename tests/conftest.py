@@ -24,7 +24,7 @@ def commands_not_stopped() -> Iterator[None]:
     """A test that stops the work in this process (a hard deadline does, as a signal would)
     leaves the next one free to read: the stop is the command's, and a test is one command."""
     yield
-    from imagegate import interrupts
+    from imagegate._support import interrupts
 
     interrupts._stop.clear()
     interrupts._hard_stopped = False

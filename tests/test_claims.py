@@ -363,7 +363,13 @@ MUTANTS = [
         "FINISH_GRACE_S = 60.0",
         "is 60.0, not 120.0",
     ),
-    ("2 s", "src/imagegate/deadline.py", "d.remaining() + GRACE_S", "d.remaining() + 30", "not referred to"),
+    (
+        "2 s",
+        "src/imagegate/_support/deadline.py",
+        "d.remaining() + GRACE_S",
+        "d.remaining() + 30",
+        "not referred to",
+    ),
     (
         "2 GB",
         "benchmarks/bench_layers.py",

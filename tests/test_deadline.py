@@ -1,4 +1,4 @@
-"""The command's one deadline (imagegate.deadline) on its own: the clock starts with the process,
+"""The command's one deadline (imagegate._support.deadline) on its own: the clock starts with the process,
 each wait ends by the deadline, a passed deadline names what it waited for, and the hard stop
 interrupts the main thread. tests/oci/test_deadline.py shows the same through real registries
 and engines; these run in a second and are what scripts/mutation.py runs against the module."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from imagegate import deadline
-from imagegate.deadline import Deadline, DeadlineReached
+from imagegate._support import deadline
+from imagegate._support.deadline import Deadline, DeadlineReached
 
 
 def test_the_clock_starts_with_the_process() -> None:
@@ -230,7 +230,7 @@ def pending() -> float:
 
 
 def test_run_timeout_reaches_the_stages_only_through_the_commands_deadline() -> None:
-    from imagegate import accept, runner
+    from imagegate.usecases import accept, runner
 
     prep = runner.prepare(runner.RunOptions(pipeline="python"))
     own = sum(s.timeout for s in prep.inside.stages) + runner.STARTUP_SLACK_S

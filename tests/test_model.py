@@ -1,6 +1,6 @@
 import pytest
 
-from imagegate.model import (
+from imagegate.domain.results import (
     Counted,
     StageResult,
     Status,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from imagegate.attest import dsse, keys, nodecheck, sign
+from imagegate.domain.results import ImageFacts, RunRecord
 from imagegate.errors import UsageError
-from imagegate.model import ImageFacts, RunRecord
 from tests.test_fleet import _data
 
 IMAGE = {"reference": "myorg/torch@sha256:" + "ab" * 32, "digest": "sha256:" + "ab" * 32}
@@ -91,7 +91,7 @@ def test_uuids_from_torch_alone_and_oversized_envelopes(tmp_path: Path) -> None:
 
 
 def test_a_node_below_its_peers_is_suspect_while_its_statement_keeps_pass(tmp_path: Path) -> None:
-    from imagegate import fleet
+    from imagegate.domain import fleet
 
     key = keys.generate()
     scales = {"gpu-1": None, "gpu-2": None, "gpu-3": {"hbm_copy_gbps": 0.8}, "gpu-4": None}

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from imagegate import protocol
-from imagegate.model import Status, verdict
-from imagegate.runner import INTEGRITY_STAGE, _distrust
+from imagegate.domain import protocol
+from imagegate.domain.results import Status, verdict
+from imagegate.usecases.runner import INTEGRITY_STAGE, _distrust
 
 KEY = bytes(range(32))
 PLAN = ["pip_check", "find_spec"]
@@ -125,7 +125,7 @@ def test_violations_or_an_unprotected_controller_make_the_run_error() -> None:
     why = _distrust(unprotected) or ""
     assert "not non-dumpable" in why and "no ctypes" in why
     # The integrity stage is an ERROR: with every real stage passing, the verdict is ERROR.
-    from imagegate.model import StageResult
+    from imagegate.domain.results import StageResult
 
     stages = [StageResult(INTEGRITY_STAGE, "controller", "inside", Status.ERROR, why)]
     stages.append(StageResult("find_spec", "find_spec", "inside", Status.PASS, ""))

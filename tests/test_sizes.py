@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from imagegate._support.sizes import gib, parse_size
 from imagegate.errors import UsageError
-from imagegate.sizes import gib, parse_size
 
 
 @pytest.mark.parametrize(

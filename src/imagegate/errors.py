@@ -3,6 +3,12 @@ problems that stop a command. Only the CLI turns them into messages and exit cod
 
 from __future__ import annotations
 
+# The exit codes every command shares (docs/ci-gate.md), named once.
+EXIT_ACCEPTED = 0
+EXIT_REJECTED = 1
+EXIT_UNDECIDED = 2
+EXIT_USAGE = 3
+
 
 class ImagegateError(Exception):
     """Base error: `str(e)` names the thing and the problem; `hint` says what to do next."""

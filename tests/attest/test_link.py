@@ -19,7 +19,7 @@ import pytest
 from imagegate.attest import dsse, keys, sign, verify
 from imagegate.attest import statement as st
 from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES
-from imagegate.model import ImageFacts, RunRecord, StageResult, Status
+from imagegate.domain.results import ImageFacts, RunRecord, StageResult, Status
 
 IMAGE, OTHER, CONFIG = "sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64
 DEFERRED = "CPU_PASS_GPU_CLI_DEFERRED"

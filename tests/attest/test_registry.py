@@ -16,7 +16,7 @@ import pytest
 from imagegate.attest import attach, keys, sign
 from imagegate.attest import statement as st
 from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
-from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
+from imagegate.domain.results import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
 from tests.attest.conftest import cli, docker, pub_of, said_now
 
 pytestmark = pytest.mark.engine

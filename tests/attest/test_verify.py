@@ -13,12 +13,12 @@ import pytest
 from securesystemslib.dsse import Envelope as SslibEnvelope
 from securesystemslib.signer import SSlibKey
 
-from imagegate import resources
+from imagegate._support import resources
 from imagegate.attest import dsse, keys, sign
 from imagegate.attest import statement as st
 from imagegate.attest.vsa import VSA_PREDICATE_TYPE
+from imagegate.domain.results import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
 from imagegate.errors import UsageError
-from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status
 from tests.attest.conftest import cli, statement_of
 
 SCHEMA = json.loads((resources.manifests_dir() / "acceptance-v1.schema.json").read_text())
@@ -320,10 +320,10 @@ def test_unreadable_input_is_a_usage_error(tmp_path: Path, keypair: tuple[Path, 
 def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What `imagegate run` does: resolve the key before the run (the default key is made on
     first use), run, sign the attempt (the statement the runner wrote), verify it."""
-    from imagegate import runner
-    from imagegate.accept import Outputs, Request, accept
     from imagegate.attest import verify
     from imagegate.drivers.local import LocalDriver
+    from imagegate.usecases import runner
+    from imagegate.usecases.accept import Outputs, Request, accept
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     said: list[str] = []

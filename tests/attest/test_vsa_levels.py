@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from imagegate.attest.vsa import counted_stages, levels, no_level, stage_outcomes
-from imagegate.model import Counted, Status
+from imagegate.domain.results import Counted, Status
 
 CPU, GPU = "IMAGEGATE_CPU", "IMAGEGATE_GPU"
 PLAN = {

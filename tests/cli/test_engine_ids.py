@@ -107,9 +107,9 @@ def test_the_evidence_store_refuses_an_id_that_is_a_path(tmp_path: Path) -> None
     """Defence behind the driver's check: whatever hands the store an image ID (a driver, a Pod's
     status, an earlier attempt), it is never made a path. `sha256-` already there (an earlier
     answer `sha256:`) is what lets `sha256:/../../x` climb out of --out on the old code."""
+    from imagegate.domain.evidence import Attempt
+    from imagegate.domain.results import ImageFacts
     from imagegate.errors import EngineError
-    from imagegate.evidence import Attempt
-    from imagegate.model import ImageFacts
 
     out = tmp_path / "a" / "out"
     (out / "sha256-").mkdir(parents=True)

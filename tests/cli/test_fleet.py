@@ -20,7 +20,7 @@ import pytest
 
 from imagegate.attest import keys, nodecheck, sign
 from imagegate.attest.statement import environment_digest
-from imagegate.evidence import sha256_file
+from imagegate.domain.evidence import sha256_file
 from imagegate.report.load import read_attempt
 from tests.test_fleet import _data
 

@@ -106,7 +106,14 @@ def test_run_help_loads_neither_the_pipeline_models_nor_the_attestation_layer() 
     heavy = sorted(
         m
         for m in imported
-        if m.startswith(("imagegate.pipeline", "imagegate.attest", "imagegate.accept", "imagegate.runner"))
+        if m.startswith(
+            (
+                "imagegate.pipeline",
+                "imagegate.attest",
+                "imagegate.usecases.accept",
+                "imagegate.usecases.runner",
+            )
+        )
     )
     assert heavy == [], heavy
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from imagegate import pipeline
+from imagegate.domain.plan import build_plan
 from imagegate.errors import UsageError
-from imagegate.plan import build_plan
 from tests.helpers import imagegate
 
 

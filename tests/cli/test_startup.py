@@ -25,8 +25,8 @@ FORBIDDEN = (
     "imagegate.oci",
     "imagegate.attest",
     "imagegate.drivers",
-    "imagegate.accept",
-    "imagegate.runner",
+    "imagegate.usecases.accept",
+    "imagegate.usecases.runner",
     "imagegate.kube",
 )
 # The console script's own entry point, then the modules loaded by the end written to a file:
@@ -118,7 +118,7 @@ def test_a_command_run_beside_a_completion_variable_still_checks_its_values(env:
 # A quiet or JSON run (CI's) draws nothing: no console, no progress, so no rich either.
 RUN_PATH = (
     "import sys\n"
-    "import imagegate.cli.run, imagegate.accept, imagegate.runner, imagegate.drivers.docker\n"
+    "import imagegate.cli.run, imagegate.usecases.accept, imagegate.usecases.runner, imagegate.drivers.docker\n"
     "import imagegate.cli._checks, imagegate.drivers.select\n"
     "from imagegate.cli import _accept\n"
     "from imagegate.report import progress\n"
@@ -126,7 +126,7 @@ RUN_PATH = (
     "with progress.run_shown(True):\n"
     "    pass\n"
     "print(' '.join(sorted(m for m, mod in sys.modules.items() if mod is not None and m.split('.')[0] in ('httpx', 'cryptography', 'rich') "
-    "or m in ('imagegate.oci.verify', 'imagegate.oci.registry', 'imagegate.attest.sign'))))\n"
+    "or m in ('imagegate.oci.layercheck', 'imagegate.oci.registry', 'imagegate.attest.sign'))))\n"
 )
 
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from imagegate.domain.gpus import parse
 from imagegate.drivers import bwrap, cdi, seccomp
 from imagegate.drivers.rootfs import PreparedRoot, RootfsDriver
-from imagegate.gpus import parse
 
 # Two GPUs whose PCI order is not their minor order: index 0 (nvidia-smi's order) is /dev/nvidia1.
 GPUS = (("0000:1b:00.0", 1, "GPU-aaaa1111"), ("0000:2c:00.0", 0, "GPU-bbbb2222"))
@@ -432,7 +432,7 @@ stages:
 
 def _accepted(driver: RootfsDriver, tmp_path: Path) -> dict[str, Any]:
     """A whole run of LEVELS_PIPELINE on `driver`, concluded as `run` concludes it: the statement."""
-    from imagegate import accept, runner
+    from imagegate.usecases import accept, runner
 
     tmp_path.mkdir()
     pipe = tmp_path / "levels.yaml"
@@ -475,7 +475,7 @@ def test_a_gpu_stage_on_gpus_the_runner_injected_and_saw_earns_the_gpu_level(
 
 
 def test_only_a_gpus_node_that_is_a_character_device_now_is_seen(tmp_path: Path) -> None:
-    from imagegate.gpus import nodes_grant
+    from imagegate.domain.gpus import nodes_grant
 
     (tmp_path / "nvidia0").symlink_to("/dev/null")
     (tmp_path / "nvidia1").write_text("")  # a planted file is no device

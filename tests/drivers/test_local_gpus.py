@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from imagegate.domain.gpus import GpuRequest, parse
 from imagegate.drivers import local
-from imagegate.gpus import GpuRequest, parse
 
 SHOW = "import json, os; print(json.dumps(dict(os.environ)))"
 

@@ -132,7 +132,7 @@ def _reopened(reference: str, cache: dict[str, str], monkeypatch: pytest.MonkeyP
     """The image the rootfs driver resolves `reference` to, the report of verifying the source
     it reopens for outside stages, and that source's description."""
     from imagegate.drivers.rootfs import RootfsDriver, materializer
-    from imagegate.oci.verify import verify_source
+    from imagegate.oci.layercheck import verify_source
 
     monkeypatch.setenv("XDG_CACHE_HOME", cache["XDG_CACHE_HOME"])
     driver = RootfsDriver(materializer(expect_config=None, platform=None, insecure=False))

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from imagegate import bundle, protocol, runner
+from imagegate.domain import probes_bundle as bundle
+from imagegate.domain import protocol
+from imagegate.usecases import runner
 from tests.kube.atomic_writer import DATA_DIR, AtomicWriter
 
 STABLE = "return os.path.abspath(sys.argv[0])"

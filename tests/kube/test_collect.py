@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from imagegate import accept, runner
+from imagegate.domain.results import RunRecord, Status
 from imagegate.errors import UsageError
 from imagegate.kube import collect
 from imagegate.kube.render import BUNDLE_ANNOTATION, GPU_RESOURCE, SECRET_KEY
-from imagegate.model import RunRecord, Status
+from imagegate.usecases import accept, runner
 from tests.helpers import controller_output, imagegate
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from imagegate import accept, runner
+from imagegate.domain.results import RunRecord, Status
 from imagegate.kube import collect, fleetrun, podrun, render
 from imagegate.kube.cluster import ClusterError
-from imagegate.model import RunRecord, Status
+from imagegate.usecases import accept, runner
 from tests.kube.test_podrun import DIGEST, FakeCluster, prep, real_log  # noqa: F401 (fixtures)
 
 NODES = ["gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5"]

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from imagegate import accept, runner
+from imagegate.domain.results import RunRecord, Status
 from imagegate.errors import UsageError
 from imagegate.kube import collect, podrun, render
 from imagegate.kube.cluster import ClusterError
-from imagegate.model import RunRecord, Status
+from imagegate.usecases import accept, runner
 from tests.helpers import controller_output
 
 

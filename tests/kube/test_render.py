@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from imagegate import runner
 from imagegate.errors import UsageError
 from imagegate.kube import collect, render, validate
+from imagegate.usecases import runner
 from tests.helpers import imagegate
 
 DIGEST = "sha256:" + "ab" * 32

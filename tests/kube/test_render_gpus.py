@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from imagegate import runner
 from imagegate.kube import render, validate
+from imagegate.usecases import runner
 from tests.helpers import imagegate
 from tests.kube.test_render import DIGEST, VERSIONS
 

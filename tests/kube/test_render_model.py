@@ -60,8 +60,8 @@ def test_a_claim_and_sub_path_are_mounted_read_only_and_the_budget_sizes_the_job
 
 
 def test_the_plan_in_the_bundle_serves_the_mounted_model(tmp_path: Path) -> None:
-    from imagegate import runner
     from imagegate.kube import render
+    from imagegate.usecases import runner
 
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(SERVE))
     words = render.serve_options(None, "/srv/models/llama", "35m")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.compare import Verdict, compare
 from imagegate.oci.transports import open_sources
 

@@ -13,8 +13,8 @@ import docker
 import pytest
 
 from imagegate.errors import EngineError
+from imagegate.oci.layercheck import verify_source
 from imagegate.oci.sources.daemon import DaemonArchive
-from imagegate.oci.verify import verify_source
 from tests.helpers import DOCKER_SOCK, PODMAN_SOCK, imagegate
 from tests.oci.infra import EngineProxy, sh
 

@@ -214,7 +214,7 @@ def test_bomb_memory_is_bounded(layout: Layout) -> None:
     code = (
         "import resource,sys\n"
         "from imagegate.oci.transports import open_source\n"
-        "from imagegate.oci.verify import verify_source\n"
+        "from imagegate.oci.layercheck import verify_source\n"
         f"r = verify_source(open_source('oci:{layout.root}'), max_uncompressed=1<<40)\n"
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the forked (large) pytest.
         "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
@@ -258,8 +258,8 @@ def test_unknown_tag_is_an_input_error_with_the_registry_message(official: Regis
 
 def test_the_largest_layer_is_read_first_and_the_report_keeps_layer_order(layout: Layout) -> None:
     """With fewer jobs than layers, the biggest layer (the critical path) starts first."""
+    from imagegate.oci.layercheck import NoProgress, verify_source
     from imagegate.oci.transports import open_sources
-    from imagegate.oci.verify import NoProgress, verify_source
 
     # Smallest first in the manifest (and the config's diff_ids with it), so that reading in
     # manifest order would start with the smallest.

@@ -15,8 +15,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from imagegate.domain.results import ImageFacts, Status
 from imagegate.drivers.docker import DockerDriver
-from imagegate.model import ImageFacts, Status
 from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.pipeline.params import LayersParams
 from imagegate.stages import ImageSourceOpener, OutsideContext

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from imagegate.oci.layercheck import verify_source
 from imagegate.oci.manifest import OCI_INDEX, parse_platform
 from imagegate.oci.reference import parse_reference
 from imagegate.oci.registry import RegistryClient, RegistryError
 from imagegate.oci.sources.registry import RegistrySource
-from imagegate.oci.verify import verify_source
 from tests.helpers import imagegate
 from tests.oci.conftest import Pushed
 from tests.oci.infra import FaultyProxy, Registry, skopeo

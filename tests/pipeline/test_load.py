@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from imagegate import pipeline, resources
+from imagegate import pipeline
+from imagegate._support import resources
 from imagegate.errors import UsageError
 from imagegate.pipeline.schema import pipeline_schema, pipeline_schema_text
 from tests.helpers import imagegate

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from imagegate import bundle
-from imagegate.model import Status
-from imagegate.pipeline import model
+from imagegate.domain import probes_bundle as bundle
+from imagegate.domain.plan import PlannedStage, skip_reason
+from imagegate.domain.results import Status
+from imagegate.pipeline import schema as model
 from imagegate.pipeline.params import PLATFORM_OVERRIDES, CliParams, FindSpecParams, InventoryParams
 from imagegate.pipeline.probes import INSIDE_PROBES, OUTSIDE_PROBES, PROBES, Probe
-from imagegate.plan import PlannedStage, skip_reason
 from imagegate.stages import load_outside_probe
 from tests.probes.test_parsers import load
 
@@ -127,8 +127,8 @@ def test_the_runner_skips_as_the_controller_does(
 def test_on_a_gpu_run_the_serve_stage_waits_for_the_node_check() -> None:
     """The node check loads every GPU for seconds; a serve stage beside it would time the check's
     load, not the server's start-up (seen on an H200: readiness 1.7 s later than by hand)."""
+    from imagegate.domain.plan import node_check_first
     from imagegate.pipeline.params import ServeParams
-    from imagegate.plan import node_check_first
 
     serve = PlannedStage("serve", "serve", "inside", ServeParams(command=["srv", "{model}"]), 60.0)
     cpu = PlannedStage("find_spec", "find_spec", "inside", FindSpecParams(modules=["json"]), 60.0)

@@ -22,12 +22,13 @@ OWN = {"cli": "cli", "find_spec": "find_spec", "pip_check": "pip_check", "av_rou
        "serve": "serve", "serve_process": "serve", "serve_http": "serve", "serve_media": "serve",
        "serve_engines": "serve"}  # fmt: skip
 # The runner's files a verdict is computed by, whatever the pipeline: which stages run and which
-# wait (plan), the bundle sent in and the run of it (bundle, runner, workers, accept), what the
-# controller's output means (protocol), the verdict from the stages' statuses (model), the
+# wait (plan), the bundle sent in and the run of it (probes_bundle, runner, workers, accept), what
+# the controller's output means (protocol), the verdict from the stages' statuses (results), the
 # pipeline as read (pipeline/), the docker driver that runs it or refuses it (a refusal is an
 # ERROR; the records run under it, so the rootfs driver's files are not theirs), and the outside
 # stages' common code (stages/__init__).
-VERDICT = ("accept.py", "bundle.py", "model.py", "plan.py", "protocol.py", "runner.py", "workers.py",
+VERDICT = ("usecases/accept.py", "domain/probes_bundle.py", "domain/results.py", "domain/plan.py",
+           "domain/protocol.py", "usecases/runner.py", "_support/workers.py",
            "pipeline/*.py", "drivers/__init__.py", "drivers/interface.py", "drivers/loader.py",
            "drivers/select.py", "drivers/docker.py", "stages/__init__.py")  # fmt: skip
 

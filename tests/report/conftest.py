@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from imagegate.attest.statement import build_statement
-from imagegate.evidence import Attempt
-from imagegate.model import ImageFacts, RunRecord, StageResult, Status, verdict
+from imagegate.domain.evidence import Attempt
+from imagegate.domain.results import ImageFacts, RunRecord, StageResult, Status, verdict
 from tests.helpers import imagegate
 
 CONFIG = "sha256:" + "ab" * 32

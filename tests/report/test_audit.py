@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imagegate import batch
+from imagegate.usecases import audit as batch
 from tests.helpers import DOCKER_SOCK, imagegate
 
 

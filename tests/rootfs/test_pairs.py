@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from imagegate.oci.verify import LayerResult, LayerStatus
+from imagegate.oci.layercheck import LayerResult, LayerStatus
 from imagegate.rootfs.pairs import MAX_RECORD, Pair, PairStore
 
 DIGEST = "sha256:" + "ab" * 32

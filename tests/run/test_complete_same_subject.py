@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from imagegate.complete import Earlier, check_same_subject
+from imagegate.domain.results import ImageFacts
 from imagegate.errors import UsageError
-from imagegate.model import ImageFacts
+from imagegate.usecases.complete import Earlier, check_same_subject
 
 CONFIG, OTHER_CONFIG = "sha256:" + "c" * 64, "sha256:" + "d" * 64
 MANIFEST, OTHER_MANIFEST = "sha256:" + "1" * 64, "sha256:" + "2" * 64

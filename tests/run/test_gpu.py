@@ -16,12 +16,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from imagegate import protocol, resources, runner
+from imagegate._support import resources
+from imagegate.domain import protocol
+from imagegate.domain.gpus import Grant
+from imagegate.domain.plan import PlannedStage
+from imagegate.domain.results import ImageFacts, StageResult, Status
 from imagegate.drivers.interface import BundleRun
-from imagegate.gpus import Grant
-from imagegate.model import ImageFacts, StageResult, Status
 from imagegate.pipeline.params import CliParams
-from imagegate.plan import PlannedStage
+from imagegate.usecases import runner
 from tests.helpers import imagegate
 
 GPU_PIPELINE = """\
@@ -128,8 +130,8 @@ def test_gpus_option_refuses_junk() -> None:
 def test_the_device_request_names_exactly_the_gpus_asked_for(gpus: str, count: int, ids: list[str]) -> None:
     """What the engine is asked for, as `docker run --gpus` asks: ids exactly as named (never a
     count, never all), a count as given, -1 only for all; nothing without --gpus."""
+    from imagegate.domain.gpus import parse
     from imagegate.drivers.docker import device_requests
-    from imagegate.gpus import parse
 
     assert device_requests(None) is None
     (req,) = device_requests(parse(gpus)) or []

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from imagegate import resources
+from imagegate._support import resources
 from imagegate.attest import keys
 from tests.helpers import imagegate
 from tests.oci.infra import (

@@ -27,7 +27,7 @@ from tests.oci.infra import Registry, skopeo, start_registry
 # Not marked `signals`: CI runs those again with SIGINT ignored to test the handlers'
 # dispositions (tests/run/test_interrupt.py does); what is tested here is how soon each phase ends.
 EXIT_WITHIN_S = 2.0  # the promise: a signal ends the command within 2 s, at real sizes
-GRACE_S = 2.0  # imagegate.deadline.GRACE_S: after the deadline, before its hard stop
+GRACE_S = 2.0  # imagegate._support.deadline.GRACE_S: after the deadline, before its hard stop
 
 # The layers stage alone, so that what is timed is the reading, not a container's removal
 # (tests/run/test_interrupt.py covers those); it runs in the runner's background thread as

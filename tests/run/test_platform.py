@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from imagegate import resources
+from imagegate._support import resources
 from tests.helpers import imagegate
 from tests.oci.infra import TwoPlatforms, push_two_platforms, start_registry
 

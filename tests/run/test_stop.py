@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from imagegate import deadline, interrupts
+from imagegate._support import deadline, interrupts
 from imagegate.oci.hashing import digest_blob
 from imagegate.oci.readahead import ThreadedReader
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from imagegate import workers
+from imagegate._support import workers
 
 pytestmark = pytest.mark.signals
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from imagegate.vulns import online, pip_audit_service
-from imagegate.vulns.model import Package, Unreachable
+from imagegate.vulns.findings import Package, Unreachable
 
 
 @pytest.mark.online

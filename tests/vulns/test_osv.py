@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from imagegate.vulns.model import AuditError, Package
+from imagegate.vulns.findings import AuditError, Package
 from imagegate.vulns.osv import AdvisoryDB, BadRange, in_range, in_versions, match_affected, upgrades
 
 

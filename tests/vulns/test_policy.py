@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from imagegate.pipeline.params import VulnIgnore, VulnsParams
-from imagegate.vulns.model import Finding
+from imagegate.vulns.findings import Finding
 from imagegate.vulns.policy import decide
 
 TODAY = dt.date(2026, 6, 1)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagegate.vulns.model import Package
+from imagegate.vulns.findings import Package
 from imagegate.vulns.osv import AdvisoryDB
 from imagegate.vulns.severity import assess, cvss3_base_score, level_of_score
 from tests.vulns.conftest import ADVISORY_DB

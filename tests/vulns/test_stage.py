@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from imagegate import accept, pipeline
+from imagegate import pipeline
+from imagegate.domain.plan import build_plan
+from imagegate.domain.results import ImageFacts, StageResult, Status
 from imagegate.errors import UsageError
-from imagegate.model import ImageFacts, StageResult, Status
 from imagegate.pipeline.params import VulnsParams
-from imagegate.plan import build_plan
 from imagegate.stages import OutsideContext
 from imagegate.stages.vulns import run_vulns_stage
+from imagegate.usecases import accept
 
 INVENTORY = {
     "distributions": [
@@ -166,8 +167,8 @@ def test_an_outside_stage_honours_requires(tmp_path: Path, advisory_db: Path) ->
     DEFERRED, as an in-image stage would be, never PASS or FAIL of the image."""
     import sys
 
-    from imagegate import runner
     from imagegate.drivers.local import LocalDriver
+    from imagegate.usecases import runner
 
     p = tmp_path / "p.yaml"
     p.write_text(

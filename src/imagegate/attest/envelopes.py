@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from imagegate._support.files import read_named
 from imagegate.attest import bundle, dsse
 from imagegate.errors import UsageError
-from imagegate.files import read_named
 from imagegate.oci import untrusted_json
 
 # Attestations come from anywhere (a registry, a copied file): parsed within bounds.

@@ -19,10 +19,10 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from imagegate._support.files import read_named
+from imagegate._support.names import KEY_ENV as KEY_ENV
+from imagegate._support.names import PASSWORD_ENV as PASSWORD_ENV
 from imagegate.errors import UsageError
-from imagegate.files import read_named
-from imagegate.names import KEY_ENV as KEY_ENV
-from imagegate.names import PASSWORD_ENV as PASSWORD_ENV
 
 Algorithm = Literal["ecdsa-p256", "ed25519"]
 ALGORITHMS: tuple[Algorithm, ...] = ("ecdsa-p256", "ed25519")

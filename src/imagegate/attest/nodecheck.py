@@ -19,18 +19,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagegate import __version__, fleet
+from imagegate import __version__
+from imagegate._support.files import read_named
 from imagegate.attest import dsse
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.sign import serialize
 from imagegate.attest.statement import STATEMENT_TYPE
 from imagegate.attest.verify import load_attempt
+from imagegate.domain import fleet
 from imagegate.errors import ImagegateError, UsageError
-from imagegate.files import read_named
 from imagegate.oci import untrusted_json
 
 if TYPE_CHECKING:
-    from imagegate.model import RunRecord
+    from imagegate.domain.results import RunRecord
 
 NODE_PREDICATE_TYPE = "https://imagegate.dev/attestations/node-check/v1"
 NODE_FILE = "node-check.dsse.json"

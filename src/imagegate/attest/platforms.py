@@ -26,8 +26,8 @@ from imagegate.attest.vsa import (
     said_on,
     summary,
 )
-from imagegate.errors import UsageError
-from imagegate.model import EXIT_ACCEPTED, LEVEL_CPU, LEVEL_GPU, exit_code
+from imagegate.domain.results import LEVEL_CPU, LEVEL_GPU, exit_code
+from imagegate.errors import EXIT_ACCEPTED, UsageError
 from imagegate.oci.digest import short_digest
 from imagegate.oci.manifest import INDEX_TYPES, MANIFEST_TYPES, Index, parse_manifest
 

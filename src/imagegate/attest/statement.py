@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from imagegate._support.names import PREDICATE_TYPE as PREDICATE_TYPE
+from imagegate.domain.evidence import sha256_file
+from imagegate.domain.results import EvidenceFile, RunRecord, Side, StageResult, Status
 from imagegate.errors import InternalError
-from imagegate.evidence import sha256_file
-from imagegate.model import EvidenceFile, RunRecord, Side, StageResult, Status
-from imagegate.names import PREDICATE_TYPE as PREDICATE_TYPE
 from imagegate.pipeline.probes import PROBES, FactRules
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"

@@ -21,8 +21,8 @@ from imagegate.attest.statement import (
     environment_digest,
     evidence_files,
 )
+from imagegate.domain.evidence import sha256_file
 from imagegate.errors import UsageError
-from imagegate.evidence import sha256_file
 from imagegate.oci import untrusted_json
 from imagegate.oci.digest import is_digest, short_digest
 
@@ -287,7 +287,7 @@ def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) ->
         rep.add("statement.json", "failed", f"{copy} differs from the signed statement")
 
 
-LINK_COPY = "completes/attestation.dsse.json"  # imagegate.complete keeps the earlier envelope here
+LINK_COPY = "completes/attestation.dsse.json"  # imagegate.usecases.complete keeps the earlier envelope here
 
 
 def _subject_of(statement: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -713,7 +713,8 @@ def accepts(
     An SLSA VSA: its verificationResult. Any other predicate: the checks alone."""
     from imagegate.attest.platforms import INDEX_PREDICATE_TYPE, index_levels
     from imagegate.attest.vsa import VSA_PREDICATE_TYPE, levels, no_level
-    from imagegate.model import EXIT_ACCEPTED, exit_code
+    from imagegate.domain.results import exit_code
+    from imagegate.errors import EXIT_ACCEPTED
 
     if not report.ok:
         return False, "NOT verified: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failures)

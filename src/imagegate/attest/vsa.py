@@ -13,19 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from imagegate.attest.statement import STATEMENT_TYPE, read_stage
-from imagegate.model import (
-    EXIT_ACCEPTED,
-    USER_SKIP,
-    Counted,
-    Status,
-    counted,
-    exit_code,
-    gpu_stage_ids,
-    unreached,
-)
-from imagegate.model import LEVEL_CPU as LEVEL_CPU  # where policies' tests and reports find them
-from imagegate.model import LEVEL_GPU as LEVEL_GPU
-from imagegate.model import levels as levels_of
+from imagegate.domain.results import LEVEL_CPU as LEVEL_CPU  # where policies' tests and reports find them
+from imagegate.domain.results import LEVEL_GPU as LEVEL_GPU
+from imagegate.domain.results import USER_SKIP, Counted, Status, counted, exit_code, gpu_stage_ids, unreached
+from imagegate.domain.results import levels as levels_of
+from imagegate.errors import EXIT_ACCEPTED
 
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 TEST_RESULT_PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"

@@ -65,7 +65,8 @@ def refuses(statement: dict[str, Any]) -> bool:
     """Whether the statement's own word refuses the image: a verdict `run` does not exit 0 on,
     a VSA not PASSED, a test-result neither PASSED nor WARNED (what each controller's rule
     refuses; an outcome no one defined accepts nothing)."""
-    from imagegate.model import EXIT_ACCEPTED, exit_code
+    from imagegate.domain.results import exit_code
+    from imagegate.errors import EXIT_ACCEPTED
 
     kind = statement.get("predicateType")
     said = outcome(statement)

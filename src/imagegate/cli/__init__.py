@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Any
 
-from imagegate import interrupts
-from imagegate.interrupts import EXIT_SIGINT, EXIT_SIGTERM
+from imagegate._support import interrupts
+from imagegate._support.interrupts import EXIT_SIGINT, EXIT_SIGTERM
 
 # command name -> module registering it, in the order `--help` lists them
 COMMAND_MODULES = {
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         print("imagegate: interrupted", file=sys.stderr)
         code = interrupts.exit_code()
     code = interrupts.ending() or code  # a signal that came on the last lines
-    from imagegate import deadline
+    from imagegate._support import deadline
 
     if deadline.stranded():
         # The deadline's hard stop left a thread blocked on a server that never answers: the

@@ -1,6 +1,6 @@
 """What the accepting commands (run, pod run, pod collect, complete) share: each option declared
 once, the common ones as one group; rendering the outcome. The work itself
-is `imagegate.accept`."""
+is `imagegate.usecases.accept`."""
 
 import contextlib
 import dataclasses
@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from imagegate._support.interrupts import EXIT_SIGINT
+from imagegate._support.resources import builtin_pipelines
 from imagegate.cli import _app
 from imagegate.cli._app import SIGNING_KEY, Format, Option
+from imagegate.domain.servemodel import IN_SANDBOX
 from imagegate.errors import UsageError
-from imagegate.interrupts import EXIT_SIGINT
-from imagegate.modelpath import IN_SANDBOX
-from imagegate.resources import builtin_pipelines
 
 NOTHING_LEFT = "nothing was left running"  # accept.NOTHING_LEFT, without importing the use case
 
 if TYPE_CHECKING:  # imported where used: `--help` never loads the pipeline models
-    from imagegate import accept
     from imagegate.attest import keys
-    from imagegate.runner import RunOptions
+    from imagegate.usecases import accept
+    from imagegate.usecases.runner import RunOptions
 
 Notify = Callable[[str], None]
 EXIT_CODES = (
@@ -156,7 +156,7 @@ class Accepting:
         return self.quiet or self.fmt is Format.json  # stdout then is the statement's alone
 
     def run_options(self, **kw: Any) -> "RunOptions":
-        from imagegate.runner import RunOptions
+        from imagegate.usecases.runner import RunOptions
 
         return RunOptions(self.pipeline, self.module, self.out, advisory_db=self.advisory_db, **kw)
 
@@ -238,7 +238,7 @@ def interrupts() -> Iterator[None]:
         yield
     except KeyboardInterrupt as e:
         # Only an interrupt inside accept() can know more; one before it was imported left nothing.
-        use_case = sys.modules.get("imagegate.accept")
+        use_case = sys.modules.get("imagegate.usecases.accept")
         left = e.left if use_case is not None and isinstance(e, use_case.Interrupted) else NOTHING_LEFT
         print(f"imagegate: interrupted; {left}", file=sys.stderr)
         raise typer.Exit(EXIT_SIGINT) from None  # 143 for SIGTERM: run_main tells them apart

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 from typer import Argument
 
-from imagegate import deadline, version_line
+from imagegate import version_line
+from imagegate._support import deadline
 from imagegate.errors import ImagegateError, UsageError
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ ATTESTATION_KEY = Option(
     help="Public key (PEM) the attestation must verify with; without it the "
     "signature is not checked (and the report says so).",
 )
-# One deadline over the whole command (imagegate.deadline): a stalled or trickling server ends it.
+# One deadline over the whole command (imagegate._support.deadline): a stalled or trickling server ends it.
 # One meaning, one text; the default is each command's own (shown by the parser).
 TIMEOUT_HELP = (
     "Deadline for the whole command, in seconds: every wait ends by then (a server that stalls or "

@@ -1,23 +1,25 @@
 """The accepting commands' checks, at the edge: every option and input checked before any work
 (a usage error exits 3 before the engine, a registry or the image is asked anything), the
-outputs the options ask for built, the driver they name made. The use case (imagegate.accept)
+outputs the options ask for built, the driver they name made. The use case (imagegate.usecases.accept)
 gets checked, typed values (accept.Request) and checks nothing of the command line."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `--help` never loads the use case, the drivers or keys
-    from imagegate.accept import Outputs
     from imagegate.attest import keys
+    from imagegate.domain.results import RunRecord
     from imagegate.drivers.interface import Driver
     from imagegate.drivers.select import DriverName, DriverOptions
-    from imagegate.runner import Notify, Prepared
+    from imagegate.usecases.accept import Outputs
+    from imagegate.usecases.runner import Notify, Prepared
 
 
 def _silent(_m: str) -> None:
@@ -42,8 +44,8 @@ def outputs(
     passphrase fails first, not after the run. `statement_on_stdout` (--format json): no report
     may go there too. `attach_later`: --attach to an image known only later (complete: the
     earlier attempt's), which needs a key as `attach` does."""
-    from imagegate.accept import Outputs, check_outputs
     from imagegate.report import formats
+    from imagegate.usecases.accept import Outputs, check_outputs
 
     check_outputs(Outputs(attach=attach), reference, no_sign=no_sign, keyed=False)  # the key: below
     specs = formats.parse_specs(list(reports))
@@ -52,7 +54,32 @@ def outputs(
             "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
         )
     key_ = None if no_sign else _signing_key(key, notify, warn, attaching=attach or attach_later)
-    return Outputs(key_, attach, insecure, specs, require_complete)
+    return Outputs(key_, attach, insecure, specs, require_complete, alert, _report_writer(specs))
+
+
+def alert(message: str) -> None:
+    """A use case's line that goes with its exit code, even when quiet."""
+    print(f"imagegate: {message}", file=sys.stderr)
+
+
+def _report_writer(
+    specs: list[tuple[str, Path]],
+) -> Callable[[RunRecord, dict[str, Any], Path, keys.SigningKey | None], bool]:
+    """Writes the --report files of a run: what vouches for it is the envelope just written,
+    read back and checked with the signing key's public half, as `imagegate report --key` says."""
+
+    def write(
+        record: RunRecord, statement: dict[str, Any], folder: Path, key: keys.SigningKey | None
+    ) -> bool:
+        from imagegate.report import formats, load
+
+        provenance = load.read_attempt(folder, key.public if key is not None else None).provenance
+        try:
+            return formats.write_reports(record, list(specs), statement=statement, provenance=provenance)
+        except OSError as e:
+            raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
+
+    return write
 
 
 def _signing_key(key: str | None, notify: Notify, warn: Notify, *, attaching: bool) -> keys.SigningKey | None:
@@ -90,7 +117,7 @@ def _non_dumpable() -> None:
 
 
 def check_timeout(seconds: float | None) -> None:
-    from imagegate.pipeline.model import check_duration
+    from imagegate.pipeline.spec import check_duration
 
     try:
         if seconds is not None:
@@ -108,15 +135,15 @@ def check_run_input(
     expect_config: str | None = None,
 ) -> None:
     """`run`'s IMAGE, DOCKER_HOST and options are checked before the engine is asked anything."""
+    from imagegate._support.sizes import parse_memory
     from imagegate.drivers.select import DriverName, needs_engine
-    from imagegate.sizes import parse_memory
 
     if name is not DriverName.here and image is None:
         raise UsageError(
             "no IMAGE given", hint="imagegate run IMAGE -p PIPELINE, or --here for this environment"
         )
     if needs_engine(name):
-        from imagegate.enginehost import check_docker_host
+        from imagegate._support.enginehost import check_docker_host
         from imagegate.oci.reference import check_image
 
         assert image is not None
@@ -212,7 +239,7 @@ def make_driver(name: DriverName | None, opts: DriverOptions, key: keys.SigningK
     from the probes, or refuses to expose to them unless opts.sign_unisolated."""
     import dataclasses
 
-    from imagegate import deadline
+    from imagegate._support import deadline
     from imagegate.drivers import select
 
     signing = dataclasses.replace(opts, signing=key is not None, signing_key=key.path if key else None)

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 import typer
 from typer import Argument
 
+from imagegate._support.names import KEY_ENV, PASSWORD_ENV, PREDICATE_TYPE
 from imagegate.cli import _app
 from imagegate.cli._accept import grouped
 from imagegate.cli._app import Option, app
 from imagegate.errors import UsageError
-from imagegate.names import KEY_ENV, PASSWORD_ENV, PREDICATE_TYPE
 
 if TYPE_CHECKING:  # imported where used: `--help` loads no key code
     from imagegate.attest import keys
@@ -141,7 +141,7 @@ def verify(
     from imagegate.attest.verify import accepts, attestation_in
     from imagegate.attest.verify import verify as verify_attestation
     from imagegate.attest.word import Scope
-    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+    from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
     from imagegate.report import console_attest
 
     if attestation is not None:  # an unsigned run needs no key to be told so
@@ -223,11 +223,10 @@ def attach(
 ) -> None:
     """Attach a signed attestation to an image in its registry, where cosign and admission
     controllers look for it."""
-    from imagegate.attest import keys
+    from imagegate.attest import keys, referrers
     from imagegate.attest.attach import parse_image
     from imagegate.attest.referrers import attach_file  # lazy: keeps CLI start-up fast
-    from imagegate.errors import NotVerified
-    from imagegate.model import EXIT_REJECTED
+    from imagegate.errors import EXIT_REJECTED, NotVerified
     from imagegate.report import console_attest
 
     trusted = keys.trusted_keys(key, trusted_keys)
@@ -241,8 +240,8 @@ def attach(
     for done, referred in pairs:
         console_attest.render_attached(done, referred)
     if any(done.replaced or referred.replaced for done, referred in pairs):
-        print(console_attest.REPLACED_KEPT)
-    left = console_attest.remaining(pairs, parse_image(image).repository)
+        print(referrers.REPLACED_KEPT)
+    left = referrers.remaining(pairs, parse_image(image).repository)
     if left is not None:
         print(f"imagegate: {left}", file=sys.stderr)
         raise typer.Exit(EXIT_REJECTED)
@@ -287,8 +286,9 @@ def index(
     from imagegate.attest import keys
     from imagegate.attest.sign import serialize
     from imagegate.cli._accept import notifier, signing_key
-    from imagegate.multiplatform import judge_index
+    from imagegate.cli._checks import alert
     from imagegate.report import console_attest
+    from imagegate.usecases.index import judge_index
 
     named = signing_key(key)
     signer = keys.resolve_signing_key(named, notify=notifier(False))
@@ -304,6 +304,7 @@ def index(
             insecure=insecure,
             require_complete=require_complete,
             notify=notifier(fmt is _app.Format.json),
+            alert=alert,
         )
     if fmt is _app.Format.json:
         sys.stdout.write(serialize(judged.statement).decode() + "\n")

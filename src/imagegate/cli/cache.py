@@ -49,13 +49,13 @@ def unpack(
 ) -> None:
     """Verify every layer while unpacking it into the cache; print the root's folder.
     Exit 1 when a layer is not the declared bytes or holds a hostile entry (nothing kept)."""
-    from imagegate.model import EXIT_ACCEPTED
+    from imagegate._support.sizes import parse_size
+    from imagegate.errors import EXIT_ACCEPTED
     from imagegate.oci.digest import check_digest
     from imagegate.oci.transports import open_sources  # lazy: the OCI modules load when a command runs
     from imagegate.report import console_cache
     from imagegate.report.progress import layer_progress
     from imagegate.rootfs import Limits, RootCache, materialize
-    from imagegate.sizes import parse_size
 
     if expect_config:
         check_digest(expect_config, what="--expect-config")
@@ -93,9 +93,9 @@ def prune(
     everything: bool = Option(False, "--all", help="Remove every root no run is using."),
 ) -> None:
     """Evict least recently used roots (and what interrupted runs left behind)."""
+    from imagegate._support.sizes import parse_size
     from imagegate.report import console_cache
     from imagegate.rootfs import RootCache
-    from imagegate.sizes import parse_size
 
     limit = 0 if everything else parse_size(max_size)
     with RootCache(cache_dir) as cache:

@@ -7,20 +7,20 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from imagegate import modelpath
+from imagegate._support.sizes import parse_memory
 from imagegate.cli import _accept as o
 from imagegate.cli._app import EVIDENCE_HELP, INSECURE, TRUST, TRUSTED_KEYS, Format, Option, app
+from imagegate.domain import servemodel as modelpath
+from imagegate.domain.gpus import parse as gpus_parse
 from imagegate.errors import UsageError
-from imagegate.gpus import parse as gpus_parse
-from imagegate.sizes import parse_memory
 
 if TYPE_CHECKING:  # imported where used: `complete --help` loads none of the layers below
-    from imagegate import accept
     from imagegate.attest import keys
-    from imagegate.complete import Earlier
+    from imagegate.domain.gpus import GpuRequest
     from imagegate.drivers.interface import Driver
     from imagegate.drivers.select import DriverName
-    from imagegate.gpus import GpuRequest
+    from imagegate.usecases import accept
+    from imagegate.usecases.complete import Earlier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +116,9 @@ def complete(
     c: Completing = Completing(),
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
-    from imagegate import accept, runner
-    from imagegate import complete as completing
     from imagegate.drivers.select import DriverName, driver_name
+    from imagegate.usecases import accept, runner
+    from imagegate.usecases import complete as completing
 
     notify = o.notifier(c.quiet or c.fmt is Format.json)  # stdout then is the statement's alone
     with o.interrupts():

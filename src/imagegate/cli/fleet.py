@@ -1,4 +1,4 @@
-"""Command: fleet report (every node's node check beside its peers). Parse, call imagegate.fleet,
+"""Command: fleet report (every node's node check beside its peers). Parse, call imagegate.domain.fleet,
 render."""
 
 from pathlib import Path
@@ -12,11 +12,12 @@ from imagegate.cli._app import Format, Option, app
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `fleet --help` loads none of the layers below
-    from imagegate import accept, fleet
     from imagegate.attest import keys
+    from imagegate.domain import fleet
+    from imagegate.domain.results import RunRecord, StageResult
     from imagegate.kube import fleetrun
-    from imagegate.model import RunRecord, StageResult
-    from imagegate.runner import Notify
+    from imagegate.usecases import accept
+    from imagegate.usecases.runner import Notify
 
 fleet_app = typer.Typer(
     help=(
@@ -77,8 +78,8 @@ def report(
     """Judge every node's node check beside its peers; say which nodes to label or taint."""
     import sys
 
-    from imagegate import fleet
-    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+    from imagegate.domain import fleet
+    from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
 
     if not 0 < suspect_below < 1 or min_peers < 2:
         raise UsageError(
@@ -104,7 +105,7 @@ def _print(judged: "fleet.Fleet", fmt: Format, extra: dict[str, object]) -> None
     """The fleet report, a table or JSON (with `extra` keys), on stdout."""
     import json
 
-    from imagegate import fleet
+    from imagegate.domain import fleet
 
     if fmt is Format.json:
         print(json.dumps({**fleet.as_json(judged), **extra}, indent=1))
@@ -115,8 +116,8 @@ def _print(judged: "fleet.Fleet", fmt: Format, extra: dict[str, object]) -> None
 
 def _node(name: str, stage: "StageResult", evidence: str, refused: "list[str]") -> "fleet.Node":
     """A node as the fleet judges it, from its node check stage."""
-    from imagegate import fleet
     from imagegate.attest import nodecheck
+    from imagegate.domain import fleet
 
     data = stage.data
     return fleet.Node(
@@ -128,8 +129,8 @@ def _node(name: str, stage: "StageResult", evidence: str, refused: "list[str]") 
 def _read(given: list[str], key: Path | None) -> "list[fleet.Node]":
     """Each NODE=ATTEMPT as a fleet.Node, from the attempt's signed statement and its node check's
     evidence, with what says the attempt is not that node's own (nodecheck.problems)."""
-    from imagegate import fleet
     from imagegate.attest import keys, nodecheck
+    from imagegate.domain import fleet
     from imagegate.report.load import read_attempt
 
     public = keys.load_public_key(key) if key else None
@@ -196,9 +197,10 @@ def _node_jobs(
     import hashlib
     import sys
 
-    from imagegate import fleet, runner
+    from imagegate.domain import fleet
     from imagegate.kube import fleetrun
     from imagegate.kube import render as kube_render
+    from imagegate.usecases import runner
 
     found, skipped = fleet.targets(_listing(nodes, "nodes"), _listing(pods, "pods") if pods else None)
     for why in skipped:
@@ -227,7 +229,7 @@ def _node_jobs(
 
 def _listing(path: Path, what: str) -> dict[str, object]:
     """A Kubernetes list as kubectl prints it, bounded before it is read (untrusted input)."""
-    from imagegate.files import read_named
+    from imagegate._support.files import read_named
     from imagegate.oci import untrusted_json
 
     try:  # a big cluster's pods: 64 MiB, bounded before it is read, like every file named here
@@ -270,8 +272,8 @@ def run_cmd(
     """Run the node check on every GPU node, N at a time within one deadline; report the fleet."""
     from imagegate.cli import _accept as o
     from imagegate.cli import _checks
+    from imagegate.domain.results import RunRecord
     from imagegate.kube import fleetrun, kubectl, podrun
-    from imagegate.model import RunRecord
 
     notify = o.notifier(fmt is Format.json)
     with o.interrupts():
@@ -300,7 +302,7 @@ def _accept_one(
     notify: "Notify",
 ) -> "RunRecord":
     """The one call of the acceptance use case for a node's Job (its observer: the Job's run)."""
-    from imagegate import accept
+    from imagegate.usecases import accept
 
     return accept.accept(accept.Request(job.prep, observer, out, outputs), notify).record
 
@@ -308,9 +310,9 @@ def _accept_one(
 def _report_runs(runs: "list[fleetrun.NodeRun]", key: "keys.SigningKey | None", fmt: Format) -> None:
     """Each node's statement signed beside its attempt (with a key), then the fleet report; the
     exit code says whether a node is unfit, or has no result at all."""
-    from imagegate import fleet
     from imagegate.attest import nodecheck
-    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNDECIDED
+    from imagegate.domain import fleet
+    from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNDECIDED
 
     nodes, no_result = [], []
     for r in runs:

@@ -38,13 +38,13 @@ def layers(
     timeout: float = _app.TIMEOUT,
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
-    from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+    from imagegate._support.sizes import parse_size
+    from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
     from imagegate.oci.digest import check_digest
+    from imagegate.oci.layercheck import verify_source
     from imagegate.oci.transports import open_sources  # lazy: the OCI modules load when a command runs
-    from imagegate.oci.verify import verify_source
     from imagegate.report import console_oci
     from imagegate.report.progress import layer_progress
-    from imagegate.sizes import parse_size
 
     if expect_config:
         check_digest(expect_config, what="--expect-config")
@@ -112,12 +112,12 @@ def compare_cmd(
     trust: list[Path] = TRUST,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
-    from imagegate.model import EXIT_ACCEPTED
+    from imagegate._support.sizes import parse_size
+    from imagegate.errors import EXIT_ACCEPTED
     from imagegate.oci.compare import compare
     from imagegate.oci.transports import open_sources
     from imagegate.report import console_oci
     from imagegate.report.progress import layer_progress
-    from imagegate.sizes import parse_size
 
     limit = parse_size(max_layer_size)
     key = _signing_key(attest, carry)

@@ -13,8 +13,8 @@ from imagegate.cli import _app
 from imagegate.cli._app import Option, app
 
 if TYPE_CHECKING:  # imported where used: `pod --help` loads neither the run nor the cluster's modules
-    from imagegate import runner
     from imagegate.kube import render
+    from imagegate.usecases import runner
 
 pod_app = typer.Typer(
     help="Zero-GPU Pod mode: run the probes in the target cluster, against the image exactly as "
@@ -155,8 +155,8 @@ def render_cmd(
     quiet: bool = o.QUIET,
 ) -> None:
     """Print the Secret (the run's event key), the ConfigMap (the bundle) and the Job (YAML) that run PIPELINE against IMAGE in a Pod."""
-    from imagegate import runner
     from imagegate.kube import render
+    from imagegate.usecases import runner
 
     notify = o.notifier(quiet)
     if secret_out is not None:
@@ -206,10 +206,10 @@ def collect_cmd(
     gpus: int = _GPUS,
 ) -> None:
     """Turn a finished Pod's log and status into stage results, the imageID check, evidence and the statement."""
-    from imagegate import accept, runner
     from imagegate.cli import _checks
     from imagegate.kube import podrun
     from imagegate.kube.collect import PodObserver
+    from imagegate.usecases import accept, runner
 
     notify = o.notifier(a.silent)
     _checks.check_timeout(timeout)
@@ -250,9 +250,9 @@ def run_cmd(
     timeout: float | None = _WAIT,
 ) -> None:
     """Render, create, wait within the deadline, collect and delete: one acceptance run in a Pod."""
-    from imagegate import accept, runner
     from imagegate.cli import _checks
     from imagegate.kube import kubectl, podrun
+    from imagegate.usecases import accept, runner
 
     notify = o.notifier(a.silent)
     with o.interrupts():

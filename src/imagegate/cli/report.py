@@ -1,5 +1,5 @@
 """Commands: report (re-render stored evidence), audit (an inventory of images and mirrors).
-Parse, call imagegate.report and imagegate.batch, render."""
+Parse, call imagegate.report and imagegate.usecases.audit, render."""
 
 import enum
 from functools import partial
@@ -97,13 +97,13 @@ def audit(
     no_sign: bool = o.NO_SIGN,
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
-    from imagegate import batch  # lazy: keeps CLI start-up fast
+    from imagegate._support.sizes import parse_memory
     from imagegate.cli import _checks
     from imagegate.drivers.docker import DockerDriver
     from imagegate.report import batch as batch_view
     from imagegate.report.console import make_console
     from imagegate.report.progress import ItemsBar, setup_logging
-    from imagegate.sizes import parse_memory
+    from imagegate.usecases import audit as batch  # lazy: keeps CLI start-up fast
 
     parse_memory(memory)  # before any item runs: a typo is one error, not one per image
     err = make_console(stderr=True)

@@ -8,17 +8,18 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from imagegate import modelpath
 from imagegate.cli import _accept as o
 from imagegate.cli._app import CACHE_DIR, Format, Option, app
+from imagegate.domain import servemodel as modelpath
+from imagegate.domain.gpus import GpuRequest
+from imagegate.domain.gpus import parse as gpus_parse
 from imagegate.errors import UsageError
-from imagegate.gpus import GpuRequest
-from imagegate.gpus import parse as gpus_parse
 
 if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline models, the drivers
-    from imagegate import accept, multiplatform, runner
     from imagegate.drivers.interface import Driver
     from imagegate.drivers.select import DriverName
+    from imagegate.usecases import accept, runner
+    from imagegate.usecases import index as multiplatform
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,10 @@ def run(
     verbose: int = o.VERBOSE,
 ) -> None:
     """Run a pipeline of probes against IMAGE and give a verdict with its evidence."""
-    from imagegate import accept, runner
     from imagegate.cli import _checks
     from imagegate.drivers.select import DriverName, driver_name
     from imagegate.report.progress import run_shown, setup_logging
+    from imagegate.usecases import accept, runner
 
     setup_logging(verbose, a.quiet)
     notify = o.notifier(a.silent)
@@ -164,8 +165,10 @@ def _all_platforms(
     notify: o.Notify,
 ) -> NoReturn:
     """`run --all-platforms`: one run a platform this host runs, then the index statement."""
-    from imagegate import accept, multiplatform, runner
+    from imagegate.cli import _checks
     from imagegate.report.progress import run_shown
+    from imagegate.usecases import accept, runner
+    from imagegate.usecases import index as multiplatform
 
     image = _index_reference(image, a, name)
     outputs = a.outputs(image, notify)
@@ -190,6 +193,7 @@ def _all_platforms(
             insecure=a.insecure,
             require_complete=a.require_complete,
             notify=notify,
+            alert=_checks.alert,
         )
     _show_index(done, judged, a.fmt)
     raise typer.Exit(judged.code)

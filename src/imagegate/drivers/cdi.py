@@ -26,9 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from imagegate._support.files import FileRefused, read_regular
+from imagegate.domain.gpus import GpuRequest
 from imagegate.errors import UsageError
-from imagegate.files import FileRefused, read_regular
-from imagegate.gpus import GpuRequest
 
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 KIND = "nvidia.com/gpu"

@@ -26,7 +26,10 @@ import docker
 import docker.errors
 import docker.types
 
-from imagegate import interrupts, modelpath
+from imagegate._support import interrupts
+from imagegate.domain import servemodel as modelpath
+from imagegate.domain.gpus import HIDING_ENV, GpuRequest, Grant
+from imagegate.domain.results import ImageFacts, Status
 from imagegate.drivers.interface import (
     STDERR_CAP,
     STDOUT_CAP,
@@ -41,8 +44,6 @@ from imagegate.drivers.interface import (
 )
 from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.errors import EngineError, ImagegateError, UsageError
-from imagegate.gpus import HIDING_ENV, GpuRequest, Grant
-from imagegate.model import ImageFacts, Status
 from imagegate.oci import engineapi
 from imagegate.oci.digest import is_digest
 from imagegate.oci.manifest import Platform
@@ -50,8 +51,8 @@ from imagegate.oci.ran import RanManifest, ran_manifest
 from imagegate.oci.reference import ImageName, parse_image_name
 
 if TYPE_CHECKING:  # loaded when an image is verified or read from a registry, not to run one
+    from imagegate.oci.layercheck import VerifyReport
     from imagegate.oci.sources.interface import Source
-    from imagegate.oci.verify import VerifyReport
 
 LABEL = "io.imagegate.run"
 # Who made a container: a container is a leftover only when all of these name this machine's
@@ -189,8 +190,8 @@ class DockerDriver(DriverBase):
         its own verification fails (a tampered or corrupt blob, a config that is not the
         manifest's) that is the refusal, signed like any outcome and named by the manifest read
         and hashed here; None otherwise (the pull failure stands: a name, a network, a login)."""
+        from imagegate.oci.layercheck import verify_source
         from imagegate.oci.transports import open_source
-        from imagegate.oci.verify import verify_source
 
         reference, repository = name.text, name.repository
         if not _BYTES_REFUSED.search(pull_error.detail):

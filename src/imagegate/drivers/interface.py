@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from imagegate.gpus import Grant
-from imagegate.model import ImageFacts, Status
+from imagegate.domain.gpus import Grant
+from imagegate.domain.results import ImageFacts, Status
 
 if TYPE_CHECKING:  # the verification's modules load when an image is verified, not with the driver
+    from imagegate.oci.layercheck import VerifyReport
     from imagegate.oci.sources.interface import Source
-    from imagegate.oci.verify import VerifyReport
 
 # The controller's stdout is streamed to the runner's event reader (protocol.EventStream) as it
 # arrives; a driver keeps only its head, for diagnostics. Memory stays bounded whatever an image

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from imagegate.attest.keys import KEY_ENV, default_key_path
+from imagegate.domain.gpus import HIDING_ENV, GpuRequest, nodes_grant
+from imagegate.domain.results import ImageFacts
 from imagegate.drivers import bwrap, seccomp
 from imagegate.drivers.interface import BundleRequest, BundleRun, DriverBase, OnOutput
 from imagegate.drivers.process import run_group
 from imagegate.errors import UsageError
-from imagegate.gpus import HIDING_ENV, GpuRequest, nodes_grant
-from imagegate.model import ImageFacts
 
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
 STAGES_ENV = "IMAGEGATE_STAGES"  # the stage ids this controller runs

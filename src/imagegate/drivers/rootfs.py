@@ -18,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from imagegate import modelpath
+from imagegate.domain import servemodel as modelpath
+from imagegate.domain.gpus import nodes_grant
+from imagegate.domain.results import ImageFacts, Status
 from imagegate.drivers import bwrap, cdi, seccomp
 from imagegate.drivers.interface import (
     BundleRequest,
@@ -31,9 +33,7 @@ from imagegate.drivers.interface import (
 from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
-from imagegate.gpus import nodes_grant
-from imagegate.model import ImageFacts, Status
-from imagegate.oci.verify import VerifyReport
+from imagegate.oci.layercheck import VerifyReport
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PreparedRoot:
     repository: str | None = None  # a registry's repository, where the source is one
     chain_id: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)  # unpacking: cache hit, layers, seconds
-    # The layer verification done while unpacking (oci.verify.VerifyReport), for the layers stage.
+    # The layer verification done while unpacking (oci.layercheck.VerifyReport), for the layers stage.
     report: Any | None = None
 
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagegate.domain.gpus import GpuRequest
 from imagegate.drivers.interface import Driver
 from imagegate.errors import EngineError, UsageError
-from imagegate.gpus import GpuRequest
 
 
 class DriverName(str, enum.Enum):

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagegate import protocol
+from imagegate.domain import protocol
+from imagegate.domain.evidence import Attempt
+from imagegate.domain.gpus import Grant
+from imagegate.domain.results import EvidenceFile, ImageFacts, StageResult, Status
 from imagegate.drivers.interface import BundleRun
 from imagegate.errors import UsageError
-from imagegate.evidence import Attempt
-from imagegate.gpus import Grant
 from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV, GPU_RESOURCE
-from imagegate.model import EvidenceFile, ImageFacts, StageResult, Status
 from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import parse_image_name
-from imagegate.runner import ControllerRun, Notify, Observation, Prepared
+from imagegate.usecases.runner import ControllerRun, Notify, Observation, Prepared
 
 IMAGE_ID_STAGE = "image_id"
 # Runtimes prefix imageID differently: docker (dockershim, cri-dockerd) with docker-pullable://
@@ -89,7 +89,7 @@ def read_secret_file(path: Path) -> dict[str, Any]:
     `pod render --secret-out` wrote (JSON is YAML: one reader for both)."""
     import yaml
 
-    from imagegate.files import read_named
+    from imagegate._support.files import read_named
 
     hint = "kubectl get secret NAME -o json > secret.json (NAME: the Job's name)"
     raw = read_named(path, what="--secret", max_bytes=MAX_SECRET_BYTES)

@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from imagegate.accept import Interrupted
+from imagegate.domain.results import RunRecord
 from imagegate.errors import EngineError
 from imagegate.kube.cluster import Cluster, ClusterError
 from imagegate.kube.podrun import PodRunObserver, Waits
 from imagegate.kube.render import Rendered
-from imagegate.model import RunRecord
-from imagegate.runner import Notify, Prepared
+from imagegate.usecases.accept import Interrupted
+from imagegate.usecases.runner import Notify, Prepared
 
 DEFAULT_PARALLEL = 4
 

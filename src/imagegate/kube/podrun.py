@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagegate.domain.evidence import Attempt
+from imagegate.domain.results import ImageFacts
 from imagegate.errors import UsageError
-from imagegate.evidence import Attempt
 from imagegate.kube.cluster import Cluster, ClusterError
 from imagegate.kube.collect import PodObserver, key_secret, read_pod_files, read_secret_file
 from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
-from imagegate.model import ImageFacts
-from imagegate.runner import Notify, Observation, Prepared
+from imagegate.usecases.runner import Notify, Observation, Prepared
 
 KINDS = ("job", "configmap", "secret")
 

@@ -32,12 +32,13 @@ from typing import Any
 
 import yaml
 
-from imagegate import modelpath, protocol
+from imagegate.domain import protocol
+from imagegate.domain import servemodel as modelpath
 from imagegate.errors import UsageError
 from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import check_image
-from imagegate.pipeline.model import parse_duration
-from imagegate.runner import Prepared
+from imagegate.pipeline.spec import parse_duration
+from imagegate.usecases.runner import Prepared
 
 MOUNT_DIR = "/imagegate/bundle"
 BUNDLE_KEY = "imagegate.pyz"

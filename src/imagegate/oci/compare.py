@@ -11,10 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED
+from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED
-from imagegate.oci.sources.interface import ArchiveStream, ImageSource, Source, SourceError
-from imagegate.oci.verify import (
+from imagegate.oci.layercheck import (
     LayerStatus,
     Progress,
     VerifyReport,
@@ -22,6 +21,7 @@ from imagegate.oci.verify import (
     read_config,
     verify_source,
 )
+from imagegate.oci.sources.interface import ArchiveStream, ImageSource, Source, SourceError
 
 COMPARED_BLOBS = "manifests and layer blobs"
 COMPARED_LAYERS = "uncompressed layers"  # a docker save archive or engine export has no registry blobs

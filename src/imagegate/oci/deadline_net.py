@@ -1,4 +1,4 @@
-"""httpx's connections under the command's deadline (imagegate.deadline): every connect, read and
+"""httpx's connections under the command's deadline (imagegate._support.deadline): every connect, read and
 write waits at most until the deadline.
 
 httpx's timeouts are per read and fixed when a request starts: a server that sends a byte every
@@ -17,7 +17,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from imagegate import deadline
+from imagegate._support import deadline
 
 
 class _Stream(httpcore.NetworkStream):

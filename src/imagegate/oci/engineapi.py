@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from imagegate import deadline
+from imagegate._support import deadline
 from imagegate.errors import EngineError, describe_exception
 from imagegate.oci import untrusted_json
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import zstandard
 from isal import igzip_lib
 
-from imagegate import interrupts
+from imagegate._support import interrupts
 from imagegate.oci.digest import new_hasher
 from imagegate.oci.zstdframes import ZstdFrameWalker
 

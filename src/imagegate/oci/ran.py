@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from imagegate.deadline import DeadlineReached
+from imagegate._support.deadline import DeadlineReached
 from imagegate.errors import ImagegateError
 from imagegate.oci.digest import short_digest
 from imagegate.oci.manifest import (

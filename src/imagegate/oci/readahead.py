@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from imagegate import interrupts
+from imagegate._support import interrupts
 
 
 class _End:

@@ -31,7 +31,8 @@ from urllib.parse import urlencode, urljoin
 
 import httpx
 
-from imagegate import __version__, deadline, interrupts
+from imagegate import __version__
+from imagegate._support import deadline, interrupts
 from imagegate.errors import UsageError, describe_exception, no_such_host
 from imagegate.oci import deadline_net, untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from imagegate.enginehost import check_docker_host
+from imagegate._support.enginehost import check_docker_host
 from imagegate.errors import UsageError
 from imagegate.oci.hashing import decompressing_reader
 from imagegate.oci.manifest import DEFAULT_PLATFORM, parse_platform

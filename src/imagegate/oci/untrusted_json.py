@@ -9,7 +9,7 @@ import os
 import re
 from typing import Any
 
-from imagegate.files import FileRefused, read_regular
+from imagegate._support.files import FileRefused, read_regular
 
 # Registries refuse manifests over 4 MiB; configs may be larger (long histories).
 MAX_MANIFEST_BYTES = 4 << 20

@@ -1,6 +1,6 @@
 """Pipelines: load, validate, plan."""
 
 from imagegate.pipeline.load import LoadedPipeline, builtin_names, load, parse
-from imagegate.pipeline.model import Pipeline
+from imagegate.pipeline.spec import Pipeline
 
 __all__ = ["LoadedPipeline", "Pipeline", "builtin_names", "load", "parse"]

@@ -10,11 +10,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from imagegate import resources
+from imagegate._support import resources
+from imagegate._support.files import FileRefused, read_regular
 from imagegate.errors import UsageError
-from imagegate.files import FileRefused, read_regular
-from imagegate.pipeline.model import API_VERSION, Pipeline, StageGraphError
 from imagegate.pipeline.probes import PROBES
+from imagegate.pipeline.spec import API_VERSION, Pipeline, StageGraphError
 
 PROBE_TAGS = tuple(PROBES)
 # Input bounds: a pipeline is a short file; beyond these it is a mistake or an attack, and is

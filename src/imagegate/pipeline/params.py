@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from imagegate import resources
+from imagegate._support import resources
 
 # A module as `import` takes it: identifiers joined by dots (`requests`, `vllm.entrypoints`).
 DOTTED_NAME = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from imagegate.pipeline.model import Pipeline
+from imagegate.pipeline.spec import Pipeline
 
 SCHEMA_ID = "https://imagegate.dev/schemas/pipeline-v1.schema.json"
 

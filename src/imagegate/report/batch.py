@@ -14,11 +14,11 @@ from rich.table import Table
 from rich.text import Text
 
 from imagegate.errors import UsageError
-from imagegate.pipeline.model import API_VERSION
+from imagegate.pipeline.spec import API_VERSION
 from imagegate.report.console import one_line
 
 if TYPE_CHECKING:  # a view of the batch use case's result; the use case runs on accept, which writes reports
-    from imagegate.batch.run import BatchResult
+    from imagegate.usecases.audit.run import BatchResult
 
 _MEANING = {0: "accepted", 1: "rejected", 2: "undecided", 3: "input error"}
 _STYLE = {0: "green", 1: "bold red", 2: "bold magenta", 3: "bold magenta"}

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from imagegate.model import RunRecord, StageResult, Status
+from imagegate.domain.results import RunRecord, StageResult, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
 from imagegate.report.view import counted_reasons

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,32 +45,6 @@ def render_attached(done: Attached, referred: Referred) -> None:
         print(f"  kept {kept.describe()}")
     for dropped in done.dropped:
         print(f"  dropped {dropped}")
-
-
-def kept(pairs: Sequence[tuple[Attached, Referred]]) -> list[str]:
-    """Each earlier statement of a new one's type that an attach left there, and why."""
-    return [k.describe() for done, referred in pairs for k in (*done.kept, *referred.kept)]
-
-
-REPLACED_KEPT = (
-    "the replaced statements are no longer attached; they stay in the attempt folders that signed "
-    "them (the registry held only their envelopes)"
-)
-
-
-def remaining(pairs: Sequence[tuple[Attached, Referred]], repository: str) -> str | None:
-    """What an attach leaves that it should have replaced (a registry that refuses deletion), as
-    the message that goes with exit 1; None when nothing is left."""
-    left = [gone for _, referred in pairs for gone in referred.remaining]
-    if not left:
-        return None
-    named = ", ".join(gone.describe() for gone in left)
-    return (
-        f"the registry refused to delete {len(left)} earlier statement(s) the new ones replace: {named}; "
-        "admission controllers still read them\n"
-        "  hint: enable deletion in the registry (distribution: storage.delete.enabled: true) and attach "
-        f"again, or delete them by hand (DELETE /v2/{repository}/manifests/DIGEST)"
-    )
 
 
 def render_index(statement: dict[str, Any], folder: Path) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from imagegate.sizes import gib
+from imagegate._support.sizes import gib
 
 if TYPE_CHECKING:
     from imagegate.rootfs import CacheEntry, Root

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from imagegate.oci.compare import CompareResult
-    from imagegate.oci.verify import VerifyReport
+    from imagegate.oci.layercheck import VerifyReport
 
 
 def _hex12(d: str | None) -> str:

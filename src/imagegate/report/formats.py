@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from imagegate.attest.statement import build_statement
+from imagegate.domain.results import RunRecord
 from imagegate.errors import UsageError
-from imagegate.model import RunRecord
 from imagegate.report.provenance import Provenance
 
 if TYPE_CHECKING:

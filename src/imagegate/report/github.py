@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import TextIO
 
-from imagegate.model import RunRecord, Status
+from imagegate.domain.results import RunRecord, Status
 from imagegate.report import markdown, view
 from imagegate.report.provenance import Provenance
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from imagegate.model import RunRecord, StageResult, Status
+from imagegate.domain.results import RunRecord, StageResult, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
 

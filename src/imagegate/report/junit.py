@@ -13,7 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from imagegate.model import RunRecord, StageResult, Status
+from imagegate.domain.results import RunRecord, StageResult, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
 

@@ -17,9 +17,9 @@ from imagegate.attest.envelopes import read_envelopes
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.sign import DSSE_FILE
 from imagegate.attest.statement import read_stage
+from imagegate.domain.evidence import sha256_file
+from imagegate.domain.results import ImageFacts, RunRecord, StageResult
 from imagegate.errors import UsageError
-from imagegate.evidence import sha256_file
-from imagegate.model import ImageFacts, RunRecord, StageResult
 from imagegate.oci import untrusted_json
 from imagegate.report.provenance import Provenance, Signature
 

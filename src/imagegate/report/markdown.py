@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from imagegate.model import RunRecord, Status
+from imagegate.domain.results import RunRecord, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
 

@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # rich loads when something is shown: a quiet or JSON run nev
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-    from imagegate.oci.verify import Progress as LayerProgress
-    from imagegate.runner import Display
+    from imagegate.oci.layercheck import Progress as LayerProgress
+    from imagegate.usecases.runner import Display
 
 
 def setup_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
@@ -277,7 +277,7 @@ def run_shown(silent: bool) -> Iterator[Display]:
     """A run's display: stage progress and layer bars on a terminal; in a CI log a line per
     layer read and a line every 15 s while the engine prepares a big image's export; nothing
     when silent."""
-    from imagegate.runner import Display
+    from imagegate.usecases.runner import Display
 
     if silent:
         yield Display()
@@ -298,7 +298,7 @@ def run_shown(silent: bool) -> Iterator[Display]:
 def layer_progress(quiet: bool) -> Iterator[LayerProgress]:
     """The progress of reading an image's blobs (layers, compare, cache unpack), on stderr: bars
     on a terminal, a line every 15 s of an engine's silent export elsewhere, nothing when quiet."""
-    from imagegate.oci.verify import NoProgress
+    from imagegate.oci.layercheck import NoProgress
     from imagegate.report.console import a_terminal, make_console
 
     err = make_console(stderr=True, highlight=False, markup=False)

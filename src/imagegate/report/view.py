@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagegate.model import RunRecord, StageResult, Status, recorded_needs, waiting_on_deferred
+from imagegate.domain.results import RunRecord, StageResult, Status, recorded_needs, waiting_on_deferred
 
 OUTPUT_CAP = 64 * 1024  # per stream and stage in a report: the evidence folder keeps it all
 
@@ -176,7 +176,7 @@ def layer_table(record: RunRecord) -> tuple[StageResult, list[dict[str, Any]]] |
 
 
 def _evidence_layers(record: RunRecord, stage: StageResult) -> Any:
-    from imagegate.files import read_regular
+    from imagegate._support.files import read_regular
     from imagegate.oci import untrusted_json
 
     for f in stage.evidence:

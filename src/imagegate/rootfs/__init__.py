@@ -9,7 +9,7 @@ bounded cache keyed by the image's chainID.
 """
 
 from imagegate.rootfs.cache import CacheEntry, RootCache, default_folder
-from imagegate.rootfs.model import (
+from imagegate.rootfs.root import (
     ConfigRefused,
     HostileLayer,
     ImageRefused,

@@ -33,10 +33,10 @@ from typing import Any
 
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.oci.digest import check_digest, is_digest
-from imagegate.oci.verify import ConfigResult, LayerResult, LayerStatus, VerifyReport
+from imagegate.oci.layercheck import ConfigResult, LayerResult, LayerStatus, VerifyReport
 from imagegate.rootfs.folder import SUBFOLDERS, open_cache_folder, open_subfolder
-from imagegate.rootfs.model import Root
 from imagegate.rootfs.pairs import PairStore
+from imagegate.rootfs.root import Root
 from imagegate.rootfs.tree import remove_tree
 
 # Bump when the layout of a root or of root.json changes: older entries are then unpacked again.

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from imagegate.oci.digest import is_digest
-from imagegate.oci.verify import LayerResult, LayerStatus
+from imagegate.oci.layercheck import LayerResult, LayerStatus
 
 FORMAT = 1
 MAX_RECORD = 1024  # a record is ~250 bytes

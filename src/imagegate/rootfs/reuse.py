@@ -16,11 +16,18 @@ from dataclasses import replace
 from typing import Any
 
 from imagegate.oci.hashing import digest_blob
+from imagegate.oci.layercheck import (
+    LayerResult,
+    LayerStatus,
+    Progress,
+    VerifyReport,
+    default_jobs,
+    judge_layer,
+)
 from imagegate.oci.manifest import Descriptor
 from imagegate.oci.sources.interface import BlobNotFound, ImageSource, ResolvedImage
-from imagegate.oci.verify import LayerResult, LayerStatus, Progress, VerifyReport, default_jobs, judge_layer
-from imagegate.rootfs.model import LayerRefused, Limits, Root, image_settings, layer_label
 from imagegate.rootfs.pairs import Pair, PairStore
+from imagegate.rootfs.root import LayerRefused, Limits, Root, image_settings, layer_label
 
 
 def reuse(

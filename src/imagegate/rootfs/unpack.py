@@ -16,15 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from imagegate.oci.hashing import BlobDigests, digest_blob
-from imagegate.oci.manifest import Descriptor
-from imagegate.oci.sources.interface import (
-    ArchiveStream,
-    BlobNotFound,
-    ImageSource,
-    ResolvedImage,
-    Source,
-)
-from imagegate.oci.verify import (
+from imagegate.oci.layercheck import (
     ConfigResult,
     LayerResult,
     LayerStatus,
@@ -35,9 +27,18 @@ from imagegate.oci.verify import (
     judge_layer,
     read_config,
 )
+from imagegate.oci.manifest import Descriptor
+from imagegate.oci.sources.interface import (
+    ArchiveStream,
+    BlobNotFound,
+    ImageSource,
+    ResolvedImage,
+    Source,
+)
 from imagegate.rootfs.apply import COPY_CHUNK, EntryRefused, EntryTooLarge, LayerApplier
 from imagegate.rootfs.cache import Build, RootCache
-from imagegate.rootfs.model import (
+from imagegate.rootfs.reuse import reuse
+from imagegate.rootfs.root import (
     ConfigRefused,
     HostileLayer,
     LayerRefused,
@@ -47,7 +48,6 @@ from imagegate.rootfs.model import (
     image_settings,
     layer_label,
 )
-from imagegate.rootfs.reuse import reuse
 from imagegate.rootfs.spool import spool_archive
 from imagegate.rootfs.tree import RootDir
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from imagegate.model import ImageFacts, StageResult, Status
+from imagegate.domain.results import ImageFacts, StageResult, Status
 from imagegate.pipeline.probes import PROBES
 
 if TYPE_CHECKING:  # the verification loads with the stage that verifies, not with every run
+    from imagegate.oci.layercheck import Progress, VerifyReport
     from imagegate.oci.sources.interface import Source
-    from imagegate.oci.verify import Progress, VerifyReport
 
 # How to read the image the probes ran, from where they ran it (the docker driver: its engine,
 # by image ID), within `timeout` seconds (None: no limit); None where a driver has no such way.

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from imagegate.domain.results import Status
 from imagegate.errors import ImagegateError
-from imagegate.model import Status
 from imagegate.oci.digest import check_digest
+from imagegate.oci.layercheck import VerifyReport, verify_source
 from imagegate.oci.manifest import parse_platform
 from imagegate.oci.reference import parse_reference
 from imagegate.oci.registry import RegistryClient
@@ -23,7 +24,6 @@ from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.oci.sources.interface import ImageSource, Source
 from imagegate.oci.sources.registry import RegistrySource
 from imagegate.oci.transports import open_source
-from imagegate.oci.verify import VerifyReport, verify_source
 from imagegate.pipeline.params import LayersParams
 from imagegate.stages import Outcome, OutsideContext
 

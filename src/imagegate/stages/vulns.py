@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from imagegate.model import Status
+from imagegate.domain.results import Status
 from imagegate.pipeline.params import VulnsParams
 from imagegate.stages import Outcome, OutsideContext
 from imagegate.vulns import inventory, online, policy
-from imagegate.vulns.model import Audit, AuditError, Finding, Unreachable
+from imagegate.vulns.findings import Audit, AuditError, Finding, Unreachable
 from imagegate.vulns.osv import AdvisoryDB
 
 DETAIL_FINDINGS = 20  # the rest is in findings.json

@@ -6,6 +6,6 @@ from an OSV folder offline (`osv.py`) or from a service through pip-audit online
 
 from __future__ import annotations
 
-from imagegate.vulns.model import AuditError, Finding, Package, Unreachable
+from imagegate.vulns.findings import AuditError, Finding, Package, Unreachable
 
 __all__ = ["AuditError", "Finding", "Package", "Unreachable"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from imagegate.vulns.model import Package
+from imagegate.vulns.findings import Package
 
 
 def packages(data: Mapping[str, Any]) -> list[Package]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from packaging.version import Version
 
 from imagegate.vulns import pip_audit_service
-from imagegate.vulns.model import Audit, AuditError, Finding, Package, Unreachable
+from imagegate.vulns.findings import Audit, AuditError, Finding, Package, Unreachable
 from imagegate.vulns.osv import merge_aliases, parse, upgrades
 from imagegate.vulns.pip_audit_service import Service
 

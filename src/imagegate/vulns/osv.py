@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from imagegate.vulns import severity
-from imagegate.vulns.model import Audit, AuditError, Finding, Package
+from imagegate.vulns.findings import Audit, AuditError, Finding, Package
 
 ECOSYSTEM = "PyPI"
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is ~10x faster

@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name
 
 from imagegate.pipeline.params import VulnIgnore, VulnsParams
 from imagegate.vulns import severity
-from imagegate.vulns.model import Finding
+from imagegate.vulns.findings import Finding
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from imagegate import interrupts
+from imagegate._support import interrupts
 from imagegate.errors import EngineError, UsageError, describe_exception
 from imagegate.oci.engineapi import connect, engine_endpoint, inspect_image
 from imagegate.oci.readahead import ThreadedReader

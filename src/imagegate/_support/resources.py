@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_HERE = Path(__file__).parent
+_HERE = Path(__file__).parent.parent  # the package imagegate/, this module one folder below it
 
 
 def _dir(name: str) -> Path:

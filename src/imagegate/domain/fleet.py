@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from imagegate.model import RunRecord, StageResult
+    from imagegate.domain.results import RunRecord, StageResult
 
 # A node more than this fraction below the median of its GPU model's nodes is suspect.
 SUSPECT_BELOW = 0.10

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
-from imagegate import interrupts
+from imagegate._support import interrupts
 from imagegate.errors import ImagegateError
 
 GRACE_S = 2.0  # after the deadline, before the hard stop: time for the soft way to name the wait

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from imagegate import resources
+from imagegate._support import resources
 from imagegate.errors import ImagegateError
 from imagegate.pipeline.probes import PROBES, Probe
 

@@ -11,17 +11,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagegate import __version__, bundle, deadline, interrupts, pipeline, protocol, workers
+from imagegate import __version__, pipeline
+from imagegate._support import deadline, interrupts, workers
 from imagegate.attest.statement import build_statement
+from imagegate.domain import probes_bundle as bundle
+from imagegate.domain import protocol
+from imagegate.domain.evidence import Attempt, sha256_file
+from imagegate.domain.plan import Plan, PlannedStage, build_plan, skip_reason
+from imagegate.domain.results import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
 from imagegate.drivers.interface import BundleRequest, BundleRun, Driver, Refusal
-from imagegate.evidence import Attempt, sha256_file
-from imagegate.model import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
-from imagegate.plan import Plan, PlannedStage, build_plan, skip_reason
 from imagegate.stages import ImageSourceOpener, Outcome, OutsideContext, load_outside_probe
 
 if TYPE_CHECKING:  # the verification loads with the layers stage, not with every run
+    from imagegate.oci.layercheck import Progress, VerifyReport
     from imagegate.oci.sources.interface import Source
-    from imagegate.oci.verify import Progress, VerifyReport
 
 STARTUP_SLACK_S = 60.0  # container start + interpreter start + bundle transfer
 PREPARE_S = 1800.0  # with no --timeout: pulling or unpacking the image (20 GB over a slow link)

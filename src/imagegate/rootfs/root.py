@@ -9,7 +9,7 @@ from typing import Any
 
 from imagegate.errors import ImagegateError
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED
-from imagegate.oci.verify import VerifyReport
+from imagegate.oci.layercheck import VerifyReport
 
 # Every layer together: four of the largest layers seen in practice.
 DEFAULT_MAX_TOTAL = 4 * DEFAULT_MAX_UNCOMPRESSED

@@ -3,8 +3,8 @@ mirror) pairs (each through compare), read from an `Inventory` file, a bounded n
 one result with the worst exit code. ("inventory" alone, in the code, is the in-image probe of
 installed distributions; "audit" alone is the vulnerability audit of `imagegate.vulns`.)"""
 
-from imagegate.batch.imagelist import ImageList, LoadedImageList, load
-from imagegate.batch.run import BatchOptions, BatchResult, ItemResult, run_batch, worst
+from imagegate.usecases.audit.imagelist import ImageList, LoadedImageList, load
+from imagegate.usecases.audit.run import BatchOptions, BatchResult, ItemResult, run_batch, worst
 
 __all__ = [
     "BatchOptions",

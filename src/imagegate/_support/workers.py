@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from imagegate import deadline, interrupts
+from imagegate._support import deadline, interrupts
 
 T = TypeVar("T")
 R = TypeVar("R")

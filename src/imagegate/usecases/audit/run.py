@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from imagegate import accept, runner
-from imagegate.batch.imagelist import ImageEntry, LoadedImageList, MirrorEntry
+from imagegate.domain.results import exit_code
 from imagegate.drivers.interface import Driver
-from imagegate.errors import ImagegateError
-from imagegate.model import EXIT_UNDECIDED, EXIT_USAGE, exit_code
+from imagegate.errors import EXIT_UNDECIDED, EXIT_USAGE, ImagegateError
 from imagegate.oci.pullfailure import worded
+from imagegate.usecases import accept, runner
+from imagegate.usecases.audit.imagelist import ImageEntry, LoadedImageList, MirrorEntry
 
 log = logging.getLogger("imagegate.audit")
 

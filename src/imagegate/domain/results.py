@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNDECIDED
+
 Side = Literal["inside", "outside"]
 
 
@@ -209,12 +211,6 @@ def accepted(verdict_token: str, reached: Sequence[str], *, require_complete: bo
     reached none is rejected (a run whose checks were all left out proves nothing)."""
     code = exit_code(verdict_token, require_complete=require_complete)
     return EXIT_REJECTED if code == EXIT_ACCEPTED and not reached else code
-
-
-EXIT_ACCEPTED = 0
-EXIT_REJECTED = 1
-EXIT_UNDECIDED = 2
-EXIT_USAGE = 3
 
 
 def exit_code(verdict_token: str, *, require_complete: bool = False) -> int:

@@ -6,23 +6,21 @@ the runner to the signer to the reports; the commands (`run`, `pod run`, `pod co
 from __future__ import annotations
 
 import contextlib
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from imagegate import deadline
-from imagegate.errors import ImagegateError, UsageError
-from imagegate.evidence import Attempt
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, RunRecord, accepted, exit_code
-from imagegate.runner import Notify, Observation, Prepared, conclude, new_attempt
+from imagegate._support import deadline
+from imagegate.domain.evidence import Attempt
+from imagegate.domain.results import ImageFacts, RunRecord, accepted, exit_code
+from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, ImagegateError, UsageError
+from imagegate.usecases.runner import Notify, Observation, Prepared, conclude, new_attempt
 
 if TYPE_CHECKING:  # signing and its keys are loaded when a run signs, after the probes ran
     from imagegate.attest import keys
     from imagegate.attest.sign import Signed
     from imagegate.oci.reference import Reference
-    from imagegate.report.provenance import Provenance
 
 NOTHING_LEFT = (
     "nothing was left running"  # cli/_accept.py says it too, for interrupts before this is imported
@@ -70,6 +68,11 @@ class Outputs:
     insecure: bool = False  # --attach over plain HTTP
     reports: Sequence[tuple[str, Path]] = ()
     require_complete: bool = False
+    # The use case prints nothing: what it has to say goes to the caller's hands. `alert`: a
+    # line that goes with an exit 1 even when quiet; `write_reports`: writes `reports` for a run
+    # (its record, statement, attempt folder and signing key), True when one went to stdout.
+    alert: Callable[[str], None] = _silent
+    write_reports: Callable[[RunRecord, dict[str, Any], Path, keys.SigningKey | None], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,16 +153,10 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
     left = None
     if signed is not None and pinned is not None:
-        left = _attach(signed, pinned, outputs.insecure, notify)
-    from imagegate.report import formats
-
-    provenance = _provenance(attempt.dir, outputs.key) if outputs.reports else None
-    try:
-        used_stdout = formats.write_reports(
-            record, list(outputs.reports), statement=statement, provenance=provenance
-        )
-    except OSError as e:
-        raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
+        left = _attach(signed, pinned, outputs.insecure, notify, outputs.alert)
+    used_stdout = False
+    if outputs.reports and outputs.write_reports is not None:
+        used_stdout = outputs.write_reports(record, statement, attempt.dir, outputs.key)
     code, rejected_by = judged(record.verdict, statement, outputs.require_complete)
     if left is not None and code == EXIT_ACCEPTED:
         # Attached, but beside earlier statements a controller still reads: not admitted as it is.
@@ -178,14 +175,6 @@ def judged(verdict: str, statement: dict[str, Any], require_complete: bool) -> t
     if accepted(verdict, levels(statement)) != code:
         return EXIT_REJECTED, no_level(statement)
     return code, None
-
-
-def _provenance(folder: Path, key: keys.SigningKey | None) -> Provenance:
-    """What vouches for the attempt the reports show, as `imagegate report --key` would say it:
-    the envelope just written, read back and checked with the signing key's public half."""
-    from imagegate.report import load
-
-    return load.read_attempt(folder, key.public if key is not None else None).provenance
 
 
 def _pinned(
@@ -222,12 +211,11 @@ def _not_attachable(reference: str, now: str, image: ImageFacts) -> NotAttachabl
     )
 
 
-def _attach(signed: Signed, ref: Reference, insecure: bool, notify: Notify) -> str | None:
+def _attach(signed: Signed, ref: Reference, insecure: bool, notify: Notify, alert: Notify) -> str | None:
     """Attach the acceptance, the VSA and the test-result to `ref` (pinned by `_pinned`); each
     replaces the earlier ones of its type and pipeline. Returns what a registry refused to
     delete, as a message; None otherwise."""
     from imagegate.attest import attach, referrers
-    from imagegate.report import console_attest
 
     with attach.client_for(ref, insecure=insecure) as client:
         # The standard statements too: admission policies are written against them.
@@ -240,10 +228,10 @@ def _attach(signed: Signed, ref: Reference, insecure: bool, notify: Notify) -> s
     )
     gone = [g.describe() for d, r in pairs for g in (*d.replaced, *r.replaced)]
     if gone:
-        notify(f"replaced {', '.join(gone)}: {console_attest.REPLACED_KEPT}")
-    for kept in console_attest.kept(pairs):
+        notify(f"replaced {', '.join(gone)}: {referrers.REPLACED_KEPT}")
+    for kept in referrers.kept(pairs):
         notify(f"kept {kept}")
-    left = console_attest.remaining(pairs, ref.repository)
+    left = referrers.remaining(pairs, ref.repository)
     if left is not None:
-        print(f"imagegate: {left}", file=sys.stderr)
+        alert(left)
     return left

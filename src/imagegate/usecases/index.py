@@ -10,7 +10,6 @@ statements; `--attach` pushes them to the index digest, where admission finds th
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +20,15 @@ from imagegate.attest import attach, keys, referrers
 from imagegate.attest import platforms as plat
 from imagegate.attest import verify as verifying
 from imagegate.attest.sign import Signed, sign_attempt
-from imagegate.errors import UsageError
-from imagegate.evidence import Attempt
-from imagegate.model import EXIT_ACCEPTED, EXIT_REJECTED, ImageFacts, accepted, exit_code
+from imagegate.domain.evidence import Attempt
+from imagegate.domain.results import ImageFacts, accepted, exit_code
+from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, UsageError
 from imagegate.oci.digest import short_digest, split_digest
 from imagegate.oci.manifest import parse_platform, platform_matches
 from imagegate.oci.registry import NotFound
 
 if TYPE_CHECKING:
-    from imagegate.accept import Accepted
+    from imagegate.usecases.accept import Accepted
 
 Notify = Callable[[str], None]
 
@@ -70,10 +69,10 @@ def read_index(reference: str, insecure: bool) -> tuple[str, str, plat.IndexList
     return f"{ref.registry}/{ref.repository}", top.digest, plat.list_platforms(top.raw, top.media_type, where)
 
 
-def _no_level(verdict: str, statement: dict[str, Any]) -> None:
-    """The exit code's reason, on stderr whatever the format, as run gives it."""
+def _no_level(verdict: str, statement: dict[str, Any]) -> str:
+    """The exit code's reason, said whatever the format, as run gives it."""
     not_run = ", ".join(statement["predicate"]["notRun"])
-    print(f"imagegate: rejected: {verdict} reaches no level (not run: {not_run})", file=sys.stderr)
+    return f"rejected: {verdict} reaches no level (not run: {not_run})"
 
 
 def judge_index(
@@ -87,9 +86,11 @@ def judge_index(
     insecure: bool = False,
     require_complete: bool = False,
     notify: Notify = lambda _m: None,
+    alert: Notify = lambda _m: None,
     index: tuple[str, str, plat.IndexListing] | None = None,
 ) -> IndexJudged:
-    """`index`: the index as `read_index` read it already (run --all-platforms), not read again."""
+    """`index`: the index as `read_index` read it already (run --all-platforms), not read again.
+    `alert`: a line the caller shows whatever the format (the use case prints nothing)."""
     verified = read_runs(runs, trusted)
     repository, digest, listing = index or read_index(reference, insecure)
     now = dt.datetime.now(dt.timezone.utc)
@@ -118,7 +119,7 @@ def judge_index(
     # No level, no acceptance: a deferred index whose platforms reached none is rejected, as verify rejects it.
     code = accepted(verdict, plat.index_levels(statement), require_complete=require_complete)
     if code != exit_code(verdict, require_complete=require_complete):
-        _no_level(verdict, statement)
+        alert(_no_level(verdict, statement))
     pairs: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)
@@ -127,11 +128,9 @@ def judge_index(
             pairs = tuple(
                 referrers.attach_and_refer(client, pinned, todo, (key.public,), str(signed.dsse_path))
             )
-        from imagegate.report import console_attest
-
-        left = console_attest.remaining(list(pairs), pinned.repository)
+        left = referrers.remaining(list(pairs), pinned.repository)
         if left is not None:
-            print(f"imagegate: {left}", file=sys.stderr)
+            alert(left)
             if code == EXIT_ACCEPTED:
                 code = EXIT_REJECTED
     return IndexJudged(attempt.dir, statement, signed, code, pairs)
@@ -160,6 +159,7 @@ def run_platforms(
     insecure: bool = False,
     require_complete: bool = False,
     notify: Notify = lambda _m: None,
+    alert: Notify = lambda _m: None,
 ) -> tuple[list[Accepted], IndexJudged]:
     """`run --all-platforms`: the index `image` names read once; `run_one` runs the pipeline on
     each platform manifest this host runs (by digest, with the transport `image` was given in);
@@ -191,6 +191,7 @@ def run_platforms(
         insecure=insecure,
         require_complete=require_complete,
         notify=notify,
+        alert=alert,
         index=read,
     )
     return done, judged

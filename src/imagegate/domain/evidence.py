@@ -16,8 +16,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from imagegate.domain.results import EvidenceFile, ImageFacts
 from imagegate.errors import EngineError, UsageError
-from imagegate.model import EvidenceFile, ImageFacts
 from imagegate.oci.digest import is_digest
 
 

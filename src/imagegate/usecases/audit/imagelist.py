@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from imagegate._support.files import read_named
 from imagegate.errors import UsageError
-from imagegate.files import read_named
 from imagegate.oci.reference import check_image
 from imagegate.pipeline.load import (  # the pipeline file's reader and error words, shared
     key_text,
@@ -19,7 +19,7 @@ from imagegate.pipeline.load import (  # the pipeline file's reader and error wo
     message,
     read_yaml,
 )
-from imagegate.pipeline.model import parse_duration
+from imagegate.pipeline.spec import parse_duration
 
 
 class _Strict(BaseModel):

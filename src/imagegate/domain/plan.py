@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagegate.domain.results import USER_SKIP
 from imagegate.errors import UsageError
-from imagegate.model import USER_SKIP
 from imagegate.pipeline import LoadedPipeline
-from imagegate.pipeline.model import Pipeline, Stage
 from imagegate.pipeline.params import (
     DOTTED_NAME,
     FindSpecParams,
@@ -25,6 +24,7 @@ from imagegate.pipeline.params import (
     VulnsParams,
 )
 from imagegate.pipeline.probes import PROBES, Side
+from imagegate.pipeline.spec import Pipeline, Stage
 
 API_VERSION = "imagegate/v1"
 

@@ -14,18 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagegate import pipeline, runner
-from imagegate import plan as planning
+from imagegate import pipeline
 from imagegate.attest import verify as verifying
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.sign import DSSE_FILE
 from imagegate.attest.statement import evidence_files, read_stage
+from imagegate.domain import plan as planning
+from imagegate.domain.evidence import Attempt
+from imagegate.domain.plan import Plan
+from imagegate.domain.results import ImageFacts, StageResult, Status, recorded_needs, waiting_on_deferred
 from imagegate.drivers.interface import Driver
 from imagegate.errors import NotVerified, UsageError
-from imagegate.evidence import Attempt
-from imagegate.model import ImageFacts, StageResult, Status, recorded_needs, waiting_on_deferred
 from imagegate.pipeline.params import ServeParams
-from imagegate.plan import Plan
+from imagegate.usecases import runner
 
 LINK_COPY = "completes/" + DSSE_FILE  # the earlier envelope, kept as evidence of the completion
 

@@ -1,0 +1,1 @@
+"""The use cases: accept (run), complete, index, audit, fleet."""
