@@ -16,7 +16,7 @@ import pytest
 from imagegate.domain import probes_bundle as bundle
 from imagegate.domain.plan import PlannedStage, skip_reason
 from imagegate.domain.results import Status
-from imagegate.pipeline import schema as model
+from imagegate.pipeline import spec as model
 from imagegate.pipeline.params import PLATFORM_OVERRIDES, CliParams, FindSpecParams, InventoryParams
 from imagegate.pipeline.probes import INSIDE_PROBES, OUTSIDE_PROBES, PROBES, Probe
 from imagegate.stages import load_outside_probe

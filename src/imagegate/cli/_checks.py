@@ -73,7 +73,9 @@ def _report_writer(
     ) -> bool:
         from imagegate.report import formats, load
 
-        provenance = load.read_attempt(folder, key.public if key is not None else None).provenance
+        provenance = (
+            load.read_attempt(folder, key.public if key is not None else None).provenance if specs else None
+        )
         try:
             return formats.write_reports(record, list(specs), statement=statement, provenance=provenance)
         except OSError as e:

@@ -155,7 +155,7 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     if signed is not None and pinned is not None:
         left = _attach(signed, pinned, outputs.insecure, notify, outputs.alert)
     used_stdout = False
-    if outputs.reports and outputs.write_reports is not None:
+    if outputs.write_reports is not None:  # also with no --report: a CI's own summary
         used_stdout = outputs.write_reports(record, statement, attempt.dir, outputs.key)
     code, rejected_by = judged(record.verdict, statement, outputs.require_complete)
     if left is not None and code == EXIT_ACCEPTED:
