@@ -51,3 +51,15 @@ def test_no_file_name_means_two_things() -> None:
             where[path.name].append(str(rel))
     twice = {name: places for name, places in where.items() if len(places) > 1 and name not in SAME_THING}
     assert twice == {}
+
+
+def test_the_structures_picture_is_the_codes() -> None:
+    """docs/structure.md is drawn from the imports as they are (scripts/structure.py --write)."""
+    import importlib.util
+
+    script = PACKAGE.parents[1] / "scripts" / "structure.py"
+    spec = importlib.util.spec_from_file_location("structure", script)
+    assert spec is not None and spec.loader is not None
+    structure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(structure)
+    assert structure.PAGE.read_text() == structure.page(), "run: python scripts/structure.py --write"
