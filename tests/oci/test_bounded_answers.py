@@ -62,6 +62,9 @@ class Server(http.server.BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
         else:
             self.send_header("Content-Length", a.declare or str(len(body)))
+        # It closes the connection after each answer: said so, or a client may send its next
+        # request on it first (a race a loaded machine loses: "Server disconnected").
+        self.send_header("Connection", "close")
         self.end_headers()
         try:
             if a.chunked:
