@@ -23,7 +23,7 @@ def test_the_clock_starts_with_the_process() -> None:
     """A command whose imports took 1.5 s has 1.5 s less: its deadline counts from its exec."""
     code = (
         "import time; time.sleep(1.5)\n"
-        "from imagegate import deadline\n"
+        "from imagegate._support import deadline\n"
         "print(time.monotonic() - deadline.process_start())\n"
         "with deadline.covering(10.0) as d: print(d.remaining())\n"
     )
