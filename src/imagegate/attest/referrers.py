@@ -1,32 +1,6 @@
 """Attestations as OCI 1.1 referrers, beside the cosign `.att` tag, in the form cosign v3 writes
-them (`cosign attest`, whose `--new-bundle-format` is on by default): one artifact manifest per
-attestation, pushed by digest, its one layer a Sigstore bundle (attest/bundle.py) around the DSSE
-envelope. Copied field for field from cosign's source:
-
-- `pkg/oci/remote/write.go`, `WriteAttestationNewBundleFormat` and `WriteReferrer`: the layer's
-  media type and the manifest's `artifactType` `application/vnd.dev.sigstore.bundle.v0.3+json`;
-  the config the empty descriptor (`application/vnd.oci.empty.v1+json`, `{}`) carrying the same
-  `artifactType`; the annotations `dev.sigstore.bundle.content: dsse-envelope`,
-  `dev.sigstore.bundle.predicateType` and `org.opencontainers.image.created` (RFC 3339, seconds,
-  UTC); `subject` the HEAD of the image's manifest (media type, size, digest). The bytes are what
-  Go's encoding/json makes of `referrerManifest` (go-containerregistry's `v1.Manifest` field
-  order, `artifactType` last, map keys sorted, compact): `_go_json`.
-- `specs/BUNDLE_SPEC.md`: the referrers index entry carries that `artifactType` and the
-  manifest's annotations; where the registry lacks the referrers API, the tag-schema fallback
-  index `sha256-<hex>` is kept here as go-containerregistry keeps it (`pkg/v1/remote/write.go`,
-  `commitSubjectReferrers`: entries sorted by digest), with the annotations the OCI distribution
-  spec says to copy.
-
-Readers find these by `artifactType`: cosign's `GetBundles` (pkg/cosign/verify.go) and Kyverno's
-`SigstoreBundle` verifier take any artifact whose layer or `artifactType` starts with
-`application/vnd.dev.sigstore.bundle`. Reading here accepts that and the form imagegate wrote
-before (`artifactType` and layer `application/vnd.dsse.envelope.v1+json`), so earlier images
-still verify and their statements are replaced; any other artifact is neither read nor touched.
-Every answer is untrusted: a listed manifest whose subject is another image is skipped, and the
-bundle is read within the envelope's cap. A paged listing (the API's `Link: <…>; rel="next"`,
-as go-containerregistry's `fetchReferrersPages` follows it) is read whole or not at all: a page
-on another host or scheme, or one read already, is refused; past MAX_REFERRER_PAGES pages or
-MAX_ATTESTATIONS entries, Flooded."""
+them, read back as cosign and Kyverno read them; every answer untrusted and bounded. Why each
+field is as it is: docs/attestations.md, "How the referrers are written and read"."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
-"""A sandbox without an engine: a command inside an unpacked image root, through bubblewrap.
-
-What every run gets (bwrap 0.8, Debian's `bubblewrap`):
-- the root bound read-only at /, a fresh tmpfs /tmp (size-limited), a fresh /proc, a minimal /dev
-  (null, zero, full, random, urandom, tty, pts, shm: no GPU or other host device); an image
-  without those folders (built FROM scratch) gets them, and an empty /sys, as an engine gives
-  them, on a root of the sandbox's own, its entries bound in read-only;
-- new user, pid, network, ipc, uts and cgroup namespaces (`--unshare-all`): loopback only, no
-  route out; no user namespace can be made inside (`--disable-userns`);
-- every capability dropped (`--cap-drop ALL`), no new privileges (bwrap always sets it), a new
-  session (no terminal to inject input into);
-- a seccomp filter (`--seccomp FD`, drivers/seccomp.py): the syscalls the Docker engine's default
-  profile denies (keyctl, ptrace, mount, bpf, unshare, ...) fail with EPERM;
-- the image config's Env (the host's environment is cleared), WorkingDir and User: a name is looked
-  up in the root's own /etc/passwd and /etc/group, never the host's;
-- resource limits through `prlimit`: open files, processes, data segment per process (a memory
-  limit as a cgroup needs a delegated cgroup, which a plain user or a machine without systemd
-  does not have), no core dumps;
-- every process killed on every path: bwrap dies with its parent (`--die-with-parent`), the
-  command is the pid namespace's init (`--as-pid-1`) and takes every process of the sandbox with it, and the runner kills bwrap's whole
-  process group at the deadline, on cancel and on the way out.
-"""
+"""A sandbox without an engine: a command inside an unpacked image root, through bubblewrap:
+read-only root, every namespace new, no capability, a seccomp filter, limits, killed on every
+path. What each run gets and why: docs/how-it-works.md, "The rootfs sandbox, field by field"."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """The Kubernetes objects of one run: a Secret holding the run's event key, a ConfigMap holding
-the bundle and a Job that runs it once with the image's own python; zero GPUs unless `--gpus N`
-asks for `nvidia.com/gpu: N`.
-
-Every choice here answers a pitfall met in real clusters:
-- without --gpus, no GPU resources and `NVIDIA_VISIBLE_DEVICES=void`: CUDA base images set it to
-  `all`, and on a node whose default runtime is NVIDIA's that alone would hand the container every
-  GPU; with --gpus N, `nvidia.com/gpu: N` and nothing hidden (the device plugin picks the GPUs);
-- never `preemptionPolicy`: admission rejects it when it disagrees with the PriorityClass; only
-  `priorityClassName`, when asked;
-- the bundle is mounted as a whole volume, never with `subPath` (a subPath mount pins the
-  resolved, versioned file), and the controller finds itself by the stable mount path;
-- node selector and tolerations are inputs, because some mounts exist only on some nodes;
-- the event key lives in its own Secret and reaches the container as an env `secretKeyRef`: the
-  Job (and the Pod object) hold only the reference, so the Job and the ConfigMap can be committed
-  and two renders of the same inputs give the same Job. An env variable rather than a mounted
-  file: the controller takes it out of its environment before any stage starts and is
-  non-dumpable (no stage can read its environ), whereas a secret volume stays readable to every
-  stage for the whole run (same user; the read-only mount cannot be removed without privileges).
-"""
+the bundle and a Job that runs it once with the image's own python; zero GPUs unless `--gpus N`.
+The pitfall each choice answers: docs/pod.md, "Why the objects are as they are"."""
 
 from __future__ import annotations
 
