@@ -122,8 +122,9 @@ def test_a_cut_registered_after_the_stop_runs_at_once_and_an_unregistered_one_ne
     done()
     interrupts.stop()
     assert calls == []
-    with interrupts.cut_on_stop(lambda: calls.append("late")):
-        assert calls == ["late"]
+    late = interrupts.on_stop(lambda: calls.append("late"))
+    assert calls == ["late"]
+    late()
     assert interrupts._cuts == {}
 
 

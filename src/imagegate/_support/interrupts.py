@@ -14,7 +14,7 @@ hands the signal to, so holding them is done here, not with the thread's signal 
 The first signal also stops the worker threads (`stop()`): each raises Stopped at its next read
 (a chunk of an engine's export, of a registry blob, of a layer being hashed or unpacked), and a
 read that blocks in a server that sends nothing is cut by shutting its socket down
-(`cut_on_stop`). So the way out waits for no export or hashing to finish: the threads end within
+(`on_stop`). So the way out waits for no export or hashing to finish: the threads end within
 a chunk's time, and the engine sees its export's connection close.
 
 The handlers are installed at the first line the console script runs (cli.main), before the
@@ -50,7 +50,7 @@ class Stopped(KeyboardInterrupt):
 
 def stop(*, final: bool = False) -> None:
     """Every worker thread stops: its next read raises Stopped, and each blocking wait
-    registered with cut_on_stop is cut. `final`: the command ends (never resumed). Idempotent;
+    registered with on_stop is cut. `final`: the command ends (never resumed). Idempotent;
     safe in a signal handler."""
     global _hard_stopped
     _hard_stopped = _hard_stopped or final
@@ -94,16 +94,6 @@ def on_stop(cut: Callable[[], None]) -> Callable[[], None]:
         with contextlib.suppress(Exception):
             cut()
     return done
-
-
-@contextlib.contextmanager
-def cut_on_stop(cut: Callable[[], None]) -> Iterator[None]:
-    """on_stop for the block."""
-    done = on_stop(cut)
-    try:
-        yield
-    finally:
-        done()
 
 
 def shutdown_socket(sock: socket.socket) -> None:

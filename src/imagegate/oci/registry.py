@@ -753,7 +753,7 @@ class BlobStream:
 
 def _stop_cut(resp: httpx.Response) -> Callable[[], None] | None:
     """While the blob is read: a stop (a signal, the hard deadline) shuts its socket down, so
-    that a read blocked on a registry that sends nothing ends at once (interrupts.cut_on_stop)."""
+    that a read blocked on a registry that sends nothing ends at once (interrupts.on_stop)."""
     stream = resp.extensions.get("network_stream")
     sock = stream.get_extra_info("socket") if stream is not None else None
     if not isinstance(sock, socket.socket):
