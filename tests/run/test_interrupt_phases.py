@@ -10,6 +10,7 @@ began, and the time counted is from the signal to the process's exit."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,13 +118,15 @@ def big(images: dict[str, str]) -> str:
 def big_in_registry(big: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The image in a registry on 127.0.0.1, its layers as the engine exports them (a compressed
     copy would shrink nothing: random bytes)."""
-    reg: Registry = start_registry(tmp_path_factory.mktemp("big-registry"))
+    storage = tmp_path_factory.mktemp("big-registry")
+    reg: Registry = start_registry(storage)
     try:
         ref = f"{reg.host}/big:1"
         skopeo("copy", "--quiet", "--dest-tls-verify=false", f"docker-daemon:{big}", f"docker://{ref}")
         yield ref
     finally:
         reg.stop()
+        shutil.rmtree(storage, ignore_errors=True)  # 3 GiB: not kept to the end of the session
 
 
 @pytest.fixture

@@ -240,6 +240,25 @@ def _sysctl(name: str) -> str | None:
         return None
 
 
+# `--ro-bind / /` binds every mount under / (recursively), then remounts each read-only; a mount
+# that goes away in between (a container engine's overlay of a container that just stopped)
+# fails the whole setup before the command runs. Nothing ran, so it is tried again.
+MOUNT_RACE_TRIES = 5
+
+
+def mount_raced(exit_code: int | None, stdout: bytes, stderr: bytes) -> bool:
+    """Whether bwrap gave up in its setup because a mount under / vanished while it was bound
+    (its own message, nothing from the command: stdout empty)."""
+    # Its errno varies with the moment the mount went (ENOENT, EINVAL): the step is what counts.
+    return (
+        exit_code == 1
+        and not stdout
+        and stderr.startswith(
+            b"bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount"
+        )
+    )
+
+
 def userns_refusal(bwrap_stderr: str) -> str:
     """Why this host refused the sandbox's namespaces, and what to do, from the sysctls that
     control it (read, never changed)."""
@@ -315,10 +334,13 @@ def check_host(bwrap: str | None = None) -> str:
         # The very namespaces a run makes (--unshare-user too: as root bwrap would skip it).
         argv = [exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
         argv += ["--ro-bind", "/", "/", "--proc", "/proc"]
-        try:
-            done = subprocess.run([*argv, true], capture_output=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise SandboxUnavailable(f"bwrap could not be started: {e}") from e
+        for _ in range(MOUNT_RACE_TRIES):
+            try:
+                done = subprocess.run([*argv, true], capture_output=True, timeout=30, check=False)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise SandboxUnavailable(f"bwrap could not be started: {e}") from e
+            if not mount_raced(done.returncode, done.stdout, done.stderr):
+                break
         if done.returncode != 0:
             cause = userns_refusal(done.stderr.decode("utf-8", "replace"))
             raise SandboxUnavailable(

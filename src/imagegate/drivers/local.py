@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -368,7 +369,12 @@ def environment_fingerprint(
     and version), as canonical JSON, from `argv` (the interpreter running _FINGERPRINT_CODE, in
     the sandbox: its site hooks run); {} when the interpreter cannot say."""
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, timeout=120, check=False, pass_fds=pass_fds)
+        for _ in range(bwrap.MOUNT_RACE_TRIES):
+            done = subprocess.run(
+                argv, env=env, capture_output=True, timeout=120, check=False, pass_fds=pass_fds
+            )
+            if not bwrap.mount_raced(done.returncode, done.stdout, done.stderr):
+                break
         facts = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return {}
@@ -392,9 +398,18 @@ def _run(
     pass_fds: tuple[int, ...] = (),
     cancel: threading.Event | None = None,
 ) -> BundleRun:
-    done = run_group(
-        argv, deadline_s=deadline_s, env=env, pass_fds=pass_fds, on_stdout=on_stdout, cancel=cancel
-    )
+    start = time.monotonic()
+    for _ in range(bwrap.MOUNT_RACE_TRIES):
+        done = run_group(
+            argv,
+            deadline_s=max(0.0, deadline_s - (time.monotonic() - start)),
+            env=env,
+            pass_fds=pass_fds,
+            on_stdout=on_stdout,
+            cancel=cancel,
+        )
+        if not bwrap.mount_raced(done.exit_code, done.stdout, done.stderr):
+            break
     return BundleRun(
         done.stdout,
         done.stderr,
