@@ -215,12 +215,42 @@ def _commit() -> dict[str, Any]:
 RECORDS = ROOT / "benchmarks" / "records"
 
 
+class _Behaviour(ast.NodeTransformer):
+    """A function as it behaves: its type annotations and docstrings dropped, since no mutant
+    of the code depends on them (typing a function keeps its score; changing a line does not)."""
+
+    def visit_arg(self, node: ast.arg) -> ast.arg:
+        node.annotation = None
+        return node
+
+    def _body(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> ast.AST:
+        self.generic_visit(node)
+        first = node.body[0] if node.body else None
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
+            node.body = node.body[1:] or [ast.Pass()]
+        if not isinstance(node, ast.ClassDef):
+            node.returns = None
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _body
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None:
+            return ast.Pass()
+        return ast.Assign(targets=[node.target], value=self.visit(node.value), lineno=node.lineno)
+
+
 def _functions_source(text: str, names: set[str]) -> dict[str, list[str]]:
-    """Each named function's (or class's) source, every definition of that name in the module."""
+    """Each named function's (or class's) behaviour (_Behaviour), every definition of that name in
+    the module."""
     found: dict[str, list[str]] = {}
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in names:
-            found.setdefault(node.name, []).append(ast.get_source_segment(text, node) or "")
+            found.setdefault(node.name, []).append(ast.dump(_Behaviour().visit(node)))
     return found
 
 

@@ -76,6 +76,14 @@ def test_a_score_stands_until_a_mutated_function_changes(repo: tuple[Path, Modul
     # an edit elsewhere in the module keeps the score
     (root / "mod.py").write_text(MODULE.replace("return x\n", "return -x\n"))
     assert m.check() == []
+    # so does typing it, or a docstring: no mutant depends on them
+    typed = 'def promise(x: int) -> bool:\n    """Said."""\n    y: int = x\n    return y > 0\n'
+    (root / "mod.py").write_text(MODULE.replace("def promise(x):\n    return x > 0\n", typed))
+    assert m.check() == [m.check()[0]] and "promise changed" in m.check()[0]  # y is new code
+    (root / "mod.py").write_text(
+        MODULE.replace("def promise(x):\n", 'def promise(x: int) -> bool:\n    """Said."""\n')
+    )
+    assert m.check() == []
     (root / "mod.py").write_text(MODULE.replace("x > 0", "x >= 0"))
     [problem] = m.check()
     assert problem.startswith("mod: promise changed in mod.py since ")
