@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from imagegate._support import deadline, interrupts
 
@@ -46,7 +46,7 @@ def run_all(fn: Callable[[T], R], items: Sequence[T], cancel: threading.Event, n
     interrupt), `cancel` is set and every call is waited for before the exception goes on: each
     call must watch `cancel` and clean up after itself."""
     tag = f"{name}-{secrets.token_hex(4)}"
-    results: list[Any] = [None] * len(items)
+    results: dict[int, R] = {}
     errors: list[BaseException | None] = [None] * len(items)
 
     def call(i: int, item: T) -> None:
@@ -73,7 +73,7 @@ def run_all(fn: Callable[[T], R], items: Sequence[T], cancel: threading.Event, n
     for e in errors:
         if e is not None:
             raise e
-    return results
+    return [results[i] for i in range(len(items))]
 
 
 class Background(Generic[R]):
