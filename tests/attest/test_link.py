@@ -66,7 +66,7 @@ def _statement(
         imagegate_version="0.1.0",
         completes=completes,
     )
-    return st.build_statement(record)
+    return st.build_statement(record).to_json()
 
 
 def _attempt(

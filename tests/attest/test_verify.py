@@ -93,10 +93,10 @@ def test_subject_is_the_manifest_digest_else_the_config_digest(tmp_path: Path) -
     m, c = "sha256:" + "1" * 64, "sha256:" + "2" * 64
     s1 = st.build_statement(
         _record(tmp_path, reference="r/app:1", repository="r/app", config_digest=c, manifest_digest=m)
-    )
+    ).to_json()
     assert s1["subject"] == [{"name": "r/app", "digest": {"sha256": "1" * 64}}]
     assert s1["predicate"]["image"]["subjectDigest"] == "manifest"
-    s2 = st.build_statement(_record(tmp_path, reference="app:dev", config_digest=c))
+    s2 = st.build_statement(_record(tmp_path, reference="app:dev", config_digest=c)).to_json()
     assert s2["subject"] == [{"name": "app:dev", "digest": {"sha256": "2" * 64}}]
     assert s2["predicate"]["image"]["subjectDigest"] == "config"
     for s in (s1, s2):
@@ -334,7 +334,7 @@ def test_run_integration_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     done = accept(Request(runner.prepare(opts), observer, opts.out, Outputs(key=key)))
     record, signed = done.record, done.signed
     assert signed is not None
-    assert json.loads((Path(record.attempt_dir) / "statement.json").read_text()) == done.statement
+    assert json.loads((Path(record.attempt_dir) / "statement.json").read_text()) == done.statement.to_json()
     report = verify.verify_file(signed.dsse_path, key.public, expect_verdict=record.verdict)
     assert report.ok, report.failures
     assert [c.name for c in report.checks if c.outcome == "ok"] == [

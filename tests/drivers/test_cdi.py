@@ -443,7 +443,7 @@ def _accepted(driver: RootfsDriver, tmp_path: Path) -> dict[str, Any]:
         observer = runner.DriverObserver(driver, "imagegate-test/python", opts)
         done = accept.accept(accept.Request(prep, observer, opts.out))
     assert done.exit_code == 0, done.record.stages
-    return done.statement
+    return done.statement.to_json()
 
 
 def test_a_gpu_stage_on_gpus_the_runner_injected_and_saw_earns_the_gpu_level(

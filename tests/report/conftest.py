@@ -114,7 +114,9 @@ def make_attempt(out: Path, stages: list[tuple[object, ...]] = STAGES) -> Path:
         imagegate_version="0.1.0",
         bundle_sha256="cd" * 32,
     )
-    attempt.write("statement.json", json.dumps(build_statement(record), indent=2, sort_keys=True) + "\n")
+    attempt.write(
+        "statement.json", json.dumps(build_statement(record).to_json(), indent=2, sort_keys=True) + "\n"
+    )
     return attempt.dir
 
 

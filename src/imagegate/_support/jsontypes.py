@@ -68,3 +68,8 @@ def freeze(value: object) -> JsonValue:
     if isinstance(value, Sequence):
         return [freeze(v) for v in value]
     return str(value)
+
+
+def freeze_object(value: Mapping[str, object]) -> JsonObject:
+    """A plain JSON object from a mapping (freeze, each value)."""
+    return {str(k): freeze(v) for k, v in value.items()}

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from imagegate import __version__
+from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonMapping, JsonObject
 from imagegate.attest import bundle, dsse
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.sign import (
@@ -25,8 +26,8 @@ from imagegate.attest.sign import (
     VSA_FILE,
     serialize,
 )
-from imagegate.attest.statement import STATEMENT_TYPE
 from imagegate.attest.vsa import build_test_result, build_vsa
+from imagegate.domain.statements import Predicate, RawPredicate, Statement, Subject
 from imagegate.errors import UsageError
 from imagegate.oci.compare import COMPARED_BLOBS, ComparedImage, CompareResult, Verdict
 
@@ -48,9 +49,9 @@ def _repository(side: ComparedImage) -> str:
     )
 
 
-def _subject(side: ComparedImage) -> dict[str, Any]:
+def _subject(side: ComparedImage) -> Subject:
     algo, _, hexd = str(side.manifest_digest).partition(":")
-    return {"name": _repository(side), "digest": {algo: hexd}}
+    return Subject(_repository(side), {algo: hexd})
 
 
 def check_equivalent(result: CompareResult) -> None:
@@ -69,56 +70,62 @@ def check_equivalent(result: CompareResult) -> None:
         )
 
 
-def equivalence_statement(result: CompareResult) -> dict[str, Any]:
+def equivalence_statement(result: CompareResult) -> Statement[RawPredicate]:
     check_equivalent(result)
     o, m = result.official, result.mirror
     differ = [i for i, (a, b) in enumerate(zip(o.layer_digests, m.layer_digests, strict=True)) if a != b]
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [_subject(o), _subject(m)],
-        "predicateType": MIRROR_PREDICATE_TYPE,
-        "predicate": {
-            "verdict": result.verdict.value,
-            "sentence": result.sentence,
-            "configDigest": o.config_digest,
-            "diffIds": list(o.diff_ids),
-            "official": {
-                "source": o.source,
-                "manifestDigest": o.manifest_digest,
-                "layerDigests": list(o.layer_digests),
-            },
-            "mirror": {
-                "source": m.source,
-                "manifestDigest": m.manifest_digest,
-                "layerDigests": list(m.layer_digests),
-            },
-            "compressedDigestsDiffer": differ,
-            "verifiedOn": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
-            "imagegate": {"version": __version__},
-        },
-    }
+    return Statement(
+        subject=(_subject(o), _subject(m)),
+        predicate_type=MIRROR_PREDICATE_TYPE,
+        predicate=RawPredicate(
+            j.freeze_object(
+                {
+                    "verdict": result.verdict.value,
+                    "sentence": result.sentence,
+                    "configDigest": o.config_digest,
+                    "diffIds": list(o.diff_ids),
+                    "official": {
+                        "source": o.source,
+                        "manifestDigest": o.manifest_digest,
+                        "layerDigests": list(o.layer_digests),
+                    },
+                    "mirror": {
+                        "source": m.source,
+                        "manifestDigest": m.manifest_digest,
+                        "layerDigests": list(m.layer_digests),
+                    },
+                    "compressedDigestsDiffer": differ,
+                    "verifiedOn": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+                    + "Z",
+                    "imagegate": {"version": __version__},
+                }
+            )
+        ),
+    )
 
 
 def carried(
-    acceptance: dict[str, Any],
+    acceptance: JsonMapping,
     acceptance_uri: str,
     acceptance_bytes: bytes,
-    equivalence: dict[str, Any],
+    equivalence: Statement[RawPredicate],
     equivalence_bytes: bytes,
-) -> list[dict[str, Any]]:
+) -> list[Statement[Predicate]]:
     """The acceptance's VSA and test-result, for the mirror's subject: the same verdict, resting
     on the official's signed acceptance and on the signed equivalence."""
-    mirror = equivalence["predicate"]["mirror"]
-    subject = [equivalence["subject"][1]]
-    image = dict(acceptance["predicate"].get("image") or {})
-    image.update(
-        repository=subject[0]["name"], manifestDigest=mirror["manifestDigest"], subjectDigest="manifest"
-    )
-    as_mirror = {**acceptance, "subject": subject, "predicate": {**acceptance["predicate"], "image": image}}
+    mirror = j.obj(equivalence.predicate.fields.get("mirror"))
+    subject = equivalence.subject[1]
+    pred = j.obj(acceptance.get("predicate"))
+    image = dict(j.obj(pred.get("image")))
+    image.update(repository=subject.name, manifestDigest=mirror["manifestDigest"], subjectDigest="manifest")
+    as_mirror = {**acceptance, "subject": [subject.to_json()], "predicate": {**pred, "image": image}}
     vsa = build_vsa(as_mirror, acceptance_uri, acceptance_bytes)
-    vsa["predicate"]["inputAttestations"].append(
-        {"uri": EQUIVALENCE_FILE, "digest": {"sha256": hashlib.sha256(equivalence_bytes).hexdigest()}}
-    )
+    equivalent: JsonObject = {
+        "uri": EQUIVALENCE_FILE,
+        "digest": {"sha256": hashlib.sha256(equivalence_bytes).hexdigest()},
+    }
+    inputs = (*vsa.predicate.input_attestations, equivalent)
+    vsa = replace(vsa, predicate=replace(vsa.predicate, input_attestations=inputs))
     return [vsa, build_test_result(as_mirror)]
 
 
@@ -135,7 +142,7 @@ def _write(out: Path, name: str, data: bytes) -> Path:
 
 
 def sign_equivalence(
-    result: CompareResult, key: SigningKey, out: Path, carry: tuple[dict[str, Any], str, bytes] | None = None
+    result: CompareResult, key: SigningKey, out: Path, carry: tuple[JsonMapping, str, bytes] | None = None
 ) -> Equivalence:
     """`carry`: the official acceptance statement, its file name and bytes, already verified."""
     statement = equivalence_statement(result)
@@ -159,7 +166,7 @@ def sign_equivalence(
 
 def verified_acceptance(
     path: Path, trusted: tuple[PublicKey, ...], official_digest: str
-) -> tuple[dict[str, Any], str, bytes]:
+) -> tuple[JsonMapping, str, bytes]:
     """The acceptance to carry: its signature with a trusted key, its subject the official
     manifest digest compared now, an accepting verdict; else a UsageError naming what failed."""
     from imagegate.attest.envelopes import read_bounded
@@ -172,6 +179,6 @@ def verified_acceptance(
             f"--carry {path}: does not verify for the official image: {why}",
             hint="carry the official image's own signed acceptance, with --trust its key",
         )
-    if build_vsa(rep.statement, "", b"")["predicate"]["verificationResult"] != "PASSED":
+    if build_vsa(rep.statement, "", b"").predicate.verification_result != "PASSED":
         raise UsageError(f"--carry {path}: verdict {rep.verdict} does not accept the image: nothing to carry")
     return rep.statement, path.name, read_bounded(path)

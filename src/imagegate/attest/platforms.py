@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from imagegate.attest.statement import STATEMENT_TYPE
+from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonMapping, JsonObject, JsonValue
 from imagegate.attest.vsa import (
     TEST_RESULT_PREDICATE_TYPE,
-    TIME_FIELD,
     levels,
     pipeline_policy,
     said_on,
     summary,
 )
 from imagegate.domain.results import LEVEL_CPU, LEVEL_GPU, exit_code
+from imagegate.domain.statements import RawPredicate, Statement, Subject, TestResult, Vsa
 from imagegate.errors import EXIT_ACCEPTED, UsageError
 from imagegate.oci.digest import short_digest
 from imagegate.oci.manifest import INDEX_TYPES, MANIFEST_TYPES, Index, parse_manifest
@@ -89,18 +89,17 @@ def list_platforms(raw: bytes, media_type: str | None, where: str) -> IndexListi
 class PlatformRun:
     """A verified run of one platform: its signed statement and the envelope's bytes."""
 
-    statement: Mapping[str, Any]
+    statement: JsonMapping
     envelope: bytes
     source: str  # where it was read, for messages
 
     @property
-    def predicate(self) -> Mapping[str, Any]:
-        pred = self.statement.get("predicate")
-        return pred if isinstance(pred, dict) else {}
+    def predicate(self) -> dict[str, object]:
+        return j.obj(self.statement.get("predicate"))
 
     @property
     def manifest_digest(self) -> str | None:
-        image = self.predicate.get("image") or {}
+        image = j.obj(self.predicate.get("image"))
         return str(image["manifestDigest"]) if image.get("subjectDigest") == "manifest" else None
 
 
@@ -145,7 +144,7 @@ def common_levels(per_platform: Sequence[Sequence[str] | None]) -> list[str]:
     return [lv for lv in (LEVEL_CPU, LEVEL_GPU) if have and all(lv in h for h in have)]
 
 
-def _pipeline(runs: Sequence[PlatformRun]) -> dict[str, Any]:
+def _pipeline(runs: Sequence[PlatformRun]) -> JsonObject:
     """The one pipeline every run ran (name and file digest); runs of different pipelines are
     no conjunction: refused, named."""
     seen = {
@@ -159,7 +158,7 @@ def _pipeline(runs: Sequence[PlatformRun]) -> dict[str, Any]:
             f"the runs used different pipelines ({named}): an index statement is about one pipeline",
             hint="run every platform with the same pipeline file",
         )
-    return dict(next(iter(seen.values())))
+    return j.freeze_object(next(iter(seen.values())))
 
 
 def build_index_statement(
@@ -171,41 +170,46 @@ def build_index_statement(
     *,
     finished_on: str,
     version: str,
-) -> dict[str, Any]:
+) -> Statement[RawPredicate]:
     """The statement about the index `index_digest` (`repository` registry/repository) made
     from `runs`, each of which must be about a platform the index lists (its subject that
     platform's manifest), one run a platform."""
     by_digest = _runs_by_platform(reference, index_digest, listing, runs)
     pipeline = _pipeline(runs)
     entries = [_platform_entry(n, p, by_digest.get(p.digest)) for n, p in enumerate(listing.platforms)]
-    verdict = index_verdict([e.get("verdict") for e in entries], [e["platform"] for e in entries])
-    reached = common_levels([e.get("levels") if e["ran"] else None for e in entries])
+    verdict = index_verdict(
+        [j.text(e.get("verdict")) for e in entries], [str(e["platform"]) for e in entries]
+    )
+    reached = common_levels([j.strings(e.get("levels")) if e["ran"] else None for e in entries])
     algo, _, hexd = index_digest.partition(":")
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": repository, "digest": {algo: hexd}}],
-        "predicateType": INDEX_PREDICATE_TYPE,
-        "predicate": {
-            "verdict": verdict,
-            "pipeline": pipeline,
-            "image": {
-                "reference": reference,
-                "repository": repository,
-                "indexDigest": index_digest,
-                "subjectDigest": "index",
-            },
-            "platforms": entries,
-            "notRun": [e["platform"] for e in entries if not e["ran"]],
-            "ignoredManifests": [{"digest": d, "why": why} for d, why in listing.ignored],
-            "levels": reached if verdict_accepted(verdict) else [],
-            # As of the oldest run it rests on: a freshness rule must not read old runs as new.
-            "verifiedOn": min(
-                (str(e["finishedOn"]) for e in entries if e.get("finishedOn")), default=finished_on
-            ),
-            "finishedOn": finished_on,
-            "imagegate": {"version": version},
-        },
-    }
+    return Statement(
+        subject=(Subject(repository, {algo: hexd}),),
+        predicate_type=INDEX_PREDICATE_TYPE,
+        predicate=RawPredicate(
+            j.freeze_object(
+                {
+                    "verdict": verdict,
+                    "pipeline": pipeline,
+                    "image": {
+                        "reference": reference,
+                        "repository": repository,
+                        "indexDigest": index_digest,
+                        "subjectDigest": "index",
+                    },
+                    "platforms": entries,
+                    "notRun": [e["platform"] for e in entries if not e["ran"]],
+                    "ignoredManifests": [{"digest": d, "why": why} for d, why in listing.ignored],
+                    "levels": reached if verdict_accepted(verdict) else [],
+                    # As of the oldest run it rests on: a freshness rule must not read old runs as new.
+                    "verifiedOn": min(
+                        (str(e["finishedOn"]) for e in entries if e.get("finishedOn")), default=finished_on
+                    ),
+                    "finishedOn": finished_on,
+                    "imagegate": {"version": version},
+                }
+            )
+        ),
+    )
 
 
 def _runs_by_platform(
@@ -234,17 +238,17 @@ def _runs_by_platform(
     return by_digest
 
 
-def _platform_entry(n: int, p: Listed, found: PlatformRun | None) -> dict[str, Any]:
+def _platform_entry(n: int, p: Listed, found: PlatformRun | None) -> JsonObject:
     """The index statement's entry for the index's nth platform: whether it ran, and its run's
     verdict, levels and the copy of its attestation."""
-    entry: dict[str, Any] = {"platform": p.platform, "manifestDigest": p.digest, "ran": found is not None}
+    entry: JsonObject = {"platform": p.platform, "manifestDigest": p.digest, "ran": found is not None}
     if found is not None:
         pred = found.predicate
         entry.update(
             verdict=str(pred.get("verdict")),
-            levels=levels(dict(found.statement)),
-            attempt=str((pred.get("attempt") or {}).get("id")),
-            finishedOn=pred.get("finishedOn"),
+            levels=list[JsonValue](levels(found.statement)),
+            attempt=str(j.path(pred, "attempt", "id")),
+            finishedOn=j.freeze(pred.get("finishedOn")),
             attestation={
                 "path": f"{PLATFORM_COPIES}/{n:02d}/attestation.dsse.json",
                 "sha256": hashlib.sha256(found.envelope).hexdigest(),
@@ -260,19 +264,19 @@ def verdict_accepted(verdict: str) -> bool:
         return False
 
 
-def index_levels(statement: Mapping[str, Any]) -> list[str]:
+def index_levels(statement: JsonMapping) -> list[str]:
     """The levels a signed index statement reaches, recomputed from its platforms: those every
     listed platform's run reached, none when one did not run or the verdict is not accepted."""
-    pred = statement.get("predicate") or {}
-    entries = [e for e in pred.get("platforms") or [] if isinstance(e, dict)]
+    pred = j.obj(statement.get("predicate"))
+    entries = j.objects(pred.get("platforms"))
     if not entries or not verdict_accepted(str(pred.get("verdict"))):
         return []
-    return common_levels([e.get("levels") if e.get("ran") else None for e in entries])
+    return common_levels([j.strings(e.get("levels")) if e.get("ran") else None for e in entries])
 
 
-def _by_outcome(pred: Mapping[str, Any]) -> dict[str, list[str]]:
+def _by_outcome(pred: JsonMapping) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"passed": [], "failed": [], "deferred": [], "notRun": []}
-    for e in pred.get("platforms") or []:
+    for e in j.objects(pred.get("platforms")):
         v = str(e.get("verdict"))
         key = (
             "notRun"
@@ -287,48 +291,47 @@ def _by_outcome(pred: Mapping[str, Any]) -> dict[str, list[str]]:
     return out
 
 
-def build_index_vsa(
-    statement: Mapping[str, Any], acceptance_uri: str, acceptance_bytes: bytes
-) -> dict[str, Any]:
+def build_index_vsa(statement: JsonMapping, acceptance_uri: str, acceptance_bytes: bytes) -> Statement[Vsa]:
     """The SLSA VSA of an index statement: its subject the index, `verifiedLevels` those every
     platform reached (["FAILED"] when none), `inputAttestations` the index statement and each
     platform's envelope, `timeVerified` as of the oldest platform run."""
-    pred = statement["predicate"]
+    pred = j.obj(statement.get("predicate"))
     reached = index_levels(statement)
-    inputs = [{"uri": acceptance_uri, "digest": {"sha256": hashlib.sha256(acceptance_bytes).hexdigest()}}]
-    for e in pred.get("platforms") or []:
-        att = e.get("attestation") or {}
+    inputs: list[JsonObject] = [
+        {"uri": acceptance_uri, "digest": {"sha256": hashlib.sha256(acceptance_bytes).hexdigest()}}
+    ]
+    for e in j.objects(pred.get("platforms")):
+        att = j.obj(e.get("attestation"))
         if e.get("ran") and att.get("sha256"):
             inputs.append({"uri": str(att.get("path")), "digest": {"sha256": str(att["sha256"])}})
-    image = pred.get("image") or {}
+    image = j.obj(pred.get("image"))
     return summary(
         statement,
-        time_verified=pred.get("verifiedOn"),
+        time_verified=j.freeze(pred.get("verifiedOn")),
         resource=f"docker://{image.get('repository')}@{image.get('indexDigest')}",
         inputs=inputs,
         reached=reached,
-        run={"verdict": pred.get("verdict"), "platforms": _by_outcome(pred)},
+        run={"verdict": j.freeze(pred.get("verdict")), "platforms": j.freeze_object(_by_outcome(pred))},
     )
 
 
-def build_index_test_result(statement: Mapping[str, Any]) -> dict[str, Any]:
+def build_index_test_result(statement: JsonMapping) -> Statement[TestResult]:
     """in-toto test-result of an index statement: each platform a test; PASSED when every one
     passed, FAILED when the verdict is not accepted, WARNED otherwise (deferred, or not run)."""
-    pred = statement["predicate"]
+    pred = j.obj(statement.get("predicate"))
     outcomes = _by_outcome(pred)
     verdict = str(pred.get("verdict"))
     result = "PASSED" if verdict == "PASS" else "WARNED" if verdict_accepted(verdict) else "FAILED"
     policy = pipeline_policy(pred)
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": statement["subject"],
-        "predicateType": TEST_RESULT_PREDICATE_TYPE,
-        "predicate": {
-            "result": result,
-            "configuration": [{"name": policy["uri"], "digest": policy["digest"]}],
-            "passedTests": outcomes["passed"],
-            "warnedTests": outcomes["deferred"] + outcomes["notRun"],
-            "failedTests": outcomes["failed"],
-            TIME_FIELD: said_on(statement),
-        },
-    }
+    return Statement(
+        subject=tuple(Subject.from_json(s) for s in j.items(statement.get("subject"))),
+        predicate_type=TEST_RESULT_PREDICATE_TYPE,
+        predicate=TestResult(
+            result=result,
+            configuration=({"name": policy["uri"], "digest": policy["digest"]},),
+            passed=tuple(outcomes["passed"]),
+            warned=tuple(outcomes["deferred"] + outcomes["notRun"]),
+            failed=tuple(outcomes["failed"]),
+            said_on=said_on(statement),
+        ),
+    )

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from imagegate._support.jsontypes import JsonMapping, JsonObject
 from imagegate.attest import bundle, dsse
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.statement import canonical_json
 from imagegate.attest.vsa import build_test_result, build_vsa
+from imagegate.domain.statements import Predicate, Statement, TestResult, Vsa
 from imagegate.errors import UsageError
 
 DSSE_FILE = "attestation.dsse.json"
@@ -43,7 +44,7 @@ class Signed:
     # The standard statements' envelopes (VSA, test-result): attached beside the acceptance.
     standard: tuple[dsse.Envelope, ...] = ()
     # The Sigstore bundles' verificationMaterial (the key's hint): the referrer carries it.
-    material: dict[str, Any] = field(default_factory=dict)
+    material: JsonObject = field(default_factory=dict)
     public: PublicKey | None = None  # the signing key's public half: what an attach verifies with
 
     @property
@@ -51,9 +52,9 @@ class Signed:
         return self.files[0]
 
 
-def serialize(statement: dict[str, Any]) -> bytes:
+def serialize(statement: Statement[Predicate] | JsonMapping) -> bytes:
     """The payload bytes. Serialised once; from here on they are opaque."""
-    return canonical_json(statement)
+    return canonical_json(statement.to_json() if isinstance(statement, Statement) else statement)
 
 
 def _create(path: Path, data: bytes) -> Path:
@@ -68,20 +69,24 @@ def _create(path: Path, data: bytes) -> Path:
     return path
 
 
-def _standard(statement: dict[str, Any], dsse_bytes: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The VSA and test-result made from `statement`: a run's, or an index's (attest/platforms.py)."""
+def _standard(said: JsonMapping, dsse_bytes: bytes) -> tuple[Statement[Vsa], Statement[TestResult]]:
+    """The VSA and test-result made from a statement as signed: a run's, or an index's
+    (attest/platforms.py)."""
     from imagegate.attest import platforms
 
-    if statement.get("predicateType") == platforms.INDEX_PREDICATE_TYPE:
+    if said.get("predicateType") == platforms.INDEX_PREDICATE_TYPE:
         return (
-            platforms.build_index_vsa(statement, DSSE_FILE, dsse_bytes),
-            platforms.build_index_test_result(statement),
+            platforms.build_index_vsa(said, DSSE_FILE, dsse_bytes),
+            platforms.build_index_test_result(said),
         )
-    return build_vsa(statement, DSSE_FILE, dsse_bytes), build_test_result(statement)
+    return build_vsa(said, DSSE_FILE, dsse_bytes), build_test_result(said)
 
 
-def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) -> Signed:
-    envelope = dsse.sign(serialize(statement), key)
+def sign_attempt(attempt_dir: Path, statement: Statement[Predicate] | JsonMapping, key: SigningKey) -> Signed:
+    """`statement`: a value, or JSON signed as it is (a statement read back: a test's, or one
+    written by another tool)."""
+    said = statement.to_json() if isinstance(statement, Statement) else statement
+    envelope = dsse.sign(serialize(said), key)
     dsse_bytes = envelope.to_json()
     files = [
         _create(attempt_dir / DSSE_FILE, dsse_bytes),
@@ -89,7 +94,7 @@ def sign_attempt(attempt_dir: Path, statement: dict[str, Any], key: SigningKey) 
         _create(attempt_dir / BUNDLE_FILE, bundle.to_json(envelope, key.public)),
     ]
     standard = []
-    vsa, test_result = _standard(statement, dsse_bytes)
+    vsa, test_result = _standard(said, dsse_bytes)
     for made, name, bundle_name in (
         (vsa, VSA_FILE, VSA_BUNDLE_FILE),
         (test_result, TEST_RESULT_FILE, TEST_RESULT_BUNDLE_FILE),

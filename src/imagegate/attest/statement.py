@@ -8,13 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonMapping
 from imagegate._support.names import PREDICATE_TYPE as PREDICATE_TYPE
 from imagegate.domain.evidence import sha256_file
-from imagegate.domain.results import EvidenceFile, RunRecord, Side, StageResult, Status
+from imagegate.domain.results import EvidenceFile, RunRecord, StageResult
+from imagegate.domain.statements import STATEMENT_TYPE as STATEMENT_TYPE
+from imagegate.domain.statements import Acceptance, ImageEntry, StageEntry, Statement, Subject
 from imagegate.errors import InternalError
 from imagegate.pipeline.probes import PROBES, FactRules
-
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 
 # Files of an attempt folder that are not evidence: the statement itself and what signs it.
 NOT_EVIDENCE = ("statement.json",)
@@ -31,7 +33,7 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
-def subject(record: RunRecord) -> tuple[list[dict[str, Any]], str]:
+def subject(record: RunRecord) -> tuple[tuple[Subject, ...], str]:
     """Subject: the repository name and the digest of the manifest whose config ran (for a
     reference that names an index, the platform's manifest: the index digest is only recorded in
     the predicate, since admission would read it as covering every platform); an image never
@@ -44,8 +46,8 @@ def subject(record: RunRecord) -> tuple[list[dict[str, Any]], str]:
     for kind, value in (("manifest", img.manifest_digest), ("config", img.config_digest)):
         if value:
             algo, _, hexd = value.partition(":")
-            return [{"name": name, "digest": {algo: hexd}}], kind
-    return [{"name": name, "digest": {"sha256": environment_digest(environment(record))}}], "environment"
+            return (Subject(name, {algo: hexd}),), kind
+    return (Subject(name, {"sha256": environment_digest(environment(record))}),), "environment"
 
 
 def _gpu_present(env: dict[str, Any]) -> bool | None:
@@ -61,7 +63,7 @@ def _gpu_granted(env: dict[str, Any]) -> bool:
     return isinstance(grant, dict) and grant.get("granted") is True
 
 
-def attempt_evidence(record: RunRecord) -> list[dict[str, Any]]:
+def attempt_evidence(record: RunRecord) -> list[EvidenceFile]:
     """Every file of the attempt folder that no stage lists (plan, pipeline, bundle, controller
     output, run facts), with its sha256: together with the stages' files, all of the evidence."""
     root = Path(record.attempt_dir)
@@ -73,7 +75,7 @@ def attempt_evidence(record: RunRecord) -> list[dict[str, Any]]:
         rel = p.relative_to(root).as_posix()
         if not p.is_file() or rel in listed or rel in NOT_EVIDENCE or rel.startswith(NOT_EVIDENCE_PREFIXES):
             continue
-        out.append({"path": rel, "sha256": sha256_file(p), "size": p.stat().st_size})
+        out.append(EvidenceFile(rel, sha256_file(p), p.stat().st_size))
     return out
 
 
@@ -171,116 +173,95 @@ def _record(stage_id: str, probe: str, key: str, known: tuple[str, ...], item: A
     return dict(item)
 
 
-def predicate(record: RunRecord, subject_kind: str) -> dict[str, Any]:
+def predicate(record: RunRecord, subject_kind: str) -> Acceptance:
     img = record.image
-    return {
-        "verdict": record.verdict,
-        "pipeline": dict(record.pipeline),
-        "plan": record.plan,
-        "image": {
-            "reference": img.reference,
-            "repository": img.repository,
-            "manifestDigest": img.manifest_digest,
-            "configDigest": img.config_digest,
-            "repoDigests": list(img.repo_digests),
-            "platform": img.platform,
-            "indexDigest": img.index_digest,
-            "subjectDigest": subject_kind,
-            **({"subjectNote": img.subject_note} if img.subject_note else {}),
-        },
-        "environment": environment(record),
-        "stages": [
-            {
-                "id": s.id,
-                "probe": s.probe,
-                "side": s.side,
-                "status": s.status.value,
-                "token": s.token,
-                "detail": s.detail,
-                "durationSeconds": round(s.duration_s, 3),
-                **({"startedSeconds": round(s.started_s, 3)} if s.started_s is not None else {}),
-                "evidence": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in s.evidence],
-                **({"facts": f} if (f := _facts(s)) else {}),
-                **({"fromAttempt": s.data["from_attempt"]} if s.data.get("from_attempt") else {}),
-                **({"gpuGranted": True} if s.on_gpu else {}),
-            }
-            for s in record.stages
-        ],
-        "evidence": attempt_evidence(record),
-        "bundleSha256": record.bundle_sha256,
-        "attempt": {"id": record.attempt_id},
-        "startedOn": record.started_at,
-        "finishedOn": record.finished_at,
-        "imagegate": {"version": record.imagegate_version},
-        **({"completes": record.completes} if record.completes else {}),
-    }
+    return Acceptance(
+        verdict=record.verdict,
+        pipeline=j.freeze_object(record.pipeline),
+        plan=j.freeze_object(record.plan),
+        image=ImageEntry(
+            reference=img.reference,
+            repository=img.repository,
+            manifest_digest=img.manifest_digest,
+            config_digest=img.config_digest,
+            repo_digests=tuple(img.repo_digests),
+            platform=img.platform,
+            index_digest=img.index_digest,
+            subject_digest=subject_kind,
+            subject_note=img.subject_note,
+        ),
+        environment=j.freeze_object(environment(record)),
+        stages=tuple(_entry(s) for s in record.stages),
+        evidence=tuple(attempt_evidence(record)),
+        bundle_sha256=record.bundle_sha256,
+        attempt_id=record.attempt_id,
+        started_on=record.started_at,
+        finished_on=record.finished_at,
+        imagegate_version=record.imagegate_version,
+        completes=j.freeze_object(record.completes) if record.completes else None,
+    )
 
 
-def _facts(s: StageResult) -> dict[str, Any]:
+def _entry(s: StageResult) -> StageEntry:
+    from_attempt = s.data.get("from_attempt")
+    return StageEntry(
+        id=s.id,
+        probe=s.probe,
+        side=s.side,
+        status=s.status,
+        token=s.token,
+        detail=s.detail,
+        duration_s=s.duration_s,
+        evidence=tuple(s.evidence),
+        started_s=s.started_s,
+        facts=j.freeze_object(_facts(s)),
+        from_attempt=str(from_attempt) if from_attempt else None,
+        gpu_granted=s.on_gpu,
+    )
+
+
+def _facts(s: StageResult) -> dict[str, object]:
     carried = s.data.get("carried_facts")
     return dict(carried) if isinstance(carried, dict) else stage_facts(s.id, s.probe, s.data)
 
 
-def build_statement(record: RunRecord) -> dict[str, Any]:
+def build_statement(record: RunRecord) -> Statement[Acceptance]:
     subj, kind = subject(record)
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": subj,
-        "predicateType": PREDICATE_TYPE,
-        "predicate": predicate(record, kind),
-    }
+    return Statement(subject=subj, predicate_type=PREDICATE_TYPE, predicate=predicate(record, kind))
 
 
-def evidence_files(statement: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every evidence file a statement lists (stages' and the attempt's), in order."""
-    pred = statement.get("predicate") or {}
-    files = [f for s in pred.get("stages") or [] for f in s.get("evidence") or []]
-    return files + list(pred.get("evidence") or [])
-
-
-def read_stage(raw: dict[str, Any]) -> StageResult:
+def read_stage(raw: object) -> StageResult:
     """A stage of a statement, as build_statement wrote it, read back (`report`, `complete`).
-    The statement is read as untrusted: a field of the wrong kind reads as absent, an unknown
-    status as ERROR, never a crash. `data` holds what the statement itself carries: the attempt
-    a completion's result came from and the stage's facts; the stage's own `data` lives in its
-    result.json, which the caller reads where it wants it."""
-    try:
-        status = Status(raw.get("status"))
-    except ValueError:
-        status = Status.ERROR
-    side: Side = "outside" if raw.get("side") == "outside" else "inside"
+    The statement is read as untrusted (StageEntry.from_json). `data` holds what the statement
+    itself carries: the attempt a completion's result came from and the stage's facts; the
+    stage's own `data` lives in its result.json, which the caller reads where it wants it."""
+    return stage_result(StageEntry.from_json(raw))
+
+
+def stage_result(e: StageEntry) -> StageResult:
+    """A statement's stage as a result (StageEntry's fields; its facts as carried facts)."""
     data: dict[str, Any] = {}
-    if raw.get("fromAttempt"):
-        data["from_attempt"] = str(raw["fromAttempt"])
-    if isinstance(raw.get("facts"), dict) and raw["facts"]:
-        data["carried_facts"] = raw["facts"]
-    listed = raw.get("evidence")
-    files: list[Any] = listed if isinstance(listed, list) else []
-    evidence = [
-        EvidenceFile(str(f.get("path")), str(f.get("sha256")), _int(f.get("size")))
-        for f in files
-        if isinstance(f, dict)
-    ]
+    if e.from_attempt:
+        data["from_attempt"] = e.from_attempt
+    if e.facts:
+        data["carried_facts"] = dict(e.facts)
     return StageResult(
-        id=str(raw.get("id", "?")),
-        probe=str(raw.get("probe", "?")),
-        side=side,
-        status=status,
-        detail=str(raw.get("detail", "")),
-        duration_s=_seconds(raw.get("durationSeconds")) or 0.0,
+        id=e.id,
+        probe=e.probe,
+        side=e.side,
+        status=e.status,
+        detail=e.detail,
+        duration_s=e.duration_s,
         data=data,
-        evidence=evidence,
-        started_s=_seconds(raw.get("startedSeconds")),
-        on_gpu=raw.get("gpuGranted") is True,
+        evidence=list(e.evidence),
+        started_s=e.started_s,
+        on_gpu=e.gpu_granted,
     )
 
 
-def _seconds(value: Any) -> float | None:
-    """A non-negative number of seconds, or None (absent, or not one)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if 0 <= value < 1e9 else None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def evidence_files(statement: JsonMapping) -> list[dict[str, object]]:
+    """Every evidence file a statement (as JSON, read back) lists, stages' and the attempt's, in
+    order."""
+    pred = j.obj(statement.get("predicate"))
+    files = [f for s in j.objects(pred.get("stages")) for f in j.objects(s.get("evidence"))]
+    return files + j.objects(pred.get("evidence"))

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from imagegate._support import jsontypes as j
 
 if TYPE_CHECKING:
     from imagegate.attest.attach import Attached
     from imagegate.attest.keys import SigningKey
     from imagegate.attest.referrers import Referred
     from imagegate.attest.verify import Report
+    from imagegate.domain.statements import Predicate, Statement
 
 _MARK = {"ok": "ok     ", "failed": "FAILED ", "skipped": "skipped"}
 
@@ -47,16 +50,16 @@ def render_attached(done: Attached, referred: Referred) -> None:
         print(f"  dropped {dropped}")
 
 
-def render_index(statement: dict[str, Any], folder: Path) -> None:
+def render_index(statement: Statement[Predicate], folder: Path) -> None:
     """An index statement: each platform listed with what its run said, then the verdict."""
-    pred = statement.get("predicate") or {}
-    image = pred.get("image") or {}
+    pred = statement.predicate.to_json()
+    image = j.obj(pred.get("image"))
     print(f"index {image.get('reference')} ({image.get('indexDigest')})")
-    for e in pred.get("platforms") or []:
+    for e in j.objects(pred.get("platforms")):
         said = f"{e.get('verdict')} (attempt {e.get('attempt')})" if e.get("ran") else "not run"
-        print(f"  {e.get('platform'):<16} {e.get('manifestDigest')}  {said}")
-    for ignored in pred.get("ignoredManifests") or []:
+        print(f"  {e.get('platform')!s:<16} {e.get('manifestDigest')}  {said}")
+    for ignored in j.objects(pred.get("ignoredManifests")):
         print(f"  ignored {ignored.get('digest')}: {ignored.get('why')}")
     print(f"verdict: {pred.get('verdict')}")
-    print(f"levels: {', '.join(pred.get('levels') or []) or 'none'}")
+    print(f"levels: {', '.join(j.strings(pred.get('levels'))) or 'none'}")
     print(f"evidence: {folder}")

@@ -9,10 +9,12 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.attest.statement import build_statement
 from imagegate.domain.results import RunRecord
+from imagegate.domain.statements import Predicate, Statement
 from imagegate.errors import UsageError
 from imagegate.report.provenance import Provenance
 
@@ -37,9 +39,10 @@ def render_json(record: RunRecord, base: Path | None = None, *, provenance: Prov
     return statement_text(build_statement(record))
 
 
-def statement_text(statement: dict[str, Any]) -> str:
+def statement_text(statement: Statement[Predicate] | JsonObject) -> str:
     """The statement as statement.json holds it (and `--format json` prints it), byte for byte."""
-    return json.dumps(statement, indent=2, sort_keys=True, default=str) + "\n"
+    doc = statement.to_json() if isinstance(statement, Statement) else statement
+    return json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n"
 
 
 # name -> "module:function", imported when a report of that format is written (start-up time)
@@ -88,7 +91,7 @@ def render(
     record: RunRecord,
     fmt: str,
     base: Path | None = None,
-    statement: dict[str, Any] | None = None,
+    statement: Statement[Predicate] | None = None,
     provenance: Provenance | None = None,
 ) -> str:
     """`statement`: the run's own, when known (the json report is that statement, not a rebuild).
@@ -177,7 +180,7 @@ def write_reports(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     env: Mapping[str, str] | None = None,
-    statement: dict[str, Any] | None = None,
+    statement: Statement[Predicate] | None = None,
     provenance: Provenance | None = None,
 ) -> bool:
     """Write each report; in GitHub Actions also the step summary and the annotations (on

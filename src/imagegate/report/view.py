@@ -196,7 +196,7 @@ def evidence_files(record: RunRecord) -> list[str]:
     from imagegate.attest.statement import attempt_evidence
 
     seen = [f.path for s in record.stages for f in s.evidence]
-    return seen + [str(f["path"]) for f in attempt_evidence(record) if f["path"] not in seen]
+    return seen + [f.path for f in attempt_evidence(record) if f.path not in seen]
 
 
 def link(record: RunRecord, rel: str, base: Path | None) -> str:

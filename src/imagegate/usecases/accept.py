@@ -9,11 +9,12 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from imagegate._support import deadline
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.results import ImageFacts, RunRecord, accepted, exit_code
+from imagegate.domain.statements import Acceptance, Statement
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, ImagegateError, UsageError
 from imagegate.usecases.runner import Notify, Observation, Prepared, conclude, new_attempt
 
@@ -72,7 +73,9 @@ class Outputs:
     # line that goes with an exit 1 even when quiet; `write_reports`: writes `reports` for a run
     # (its record, statement, attempt folder and signing key), True when one went to stdout.
     alert: Callable[[str], None] = _silent
-    write_reports: Callable[[RunRecord, dict[str, Any], Path, keys.SigningKey | None], bool] | None = None
+    write_reports: Callable[[RunRecord, Statement[Acceptance], Path, keys.SigningKey | None], bool] | None = (
+        None
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class Request:
 @dataclass(frozen=True)
 class Accepted:
     record: RunRecord
-    statement: dict[str, Any]  # the one written beside the evidence, signed and reported
+    statement: Statement[Acceptance]  # the one written beside the evidence, signed and reported
     signed: Signed | None
     used_stdout: bool  # a report went to stdout: nothing else may
     exit_code: int  # 0 accepted, 1 rejected, 2 could not decide
@@ -164,7 +167,7 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     return Accepted(record, statement, signed, used_stdout, code, rejected_by)
 
 
-def judged(verdict: str, statement: dict[str, Any], require_complete: bool) -> tuple[int, str | None]:
+def judged(verdict: str, statement: Statement[Acceptance], require_complete: bool) -> tuple[int, str | None]:
     """The exit code, and what rejects a verdict that is accepted by itself: --require-complete,
     or no level reached (model.accepted; the stages that did not run or pass named)."""
     from imagegate.attest.vsa import levels, no_level
@@ -172,13 +175,14 @@ def judged(verdict: str, statement: dict[str, Any], require_complete: bool) -> t
     code = exit_code(verdict, require_complete=require_complete)
     if code != exit_code(verdict):
         return code, "--require-complete"
-    if accepted(verdict, levels(statement)) != code:
-        return EXIT_REJECTED, no_level(statement)
+    said = statement.to_json()  # the levels are read from what is signed, as every reader does
+    if accepted(verdict, levels(said)) != code:
+        return EXIT_REJECTED, no_level(said)
     return code, None
 
 
 def _pinned(
-    reference: str | None, image: ImageFacts, statement: dict[str, Any], outputs: Outputs
+    reference: str | None, image: ImageFacts, statement: Statement[Acceptance], outputs: Outputs
 ) -> Reference:
     """Where --attach pushes, fixed before anything is signed: the digest `reference` names in
     its registry now, read once (the attach then pushes by that digest, so a tag moving later
@@ -191,7 +195,7 @@ def _pinned(
     with attach.client_for(ref, insecure=outputs.insecure) as client:
         now = attach.resolve(client, ref).digests[0]
     ran = image.manifest_digest if now == image.index_digest else now
-    if ran in attach.subject_digests(statement):
+    if ran in attach.subject_digests(statement.to_json()):
         return ref.with_digest(ran)
     raise _not_attachable(reference, now, image)
 

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from imagegate import __version__
+from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonMapping, JsonValue
 from imagegate.attest import attach, keys, referrers
 from imagegate.attest import platforms as plat
 from imagegate.attest import verify as verifying
 from imagegate.attest.sign import Signed, sign_attempt
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.results import ImageFacts, accepted, exit_code
+from imagegate.domain.statements import RawPredicate, Statement
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, UsageError
 from imagegate.oci.digest import short_digest, split_digest
 from imagegate.oci.manifest import parse_platform, platform_matches
@@ -36,7 +39,7 @@ Notify = Callable[[str], None]
 @dataclass(frozen=True)
 class IndexJudged:
     folder: Path
-    statement: dict[str, Any]
+    statement: Statement[RawPredicate]
     signed: Signed
     code: int
     attached: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
@@ -69,9 +72,9 @@ def read_index(reference: str, insecure: bool) -> tuple[str, str, plat.IndexList
     return f"{ref.registry}/{ref.repository}", top.digest, plat.list_platforms(top.raw, top.media_type, where)
 
 
-def _no_level(verdict: str, statement: dict[str, Any]) -> str:
+def _no_level(verdict: str, statement: JsonMapping) -> str:
     """The exit code's reason, said whatever the format, as run gives it."""
-    not_run = ", ".join(statement["predicate"]["notRun"])
+    not_run = ", ".join(j.strings(j.path(statement, "predicate", "notRun")))
     return f"rejected: {verdict} reaches no level (not run: {not_run})"
 
 
@@ -106,20 +109,23 @@ def judge_index(
     algo, hexd = split_digest(digest)
     attempt = Attempt(out, ImageFacts(reference, None), now=now, key=f"index-{algo}-{hexd}")
     by_digest = {r.manifest_digest: r for r in verified}
-    files = []
-    for entry in statement["predicate"]["platforms"]:
+    pred = statement.predicate.to_json()
+    files: list[JsonValue] = []
+    for entry in j.objects(pred["platforms"]):
         if entry["ran"]:
-            copied = attempt.write(entry["attestation"]["path"], by_digest[entry["manifestDigest"]].envelope)
+            run = by_digest[j.text(entry["manifestDigest"])]
+            copied = attempt.write(str(j.path(entry, "attestation", "path")), run.envelope)
             files.append({"path": copied.path, "sha256": copied.sha256, "size": copied.size})
-    statement["predicate"]["evidence"] = files
-    attempt.write_json("statement.json", statement)
+    statement = replace(statement, predicate=RawPredicate({**pred, "evidence": files}))
+    said = statement.to_json()
+    attempt.write_json("statement.json", said)
     signed = sign_attempt(attempt.dir, statement, key)
     notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
-    verdict = str(statement["predicate"]["verdict"])
+    verdict = str(pred["verdict"])
     # No level, no acceptance: a deferred index whose platforms reached none is rejected, as verify rejects it.
-    code = accepted(verdict, plat.index_levels(statement), require_complete=require_complete)
+    code = accepted(verdict, plat.index_levels(said), require_complete=require_complete)
     if code != exit_code(verdict, require_complete=require_complete):
-        alert(_no_level(verdict, statement))
+        alert(_no_level(verdict, said))
     pairs: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)

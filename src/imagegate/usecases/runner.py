@@ -19,6 +19,7 @@ from imagegate.domain import protocol
 from imagegate.domain.evidence import Attempt, sha256_file
 from imagegate.domain.plan import Plan, PlannedStage, build_plan, skip_reason
 from imagegate.domain.results import EvidenceFile, ImageFacts, RunRecord, StageResult, Status, verdict
+from imagegate.domain.statements import Acceptance, Statement
 from imagegate.drivers.interface import BundleRequest, BundleRun, Driver, Refusal
 from imagegate.stages import ImageSourceOpener, Outcome, OutsideContext, load_outside_probe
 
@@ -454,7 +455,7 @@ class DriverObserver:
 @dataclass(frozen=True)
 class Concluded:
     record: RunRecord
-    statement: dict[str, Any]  # as written to statement.json; what is signed and reported
+    statement: Statement[Acceptance]  # as written to statement.json; what is signed and reported
 
 
 def conclude(
@@ -506,7 +507,7 @@ def conclude(
         completes=obs.completes,
     )
     statement = build_statement(record)
-    attempt.write_json("statement.json", statement)
+    attempt.write_json("statement.json", statement.to_json())
     attempt.append_index(
         {
             "attempt": attempt.id,
