@@ -9,11 +9,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `--help` never loads the use case, the drivers or keys
+    from imagegate._support.jsontypes import JsonObject
     from imagegate.attest import keys
     from imagegate.domain.results import RunRecord
     from imagegate.drivers.interface import Driver
@@ -64,13 +65,11 @@ def alert(message: str) -> None:
 
 def _report_writer(
     specs: list[tuple[str, Path]],
-) -> Callable[[RunRecord, dict[str, Any], Path, keys.SigningKey | None], bool]:
+) -> Callable[[RunRecord, JsonObject, Path, keys.SigningKey | None], bool]:
     """Writes the --report files of a run: what vouches for it is the envelope just written,
     read back and checked with the signing key's public half, as `imagegate report --key` says."""
 
-    def write(
-        record: RunRecord, statement: dict[str, Any], folder: Path, key: keys.SigningKey | None
-    ) -> bool:
+    def write(record: RunRecord, statement: JsonObject, folder: Path, key: keys.SigningKey | None) -> bool:
         from imagegate.report import formats, load
 
         provenance = (
