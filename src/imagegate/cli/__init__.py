@@ -14,10 +14,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imagegate._support import interrupts
 from imagegate._support.interrupts import EXIT_SIGINT, EXIT_SIGTERM
+
+if TYPE_CHECKING:  # imported when `app` is asked for: `--version` never loads typer
+    import typer
 
 # command name -> module registering it, in the order `--help` lists them
 COMMAND_MODULES = {
@@ -52,7 +55,7 @@ def load_all() -> None:
     _load(list(COMMAND_MODULES.values()))
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typer.Typer:
     if name == "app":  # `from imagegate.cli import app`: the whole app, every command registered
         from imagegate.cli._app import app
 
@@ -80,7 +83,8 @@ def _typer_completes() -> bool:
 class _AsTyped:
     """A parameter's value left as typed: what `_values_as_typed` puts in place of typer's check."""
 
-    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+    # typer's RuntimeParam.coerce(value, param, ctx): any value, given back; param and ctx unread.
+    def coerce(self, value: object, param: object, ctx: object) -> object:
         return value
 
 

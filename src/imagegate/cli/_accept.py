@@ -10,10 +10,10 @@ import os
 import shlex
 import sys
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 import typer
 
@@ -27,6 +27,9 @@ from imagegate.errors import UsageError
 NOTHING_LEFT = "nothing was left running"  # accept.NOTHING_LEFT, without importing the use case
 
 if TYPE_CHECKING:  # imported where used: `--help` never loads the pipeline models
+    from _typeshed import DataclassInstance
+    from typing_extensions import Unpack  # typing's own from Python 3.11
+
     from imagegate.attest import keys
     from imagegate.usecases import accept
     from imagegate.usecases.runner import RunOptions
@@ -123,6 +126,19 @@ REPORT = Option(
 )
 
 
+class RunWords(TypedDict, total=False):
+    """The runner.RunOptions words a command adds to Accepting's, only those it gives."""
+
+    source: str | None
+    expect_config: str | None
+    gpus: str | None
+    skip: Sequence[str]
+    jobs: int
+    model: str | None
+    startup_budget: float | None
+    fail_fast: bool
+
+
 @dataclass(frozen=True)
 class Accepting:
     """The options every command that gives a verdict on an image takes (`complete`: some)."""
@@ -155,7 +171,7 @@ class Accepting:
     def silent(self) -> bool:
         return self.quiet or self.fmt is Format.json  # stdout then is the statement's alone
 
-    def run_options(self, **kw: Any) -> "RunOptions":
+    def run_options(self, **kw: "Unpack[RunWords]") -> "RunOptions":
         from imagegate.usecases.runner import RunOptions
 
         return RunOptions(self.pipeline, self.module, self.out, advisory_db=self.advisory_db, **kw)
@@ -192,10 +208,10 @@ def grouped(command: Callable[..., None]) -> Callable[..., None]:
     """Typer has no parameter groups: a parameter typed with an options dataclass becomes that
     class's fields (typer options), in place, and the command gets the class built from them."""
     kw_only = inspect.Parameter.KEYWORD_ONLY
-    groups: dict[str, Any] = {}
+    groups: dict[str, type[DataclassInstance]] = {}
     params: list[inspect.Parameter] = []
     for p in inspect.signature(command, eval_str=True).parameters.values():
-        if not dataclasses.is_dataclass(p.annotation):
+        if not (isinstance(p.annotation, type) and dataclasses.is_dataclass(p.annotation)):
             params.append(p.replace(kind=kw_only))
             continue
         groups[p.name] = p.annotation
@@ -204,7 +220,7 @@ def grouped(command: Callable[..., None]) -> Callable[..., None]:
             params.append(inspect.Parameter(f.name, kw_only, default=f.default, annotation=hints[f.name]))
 
     @functools.wraps(command)
-    def with_groups(**kw: Any) -> None:
+    def with_groups(**kw: object) -> None:
         for name, cls in groups.items():
             kw[name] = cls(**{f.name: kw.pop(f.name) for f in dataclasses.fields(cls)})
         command(**kw)

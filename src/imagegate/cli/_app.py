@@ -6,7 +6,7 @@ import contextlib
 import enum
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import typer
 from typer import Argument
@@ -19,15 +19,29 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-def Option(default: Any, *decls: str, **kw: Any) -> Any:
-    """typer.Option with a placeholder named after the option (`--memory MEMORY`, `--key PATH`
-    where a metavar is given), never the type's (`<str>`, `<list[str]>`): help reads as a command
-    line. Flags, counters and choices keep typer's own."""
-    if "metavar" not in kw and not isinstance(default, bool | enum.Enum) and not kw.get("count"):
-        long = max((d for d in decls if d.startswith("--")), key=len, default=None)
-        if long is not None:
-            kw["metavar"] = long.lstrip("-").upper().replace("-", "_")
-    return typer.Option(default, *decls, **kw)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _named_metavar(option: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`option` (typer.Option), its signature kept: a parameter's default is typer's option, so
+    each parameter is checked against typer's own types."""
+
+    def named(*args: _P.args, **kw: _P.kwargs) -> _R:
+        default, decls = args[0], args[1:]  # (default, *param_decls), as every caller passes them
+        if "metavar" not in kw and not isinstance(default, bool | enum.Enum) and not kw.get("count"):
+            long = max((d for d in decls if isinstance(d, str) and d.startswith("--")), key=len, default=None)
+            if long is not None:
+                kw["metavar"] = long.lstrip("-").upper().replace("-", "_")
+        return option(*args, **kw)
+
+    return named
+
+
+# typer.Option with a placeholder named after the option (`--memory MEMORY`, `--key PATH` where a
+# metavar is given), never the type's (`<str>`, `<list[str]>`): help reads as a command line.
+# Flags, counters and choices keep typer's own.
+Option = _named_metavar(typer.Option)
 
 
 app = typer.Typer(
@@ -146,7 +160,7 @@ def within(seconds: float) -> Iterator[deadline.Deadline]:
         yield d
 
 
-def show(fmt: Format, doc: Callable[[], Any], table: Callable[["Console"], None]) -> None:
+def show(fmt: Format, doc: Callable[[], object], table: Callable[["Console"], None]) -> None:
     """On stdout: `doc()` as JSON, or the table, as --format asks."""
     if fmt is Format.json:
         import json  # here: --help and completion never need it

@@ -3,7 +3,7 @@
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -15,6 +15,7 @@ from imagegate.domain.gpus import parse as gpus_parse
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `complete --help` loads none of the layers below
+    from imagegate._support.jsontypes import JsonMapping
     from imagegate.attest import keys
     from imagegate.domain.gpus import GpuRequest
     from imagegate.drivers.interface import Driver
@@ -162,10 +163,12 @@ def _trusted(
     return (signing.public,)
 
 
-def _attach_to(predicate: dict[str, Any]) -> str:
+def _attach_to(predicate: "JsonMapping") -> str:
     """The registry image a completion attaches to: the one the earlier attempt judged by its
     manifest digest. An image no registry held has nowhere to attach to: refused before the run."""
-    image = predicate.get("image") or {}
+    from imagegate._support.jsontypes import obj
+
+    image = obj(predicate.get("image"))
     if image.get("subjectDigest") != "manifest" or not image.get("reference"):
         raise UsageError(
             f"--attach: the earlier attempt judged {image.get('reference') or 'an image'} by its "

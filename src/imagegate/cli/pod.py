@@ -4,7 +4,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -106,7 +106,7 @@ class PodSpec:
         "activeDeadlineSeconds grows to cover it.",
     )
 
-    def plan_words(self) -> dict[str, Any]:
+    def plan_words(self) -> "render.ServeWords":
         """What the model volume and --startup-budget change in the plan."""
         from imagegate.kube import render
 

@@ -4,8 +4,9 @@ it (kube/kubectl.py); a client-library implementation, or a real-cluster test, p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.errors import EngineError
 
 
@@ -14,15 +15,16 @@ class ClusterError(EngineError):
 
 
 class Cluster(Protocol):
-    def create(self, objects: Sequence[dict[str, Any]]) -> None:
+    def create(self, objects: Sequence[JsonObject]) -> None:
         """Create the objects; an object that already exists is an error."""
         ...
 
-    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
-        """The object, or None when it does not exist."""
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, object] | None:
+        """The object (the server's answer: untrusted, narrowed where read), or None when it does
+        not exist."""
         ...
 
-    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    def pods(self, namespace: str, selector: str) -> list[dict[str, object]]:
         """Pods matching a label selector, Terminating ones included."""
         ...
 

@@ -11,8 +11,19 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from imagegate._support.jsontypes import (
+    JsonMapping,
+    JsonObject,
+    JsonValue,
+    freeze,
+    integer,
+    items,
+    obj,
+    objects,
+    path,
+    text,
+)
 from imagegate.domain import protocol
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.gpus import Grant
@@ -54,12 +65,15 @@ def parse_image_id(raw: str) -> ImageID:
     return ImageID(raw)
 
 
-def pod_from_json(data: Any) -> dict[str, Any]:
+def pod_from_json(data: object) -> dict[str, object]:
     """A Pod, or a List/PodList holding one (`kubectl get pods -l ... -o json`)."""
-    if isinstance(data, dict) and data.get("kind") == "Pod":
-        return data
-    if isinstance(data, dict) and isinstance(data.get("items"), list):
-        pods = [p for p in data["items"] if isinstance(p, dict) and p.get("kind", "Pod") == "Pod"]
+    doc = obj(data)
+    if doc.get("kind") == "Pod":
+        return doc
+    if isinstance(doc.get("items"), list):
+        # Every object of the list, an empty one too (it counts as a Pod, as it always did).
+        listed = [obj(p) for p in items(doc["items"]) if isinstance(p, dict)]
+        pods = [p for p in listed if p.get("kind", "Pod") == "Pod"]
         if len(pods) == 1:
             return pods[0]
         raise UsageError(
@@ -69,10 +83,10 @@ def pod_from_json(data: Any) -> dict[str, Any]:
     raise UsageError("the Pod JSON is not a Pod", hint="kubectl get pod NAME -o json > pod.json")
 
 
-def read_pod_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
+def read_pod_files(pod: Path, logs: Path) -> tuple[dict[str, object], bytes]:
     """A finished Pod saved as files: its JSON (`kubectl get pod -o json`) and its log."""
     try:
-        data = json.loads(pod.read_text())
+        data: object = json.loads(pod.read_text())
         log = logs.read_bytes()
     except OSError as e:
         raise UsageError(f"{e.filename}: {e.strerror}") from e
@@ -84,7 +98,7 @@ def read_pod_files(pod: Path, logs: Path) -> tuple[dict[str, Any], bytes]:
 MAX_SECRET_BYTES = 1 << 20  # the API server's own limit for a Secret
 
 
-def read_secret_file(path: Path) -> dict[str, Any]:
+def read_secret_file(path: Path) -> dict[str, object]:
     """The run's event key Secret saved as a file: `kubectl get secret NAME -o json`, or the YAML
     `pod render --secret-out` wrote (JSON is YAML: one reader for both)."""
     import yaml
@@ -94,26 +108,30 @@ def read_secret_file(path: Path) -> dict[str, Any]:
     hint = "kubectl get secret NAME -o json > secret.json (NAME: the Job's name)"
     raw = read_named(path, what="--secret", max_bytes=MAX_SECRET_BYTES)
     try:
-        data = yaml.safe_load(raw)
+        data: object = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise UsageError(f"{path}: not JSON or YAML ({e})", hint=hint) from e
-    if not isinstance(data, dict) or data.get("kind") != "Secret":
+    secret = obj(data)
+    if secret.get("kind") != "Secret":
         raise UsageError(f"{path}: not a Secret", hint=hint)
-    return data
+    return secret
 
 
-def container_status(pod: dict[str, Any], container: str = CONTAINER) -> dict[str, Any] | None:
-    statuses = pod.get("status", {}).get("containerStatuses") or []
+def _containers(pod: JsonMapping) -> list[dict[str, object]]:
+    """The Pod's `spec.containers`."""
+    return objects(path(pod, "spec", "containers"))
+
+
+def container_status(pod: JsonMapping, container: str = CONTAINER) -> dict[str, object] | None:
+    statuses = objects(path(pod, "status", "containerStatuses"))
     named = [s for s in statuses if s.get("name") == container]
     found = named or statuses[:1]
     return dict(found[0]) if found else None
 
 
-def image_facts(pod: dict[str, Any], container: str = CONTAINER) -> tuple[ImageFacts, ImageID | None]:
-    spec = next(
-        (c for c in pod.get("spec", {}).get("containers", []) if c.get("name") == container),
-        (pod.get("spec", {}).get("containers") or [{}])[0],
-    )
+def image_facts(pod: JsonMapping, container: str = CONTAINER) -> tuple[ImageFacts, ImageID | None]:
+    containers = _containers(pod)
+    spec = next((c for c in containers if c.get("name") == container), (containers or [{}])[0])
     reference = str(spec.get("image") or "unknown")
     status = container_status(pod, container)
     raw = str((status or {}).get("imageID") or "")
@@ -139,24 +157,24 @@ def _repository(reference: str) -> str | None:
         return None
 
 
-def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> BundleRun:
+def bundle_run(pod: JsonMapping, log: bytes, container: str = CONTAINER) -> BundleRun:
     """The Pod log is the controller's stdout and stderr interleaved; the events parser ignores
     lines that are not events, so the whole log goes in as stdout. What the image printed besides
     events, and how the container ended, go in as stderr: the reason of a cut run is there."""
     status = container_status(pod, container) or {}
-    state = status.get("state") or {}
-    term = state.get("terminated") or (status.get("lastState") or {}).get("terminated")
-    pod_status = pod.get("status", {})
+    state = obj(status.get("state"))
+    term = obj(state.get("terminated")) or obj(path(status, "lastState", "terminated"))
+    pod_status = obj(pod.get("status"))
     pod_reason = pod_status.get("reason")
-    exit_code = term.get("exitCode") if term else None
-    timed_out = pod_reason == "DeadlineExceeded" or (term or {}).get("reason") == "DeadlineExceeded"
+    exit_code = integer(term.get("exitCode")) if term else None
+    timed_out = pod_reason == "DeadlineExceeded" or term.get("reason") == "DeadlineExceeded"
     error = None
     if term:
         ending = f"container terminated: {term.get('reason', '?')} (exit {exit_code})"
         if term.get("message"):
             ending += f": {str(term['message']).strip()}"
     elif "waiting" in state:
-        waiting = state["waiting"] or {}
+        waiting = obj(state["waiting"])
         ending = f"the container never ran: {waiting.get('reason', 'waiting')}"
         if waiting.get("message"):
             ending += f": {waiting['message']}"
@@ -184,8 +202,8 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
         stdout_total=len(log),
         stderr_total=len(stderr),
         facts={
-            "pod": pod.get("metadata", {}).get("name"),
-            "node": pod.get("spec", {}).get("nodeName"),
+            "pod": path(pod, "metadata", "name"),
+            "node": path(pod, "spec", "nodeName"),
             "phase": pod_status.get("phase"),
             "container_state": state,
             "restart_count": status.get("restartCount"),
@@ -194,57 +212,58 @@ def bundle_run(pod: dict[str, Any], log: bytes, container: str = CONTAINER) -> B
     )
 
 
-def pod_grant(pod: dict[str, Any], container: str = CONTAINER) -> Grant | None:
+def pod_grant(pod: JsonMapping, container: str = CONTAINER) -> Grant | None:
     """The GPUs the cluster gave the container, as the Pod it ran says them (its limits of the
     device plugin's resource), read from the cluster: never the image's own report."""
-    for c in pod.get("spec", {}).get("containers") or []:
-        if isinstance(c, dict) and c.get("name") == container:
-            limits = (c.get("resources") or {}).get("limits") or {}
+    for c in _containers(pod):
+        if c.get("name") == container:
+            limits = obj(path(c, "resources", "limits"))
             count = str(limits.get(GPU_RESOURCE) or "0")
             return Grant("pod_limits", (f"{GPU_RESOURCE}={count}",)) if count != "0" else None
     return None
 
 
-def key_secret(pod: dict[str, Any], container: str = CONTAINER) -> tuple[str, str] | None:
+def key_secret(pod: JsonMapping, container: str = CONTAINER) -> tuple[str, str] | None:
     """The Secret (name, data key) the Pod's event key comes from (`secretKeyRef`), if it does."""
-    for c in pod.get("spec", {}).get("containers", []):
+    for c in _containers(pod):
         if c.get("name") != container:
             continue
-        for e in c.get("env") or []:
-            ref = (e.get("valueFrom") or {}).get("secretKeyRef") if isinstance(e, dict) else None
+        for e in objects(c.get("env")):
+            ref = path(e, "valueFrom", "secretKeyRef")
             if e.get("name") == EVENT_KEY_ENV and isinstance(ref, dict):
-                name, key = ref.get("name"), ref.get("key")
-                return (name, key) if isinstance(name, str) and isinstance(key, str) else None
+                name, key = text(path(ref, "name")), text(path(ref, "key"))
+                return (name, key) if name is not None and key is not None else None
     return None
 
 
 def event_key(
-    pod: dict[str, Any], secret: dict[str, Any] | None = None, container: str = CONTAINER
+    pod: JsonMapping, secret: JsonMapping | None = None, container: str = CONTAINER
 ) -> bytes | None:
     """The run's event key (the runner's side of the channel): from the Secret the Pod's env
     refers to, or from the env itself for a Pod rendered before keys moved into Secrets."""
     ref = key_secret(pod, container)
     if ref is not None:
-        if secret is None or secret.get("metadata", {}).get("name") != ref[0]:
+        if secret is None or path(secret, "metadata", "name") != ref[0]:
             return None
-        value = (secret.get("data") or {}).get(ref[1])
+        value = path(secret, "data", ref[1])
         try:
             return bytes.fromhex(base64.b64decode(str(value), validate=True).decode("ascii"))
         except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
             return None
-    for c in pod.get("spec", {}).get("containers", []):
+    for c in _containers(pod):
         if c.get("name") != container:
             continue
-        for e in c.get("env") or []:
-            if e.get("name") == EVENT_KEY_ENV and isinstance(e.get("value"), str):
+        for e in objects(c.get("env")):
+            value = text(e.get("value"))
+            if e.get("name") == EVENT_KEY_ENV and value is not None:
                 try:
-                    return bytes.fromhex(e["value"])
+                    return bytes.fromhex(value)
                 except ValueError:
                     return None
     return None
 
 
-def missing_key(pod: dict[str, Any], secret: dict[str, Any] | None) -> str:
+def missing_key(pod: JsonMapping, secret: JsonMapping | None) -> str:
     """Why `event_key` found no key, and what to do, in words."""
     ref = key_secret(pod)
     if ref is None:
@@ -255,32 +274,34 @@ def missing_key(pod: dict[str, Any], secret: dict[str, Any] | None) -> str:
             f"the Pod's event key is in secret/{name}, which collect was not given: collect with "
             f"--job while the Secret exists, or give --secret FILE (kubectl get secret {name} -o json)"
         )
-    given = secret.get("metadata", {}).get("name")
+    given = path(secret, "metadata", "name")
     if given != name:
         return f"the Secret given is secret/{given}, but the Pod's event key is in secret/{name}"
     return f"secret/{name} holds no hex event key under {ref[1]!r}"
 
 
-def _command(pod: dict[str, Any], container: str) -> str | None:
-    for c in pod.get("spec", {}).get("containers", []):
-        if c.get("name") == container and c.get("command"):
-            return str(c["command"][0])
+def _command(pod: JsonMapping, container: str) -> str | None:
+    for c in _containers(pod):
+        command = items(c.get("command"))
+        if c.get("name") == container and command:
+            return str(command[0])
     return None
 
 
-def environment(pod: dict[str, Any], iid: ImageID | None, container: str = CONTAINER) -> dict[str, Any]:
+def environment(pod: JsonMapping, iid: ImageID | None, container: str = CONTAINER) -> JsonObject:
     status = container_status(pod, container) or {}
     runtime = str(status.get("containerID") or "").partition("://")[0] or None
-    meta = pod.get("metadata", {})
-    owners = [o.get("name") for o in meta.get("ownerReferences", []) if o.get("kind") == "Job"]
+    meta = obj(pod.get("metadata"))
+    owners = [o.get("name") for o in objects(meta.get("ownerReferences")) if o.get("kind") == "Job"]
+    # The cluster's own words, copied into the statement as the JSON they are (freeze).
     return {
         "driver": "kube",
         "engine": runtime,  # containerd, cri-o, docker: from the containerID's scheme
-        "namespace": meta.get("namespace"),
-        "pod": meta.get("name"),
-        "job": owners[0] if owners else None,
-        "node": pod.get("spec", {}).get("nodeName"),
-        "image": status.get("image"),
+        "namespace": freeze(meta.get("namespace")),
+        "pod": freeze(meta.get("name")),
+        "job": freeze(owners[0]) if owners else None,
+        "node": freeze(path(pod, "spec", "nodeName")),
+        "image": freeze(status.get("image")),
         "image_id": iid.raw if iid else None,
         "key_isolation": {"method": "pod"},  # signed where `pod collect` runs, never in the cluster
     }
@@ -292,8 +313,8 @@ def image_id_stage(
     """Is what the cluster ran the image we meant? Compares the repo digest in imageID (or the
     local image ID, when that is all the runtime reports) with the expected digests."""
 
-    def result(status: Status, detail: str, **data: Any) -> StageResult:
-        base = {"image_id": iid.raw if iid else None, "expected": list(expected)}
+    def result(status: Status, detail: str, **data: JsonValue) -> StageResult:
+        base: JsonObject = {"image_id": iid.raw if iid else None, "expected": list(expected)}
         return StageResult(
             IMAGE_ID_STAGE, IMAGE_ID_STAGE, "outside", status, detail, 0.0, {**base, **data}, list(evidence)
         )
@@ -324,7 +345,7 @@ def image_id_stage(
     )
 
 
-def expected_digests(pod: dict[str, Any], given: Sequence[str], container: str = CONTAINER) -> list[str]:
+def expected_digests(pod: JsonMapping, given: Sequence[str], container: str = CONTAINER) -> list[str]:
     """--expect-digest, else the digest the Pod's image is pinned to."""
     for d in given:
         if not is_digest(d):
@@ -342,10 +363,10 @@ class PodObserver:
 
     def __init__(
         self,
-        pod: dict[str, Any],
+        pod: JsonMapping,
         log: bytes,
         *,
-        secret: dict[str, Any] | None = None,
+        secret: JsonMapping | None = None,
         expect_digests: Sequence[str] = (),
         job_failure: str | None = None,
         notify: Notify = lambda _m: None,
@@ -357,7 +378,7 @@ class PodObserver:
         self.reference: str | None = self.image.reference
 
     def subject(self, prep: Prepared) -> ImageFacts:
-        annotated = self.pod.get("metadata", {}).get("annotations", {}).get(BUNDLE_ANNOTATION)
+        annotated = text(path(self.pod, "metadata", "annotations", BUNDLE_ANNOTATION))
         if annotated and annotated != prep.bundle.sha256:
             raise UsageError(
                 f"the Pod ran bundle {annotated[:12]}…, but this pipeline and these modules give "
@@ -398,8 +419,8 @@ class PodObserver:
         )
 
 
-def _started(pod: dict[str, Any]) -> str:
-    started = pod.get("status", {}).get("startTime")
-    if isinstance(started, str):
+def _started(pod: JsonMapping) -> str:
+    started = text(path(pod, "status", "startTime"))
+    if started is not None:
         return started
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

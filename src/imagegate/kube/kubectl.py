@@ -7,8 +7,9 @@ import json
 import shutil
 import subprocess
 from collections.abc import Sequence
-from typing import Any
 
+from imagegate._support import jsontypes
+from imagegate._support.jsontypes import JsonObject
 from imagegate.kube.cluster import ClusterError
 
 CALL_TIMEOUT_S = 120.0
@@ -42,17 +43,17 @@ class KubectlCluster:
             raise ClusterError(f"kubectl {' '.join(args[:3])}: {err or f'exit {proc.returncode}'}")
         return proc.stdout
 
-    def create(self, objects: Sequence[dict[str, Any]]) -> None:
+    def create(self, objects: Sequence[JsonObject]) -> None:
         doc = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
         self._call(["create", "-f", "-"], stdin=json.dumps(doc).encode())
 
-    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, object] | None:
         out = self._call(["get", kind, name, "-n", namespace, "-o", "json", "--ignore-not-found"])
-        return dict(json.loads(out)) if out.strip() else None
+        return jsontypes.obj(json.loads(out)) if out.strip() else None
 
-    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    def pods(self, namespace: str, selector: str) -> list[dict[str, object]]:
         out = self._call(["get", "pods", "-n", namespace, "-l", selector, "-o", "json"])
-        return list(json.loads(out).get("items", []))
+        return jsontypes.objects(jsontypes.obj(json.loads(out)).get("items"))
 
     def delete(self, kind: str, name: str, namespace: str) -> None:
         self._call(

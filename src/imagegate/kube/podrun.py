@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from imagegate._support.jsontypes import JsonMapping, number, obj, objects, path, text
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.results import ImageFacts
 from imagegate.errors import UsageError
@@ -110,7 +110,7 @@ def run_job(
     waits: Waits = Waits(),
     notify: Notify = lambda _m: None,
     state: JobState | None = None,
-) -> tuple[dict[str, Any], bytes, str | None]:
+) -> tuple[dict[str, object], bytes, str | None]:
     """Wait out the previous run, create, wait for the Pod to finish (`limit_s`, default: the
     Job's deadline and a grace period), read its log, delete: the finished Pod, its log, and
     why the Job ended early if it did. `state`: updated as the objects are created and deleted."""
@@ -121,14 +121,14 @@ def run_job(
     state.created = True  # before the call: an interrupt inside it may have created some
     cluster.create(rendered.objects)
     try:
-        limit = limit_s or float(rendered.job["spec"]["activeDeadlineSeconds"]) + FINISH_GRACE_S
+        limit = limit_s or _active_deadline_s(rendered.job) + FINISH_GRACE_S
         pod, failure = wait_finished(cluster, name, ns, limit, waits, notify)
         if pod is None:
             raise ClusterError(
                 f"job/{name}: no Pod to collect ({failure or 'it never appeared'})",
                 hint=f"kubectl describe job {name} -n {ns}",
             )
-        pod_name = pod["metadata"]["name"]
+        pod_name = _name(pod)
         try:
             log = cluster.logs(pod_name, ns, CONTAINER)
         except ClusterError as e:  # e.g. never started: the status still tells why
@@ -149,7 +149,7 @@ def pod_and_log(
     wait_s: float | None = None,
     waits: Waits = Waits(),
     notify: Notify = lambda _m: None,
-) -> tuple[dict[str, Any], bytes, dict[str, Any] | None]:
+) -> tuple[dict[str, object], bytes, dict[str, object] | None]:
     """The newest Pod of a Job run earlier (by our label, or the Job controller's), its log and
     the Secret holding its event key (None when gone or not readable: collect then says so);
     `wait_s`: first wait up to that long for it to finish."""
@@ -161,7 +161,7 @@ def pod_and_log(
         raise UsageError(
             f"job/{job} in {ns}: no Pod found", hint="is it still there? (ttlSecondsAfterFinished)"
         )
-    log = cluster.logs(pod["metadata"]["name"], ns, CONTAINER)
+    log = cluster.logs(_name(pod), ns, CONTAINER)
     ref, secret = key_secret(pod), None
     if ref is not None:
         try:
@@ -180,7 +180,7 @@ def finished_pod(
     wait_s: float | None = None,
     notify: Notify = lambda _m: None,
     secret: Path | None = None,
-) -> tuple[dict[str, Any], bytes, dict[str, Any] | None]:
+) -> tuple[dict[str, object], bytes, dict[str, object] | None]:
     """The Pod `pod collect` is given, its log and its event key Secret: saved as files (its log,
     JSON and Secret JSON), or read from the cluster by Job name (`wait_s`: first wait up to that
     long for it to finish)."""
@@ -204,6 +204,19 @@ def _selector(name: str) -> str:
     return f"{RUN_LABEL}={name}"
 
 
+def _name(resource: JsonMapping) -> str:
+    """An API object's `metadata.name` (the server always gives one; "?" stands in otherwise)."""
+    return text(path(resource, "metadata", "name")) or "?"
+
+
+def _active_deadline_s(job: JsonMapping) -> float:
+    """The rendered Job's activeDeadlineSeconds (render always sets it)."""
+    seconds = number(path(job, "spec", "activeDeadlineSeconds"))
+    if seconds is None:
+        raise KeyError("activeDeadlineSeconds")
+    return seconds
+
+
 def wait_gone(cluster: Cluster, name: str, ns: str, waits: Waits, notify: Notify) -> None:
     """Delete what a previous run with this name left, then wait until its Pods are gone."""
     for kind in KINDS:
@@ -218,8 +231,8 @@ def wait_gone(cluster: Cluster, name: str, ns: str, waits: Waits, notify: Notify
         if not pods and not left:
             return
         for pod in pods:
-            pname = pod["metadata"]["name"]
-            if not pod["metadata"].get("deletionTimestamp") and not left:
+            pname = _name(pod)
+            if not path(pod, "metadata", "deletionTimestamp") and not left:
                 cluster.delete("pod", pname, ns)  # an orphan of an earlier Job: nothing owns it now
             if pname not in told:
                 told.add(pname)
@@ -227,9 +240,7 @@ def wait_gone(cluster: Cluster, name: str, ns: str, waits: Waits, notify: Notify
                     f"waiting until the previous pod/{pname} is gone (a Terminating Pod cannot be replaced)"
                 )
         if waits.clock() >= end:
-            what = ", ".join(
-                [*(f"pod/{p['metadata']['name']}" for p in pods), *(f"{k}/{name}" for k in left)]
-            )
+            what = ", ".join([*(f"pod/{_name(p)}" for p in pods), *(f"{k}/{name}" for k in left)])
             raise ClusterError(
                 f"the previous run is still there after {waits.gone_timeout_s:g}s: {what}",
                 hint=f"kubectl get pods -n {ns} -l {_selector(name)}; re-run once it is gone",
@@ -237,26 +248,26 @@ def wait_gone(cluster: Cluster, name: str, ns: str, waits: Waits, notify: Notify
         waits.sleep(waits.poll_s)
 
 
-def _job_failure(job: dict[str, Any] | None) -> str | None:
-    for cond in (job or {}).get("status", {}).get("conditions") or []:
+def _job_failure(job: JsonMapping | None) -> str | None:
+    for cond in objects(path(job, "status", "conditions")):
         if cond.get("type") in ("Failed", "FailureTarget") and cond.get("status") == "True":
             return f"the Job failed: {cond.get('reason', '?')}: {cond.get('message', '')}".rstrip(": ")
     return None
 
 
-def _newest(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")), default=None)
+def _newest(pods: list[dict[str, object]]) -> dict[str, object] | None:
+    return max(pods, key=lambda p: str(obj(p.get("metadata")).get("creationTimestamp", "")), default=None)
 
 
 def wait_finished(
     cluster: Cluster, name: str, ns: str, limit_s: float, waits: Waits, notify: Notify
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[dict[str, object] | None, str | None]:
     """The finished Pod (Succeeded or Failed), and why the Job ended early if it did."""
     end = waits.clock() + limit_s
     told: set[str] = set()
     while True:
         pod = _newest(cluster.pods(ns, _selector(name)))
-        if pod is not None and pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+        if pod is not None and path(pod, "status", "phase") in ("Succeeded", "Failed"):
             return pod, None
         failure = _job_failure(cluster.get("job", name, ns))
         if failure:
@@ -272,16 +283,16 @@ def wait_finished(
         waits.sleep(waits.poll_s)
 
 
-def _pending_reasons(pod: dict[str, Any] | None) -> list[str]:
+def _pending_reasons(pod: JsonMapping | None) -> list[str]:
     """What a not-yet-running Pod waits for, in words: unschedulable, pulling, backing off."""
     if pod is None:
         return []
     out = []
-    for cond in pod.get("status", {}).get("conditions") or []:
+    for cond in objects(path(pod, "status", "conditions")):
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             out.append(f"{cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}")
-    for cs in pod.get("status", {}).get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting")
+    for cs in objects(path(pod, "status", "containerStatuses")):
+        waiting = obj(path(cs, "state", "waiting"))
         if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
             out.append(f"{waiting['reason']}: {waiting.get('message', '')}")
     return out

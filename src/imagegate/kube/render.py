@@ -11,10 +11,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import yaml
 
+from imagegate._support.jsontypes import JsonObject, JsonValue
 from imagegate.domain import protocol
 from imagegate.domain import servemodel as modelpath
 from imagegate.errors import UsageError
@@ -22,6 +23,9 @@ from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import check_image
 from imagegate.pipeline.spec import parse_duration
 from imagegate.usecases.runner import Prepared
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 MOUNT_DIR = "/imagegate/bundle"
 BUNDLE_KEY = "imagegate.pyz"
@@ -75,13 +79,13 @@ class ModelVolume:
     sub_path: str | None = None
     host_path: str | None = None
 
-    def volume(self) -> dict[str, Any]:
+    def volume(self) -> JsonObject:
         if self.claim:
             return {"name": "model", "persistentVolumeClaim": {"claimName": self.claim, "readOnly": True}}
         return {"name": "model", "hostPath": {"path": self.host_path, "type": "Directory"}}
 
-    def mount(self) -> dict[str, Any]:
-        m: dict[str, Any] = {"name": "model", "mountPath": modelpath.IN_SANDBOX, "readOnly": True}
+    def mount(self) -> JsonObject:
+        m: JsonObject = {"name": "model", "mountPath": modelpath.IN_SANDBOX, "readOnly": True}
         return {**m, "subPath": self.sub_path} if self.sub_path else m
 
 
@@ -111,16 +115,16 @@ class Rendered:
     name: str
     namespace: str
     image: str  # as it goes into the Pod: pinned by digest when known
-    configmap: dict[str, Any]
-    job: dict[str, Any]
-    secret: dict[str, Any]  # this run's event key: the only object that differs between renders
+    configmap: JsonObject
+    job: JsonObject
+    secret: JsonObject  # this run's event key: the only object that differs between renders
     notes: tuple[str, ...] = ()  # things the user should know, e.g. an unpinned image
 
     @property
-    def objects(self) -> list[dict[str, Any]]:
+    def objects(self) -> list[JsonObject]:
         return [self.secret, self.configmap, self.job]  # the Secret first: the Pod needs it to start
 
-    def yaml(self, objects: list[dict[str, Any]] | None = None) -> str:
+    def yaml(self, objects: list[JsonObject] | None = None) -> str:
         return yaml.safe_dump_all(objects or self.objects, sort_keys=False, default_flow_style=False)
 
     def configmap_bytes(self) -> int:
@@ -187,12 +191,19 @@ def parse_deadline(text: str) -> float:
         raise UsageError(f"--deadline {text!r}: {e}") from e
 
 
+class ServeWords(TypedDict, total=False):
+    """runner.RunOptions' words for the serve stages, only those given."""
+
+    model: str
+    startup_budget: float
+
+
 def serve_options(
     model_pvc: str | None, model_host_path: str | None, startup_budget: str | None
-) -> dict[str, Any]:
+) -> ServeWords:
     """What the model volume and --startup-budget change in the plan (runner.RunOptions words):
     the serve stages' model path, their time to readiness (and so the Job's deadline)."""
-    out: dict[str, Any] = {}
+    out: ServeWords = {}
     if parse_model_volume(model_pvc, model_host_path):
         out["model"] = modelpath.IN_SANDBOX
     if startup_budget:
@@ -201,6 +212,38 @@ def serve_options(
         except ValueError as e:
             raise UsageError(f"--startup-budget {startup_budget!r}: {e}") from e
     return out
+
+
+class PodFields(TypedDict, total=False):
+    """The PodOptions fields `options_from_args` takes as they are (the rest it parses)."""
+
+    namespace: str
+    name: str | None
+    priority_class: str | None
+    service_account: str | None
+    ttl_s: int
+    digest: str | None
+    python: str | None
+    run_as_user: int | None
+    cpu_request: str
+    cpu_limit: str
+    memory_request: str
+    memory_limit: str
+    tmp_size: str
+    gpus: int
+    runtime_class: str | None
+
+
+class PodWords(PodFields, total=False):
+    """The command line's words for the Pod, as `options_from_args` takes them."""
+
+    node_selector: Sequence[str]
+    toleration: Sequence[str]
+    deadline: str | None
+    image_pull_secret: Sequence[str]
+    model_pvc: str | None
+    model_host_path: str | None
+    startup_budget: str | None
 
 
 def options_from_args(
@@ -212,7 +255,7 @@ def options_from_args(
     model_pvc: str | None = None,
     model_host_path: str | None = None,
     startup_budget: str | None = None,  # applied to the plan (model_options), not to the Pod
-    **kw: Any,
+    **kw: Unpack[PodFields],
 ) -> PodOptions:
     """PodOptions from the command line's words (`--node-selector k=v`, `--toleration
     key[=value]:effect`, `--deadline 30m`); the other fields are taken as they are."""
@@ -226,7 +269,7 @@ def options_from_args(
     )
 
 
-def render_checked(prep: Prepared, image: str, kube_version: str, **words: Any) -> Rendered:
+def render_checked(prep: Prepared, image: str, kube_version: str, **words: Unpack[PodWords]) -> Rendered:
     """`render` with PodOptions from the command line's words (options_from_args), the objects
     checked against that Kubernetes version's schemas."""
     from imagegate.kube import validate
@@ -292,7 +335,7 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
     configmap, secret = _bundle_and_key(prep, name, opts.namespace)
     labels = {**MANAGED_BY, RUN_LABEL: name}
     python = opts.python or prep.loaded.pipeline.python or "python3"
-    job = {
+    job: JsonObject = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": opts.namespace, "labels": dict(labels)},
@@ -315,10 +358,10 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
     return Rendered(name, opts.namespace, ref, configmap, job, secret, tuple(notes))
 
 
-def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[JsonObject, JsonObject]:
     """The ConfigMap holding the probes' bundle and the Secret holding the run's protocol key."""
     labels = {**MANAGED_BY, RUN_LABEL: name}
-    configmap = {
+    configmap: JsonObject = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
@@ -327,7 +370,7 @@ def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[dict[str
         "immutable": True,
         "binaryData": {BUNDLE_KEY: base64.b64encode(prep.bundle.data).decode("ascii")},
     }
-    secret = {
+    secret: JsonObject = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
@@ -338,12 +381,12 @@ def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[dict[str
     return configmap, secret
 
 
-def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str, Any]:
-    pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> JsonObject:
+    pod_security: JsonObject = {"seccompProfile": {"type": "RuntimeDefault"}}
     if opts.run_as_user is not None:
         pod_security["runAsUser"] = opts.run_as_user
         pod_security["runAsNonRoot"] = opts.run_as_user != 0
-    spec: dict[str, Any] = {
+    spec: JsonObject = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # the probes never talk to the API server
         "enableServiceLinks": False,
@@ -370,7 +413,15 @@ def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> dict[str,
     return spec
 
 
-def _container(image: str, python: str, name: str, opts: PodOptions) -> dict[str, Any]:
+def _container(image: str, python: str, name: str, opts: PodOptions) -> JsonObject:
+    hidden_gpus: list[JsonValue] = (
+        []  # the device plugin says which GPUs; hiding them would undo the request
+        if opts.gpus
+        else [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+            {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+        ]
+    )
     return {
         "name": CONTAINER,
         "image": image,
@@ -383,14 +434,7 @@ def _container(image: str, python: str, name: str, opts: PodOptions) -> dict[str
             # controller takes it out of its environment before any stage starts, and no stage
             # can read the controller's (non-dumpable) environ.
             {"name": EVENT_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": SECRET_KEY}}},
-            *(
-                []  # the device plugin says which GPUs; hiding them would undo the request
-                if opts.gpus
-                else [
-                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
-                    {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
-                ]
-            ),
+            *hidden_gpus,
             {"name": "TMPDIR", "value": "/tmp"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},  # events reach the log as they happen
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},

@@ -8,8 +8,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 from types import ModuleType
-from typing import Any
 
+from imagegate._support import jsontypes
+from imagegate._support.jsontypes import JsonObject
 from imagegate.errors import UsageError
 
 DEFAULT_VERSION = "1.30"
@@ -31,12 +32,12 @@ def supported_versions() -> list[str]:
     return [str(v) for v in _kv().all_versions()]
 
 
-def validate(objects: Iterable[dict[str, Any]], version: str = DEFAULT_VERSION) -> list[str]:
+def validate(objects: Iterable[JsonObject], version: str = DEFAULT_VERSION) -> list[str]:
     """Problems, one line each ("job/NAME: spec.template...: message"); empty when valid."""
     kv_utils = _kv()
     problems: list[str] = []
     for obj in objects:
-        where = f"{str(obj.get('kind', '?')).lower()}/{obj.get('metadata', {}).get('name', '?')}"
+        where = f"{str(obj.get('kind', '?')).lower()}/{jsontypes.obj(obj.get('metadata')).get('name', '?')}"
         try:
             kv_utils.validate(obj, version, strict=True)
         except kv_utils.ValidationError as e:
@@ -52,7 +53,7 @@ def validate(objects: Iterable[dict[str, Any]], version: str = DEFAULT_VERSION) 
     return problems
 
 
-def check(objects: Iterable[dict[str, Any]], version: str = DEFAULT_VERSION) -> None:
+def check(objects: Iterable[JsonObject], version: str = DEFAULT_VERSION) -> None:
     """`validate`, as an input error: the options given are what made the objects invalid."""
     problems = validate(objects, version)
     if problems:
