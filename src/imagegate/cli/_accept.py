@@ -204,7 +204,8 @@ def signing_key(given: list[str]) -> str | None:
     return given[0] if given else None
 
 
-def grouped(command: Callable[..., None]) -> Callable[..., None]:
+# A command of any signature, rewritten for typer: no narrower type says that.
+def grouped(command: Callable[..., None]) -> Callable[..., None]:  # type: ignore[explicit-any]
     """Typer has no parameter groups: a parameter typed with an options dataclass becomes that
     class's fields (typer options), in place, and the command gets the class built from them."""
     kw_only = inspect.Parameter.KEYWORD_ONLY
