@@ -80,14 +80,14 @@ class Completing:
         from imagegate.drivers.select import DriverName, DriverOptions
 
         rootfs = name is DriverName.rootfs
-        was = earlier.predicate.get("image") or {}
+        was = earlier.acceptance.image
         opts = DriverOptions(
             self.memory,
             self.pull or ("missing" if rootfs else "never"),
             notify,
             gpu,
             self.python,
-            expect_config=str(was["configDigest"]) if rootfs and was.get("configDigest") else None,
+            expect_config=was.config_digest if rootfs else None,
             sign_unisolated=self.sign_unisolated,
             model=mounted,  # --here: bound in where it is, when it lives under /tmp
         )

@@ -14,7 +14,6 @@ import re
 import secrets
 import stat
 from pathlib import Path
-from typing import Any
 
 from imagegate.domain.results import EvidenceFile, ImageFacts
 from imagegate.errors import EngineError, UsageError
@@ -81,7 +80,7 @@ class Attempt:
             f.write(data)
         return EvidenceFile(rel, hashlib.sha256(data).hexdigest(), len(data))
 
-    def write_json(self, rel: str, obj: Any) -> EvidenceFile:
+    def write_json(self, rel: str, obj: object) -> EvidenceFile:
         return self.write(rel, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
     def _open_index(self) -> _Index:
@@ -97,7 +96,7 @@ class Attempt:
             raise UsageError(f"run index {path}: not a regular file; refusing to write to it", hint=_HINT)
         return _Index(fd)
 
-    def append_index(self, entry: dict[str, Any]) -> None:
+    def append_index(self, entry: dict[str, object]) -> None:
         line = (json.dumps(entry, sort_keys=True) + "\n").encode()
         with self._open_index() as index:
             os.write(index.fd, line)  # one write with O_APPEND: concurrent runs never interleave a line

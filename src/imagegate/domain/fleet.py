@@ -18,7 +18,9 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from imagegate._support import jsontypes as jt  # `j` names a judged node here
 
 if TYPE_CHECKING:
     from imagegate.domain.results import RunRecord, StageResult
@@ -44,11 +46,11 @@ def node_check(record: RunRecord) -> StageResult | None:
     return next((s for s in record.stages if s.probe == "gpu_preflight"), None)
 
 
-def figures_of(data: Mapping[str, Any]) -> dict[str, float]:
+def figures_of(data: Mapping[str, object]) -> dict[str, float]:
     """A node's figures from its node check's data: per figure the weakest GPU's (or rank's)."""
     per: dict[str, list[float]] = {}
 
-    def add(name: str, value: Any) -> None:
+    def add(name: str, value: object) -> None:
         # JSON may carry Infinity or NaN: a figure is a finite positive number, else none
         if (
             isinstance(value, (int, float))
@@ -58,20 +60,20 @@ def figures_of(data: Mapping[str, Any]) -> dict[str, float]:
         ):
             per.setdefault(name, []).append(float(value))
 
-    for g in (data.get("matmul") or {}).get("gpus") or []:
+    for g in jt.objects(jt.path(data, "matmul", "gpus")):
         add("bf16_tflops", g.get("tflops"))
-        add("bf16_sustained_tflops", (g.get("sustained") or {}).get("last_second_tflops"))
-    for g in (data.get("bandwidth") or {}).get("gpus") or []:
+        add("bf16_sustained_tflops", jt.path(g, "sustained", "last_second_tflops"))
+    for g in jt.objects(jt.path(data, "bandwidth", "gpus")):
         for name in ("hbm_copy_gbps", "h2d_gbps", "d2h_gbps"):
             add(name, g.get(name))
-    for r in (data.get("allreduce") or {}).get("ranks") or []:
+    for r in jt.objects(jt.path(data, "allreduce", "ranks")):
         add("allreduce_busbw_gbps", r.get("busbw_gbps"))
     return {name: min(values) for name, values in per.items()}
 
 
-def gpu_model(data: Mapping[str, Any]) -> str:
+def gpu_model(data: Mapping[str, object]) -> str:
     """The node's GPU model, from torch's device names (one model a node; mixed ones joined)."""
-    names = sorted({str(d.get("name")) for d in (data.get("facts") or {}).get("devices") or []})
+    names = sorted({str(d.get("name")) for d in jt.objects(jt.path(data, "facts", "devices"))})
     return "/".join(names) or "unknown"
 
 
@@ -189,7 +191,7 @@ def unverified(fleet: Fleet) -> list[str]:
     return [j.node.name for j in fleet.nodes if j.node.evidence not in ("verified", "this run")]
 
 
-def as_json(fleet: Fleet) -> dict[str, Any]:
+def as_json(fleet: Fleet) -> dict[str, object]:
     """The report as data: each node's verdict, figures and deviations, the medians, the commands."""
     return {
         "nodes": [
@@ -254,26 +256,27 @@ class Target:
 
 
 def targets(
-    nodes: Mapping[str, Any], pods: Mapping[str, Any] | None = None
+    nodes: Mapping[str, object], pods: Mapping[str, object] | None = None
 ) -> tuple[list[Target], list[str]]:
     """The GPU nodes of `kubectl get nodes -o json` to check, each with all its GPUs, and the ones
     skipped, each with why: MIG-partitioned (whole GPUs only here), no allocatable GPU, or GPU
     work running on it (from `kubectl get pods -A -o json`: cordon it first)."""
     busy: dict[str, list[str]] = {}
-    for pod in (pods or {}).get("items") or []:
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    for pod in jt.objects((pods or {}).get("items")):
+        spec, status = jt.obj(pod.get("spec")), jt.obj(pod.get("status"))
         wants = any(
-            GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})
-            for c in spec.get("containers") or []
+            GPU_RESOURCE in jt.obj(jt.path(c, "resources", "limits"))
+            for c in jt.objects(spec.get("containers"))
         )
         if wants and spec.get("nodeName") and status.get("phase") in ("Pending", "Running"):
-            meta = pod.get("metadata") or {}
-            busy.setdefault(spec["nodeName"], []).append(f"{meta.get('namespace')}/{meta.get('name')}")
-    found, skipped = [], []
-    for item in nodes.get("items") or []:
-        name = str((item.get("metadata") or {}).get("name"))
-        labels = (item.get("metadata") or {}).get("labels") or {}
-        allocatable = (item.get("status") or {}).get("allocatable") or {}
+            meta = jt.obj(pod.get("metadata"))
+            busy.setdefault(str(spec["nodeName"]), []).append(f"{meta.get('namespace')}/{meta.get('name')}")
+    found: list[Target] = []
+    skipped: list[str] = []
+    for item in jt.objects(nodes.get("items")):
+        name = str(jt.path(item, "metadata", "name"))
+        labels = jt.obj(jt.path(item, "metadata", "labels"))
+        allocatable = jt.obj(jt.path(item, "status", "allocatable"))
         product = labels.get(GPU_PRODUCT)
         slices = sorted(k for k in allocatable if k.startswith("nvidia.com/mig-"))
         gpus = int(str(allocatable.get(GPU_RESOURCE, "0")) or 0)

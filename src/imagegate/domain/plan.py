@@ -9,8 +9,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from imagegate._support import jsontypes as j
 from imagegate.domain.results import USER_SKIP
 from imagegate.errors import UsageError
 from imagegate.pipeline import LoadedPipeline
@@ -50,8 +50,8 @@ class PlannedStage:
     def of(cls, s: Stage) -> PlannedStage:
         return cls(s.id, s.probe, s.side, s.with_, s.timeout, tuple(s.needs), tuple(s.requires))
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "id": self.id,
             "probe": self.probe,
             "side": self.side,
@@ -65,7 +65,7 @@ class PlannedStage:
         return out
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> PlannedStage:
+    def from_json(cls, d: Mapping[str, object]) -> PlannedStage:
         """A stage of a recorded plan (an earlier attempt's statement), validated again."""
         probe = PROBES[str(d["probe"])]
         return cls(
@@ -73,11 +73,17 @@ class PlannedStage:
             probe.name,
             probe.side,
             probe.params.model_validate(d.get("params") or {}),
-            float(d["timeout"]),
-            tuple(d.get("needs") or ()),
-            tuple(d.get("requires") or ()),
-            d.get("skipped") or None,
+            _seconds(d["timeout"]),
+            tuple(str(n) for n in j.items(d.get("needs"))),
+            tuple(str(r) for r in j.items(d.get("requires"))),
+            j.text(d.get("skipped")) or None,
         )
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"timeout {value!r}: not a number of seconds")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,7 @@ class PipelineRef:
     sha256: str
     source: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -98,7 +104,7 @@ class Plan:
     stop_on_fail: bool
     stages: tuple[PlannedStage, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "apiVersion": API_VERSION,
             "pipeline": self.pipeline.to_json(),
@@ -108,13 +114,14 @@ class Plan:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Plan:
-        p = d.get("pipeline") or {}
+    def from_json(cls, d: Mapping[str, object]) -> Plan:
+        p = j.obj(d.get("pipeline"))
         ref = PipelineRef(
             str(p.get("name")), str(p.get("version")), str(p.get("sha256")), str(p.get("source"))
         )
-        stages = tuple(PlannedStage.from_json(s) for s in d.get("stages") or [])
-        return cls(ref, d.get("python"), bool(d.get("stop_on_fail")), stages)
+        # A stage that is no object reads as an empty one, which names no probe: refused, not dropped.
+        stages = tuple(PlannedStage.from_json(j.obj(s)) for s in j.items(d.get("stages")))
+        return cls(ref, j.text(d.get("python")), bool(d.get("stop_on_fail")), stages)
 
     def with_stages(self, stages: Iterable[PlannedStage]) -> Plan:
         return dataclasses.replace(self, stages=tuple(stages))
@@ -320,7 +327,7 @@ def _free_id(base: str, taken: set[str]) -> str:
 
 def skip_reason(
     stage: PlannedStage,
-    statuses: Mapping[str, Any],
+    statuses: Mapping[str, object],
     stopped_by: str | None,
     node_checks: Iterable[str] = (),
 ) -> str | None:

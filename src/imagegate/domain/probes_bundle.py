@@ -16,7 +16,6 @@ import json
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from imagegate._support import resources
 from imagegate.errors import ImagegateError
@@ -61,7 +60,7 @@ def modules(registry: Mapping[str, Probe] = PROBES) -> tuple[str, ...]:
     return tuple(named)
 
 
-def build(plan: dict[str, Any], registry: Mapping[str, Probe] = PROBES) -> Bundle:
+def build(plan: Mapping[str, object], registry: Mapping[str, Probe] = PROBES) -> Bundle:
     src = resources.probes_dir()
     members: dict[str, bytes] = {}
     for name in modules(registry):

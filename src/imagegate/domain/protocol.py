@@ -16,7 +16,6 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 MARK = b"imagegate-event"
 PROTOCOL = 2
@@ -26,7 +25,7 @@ EVENTS_KEEP = 48 * 1024 * 1024  # authenticated event lines kept verbatim as evi
 MAX_VIOLATIONS = 20
 _MARK_SP = MARK + b" "
 
-OnEvent = Callable[[dict[str, Any]], None]
+OnEvent = Callable[[dict[str, object]], None]
 
 
 def new_key() -> bytes:
@@ -37,7 +36,7 @@ def mac(key: bytes, seq: int, payload: bytes) -> str:
     return hmac.new(key, b"%d " % seq + payload, hashlib.sha256).hexdigest()
 
 
-def encode(key: bytes, seq: int, event: dict[str, Any]) -> bytes:
+def encode(key: bytes, seq: int, event: dict[str, object]) -> bytes:
     """One event line as the controller writes it (probes/controller.py); used by tests."""
     payload = json.dumps(event, sort_keys=True, separators=(",", ":")).encode()
     return b"\n%s %d %d %s %s\n" % (MARK, PROTOCOL, seq, mac(key, seq, payload).encode(), payload)
@@ -45,9 +44,9 @@ def encode(key: bytes, seq: int, event: dict[str, Any]) -> bytes:
 
 @dataclass
 class Events:
-    start: dict[str, Any] | None = None
-    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
-    end: dict[str, Any] | None = None
+    start: dict[str, object] | None = None
+    stages: dict[str, dict[str, object]] = field(default_factory=dict)
+    end: dict[str, object] | None = None
     violations: list[str] = field(default_factory=list)
     violations_total: int = 0
     noise_bytes: int = 0  # output that was not an event line
@@ -168,7 +167,7 @@ class EventStream:
         if self.on_event is not None:
             self.on_event(obj)
 
-    def _accept(self, obj: dict[str, Any], where: str) -> bool:
+    def _accept(self, obj: dict[str, object], where: str) -> bool:
         kind = obj.get("event")
         ev = self.ev
         if ev.end is not None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from imagegate._support import jsontypes as j
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNDECIDED
 
 Side = Literal["inside", "outside"]
@@ -40,7 +41,7 @@ class StageResult:
     status: Status
     detail: str
     duration_s: float = 0.0
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
     evidence: list[EvidenceFile] = field(default_factory=list)
     # When it began, in seconds from the run's start, as the runner saw it (stages run side by
     # side: a timeline draws each at its start); None where nobody watched it begin (a Pod's log).
@@ -84,12 +85,10 @@ def verdict(stages: Iterable[StageResult]) -> str:
 USER_SKIP = "--skip "  # how a plan records a stage the user left out (plan.PlannedStage.skipped)
 
 
-def recorded_needs(plan: Mapping[str, Any]) -> dict[str, list[str]]:
+def recorded_needs(plan: Mapping[str, object]) -> dict[str, list[str]]:
     """Stage id -> the ids it needs, from a plan as recorded (plan.json, a statement's plan)."""
     return {
-        str(st.get("id")): [str(n) for n in st.get("needs") or []]
-        for st in plan.get("stages") or []
-        if isinstance(st, dict)
+        str(st.get("id")): [str(n) for n in j.items(st.get("needs"))] for st in j.objects(plan.get("stages"))
     }
 
 
@@ -185,16 +184,12 @@ def unreached(stages: Iterable[Counted]) -> str:
     return "no level reached (" + "; ".join(parts) + ")"
 
 
-def gpu_stage_ids(plan: Mapping[str, Any]) -> set[str]:
+def gpu_stage_ids(plan: Mapping[str, object]) -> set[str]:
     """The GPU stages of a plan as recorded: those whose `requires` names gpu."""
-    return {
-        str(st.get("id"))
-        for st in plan.get("stages") or []
-        if isinstance(st, dict) and "gpu" in (st.get("requires") or [])
-    }
+    return {str(st.get("id")) for st in j.objects(plan.get("stages")) if "gpu" in j.items(st.get("requires"))}
 
 
-def counted(stages: Sequence[StageResult], plan: Mapping[str, Any]) -> list[Counted]:
+def counted(stages: Sequence[StageResult], plan: Mapping[str, object]) -> list[Counted]:
     """`stages` (plan order) as the levels count them, by the plan they ran under (recorded). A
     stage that waited on deferred GPU stages alone counts as one of them: it needs a GPU too."""
     gpu = gpu_stage_ids(plan)
@@ -249,10 +244,10 @@ class RunRecord:
 
     attempt_id: str
     attempt_dir: str
-    pipeline: Mapping[str, Any]  # name, version, sha256, source
-    plan: Mapping[str, Any]
+    pipeline: Mapping[str, object]  # name, version, sha256, source
+    plan: Mapping[str, object]
     image: ImageFacts
-    environment: dict[str, Any]  # driver, engine, gpu, python, ...
+    environment: dict[str, object]  # driver, engine, gpu, python, ...
     stages: list[StageResult]
     started_at: str
     finished_at: str
@@ -261,4 +256,4 @@ class RunRecord:
     bundle_sha256: str | None = None
     # A completion (`imagegate complete`): the earlier attempt it completes, linked by the sha256
     # of that attempt's signed envelope (manifests/acceptance-v1.md, `completes`).
-    completes: dict[str, Any] | None = None
+    completes: dict[str, object] | None = None

@@ -410,7 +410,7 @@ class PodObserver:
         source = f"docker://{iid.repository}@{iid.digest}" if iid and iid.repository and iid.digest else None
         return Observation(
             image=self.image,
-            environment=environment(pod, iid),
+            environment=dict[str, object](environment(pod, iid)),
             runs=[ControllerRun(prep.stage_ids, br, events)],
             started=_started(pod),
             driver="kube",

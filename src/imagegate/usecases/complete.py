@@ -12,17 +12,19 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from imagegate import pipeline
+from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonMapping
 from imagegate.attest import verify as verifying
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.sign import DSSE_FILE
-from imagegate.attest.statement import evidence_files, read_stage
+from imagegate.attest.statement import evidence_files, stage_result
 from imagegate.domain import plan as planning
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.plan import Plan
 from imagegate.domain.results import ImageFacts, StageResult, Status, recorded_needs, waiting_on_deferred
+from imagegate.domain.statements import Acceptance
 from imagegate.drivers.interface import Driver
 from imagegate.errors import NotVerified, UsageError
 from imagegate.pipeline.params import ServeParams
@@ -37,32 +39,34 @@ class Earlier:
     very bytes that verified (what the completion links and copies)."""
 
     dir: Path
-    statement: dict[str, Any]
+    statement: JsonMapping  # as it verified
     envelope: bytes
     signer: str  # the fingerprint of the trusted key its signature verified with
 
     @property
-    def predicate(self) -> dict[str, Any]:
-        pred: dict[str, Any] = self.statement.get("predicate") or {}
-        return pred
+    def predicate(self) -> dict[str, object]:
+        return j.obj(self.statement.get("predicate"))
+
+    @property
+    def acceptance(self) -> Acceptance:
+        """Its predicate, read as the acceptance it must be."""
+        return Acceptance.from_json(self.statement.get("predicate"))
 
     @property
     def attempt_id(self) -> str:
-        return str((self.predicate.get("attempt") or {}).get("id") or self.dir.name)
+        return self.acceptance.attempt_id or self.dir.name
 
     @property
     def deferred(self) -> list[str]:
-        return [
-            s["id"] for s in self.predicate.get("stages") or [] if s.get("status") == Status.DEFERRED.value
-        ]
+        return [s.id for s in self.acceptance.stages if s.status is Status.DEFERRED]
 
     @property
     def to_run(self) -> list[str]:
         """What a completion runs: the deferred stages (no GPU then, or --skip) and those that
         never ran for want of them (SKIPPED, waiting on one): a stage carried over as SKIPPED
         would leave a completed verdict naming as passed what never ran. Plan order."""
-        stages = [read_stage(raw) for raw in self.predicate.get("stages") or []]
-        waiting = waiting_on_deferred(stages, recorded_needs(self.predicate.get("plan") or {}))
+        stages = [stage_result(e) for e in self.acceptance.stages]
+        waiting = waiting_on_deferred(stages, recorded_needs(self.acceptance.plan))
         return [s.id for s in stages if s.status is Status.DEFERRED or s.id in waiting]
 
     def evidence_sha256(self, path: str) -> str | None:
@@ -88,11 +92,11 @@ def load_earlier(target: Path, trusted: Sequence[PublicKey]) -> Earlier:
 def check_same_subject(earlier: Earlier, image: ImageFacts, now_fp: str | None) -> None:
     """Refuse (exit 3) when the image or environment found now (`now_fp`: the driver's
     environment fingerprint, --here) is not the one the earlier attempt judged, naming both."""
-    was = earlier.predicate.get("image") or {}
-    if was.get("configDigest") or was.get("manifestDigest"):
-        pairs = [("image ID", was.get("configDigest"), image.config_digest)]
-        if was.get("manifestDigest") and image.manifest_digest:
-            pairs.append(("digest", was.get("manifestDigest"), image.manifest_digest))
+    was = earlier.acceptance.image
+    if was.config_digest or was.manifest_digest:
+        pairs = [("image ID", was.config_digest, image.config_digest)]
+        if was.manifest_digest and image.manifest_digest:
+            pairs.append(("digest", was.manifest_digest, image.manifest_digest))
         for what, then, now in pairs:
             if then != now:
                 raise UsageError(
@@ -101,7 +105,7 @@ def check_same_subject(earlier: Earlier, image: ImageFacts, now_fp: str | None) 
                     hint="complete the attempt against the same image (its ID or digest), or run the image anew",
                 )
         return
-    then_fp = ((earlier.predicate.get("environment") or {}).get("fingerprint") or {}).get("sha256")
+    then_fp = j.text(j.path(earlier.acceptance.environment, "fingerprint", "sha256"))
     if not then_fp:
         raise UsageError(
             f"attempt {earlier.attempt_id} records no image ID and no environment fingerprint: "
@@ -122,7 +126,7 @@ def completion_plan(earlier: Earlier, gpus: str | None, model: str | None = None
     `model`: where a deferred serve stage's server finds the model now (--model), which on a GPU
     node is seldom the path the first run was given."""
     try:
-        plan = Plan.from_json(earlier.predicate.get("plan") or {})
+        plan = Plan.from_json(earlier.acceptance.plan)
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(
             f"attempt {earlier.attempt_id}: its recorded plan is not one this imagegate reads ({e})"
@@ -155,8 +159,8 @@ def earlier_results(earlier: Earlier) -> list[StageResult]:
     alone says every stage's result."""
     again = set(earlier.to_run)
     out = []
-    for raw in earlier.predicate.get("stages") or []:
-        s = read_stage(raw)
+    for entry in earlier.acceptance.stages:
+        s = stage_result(entry)
         if s.id in again:
             continue
         data = {"from_attempt": earlier.attempt_id, **s.data}  # an earlier completion's keep theirs
@@ -174,12 +178,12 @@ def prepare(
     deferred = earlier.deferred
     if not deferred:
         raise UsageError(
-            f"attempt {earlier.attempt_id} deferred nothing (verdict {earlier.predicate.get('verdict')})",
+            f"attempt {earlier.attempt_id} deferred nothing (verdict {earlier.acceptance.verdict})",
             hint="only an attempt with DEFERRED stages can be completed",
         )
-    if not str(earlier.predicate.get("verdict", "")).endswith("_DEFERRED"):
+    if not earlier.acceptance.verdict.endswith("_DEFERRED"):
         raise UsageError(
-            f"attempt {earlier.attempt_id} ended {earlier.predicate.get('verdict')}: completing its "
+            f"attempt {earlier.attempt_id} ended {earlier.acceptance.verdict}: completing its "
             f"deferred stages ({', '.join(deferred)}) cannot change that",
             hint="fix the image and run it anew",
         )
@@ -205,9 +209,9 @@ class CompletionObserver:
         opts: runner.RunOptions,
         notify: runner.Notify = lambda _m: None,
     ) -> None:
-        was = earlier.predicate.get("image") or {}
+        was = earlier.acceptance.image
         # By the name the user gave then: a tag that now names another build is refused below.
-        self.reference: str | None = was.get("reference") or was.get("configDigest") or "local"
+        self.reference: str | None = was.reference or was.config_digest or "local"
         self.inner = runner.DriverObserver(driver, self.reference, opts, notify)
         self.earlier, self.notify = earlier, notify
 
@@ -229,7 +233,7 @@ class CompletionObserver:
             "attempt": earlier.attempt_id,
             "envelopeSha256": hashlib.sha256(earlier.envelope).hexdigest(),
             "envelope": os.path.relpath(earlier.dir / DSSE_FILE, attempt.dir),
-            "verdict": earlier.predicate.get("verdict"),
+            "verdict": earlier.acceptance.verdict,
             "stages": earlier.to_run,
             "verifiedWith": earlier.signer,
         }

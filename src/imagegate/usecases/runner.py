@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from imagegate import __version__, pipeline
 from imagegate._support import deadline, interrupts, workers
+from imagegate._support import jsontypes as j
 from imagegate.attest.statement import build_statement
 from imagegate.domain import probes_bundle as bundle
 from imagegate.domain import protocol
@@ -52,7 +53,7 @@ class Display:
     """What shows a run while it happens (report.progress.run_shown makes one); it sees, never
     decides: the controller events as they arrive, and the layers stage's blob progress."""
 
-    on_event: Callable[[dict[str, Any]], None] | None = None
+    on_event: Callable[[dict[str, object]], None] | None = None
     progress: Progress | None = None
 
 
@@ -84,8 +85,10 @@ class FailFast:
         self.cancel.set()
         interrupts.stop()
 
-    def watching(self, on_event: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
-        def relay(ev: dict[str, Any]) -> None:
+    def watching(
+        self, on_event: Callable[[dict[str, object]], None] | None
+    ) -> Callable[[dict[str, object]], None]:
+        def relay(ev: dict[str, object]) -> None:
             if ev.get("event") == "stage":
                 self.saw(str(ev.get("id")), str(ev.get("status")))
             if on_event is not None:
@@ -192,7 +195,7 @@ class Capabilities:
     gpu: bool = False
 
     @classmethod
-    def reported(cls, start: dict[str, Any] | None, granted: bool) -> Capabilities:
+    def reported(cls, start: dict[str, object] | None, granted: bool) -> Capabilities:
         """A GPU where the controller saw one and the runner had granted it (`granted`): the
         image's word alone is no GPU."""
         gpu = (start or {}).get("gpu")
@@ -213,7 +216,7 @@ class Observation:
     image's bytes for the outside stages. `conclude` turns it into results."""
 
     image: ImageFacts
-    environment: dict[str, Any]
+    environment: dict[str, object]
     runs: list[ControllerRun]
     started: str
     driver: str
@@ -225,7 +228,7 @@ class Observation:
     # completion's earlier stages), and outside stages it already ran alongside the image's.
     given: list[StageResult] = field(default_factory=list)
     outside_done: list[StageResult] = field(default_factory=list)
-    completes: dict[str, Any] | None = None  # `imagegate complete`: the link to the earlier attempt
+    completes: dict[str, object] | None = None  # `imagegate complete`: the link to the earlier attempt
     # The image was refused before it could run (Driver.refusal): nothing ran in it. Apart from
     # `given`, which a completion replaces with the earlier results: a refusal is never lost.
     refused: StageResult | None = None
@@ -272,14 +275,14 @@ def inside_groups(inside: Plan, jobs: int) -> list[list[str]]:
 class _PlanOrder:
     """Relays events from several controllers in plan order (progress reads like one run)."""
 
-    def __init__(self, ids: list[str], on_event: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, ids: list[str], on_event: Callable[[dict[str, object]], None]) -> None:
         self.ids, self.on_event = ids, on_event
-        self.held: dict[str, dict[str, Any]] = {}
+        self.held: dict[str, dict[str, object]] = {}
         self.next = 0
         self.started = False
         self.lock = threading.Lock()
 
-    def __call__(self, ev: dict[str, Any]) -> None:
+    def __call__(self, ev: dict[str, object]) -> None:
         if ev.get("event") == "start":
             with self.lock:
                 if not self.started:  # the first controller's start, for the whole plan
@@ -300,7 +303,7 @@ def run_inside(
     driver: Driver,
     image: ImageFacts,
     opts: RunOptions,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
+    on_event: Callable[[dict[str, object]], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> list[ControllerRun]:
     """Every in-image stage, in one controller or (a container driver, --jobs > 1) in several
@@ -532,8 +535,8 @@ def _fail_fast(prep: Prepared, obs: Observation, results: list[StageResult]) -> 
 
 
 def _record_controller(
-    cr: ControllerRun, attempt: Attempt, env: dict[str, Any], suffix: str
-) -> dict[str, Any]:
+    cr: ControllerRun, attempt: Attempt, env: dict[str, object], suffix: str
+) -> dict[str, object]:
     """One controller's evidence files and facts; the environment from its start event."""
     br, events = cr.bundle_run, cr.events
     attempt.write(f"controller{suffix}.events.log", events.event_lines)
@@ -591,7 +594,7 @@ def _distrust(events: protocol.Events) -> str | None:
             f"{events.violations_total} line(s) claimed to be controller events and were rejected: {shown}"
             + (f" (and {more} more)" if more > 0 else "")
         )
-    prot = (events.start or {}).get("protection") or {}
+    prot = j.obj((events.start or {}).get("protection"))
     if events.start is not None:
         missing = [k for k in ("isolated", "non_dumpable", "subreaper") if not prot.get(k)]
         if missing:
@@ -657,7 +660,7 @@ def _unreported(stage: PlannedStage, cr: ControllerRun | None, cut: str | None) 
 
 
 def _reported(
-    stage: PlannedStage, ev: dict[str, Any], folder: str, attempt: Attempt, granted: bool
+    stage: PlannedStage, ev: dict[str, object], folder: str, attempt: Attempt, granted: bool
 ) -> StageResult:
     """A stage's event, the runner's GPU fact on it (`granted`: _on_gpu), and its output and
     artifacts as evidence files."""
@@ -666,13 +669,13 @@ def _reported(
     except ValueError:
         status = Status.ERROR
     files = [
-        attempt.write(f"{folder}/stdout.txt", ev.get("stdout", "")),
-        attempt.write(f"{folder}/stderr.txt", ev.get("stderr", "")),
+        attempt.write(f"{folder}/stdout.txt", _said(ev.get("stdout", ""))),
+        attempt.write(f"{folder}/stderr.txt", _said(ev.get("stderr", ""))),
     ]
-    for name, text in sorted((ev.get("artifacts") or {}).items()):
+    for name, text in sorted(j.obj(ev.get("artifacts")).items()):
         safe = Path(str(name)).name  # never a path from inside the image
         files.append(attempt.write(f"{folder}/{safe}", str(text)))
-    data = dict(ev.get("data") or {})
+    data = dict(j.obj(ev.get("data")))
     for key in ("ran_for_record", "stdout_bytes", "stderr_bytes", "survivors_killed"):
         if key in ev:
             data[key] = ev[key]
@@ -680,7 +683,12 @@ def _reported(
     res = _on_gpu(stage, said, granted)
     result = {"id": stage.id, "status": res.status.value, "detail": res.detail, "data": res.data}
     files.append(attempt.write_json(f"{folder}/result.json", result))
-    return replace(res, duration_s=float(ev.get("duration_s") or 0.0), evidence=files)
+    return replace(res, duration_s=j.number(ev.get("duration_s")) or 0.0, evidence=files)
+
+
+def _said(output: object) -> str | bytes:
+    """A stage's output as its event carries it (text; bytes as they are)."""
+    return output if isinstance(output, str | bytes) else str(output)
 
 
 def outside_results(

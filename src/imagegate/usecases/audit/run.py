@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from imagegate.domain.results import exit_code
 from imagegate.drivers.interface import Driver
@@ -42,7 +42,7 @@ class ItemResult:
     detail: str
     duration_s: float
     evidence: str | None = None  # the run's attempt folder
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
