@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from imagegate import __version__, pipeline
 from imagegate._support import deadline, interrupts, workers
+from imagegate._support.jsontypes import JsonObject
 from imagegate.attest.statement import build_statement
 from imagegate.domain import probes_bundle as bundle
 from imagegate.domain import protocol
@@ -761,6 +762,8 @@ def _deferred_by_requires(stage: PlannedStage, outcome: Outcome, had: Capabiliti
     unmet = [r for r in stage.requires if not (r == "gpu" and had.gpu)]
     if not unmet:
         return outcome
-    data = dict(outcome.data, ran_for_record={"status": outcome.status.value, "detail": outcome.detail})
+    data: JsonObject = dict(
+        outcome.data, ran_for_record={"status": outcome.status.value, "detail": outcome.detail}
+    )
     detail = f"requires {', '.join(unmet)}, not present here; ran for the record: {outcome.detail or outcome.status.value}"
     return Outcome(Status.DEFERRED, detail, data)
