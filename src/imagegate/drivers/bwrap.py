@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from imagegate._support.jsontypes import JsonMapping, JsonObject
 from imagegate.drivers import cdi, seccomp
 from imagegate.drivers.interface import OnOutput
 from imagegate.drivers.process import Completed, run_group
@@ -49,7 +50,7 @@ class ImageConfig:
     user: str = ""
 
     @classmethod
-    def from_config(cls, config: dict[str, object] | None) -> ImageConfig:
+    def from_config(cls, config: JsonMapping | None) -> ImageConfig:
         c = config or {}
         env = c.get("Env") or []
         return cls(
@@ -202,7 +203,7 @@ class Limits:
             args.append(f"--data={lowered(resource.RLIMIT_DATA, self.data_bytes)}")
         return args
 
-    def facts(self) -> dict[str, object]:
+    def facts(self) -> JsonObject:
         return {
             "nofile": self.nofile,
             "nproc": self.nproc,
@@ -352,7 +353,7 @@ def check_host(bwrap: str | None = None) -> str:
         return exe
 
 
-def check_seccomp() -> dict[str, object]:
+def check_seccomp() -> JsonObject:
     """The seccomp filter's facts; SandboxUnavailable where it cannot be built (no libseccomp)."""
     try:
         return seccomp.program()[1]

@@ -24,9 +24,9 @@ import stat
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from imagegate._support.files import FileRefused, read_regular
+from imagegate._support.jsontypes import JsonObject
 from imagegate.domain.gpus import GpuRequest
 from imagegate.errors import UsageError
 
@@ -100,7 +100,7 @@ class Spec:
 # -- reading specs -------------------------------------------------------------------------------
 
 
-def _strings(obj: Any, where: str) -> tuple[str, ...]:
+def _strings(obj: object, where: str) -> tuple[str, ...]:
     if obj is None:
         return ()
     if not isinstance(obj, list) or not all(isinstance(x, str) for x in obj):
@@ -108,7 +108,7 @@ def _strings(obj: Any, where: str) -> tuple[str, ...]:
     return tuple(obj)
 
 
-def _edits(obj: Any, where: str) -> Edits:
+def _edits(obj: object, where: str) -> Edits:
     if obj is None:
         return Edits()
     if not isinstance(obj, dict):
@@ -159,7 +159,7 @@ def parse_spec(data: bytes, where: str) -> Spec | None:
                 )
             if n > MAX_SPEC_EVENTS:
                 raise CdiError(f"CDI spec {where}: more than {MAX_SPEC_EVENTS} YAML nodes", hint=REGENERATE)
-        doc = yaml.load(text, Loader=loader)  # a safe loader, either way
+        doc: object = yaml.load(text, Loader=loader)  # a safe loader, either way
     except (UnicodeDecodeError, yaml.YAMLError) as e:
         raise CdiError(
             f"CDI spec {where}: not YAML or JSON ({str(e).splitlines()[0]})", hint=REGENERATE
@@ -353,7 +353,7 @@ class Injection:
         env["PATH"] = (image_env.get("PATH") or "/usr/bin:/bin") + ":" + BIN_DIR
         return env
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> JsonObject:
         return {
             "cdi_spec": self.source,
             "gpus_requested": self.request,

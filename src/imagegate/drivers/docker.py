@@ -18,15 +18,16 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import docker
 import docker.errors
 import docker.types
 
 from imagegate._support import interrupts
+from imagegate._support.jsontypes import JsonMapping, JsonObject, obj
 from imagegate.domain import servemodel as modelpath
 from imagegate.domain.gpus import HIDING_ENV, GpuRequest, Grant
 from imagegate.domain.results import ImageFacts, Status
@@ -79,20 +80,33 @@ def device_requests(gpus: GpuRequest | None) -> list[docker.types.DeviceRequest]
     return [docker.types.DeviceRequest(count=gpus.count, capabilities=[["gpu"]])]
 
 
-def engine_grant(host_config: dict[str, Any]) -> Grant:
+def engine_grant(host_config: JsonMapping) -> Grant:
     """What a container's HostConfig (the engine's inspect) says it was given of GPUs: device
     requests with the gpu capability (`--gpus`), and GPU devices by CDI name or /dev path."""
     seen: list[str] = []
-    for req in host_config.get("DeviceRequests") or []:
-        caps = req.get("Capabilities") if isinstance(req, dict) else None
+    for req in _iterated(host_config.get("DeviceRequests") or []):
+        caps = obj(req).get("Capabilities")
         if isinstance(caps, list) and any(isinstance(c, list) and "gpu" in c for c in caps):
-            ids = req.get("DeviceIDs") or []
-            seen.append(f"ids={','.join(map(str, ids))}" if ids else f"count={req.get('Count')}")
-    for dev in host_config.get("Devices") or []:
-        path = str(dev.get("PathOnHost") or "") if isinstance(dev, dict) else ""
+            ids = obj(req).get("DeviceIDs") or []
+            seen.append(
+                f"ids={','.join(map(str, _iterated(ids)))}" if ids else f"count={obj(req).get('Count')}"
+            )
+    for dev in _iterated(host_config.get("Devices") or []):
+        path = str(obj(dev).get("PathOnHost") or "")
         if path.startswith("nvidia.com/gpu=") or re.fullmatch(r"/dev/nvidia\d+", path):
             seen.append(path)
     return Grant("device_requests", tuple(seen))
+
+
+def _iterated(value: object) -> Iterable[object]:
+    """`value` as a for loop takes it: a JSON number raises the TypeError iterating it always did."""
+    if isinstance(value, Iterable):
+        return value
+    raise TypeError(f"{type(value).__name__!r} object is not iterable")
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
 def _no_gpu_runtime(err: docker.errors.APIError) -> bool:
@@ -152,12 +166,12 @@ class DockerDriver(DriverBase):
         self.memory = memory
         self.pids = pids
         self.tmpfs_size = tmpfs_size
-        self._env: dict[str, Any] | None = None
+        self._env: JsonObject | None = None
         self.live: set[str] = set()  # containers created and not (yet) confirmed removed
         # Images the engine would not pull and imagegate's own verification refused.
         self.refused: dict[ImageFacts, tuple[Refusal, VerifyReport]] = {}
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> JsonObject:
         if self._env is None:
             v = engineapi.version(self.client)
             names = [c.get("Name", "") for c in v.get("Components", [])]
@@ -368,14 +382,15 @@ class DockerDriver(DriverBase):
         # name to remove by. An interrupt is held while the engine creates and removes it.
         name = f"imagegate-{secrets.token_hex(8)}"
         out, err = CappedBuffer(STDOUT_CAP, on_stdout), CappedBuffer(STDERR_CAP)
-        sock: Any = None
+        sock: _Closable | None = None  # the SDK's attach socket
         self.live.add(name)
         try:
             log.debug("creating container %s", name)
             with interrupts.critical():
                 cid = self._create(image, interpreter, sha, name)
-            sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            raw: socket.socket = getattr(sock, "_sock", sock)
+            attached = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            sock = attached
+            raw: socket.socket = getattr(attached, "_sock", attached)
             cannot = self._start(cid, image, interpreter)
             if cannot is not None:
                 return cannot

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.domain.gpus import Grant
 from imagegate.domain.results import ImageFacts, Status
 
@@ -33,7 +34,7 @@ class BundleRun:
     error: str | None = None  # why nothing (or not everything) ran, in words
     stdout_total: int = 0
     stderr_total: int = 0
-    facts: dict[str, Any] = field(default_factory=dict)  # e.g. container id, limits
+    facts: JsonObject = field(default_factory=dict)  # e.g. container id, limits
     gpus: Grant | None = None  # GPUs the driver gave this run and saw (None: none given)
 
 
@@ -46,12 +47,12 @@ class Refusal:
 
     status: Status  # FAIL: the image was refused; ERROR: its source could not be read to the end
     detail: str
-    facts: dict[str, Any]
+    facts: JsonObject
     report: VerifyReport | None = None
     stage: str = "unpack"  # the id of the stage that reports it: where the image was refused
 
 
-def verification_facts(report: VerifyReport, layer: int | None) -> dict[str, Any]:
+def verification_facts(report: VerifyReport, layer: int | None) -> JsonObject:
     """What a refusal's evidence says of the verification: the source, the manifest read, the
     config (expected, actual, --expect-config), the layer refused (its expected and actual
     digests, sizes and diffIDs), the structural problems, how many layers were read."""
@@ -103,7 +104,7 @@ class Driver(Protocol):
     # False where it runs in whatever environment this is (local): no layers of its own to verify.
     has_image: bool
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> JsonObject:
         """Engine name, version, API version, OS/arch; what the attestation records."""
         ...
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.attest.keys import KEY_ENV, default_key_path
 from imagegate.domain.gpus import HIDING_ENV, GpuRequest, nodes_grant
 from imagegate.domain.results import ImageFacts
@@ -117,7 +117,7 @@ class KeyIsolation:
         with seccomp.program_fd() as fd:
             yield fd
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> JsonObject:
         if self.bwrap is None:
             return {"method": "none", "reason": self.reason, "signed_anyway": self.accepted}
         return {
@@ -229,7 +229,7 @@ class LocalDriver(DriverBase):
         self.gpus = gpus
         # Unsigned by default: sandboxed where bubblewrap runs, as it is when signing.
         self.isolation = isolation or key_isolation(signing=False)
-        self._fingerprint: dict[str, Any] | None = None
+        self._fingerprint: JsonObject | None = None
 
     def gpu_env(self) -> dict[str, str]:
         """The probes' environment: the runner's, without its IMAGEGATE_* variables; this host's
@@ -275,7 +275,7 @@ class LocalDriver(DriverBase):
                 return exe, tried
         return None, tried
 
-    def fingerprint(self) -> dict[str, Any] | None:
+    def fingerprint(self) -> JsonObject | None:
         """This environment's identity for `imagegate complete --here`: the interpreter and its
         installed distributions as the probes see them; the sha256 of that is compared."""
         if self._fingerprint is None:
@@ -292,7 +292,7 @@ class LocalDriver(DriverBase):
         sha = (self.fingerprint() or {}).get("sha256")
         return sha if isinstance(sha, str) else None
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> JsonObject:
         return {
             "fingerprint": self.fingerprint(),
             "driver": self.name,
@@ -364,7 +364,7 @@ _FINGERPRINT_CODE = (
 
 def environment_fingerprint(
     argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()
-) -> dict[str, Any]:
+) -> JsonObject:
     """sha256 over the interpreter's version, path and every distribution it can import (name
     and version), as canonical JSON, from `argv` (the interpreter running _FINGERPRINT_CODE, in
     the sandbox: its site hooks run); {} when the interpreter cannot say."""

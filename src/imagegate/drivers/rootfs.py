@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.domain import servemodel as modelpath
 from imagegate.domain.gpus import nodes_grant
 from imagegate.domain.results import ImageFacts, Status
@@ -33,7 +34,11 @@ from imagegate.drivers.interface import (
 from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.drivers.process import Completed
 from imagegate.errors import ImagegateError, UsageError
-from imagegate.oci.layercheck import VerifyReport
+from imagegate.oci.layercheck import LayerResult, VerifyReport
+
+if TYPE_CHECKING:  # the unpacking and the sources load when an image is read, not with the driver
+    from imagegate.oci.sources.interface import Source
+    from imagegate.rootfs import Root, UnpackError
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class PreparedRoot:
     bytes came from."""
 
     path: Path
-    config: dict[str, Any]  # the image config's `config` object (Env, WorkingDir, User, ...)
+    config: JsonObject  # the image config's `config` object (Env, WorkingDir, User, ...)
     config_digest: str
     manifest_digest: str | None  # the platform's manifest where the source is an index
     source: str  # the transport string the bytes were read from (a tag: pinned to its digest then)
@@ -50,9 +55,9 @@ class PreparedRoot:
     index_digest: str | None = None  # the index the platform's manifest was chosen from
     repository: str | None = None  # a registry's repository, where the source is one
     chain_id: str | None = None
-    facts: dict[str, Any] = field(default_factory=dict)  # unpacking: cache hit, layers, seconds
+    facts: JsonObject = field(default_factory=dict)  # unpacking: cache hit, layers, seconds
     # The layer verification done while unpacking (oci.layercheck.VerifyReport), for the layers stage.
-    report: Any | None = None
+    report: VerifyReport | None = None
 
 
 # reference (any transport) -> its verified root; raises ImagegateError when it cannot be made.
@@ -92,9 +97,9 @@ class RootfsDriver(DriverBase):
         self.gpus = gpus
         self.roots: dict[str, PreparedRoot] = {}
         self.refused: dict[ImageFacts, Refused] = {}
-        self._env: dict[str, Any] | None = None
+        self._env: JsonObject | None = None
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> JsonObject:
         if self._env is None:
             self._env = {
                 "driver": self.name,
@@ -178,7 +183,7 @@ class RootfsDriver(DriverBase):
         refused = self.refused.get(image)
         return refused.refusal() if refused is not None else None
 
-    def image_source(self, image: ImageFacts, timeout: float | None) -> Any | None:
+    def image_source(self, image: ImageFacts, timeout: float | None) -> Source | None:
         """The source this driver read the image from, opened again (an oci.sources Source): how
         an outside stage reads the bytes of an image whose root came from the cache."""
         from imagegate.oci.transports import open_source
@@ -226,12 +231,12 @@ class Refused:
     (another rootfs.UnpackError: ERROR), with the verification so far."""
 
     image: ImageFacts  # named only by digests whose bytes were read and hashed in this run
-    error: Any  # the rootfs.UnpackError
+    error: UnpackError
     report: VerifyReport
     source: str
 
     @classmethod
-    def of(cls, reference: str, error: Any) -> Refused | None:
+    def of(cls, reference: str, error: UnpackError) -> Refused | None:
         """None when nothing of the image was read and hashed: no subject to sign for."""
         report: VerifyReport | None = error.report
         if report is None:
@@ -358,7 +363,7 @@ def materializer(
     return make
 
 
-def _layer_fact(x: Any, cached: bool) -> dict[str, Any]:
+def _layer_fact(x: LayerResult, cached: bool) -> JsonObject:
     """How one layer of the root was vouched for: read in this run (while unpacking it, or to
     check a cached root), or a verified pair this machine recorded earlier."""
     if x.pair_recorded_at:
@@ -367,7 +372,7 @@ def _layer_fact(x: Any, cached: bool) -> dict[str, Any]:
     return {"digest": x.expected_digest, "verified": how}
 
 
-def prepared(root: Any, reference: str, seconds: float, notes: Sequence[str] = ()) -> PreparedRoot:
+def prepared(root: Root, reference: str, seconds: float, notes: Sequence[str] = ()) -> PreparedRoot:
     """A rootfs.Root as the driver uses it: its config (Env, WorkingDir, User) is this image's own,
     also for a root from the cache (a cached root is content, never identity)."""
     return PreparedRoot(

@@ -25,7 +25,8 @@ import platform
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+
+from imagegate._support.jsontypes import JsonObject, JsonValue
 
 # The Docker engine's default profile allows none of these to a container without CAP_SYS_ADMIN
 # (or CAP_SYS_MODULE, CAP_SYS_TIME, CAP_SYS_PTRACE, CAP_SYSLOG, CAP_SYS_BOOT, ...).
@@ -90,7 +91,7 @@ def _check(rc: int, what: str) -> None:
         raise SeccompUnavailable(f"libseccomp: {what} failed: {os.strerror(-rc)}")
 
 
-def _compile() -> tuple[bytes, dict[str, Any]]:
+def _compile() -> tuple[bytes, JsonObject]:
     machine = platform.machine()
     if machine not in ARCHES:
         raise SeccompUnavailable(f"no seccomp filter for this architecture ({machine})")
@@ -102,7 +103,7 @@ def _compile() -> tuple[bytes, dict[str, Any]]:
     try:
         _check(lib.seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, act_errno(errno.ENOSYS)), "bad-arch action")
         _check(lib.seccomp_arch_add(ctx, compat), f"adding {compat_name}")
-        denied = []
+        denied: list[JsonValue] = []
         for name in DENIED:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
             if nr == NR_SCMP_ERROR:
@@ -130,11 +131,11 @@ def _compile() -> tuple[bytes, dict[str, Any]]:
     }
 
 
-_made: dict[str, tuple[bytes, dict[str, Any]] | SeccompUnavailable] = {}
+_made: dict[str, tuple[bytes, JsonObject] | SeccompUnavailable] = {}
 _lock = threading.Lock()
 
 
-def program() -> tuple[bytes, dict[str, Any]]:
+def program() -> tuple[bytes, JsonObject]:
     """The compiled filter (BPF, as bwrap --seccomp reads it) and its facts, made once."""
     with _lock:
         if "filter" not in _made:
@@ -148,7 +149,7 @@ def program() -> tuple[bytes, dict[str, Any]]:
     return made
 
 
-def facts() -> dict[str, Any]:
+def facts() -> JsonObject:
     """What the evidence records: the filter, or why there is none."""
     try:
         return dict(program()[1])

@@ -17,6 +17,7 @@ from imagegate._support.jsontypes import (
     JsonObject,
     JsonValue,
     freeze,
+    freeze_object,
     integer,
     items,
     obj,
@@ -201,13 +202,15 @@ def bundle_run(pod: JsonMapping, log: bytes, container: str = CONTAINER) -> Bund
         error=error,
         stdout_total=len(log),
         stderr_total=len(stderr),
-        facts={
-            "pod": path(pod, "metadata", "name"),
-            "node": path(pod, "spec", "nodeName"),
-            "phase": pod_status.get("phase"),
-            "container_state": state,
-            "restart_count": status.get("restartCount"),
-        },
+        facts=freeze_object(
+            {
+                "pod": path(pod, "metadata", "name"),
+                "node": path(pod, "spec", "nodeName"),
+                "phase": pod_status.get("phase"),
+                "container_state": state,
+                "restart_count": status.get("restartCount"),
+            }
+        ),
         gpus=pod_grant(pod, container),
     )
 

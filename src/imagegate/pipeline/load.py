@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from imagegate._support import resources
 from imagegate._support.files import FileRefused, read_regular
@@ -88,7 +89,11 @@ def parse(text: str, filename: str = "<pipeline>") -> Pipeline:
         raise UsageError(_describe(e, node, filename)) from e
 
 
-def read_yaml(text: str, filename: str) -> tuple[yaml.Node | None, Any]:
+# A place in a YAML document (and in pydantic's errors): keys and list indexes, outermost first.
+Loc: TypeAlias = tuple[int | str, ...]
+
+
+def read_yaml(text: str, filename: str) -> tuple[yaml.Node | None, object]:
     """(node tree, data) of one YAML document written by a user: within the size, depth and
     alias bounds, no key twice in a mapping; anything else is a UsageError naming file and line."""
     if len(text) > MAX_FILE_BYTES:
@@ -141,7 +146,7 @@ def _check_tree(root: yaml.Node | None, filename: str) -> None:
         return
     sizes: dict[int, int] = {}
     # Iterative post-order walk: (node, path, children done?).
-    stack: list[tuple[yaml.Node, tuple[Any, ...], bool]] = [(root, (), False)]
+    stack: list[tuple[yaml.Node, Loc, bool]] = [(root, (), False)]
     open_nodes: set[int] = set()
     while stack:
         node, path, done = stack.pop()
@@ -168,11 +173,11 @@ def _check_tree(root: yaml.Node | None, filename: str) -> None:
             stack.append((child, (*path, part), False))
 
 
-def _children(node: yaml.Node) -> list[tuple[Any, yaml.Node]]:
+def _children(node: yaml.Node) -> list[tuple[int | str, yaml.Node]]:
     if isinstance(node, yaml.SequenceNode):
         return list(enumerate(node.value))
     if isinstance(node, yaml.MappingNode):
-        out: list[tuple[Any, yaml.Node]] = []
+        out: list[tuple[int | str, yaml.Node]] = []
         for k, v in node.value:
             out.append(((k.value if isinstance(k, yaml.ScalarNode) else "?"), k))
             out.append(((k.value if isinstance(k, yaml.ScalarNode) else "?"), v))
@@ -180,7 +185,7 @@ def _children(node: yaml.Node) -> list[tuple[Any, yaml.Node]]:
     return []
 
 
-def _check_duplicates(node: yaml.MappingNode, path: tuple[Any, ...], filename: str) -> None:
+def _check_duplicates(node: yaml.MappingNode, path: Loc, filename: str) -> None:
     first: dict[tuple[str, str], int] = {}
     for k, _ in node.value:
         if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
@@ -195,7 +200,7 @@ def _check_duplicates(node: yaml.MappingNode, path: tuple[Any, ...], filename: s
         first[(k.tag, k.value)] = line
 
 
-def key_text(loc: tuple[Any, ...]) -> str:
+def key_text(loc: Loc) -> str:
     return ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
 
 
@@ -238,7 +243,7 @@ def _found(value: object) -> str:
     return f"found {value!r}"
 
 
-def message(item: Any) -> str:
+def message(item: ErrorDetails) -> str:
     """pydantic's error in the product's words: what was expected, what was found."""
     kind, msg, ctx = item["type"], item["msg"], item.get("ctx") or {}
     loc = item["loc"]
@@ -274,9 +279,9 @@ def message(item: Any) -> str:
     return str(msg).replace("Input should be", "expected").replace("Value error, ", "")
 
 
-def _yaml_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+def _yaml_loc(loc: Loc) -> Loc:
     """Drop pydantic's union tag (…, 'stages', 2, 'cli', 'with', …) so the path follows the YAML."""
-    out: list[Any] = []
+    out: list[int | str] = []
     for i, part in enumerate(loc):
         if i >= 2 and loc[i - 2] == "stages" and isinstance(loc[i - 1], int) and part in PROBE_TAGS:
             continue
@@ -284,7 +289,7 @@ def _yaml_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+def line_of(node: yaml.Node | None, loc: Loc) -> int:
     """1-based line of the deepest node along `loc` (the key's own line for mapping keys)."""
     line = node.start_mark.line + 1 if node is not None else 1
     for part in loc:

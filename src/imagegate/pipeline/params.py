@@ -353,7 +353,7 @@ class ServeParams(Params):
 
     @field_validator("engine", "parse_only")
     @classmethod
-    def _builtin(cls, v: str | None, info: ValidationInfo) -> str | None:
+    def _builtin(cls, v: str | None, info: ValidationInfo[object]) -> str | None:
         known = {"engine": SERVE_ENGINES, "parse_only": SERVE_PARSE_ONLY}[str(info.field_name)]
         if v is not None and v not in known:
             raise ValueError(f"unknown {info.field_name} {v!r}; built-in: {', '.join(known)}")

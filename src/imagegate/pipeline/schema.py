@@ -4,14 +4,14 @@ a test keeps in step)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.pipeline.spec import Pipeline
 
 SCHEMA_ID = "https://imagegate.dev/schemas/pipeline-v1.schema.json"
 
 
-def pipeline_schema() -> dict[str, Any]:
+def pipeline_schema() -> JsonObject:
     schema = Pipeline.model_json_schema(by_alias=True)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
 

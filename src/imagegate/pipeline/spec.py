@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -106,7 +106,8 @@ def _stage_model(probe: Probe) -> type[_StageBase]:
     parameters have no defaults). One per registry entry: a new probe adds no class here."""
     try:
         probe.params()
-        with_field: Any = Field(default_factory=probe.params, alias="with")
+        # A FieldInfo at run time: pydantic types Field() as its default, for dataclass-like use.
+        with_field: object = Field(default_factory=probe.params, alias="with")
     except ValidationError:
         with_field = Field(alias="with")
     name = "".join(part.title() for part in probe.name.split("_")) + "Stage"

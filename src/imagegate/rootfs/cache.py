@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.oci.digest import check_digest, is_digest
 from imagegate.oci.layercheck import ConfigResult, LayerResult, LayerStatus, VerifyReport
@@ -419,13 +420,16 @@ def _alive(pid: int) -> bool:
 # -- root.json ------------------------------------------------------------------------------------
 
 
-def root_to_json(root: Root) -> dict[str, Any]:
+def root_to_json(root: Root) -> JsonObject:
     d = {f.name: getattr(root, f.name) for f in fields(root) if f.name not in ("path", "report", "cached")}
     d["report"] = root.report.to_dict()
     d["written_at"] = time.time()
     return json.loads(json.dumps(d, default=str))  # type: ignore[no-any-return]
 
 
+# root.json back into the frozen dataclasses it was written from, by `**` of their own fields:
+# the values are taken as written (a file of this user's, root_to_json's); a field missing or
+# unknown raises TypeError/KeyError, which _load's callers read as no entry.
 def report_from_json(d: dict[str, Any]) -> VerifyReport:
     c = dict(d["config"])
     c.pop("matches_official", None)

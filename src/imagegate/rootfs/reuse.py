@@ -10,11 +10,10 @@ this config's Env, User, WorkingDir, Entrypoint and Cmd."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
 
+from imagegate._support.jsontypes import JsonMapping
 from imagegate.oci.hashing import digest_blob
 from imagegate.oci.layercheck import (
     LayerResult,
@@ -38,7 +37,7 @@ def reuse(
     pairs: PairStore,
     limits: Limits,
     progress: Progress,
-    doc: Mapping[str, Any],
+    doc: JsonMapping,
 ) -> Root:
     """`hit` as the root of this source, every layer known or verified now; raises LayerRefused."""
     layers = check_layers(source, image, report, pairs, limits, progress)

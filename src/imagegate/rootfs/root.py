@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
+from imagegate._support.jsontypes import JsonMapping
 from imagegate.errors import ImagegateError
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED
 from imagegate.oci.layercheck import VerifyReport
@@ -61,13 +62,23 @@ def layer_label(i: int, n: int, digest: str | None) -> str:
     return f"layer {i + 1}/{n} {d[:19] + '…' if len(d) > 20 else d}"
 
 
-def _strings(value: Any) -> tuple[str, ...] | None:
+class ImageSettings(TypedDict):
+    """What of an image config a Root keeps (its fields of the same names)."""
+
+    env: tuple[str, ...]
+    working_dir: str
+    user: str
+    entrypoint: tuple[str, ...] | None
+    cmd: tuple[str, ...] | None
+
+
+def _strings(value: object) -> tuple[str, ...] | None:
     if isinstance(value, list) and all(isinstance(x, str) for x in value):
         return tuple(value)
     return None
 
 
-def image_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
+def image_settings(doc: JsonMapping) -> ImageSettings:
     """Env, WorkingDir, User, Entrypoint and Cmd of an image config (absent ones empty)."""
     cfg = doc.get("config")
     cfg = cfg if isinstance(cfg, dict) else {}

@@ -11,10 +11,10 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
+from imagegate._support.jsontypes import JsonMapping
 from imagegate.oci.hashing import BlobDigests, digest_blob
 from imagegate.oci.layercheck import (
     ConfigResult,
@@ -123,7 +123,7 @@ def _reused(
     cache: RootCache,
     limits: Limits,
     progress: Progress,
-    doc: Mapping[str, Any],
+    doc: JsonMapping,
 ) -> Root:
     """The cached root of the same layers, for this source (rootfs/reuse.py); not held when refused."""
     try:
@@ -140,7 +140,7 @@ def _report(
     layers: tuple[LayerResult, ...],
     diff_ids: tuple[str, ...],
     problems: list[str],
-    doc: Mapping[str, Any],
+    doc: JsonMapping,
 ) -> VerifyReport:
     platform = image.platform
     if platform is None:
@@ -167,7 +167,7 @@ def _unpack(
     cache: RootCache,
     limits: Limits,
     progress: Progress,
-    doc: Mapping[str, Any],
+    doc: JsonMapping,
 ) -> Root:
     os.mkdir(build.rootfs, 0o755)
     root_dir = RootDir(build.rootfs)
@@ -308,7 +308,7 @@ def _commit(
     cache: RootCache,
     applier: LayerApplier,
     results: tuple[LayerResult, ...],
-    doc: Mapping[str, Any],
+    doc: JsonMapping,
 ) -> Root:
     """The unpacked root, with every layer verified, into the cache."""
     settings = image_settings(doc)

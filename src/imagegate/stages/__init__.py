@@ -8,10 +8,11 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.domain.results import ImageFacts, StageResult, Status
 from imagegate.pipeline.probes import PROBES
 
@@ -51,7 +52,7 @@ class OutsideContext:
 class Outcome:
     status: Status
     detail: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: JsonObject = field(default_factory=dict)
 
 
 OutsideProbe = Callable[[OutsideContext, BaseModel], Outcome]

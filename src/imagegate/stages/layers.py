@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.domain.results import Status
 from imagegate.errors import ImagegateError
 from imagegate.oci.digest import check_digest
@@ -164,7 +165,11 @@ def _verify(
             return _no_image(ctx, choice)
         return verify_source(source, expect_config=expect, jobs=params.jobs, progress=ctx.progress), choice
     except ImagegateError as e:
-        data = {"error": str(e), "hint": e.hint, "source_choice": asdict(choice) if choice else None}
+        data: JsonObject = {
+            "error": str(e),
+            "hint": e.hint,
+            "source_choice": asdict(choice) if choice else None,
+        }
         (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(data, indent=2) + "\n")
         return Outcome(Status.ERROR, f"could not read the image: {e}", data)
     finally:
@@ -208,7 +213,7 @@ def _outcome(ctx: OutsideContext, expect: str | None, report: VerifyReport, choi
     }
     (ctx.stage_dir / EVIDENCE_FILE).write_text(json.dumps(evidence, indent=2) + "\n")
     status = Status.PASS if report.ok and not probed_mismatch else Status.FAIL
-    summary = {
+    summary: JsonObject = {
         "config_digest": report.config.actual_digest,
         "manifest_digest": report.manifest_digest,
         "layers": len(report.layers),

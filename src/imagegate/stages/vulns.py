@@ -7,10 +7,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
+from imagegate._support.jsontypes import JsonObject, JsonValue
 from imagegate.domain.results import Status
 from imagegate.pipeline.params import VulnsParams
 from imagegate.stages import Outcome, OutsideContext
@@ -47,7 +47,7 @@ def run_vulns_stage(ctx: OutsideContext, params: BaseModel, today: dt.date | Non
     decision = policy.decide(audit.findings, params, today)
     data = _data(audit, decision, params)
     (ctx.stage_dir / "findings.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    data["problems"] = data["problems"][:DATA_PROBLEMS]
+    data["problems"] = list(audit.problems[:DATA_PROBLEMS])  # as _data lists them, cut
     return Outcome(
         Status.FAIL if decision.failed else Status.PASS, _detail(audit, decision, params.fail_on), data
     )
@@ -86,10 +86,10 @@ def _detail(audit: Audit, d: policy.Decision, fail_on: str) -> str:
     return "; ".join(parts)
 
 
-def _data(audit: Audit, d: policy.Decision, params: VulnsParams) -> dict[str, Any]:
-    findings = []
+def _data(audit: Audit, d: policy.Decision, params: VulnsParams) -> JsonObject:
+    findings: list[JsonValue] = []
     for f in audit.findings:
-        item = {**f.to_json(), "state": d.state(f)}
+        item: JsonObject = {**f.to_json(), "state": d.state(f)}
         ig = d.ignore_of(f)
         if ig is not None:
             item["ignore"] = {"reason": ig.reason, "expires": ig.expires.isoformat()}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from imagegate import __version__, pipeline
 from imagegate._support import deadline, interrupts, workers
 from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonObject
 from imagegate.attest.statement import build_statement
 from imagegate.domain import probes_bundle as bundle
 from imagegate.domain import protocol
@@ -353,7 +354,7 @@ def observe(
 ) -> Observation:
     """How a driver (docker, local) produces its Observation: the in-image stages in its
     controllers and, meanwhile, the outside stages that need nothing from inside."""
-    env = dict(driver.environment())
+    env = dict[str, object](driver.environment())
 
     def opener(timeout: float | None) -> Source | None:
         return driver.image_source(image, timeout)
@@ -761,7 +762,7 @@ def _run_outside(
     files.append(attempt.write_json(f"{folder}/result.json", result))
     return StageResult(
         stage.id, stage.probe, "outside", outcome.status, outcome.detail,
-        time.monotonic() - t0, outcome.data, files, started, on_gpu=had.gpu,
+        time.monotonic() - t0, dict[str, object](outcome.data), files, started, on_gpu=had.gpu,
     )  # fmt: skip
 
 
@@ -770,6 +771,8 @@ def _deferred_by_requires(stage: PlannedStage, outcome: Outcome, had: Capabiliti
     unmet = [r for r in stage.requires if not (r == "gpu" and had.gpu)]
     if not unmet:
         return outcome
-    data = dict(outcome.data, ran_for_record={"status": outcome.status.value, "detail": outcome.detail})
+    data: JsonObject = dict(
+        outcome.data, ran_for_record={"status": outcome.status.value, "detail": outcome.detail}
+    )
     detail = f"requires {', '.join(unmet)}, not present here; ran for the record: {outcome.detail or outcome.status.value}"
     return Outcome(Status.DEFERRED, detail, data)

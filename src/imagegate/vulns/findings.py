@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from packaging.utils import canonicalize_name
+
+from imagegate._support.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Finding:
     def ids(self) -> frozenset[str]:
         return frozenset(x.upper() for x in (self.id, *self.aliases))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "id": self.id,
             "aliases": list(self.aliases),

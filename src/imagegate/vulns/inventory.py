@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from packaging.utils import canonicalize_name
 
+from imagegate._support.jsontypes import JsonMapping
 from imagegate.vulns.findings import Package
+from imagegate.vulns.strict import iterated, mapping
 
 
-def packages(data: Mapping[str, Any]) -> list[Package]:
+def packages(data: JsonMapping) -> list[Package]:
     """One Package per (canonical name, version), with every folder it is installed in: a
     shadowed copy is still on disk, so it is audited too."""
     folders: dict[tuple[str, str], list[str]] = {}
     names: dict[tuple[str, str], str] = {}
-    for d in data.get("distributions") or []:
+    for item in iterated(data.get("distributions") or []):
+        d = mapping(item)
         name, version = d.get("name"), d.get("version")
         if not isinstance(name, str) or not isinstance(version, str) or not name or not version:
             continue

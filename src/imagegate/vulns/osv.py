@@ -11,17 +11,20 @@ import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from imagegate._support.jsontypes import JsonMapping
 from imagegate.vulns import severity
 from imagegate.vulns.findings import Audit, AuditError, Finding, Package
+from imagegate.vulns.strict import iterated, mapping
 
 ECOSYSTEM = "PyPI"
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is ~10x faster
+_LOADER: type[yaml.SafeLoader | yaml.CSafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)  # the C loader is ~10x faster
 
 
 class BadRange(ValueError):
@@ -87,16 +90,19 @@ class Match:
     problems: tuple[str, ...] = ()
 
 
-def match_affected(version: str, affected: Mapping[str, Any]) -> Match:
+def match_affected(version: str, affected: JsonMapping) -> Match:
     """Is `version` affected by one `affected[]` entry (its package already matched)?"""
     problems: list[str] = []
-    hit = in_versions(version, [str(x) for x in affected.get("versions") or []])
+    hit = in_versions(version, [str(x) for x in iterated(affected.get("versions") or [])])
     v = parse(version)
     fixed: list[str] = []
-    for rng in affected.get("ranges") or []:
+    for item in iterated(affected.get("ranges") or []):
+        rng = mapping(item)
         if rng.get("type") != "ECOSYSTEM":
             continue  # GIT ranges need the repository; the versions list covers them
-        events = [{k: str(val) for k, val in e.items()} for e in rng.get("events") or []]
+        events = [
+            {k: str(val) for k, val in mapping(e, "items").items()} for e in iterated(rng.get("events") or [])
+        ]
         fixed += [e["fixed"] for e in events if "fixed" in e]
         if hit or v is None:
             continue
@@ -114,18 +120,19 @@ class Advisory:
     id: str
     aliases: tuple[str, ...]
     summary: str
-    raw: Mapping[str, Any]
+    raw: JsonMapping
 
-    def affected_for(self, canonical: str) -> list[Mapping[str, Any]]:
+    def affected_for(self, canonical: str) -> list[JsonMapping]:
         out = []
-        for a in self.raw.get("affected") or []:
-            pkg = a.get("package") or {}
+        for item in iterated(self.raw.get("affected") or []):
+            a = mapping(item)
+            pkg = mapping(a.get("package") or {})
             if pkg.get("ecosystem") == ECOSYSTEM and canonicalize_name(str(pkg.get("name", ""))) == canonical:
                 out.append(a)
         return out
 
 
-def _modified(doc: Mapping[str, Any]) -> dt.datetime | None:
+def _modified(doc: JsonMapping) -> dt.datetime | None:
     """An OSV record's `modified` time (YAML may have parsed it already), in UTC; None if absent
     or unreadable."""
     value = doc.get("modified")
@@ -155,9 +162,9 @@ class AdvisoryDB:
             if modified is not None and (newest is None or modified > newest):
                 newest = modified
             names = {
-                canonicalize_name(str((a.get("package") or {}).get("name", "")))
-                for a in adv.raw.get("affected") or []
-                if (a.get("package") or {}).get("ecosystem") == ECOSYSTEM
+                canonicalize_name(str(mapping(mapping(a).get("package") or {}).get("name", "")))
+                for a in iterated(adv.raw.get("affected") or [])
+                if mapping(mapping(a).get("package") or {}).get("ecosystem") == ECOSYSTEM
             }
             for name in names:
                 self.by_package.setdefault(name, []).append(adv)

@@ -5,7 +5,9 @@ database's own rating (GHSA-style `database_specific`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+
+from imagegate._support.jsontypes import JsonMapping
+from imagegate.vulns.strict import iterated
 
 LEVELS = ("low", "medium", "high", "critical")
 
@@ -53,14 +55,14 @@ def rank(level: str) -> int:
     return LEVELS.index(level)
 
 
-def assess(records: Iterable[Mapping[str, Any]]) -> tuple[str | None, float | None]:
+def assess(records: Iterable[JsonMapping]) -> tuple[str | None, float | None]:
     """The highest severity any of the records (an advisory, its affected entries) states:
     `severity: [{type: CVSS_V2 | CVSS_V3 | CVSS_V4, score: vector}]` or `database_specific:
     {severity: WORD}`. A vector that does not score is passed over."""
     level: str | None = None
     score: float | None = None
     for rec in records:
-        for s in rec.get("severity") or []:
+        for s in iterated(rec.get("severity") or []):
             if isinstance(s, Mapping) and s.get("type") in SCORED and isinstance(s.get("score"), str):
                 try:
                     value = base_score(str(s["type"]), s["score"])
