@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from imagegate._support import jsontypes
 from imagegate.attest import dsse
 from imagegate.attest.replace import Decision, Kept, Replaced, Signed, decide, refuse_if_newer, subjects_of
 from imagegate.errors import NotVerified, UsageError
@@ -239,8 +240,8 @@ def resolve(client: RegistryClient, ref: Reference) -> RemoteImage:
     digests = [top.digest]
     if top.media_type in MANIFEST_TYPES:
         try:
-            config = untrusted_json.loads(top.raw).get("config", {}).get("digest")
-        except (untrusted_json.UntrustedJSONError, AttributeError):
+            config = jsontypes.path(untrusted_json.loads(top.raw), "config", "digest")
+        except untrusted_json.UntrustedJSONError:
             config = None
         if isinstance(config, str) and is_digest(config):
             digests.append(config)

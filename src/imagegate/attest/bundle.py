@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 from imagegate.attest import dsse
 from imagegate.attest.keys import PublicKey
@@ -60,7 +60,7 @@ def material_of(obj: dict[str, Any]) -> dict[str, Any] | None:
     return material if isinstance(material, dict) and material else None
 
 
-def is_bundle(obj: object) -> bool:
+def is_bundle(obj: object) -> TypeGuard[dict[str, object]]:
     return isinstance(obj, dict) and str(obj.get("mediaType", "")).startswith(
         "application/vnd.dev.sigstore.bundle"
     )

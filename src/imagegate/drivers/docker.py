@@ -174,7 +174,7 @@ class DockerDriver(DriverBase):
     def environment(self) -> JsonObject:
         if self._env is None:
             v = engineapi.version(self.client)
-            names = [c.get("Name", "") for c in v.get("Components", [])]
+            names = [c.get("Name", "") for c in v.get("Components") or []]
             engine = "podman" if any("podman" in n.lower() for n in names) else "docker"
             self._env = {
                 "driver": self.name,

@@ -9,8 +9,9 @@ import enum
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
+from imagegate._support.jsontypes import JsonMapping, JsonObject
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED
 from imagegate.oci.layercheck import (
@@ -22,6 +23,9 @@ from imagegate.oci.layercheck import (
     verify_source,
 )
 from imagegate.oci.sources.interface import ArchiveStream, ImageSource, Source, SourceError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # in typing from 3.11; imagegate runs on 3.10 too
 
 COMPARED_BLOBS = "manifests and layer blobs"
 COMPARED_LAYERS = "uncompressed layers"  # a docker save archive or engine export has no registry blobs
@@ -51,8 +55,8 @@ CONFIG_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 @dataclass(frozen=True)
 class FieldDiff:
     field: str
-    official: Any
-    mirror: Any
+    official: object  # a value of the config (JSON), or the platform's name
+    mirror: object
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class ComparedImage:
     config_digest: str | None  # computed from the config's bytes
     layer_digests: tuple[str | None, ...]  # compressed digests, as the manifest names them
     diff_ids: tuple[str, ...]
-    config_doc: Mapping[str, Any]
+    config_doc: JsonMapping
     report: VerifyReport | None = None  # when its blobs were read
 
 
@@ -90,8 +94,8 @@ class CompareResult:
     def exit_code(self) -> int:
         return EXIT_ACCEPTED if self.verdict in (Verdict.IDENTICAL, Verdict.SAME_CONTENT) else EXIT_REJECTED
 
-    def to_dict(self) -> dict[str, Any]:
-        def side(s: ComparedImage) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
+        def side(s: ComparedImage) -> JsonObject:
             return {
                 "source": s.source,
                 "manifest_digest": s.manifest_digest,
@@ -115,19 +119,19 @@ class CompareResult:
         }
 
 
-def _get(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
-    cur: Any = doc
+def _get(doc: JsonMapping, path: tuple[str, ...]) -> object:
+    cur: object = doc
     for key in path:
         cur = cur.get(key) if isinstance(cur, Mapping) else None
     # Converters (docker -> OCI config) drop empty fields: "" and null mean the same to a runtime.
     return None if cur in ("", [], {}) else cur
 
 
-def _platform(doc: Mapping[str, Any]) -> str:
+def _platform(doc: JsonMapping) -> str:
     return "/".join(str(doc[k]) for k in ("os", "architecture", "variant") if doc.get(k))
 
 
-def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list[FieldDiff], list[str]]:
+def config_differences(a: JsonMapping, b: JsonMapping) -> tuple[list[FieldDiff], list[str]]:
     """The listed runtime fields that differ, then the names of other differing keys."""
     diffs = [
         FieldDiff(name, _get(a, path), _get(b, path))
@@ -144,16 +148,25 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list
     }
     others: list[str] = []
     for key in sorted(set(a) | set(b)):
-        if key == "config" and isinstance(a.get(key), Mapping) and isinstance(b.get(key), Mapping):
-            for sub in sorted(set(a[key]) | set(b[key])):
-                if ("config", sub) not in known and a[key].get(sub) != b[key].get(sub):
+        in_a, in_b = a.get(key), b.get(key)
+        if key == "config" and isinstance(in_a, Mapping) and isinstance(in_b, Mapping):
+            for sub in sorted(set(in_a) | set(in_b)):
+                if ("config", sub) not in known and in_a.get(sub) != in_b.get(sub):
                     others.append(f"config.{sub}")
-        elif (key,) not in known and a.get(key) != b.get(key):
+        elif (key,) not in known and in_a != in_b:
             others.append(key)
     return diffs, others
 
 
-def _side(source: Source, *, read_blobs: bool, **verify_kw: Any) -> ComparedImage:
+class _VerifyOptions(TypedDict):
+    """What compare passes on to verify_source for each side it reads."""
+
+    jobs: int | None
+    max_uncompressed: int
+    progress: Progress | None
+
+
+def _side(source: Source, *, read_blobs: bool, **verify_kw: Unpack[_VerifyOptions]) -> ComparedImage:
     """One image's identity; its blobs are read (and verified) when asked, or when the source
     can only be read whole (an archive stream)."""
     if isinstance(source, ArchiveStream) or read_blobs:
@@ -197,7 +210,7 @@ def compare(
     digest it names then) and read by that digest after; the manifests named in the result are
     the ones whose bytes were compared. A tag that names another manifest when asked again at
     the end raises ReferenceMoved (exit 2): the verdict would be about bytes it no longer names."""
-    kw: dict[str, Any] = {"jobs": jobs, "max_uncompressed": max_uncompressed, "progress": progress}
+    kw: _VerifyOptions = {"jobs": jobs, "max_uncompressed": max_uncompressed, "progress": progress}
     result = _compare(official, mirror, deep, kw)
     for source in (official, mirror):
         if isinstance(source, ImageSource):
@@ -205,7 +218,7 @@ def compare(
     return result
 
 
-def _compare(official: Source, mirror: Source, deep: bool, kw: dict[str, Any]) -> CompareResult:
+def _compare(official: Source, mirror: Source, deep: bool, kw: _VerifyOptions) -> CompareResult:
     # Step 1: manifests only (no blob read) where the source allows it.
     if not deep and isinstance(official, ImageSource) and isinstance(mirror, ImageSource):
         o_img, m_img = official.resolve(), mirror.resolve()
@@ -225,7 +238,7 @@ def _compare(official: Source, mirror: Source, deep: bool, kw: dict[str, Any]) -
     return _different(o, m, mirror, deep, kw)
 
 
-def _blobs_of(mirror: Source, first: ComparedImage, kw: dict[str, Any]) -> ComparedImage:
+def _blobs_of(mirror: Source, first: ComparedImage, kw: _VerifyOptions) -> ComparedImage:
     """The mirror read again, its blobs this time: the very image compared first (its source
     pinned it), or a SourceError where the source answered another one."""
     again = _side(mirror, read_blobs=True, **kw)
@@ -241,7 +254,7 @@ def _blobs_of(mirror: Source, first: ComparedImage, kw: dict[str, Any]) -> Compa
 
 
 def _same_config(
-    o: ComparedImage, mirror: Source, m: ComparedImage, deep: bool, kw: dict[str, Any]
+    o: ComparedImage, mirror: Source, m: ComparedImage, deep: bool, kw: _VerifyOptions
 ) -> CompareResult:
     if m.report is None:
         m = _blobs_of(mirror, m, kw)
@@ -336,7 +349,7 @@ def _names(sides: Iterable[ComparedImage]) -> list[str]:
 
 
 def _different(
-    o: ComparedImage, m: ComparedImage, mirror: Source, deep: bool, kw: dict[str, Any]
+    o: ComparedImage, m: ComparedImage, mirror: Source, deep: bool, kw: _VerifyOptions
 ) -> CompareResult:
     if deep and m.report is None:
         m = _blobs_of(mirror, m, kw)

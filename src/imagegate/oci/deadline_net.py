@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Iterable
-from typing import Any
 
 import httpcore
 import httpx
@@ -38,7 +37,7 @@ class _Stream(httpcore.NetworkStream):
     ) -> httpcore.NetworkStream:
         return _Stream(self._inner.start_tls(ssl_context, server_hostname, deadline.cap(timeout)))
 
-    def get_extra_info(self, info: str) -> Any:
+    def get_extra_info(self, info: str) -> object:  # whatever the inner stream tells
         return self._inner.get_extra_info(info)
 
 
@@ -52,13 +51,16 @@ class _Backend(httpcore.NetworkBackend):
         port: int,
         timeout: float | None = None,
         local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
         stream = self._inner.connect_tcp(host, port, deadline.cap(timeout), local_address, socket_options)
         return _Stream(stream)
 
     def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
         return _Stream(self._inner.connect_unix_socket(path, deadline.cap(timeout), socket_options))
 

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
 from imagegate._support import deadline
+from imagegate._support.jsontypes import JsonObject, items
 from imagegate.errors import EngineError, describe_exception
 from imagegate.oci import untrusted_json
+
+if TYPE_CHECKING:
+    import requests
+    from docker import DockerClient  # the SDK ships no types: mypy checks no use of it
 
 MAX_ENGINE_JSON_BYTES = 4 << 20  # an image's inspect is a few KiB; a long history some more
 MAX_ERROR_BYTES = 64 << 10
@@ -25,7 +31,52 @@ _BOOT_API_VERSION = "1.24"
 _API_VERSION = re.compile(r"1\.\d{1,3}")
 
 
-def engine_endpoint(client: Any) -> str:
+class EngineApi(Protocol):
+    """The Docker SDK's low-level client (`DockerClient.api`), as far as imagegate calls it."""
+
+    def _url(self, pathfmt: str, *args: str, versioned_api: bool = True) -> str: ...
+    def _get(self, url: str, **kwargs: object) -> requests.Response: ...
+    def _raise_for_status(self, response: requests.Response) -> None: ...
+    def _stream_raw_result(
+        self, response: requests.Response, chunk_size: int = 1, decode: bool = True
+    ) -> Iterator[bytes]: ...
+
+
+class EngineClient(Protocol):
+    """A Docker SDK client (what `connect` makes), as far as imagegate's engine reads use it."""
+
+    @property
+    def api(self) -> EngineApi: ...
+
+
+class EngineComponent(TypedDict, total=False):
+    Name: str  # never null
+
+
+class EngineVersion(TypedDict, total=False):
+    """`/version`'s fields as checked (null where the engine sent null); others ride along unread."""
+
+    Version: str | None
+    ApiVersion: str | None
+    Os: str | None
+    Arch: str | None
+    Components: list[EngineComponent] | None
+
+
+class _ImageId(TypedDict):
+    Id: str  # never empty
+
+
+class EngineImage(_ImageId, total=False):
+    """An image's inspect fields as checked (null where the engine sent null); others unread."""
+
+    RepoDigests: list[str] | None
+    Os: str | None
+    Architecture: str | None
+    Variant: str | None
+
+
+def engine_endpoint(client: object) -> str:
     """The engine as a user would name it in a message: its endpoint."""
     api = getattr(client, "api", None)
     base = str(getattr(api, "base_url", "") or "")
@@ -35,13 +86,13 @@ def engine_endpoint(client: Any) -> str:
     return base or "the default engine"
 
 
-def _where(client: Any) -> str:
+def _where(client: object) -> str:
     return f"the engine at {engine_endpoint(client)}"
 
 
 def get_json(
-    client: Any, path: str, *args: str, versioned: bool = True, params: dict[str, str] | None = None
-) -> Any:
+    client: EngineClient, path: str, *args: str, versioned: bool = True, params: dict[str, str] | None = None
+) -> object:
     """The engine's JSON answer to GET `path` (SDK-style `{0}` placeholders, quoted); an error
     status raises the SDK's exception for it; anything too large, cut or not JSON an EngineError."""
     import requests
@@ -68,7 +119,7 @@ def get_json(
         raise EngineError(f"{what} is {e}") from e
 
 
-def _read(api: Any, url: str, params: dict[str, str] | None, what: str) -> bytes:
+def _read(api: EngineApi, url: str, params: dict[str, str] | None, what: str) -> bytes:
     """At most MAX_ENGINE_JSON_BYTES + 1 bytes of the answer (the declared length checked first)."""
     res = api._get(url, params=params, stream=True, headers={"Accept-Encoding": "identity"})
     try:
@@ -83,7 +134,7 @@ def _read(api: Any, url: str, params: dict[str, str] | None, what: str) -> bytes
         res.close()
 
 
-def _raise_status(api: Any, res: Any, what: str) -> None:
+def _raise_status(api: EngineApi, res: requests.Response, what: str) -> None:
     """The SDK's exception for an error status, from the error body's first 64 KiB."""
     from docker.errors import DockerException
 
@@ -98,7 +149,7 @@ def _raise_status(api: Any, res: Any, what: str) -> None:
     raise EngineError(f"{what}: answered {res.status_code}")
 
 
-def _fields(doc: Any, what: str, types: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
+def _fields(doc: object, what: str, types: dict[str, type | tuple[type, ...]]) -> JsonObject:
     """`doc` as an object whose named fields, where present and not null, have these types."""
     if not isinstance(doc, dict):
         raise EngineError(f"{what} is not a JSON object")
@@ -112,7 +163,7 @@ def _kind(kind: type | tuple[type, ...]) -> str:
     return "/".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
 
 
-def version(client: Any) -> dict[str, Any]:
+def version(client: EngineClient) -> EngineVersion:
     """The engine's `/version`, its fields checked; Components as a list of objects."""
     what = f"{_where(client)}: its /version answer"
     doc = _fields(
@@ -121,13 +172,13 @@ def version(client: Any) -> dict[str, Any]:
         {"Version": str, "ApiVersion": str, "Os": str, "Arch": str, "Components": list},
     )
     if not all(
-        isinstance(c, dict) and isinstance(c.get("Name", ""), str) for c in doc.get("Components") or []
+        isinstance(c, dict) and isinstance(c.get("Name", ""), str) for c in items(doc.get("Components"))
     ):
         raise EngineError(f"{what}: `Components` is not a list of named objects")
-    return doc
+    return cast(EngineVersion, doc)  # each field's kind checked above: what mypy cannot follow
 
 
-def inspect_image(client: Any, reference: str) -> dict[str, Any]:
+def inspect_image(client: EngineClient, reference: str) -> EngineImage:
     """`/images/{reference}/json`, with `Id` a non-empty string and `RepoDigests` strings."""
     what = f"{_where(client)}: its description of image {reference}"
     doc = _fields(
@@ -137,19 +188,19 @@ def inspect_image(client: Any, reference: str) -> dict[str, Any]:
     )
     if not doc.get("Id"):
         raise EngineError(f"{what}: no `Id`")
-    if not all(isinstance(d, str) for d in doc.get("RepoDigests") or []):
+    if not all(isinstance(d, str) for d in items(doc.get("RepoDigests"))):
         raise EngineError(f"{what}: `RepoDigests` is not a list of strings")
-    return doc
+    return cast(EngineImage, doc)  # each field's kind checked above: what mypy cannot follow
 
 
-def connect(host: str | None, *, timeout: int) -> Any:
+def connect(host: str | None, *, timeout: int) -> DockerClient:
     """A Docker SDK client for `host` (None: DOCKER_HOST, as docker.from_env), its API version
     the engine's, learnt from a bounded `/version`: raises EngineError when none answers."""
     import docker
     import requests
 
     try:
-        kwargs: dict[str, Any] = {"timeout": timeout, "version": _BOOT_API_VERSION}
+        kwargs: dict[str, int | str] = {"timeout": timeout, "version": _BOOT_API_VERSION}
         client = docker.DockerClient(base_url=host, **kwargs) if host else docker.from_env(**kwargs)
     except docker.errors.DockerException as e:
         raise EngineError(

@@ -21,7 +21,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import zstandard
 from isal import igzip_lib
@@ -70,6 +70,23 @@ def _keep_chunks_in_heap() -> None:
 
 class Reader(Protocol):
     def read(self, n: int, /) -> bytes: ...
+
+
+class _Sink(Protocol):
+    """What takes the bytes to hash: a hasher, or _Both feeding two."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+class _Hasher(_Sink, Protocol):
+    """A hashlib hasher, or what stands in for one (_BlobHash, _DiffIdHash, _Tapped)."""
+
+    def hexdigest(self) -> str: ...
+
+
+class _NamedHasher(_Hasher, Protocol):
+    @property
+    def name(self) -> str: ...
 
 
 _MAGIC_MAX = max(len(m) for m in (GZIP_MAGIC, ZSTD_MAGIC, XZ_MAGIC, BZIP2_MAGIC))
@@ -330,9 +347,7 @@ class _Tee:
     """Reads from the source, hashing and counting every byte; stops at `limit` bytes so that a
     source longer than declared cannot make us read forever."""
 
-    def __init__(
-        self, src: Reader, hasher: hashlib._Hash, limit: int | None, on_bytes: Callable[[int], None]
-    ):
+    def __init__(self, src: Reader, hasher: _Sink, limit: int | None, on_bytes: Callable[[int], None]):
         self.src, self.hasher, self.limit, self.on_bytes = src, hasher, limit, on_bytes
         self.count = 0
         self.hit_limit = False
@@ -463,8 +478,8 @@ def digest_blob(
 
 def _digest(
     src: Reader,
-    outer: Any,  # a hashlib hasher, or a _BlobHash standing in for one
-    new_inner: Callable[[], Any],
+    outer: _NamedHasher,  # a hashlib hasher, or a _BlobHash standing in for one
+    new_inner: Callable[[], _Hasher],
     limit: int | None,
     layer: bool,
     max_uncompressed: int,
@@ -496,14 +511,18 @@ def _digest(
 
 
 def _hash_plain_layer(
-    tee: _Tee, head: bytes, outer: Any, new_inner: Callable[[], Any], tap: Callable[[bytes], None] | None
+    tee: _Tee,
+    head: bytes,
+    outer: _NamedHasher,
+    new_inner: Callable[[], _Hasher],
+    tap: Callable[[bytes], None] | None,
 ) -> tuple[str, int]:
     """An uncompressed layer, read to its end: its diffID and size."""
     # The diffID is the sha256 of the very bytes; hash once when the blob's digest is sha256.
     inner = outer if outer.name == "sha256" else new_inner()
     if inner is not outer:
         inner.update(head)
-        tee.hasher = _Both(outer, inner)  # type: ignore[assignment]
+        tee.hasher = _Both(outer, inner)
     if tap is not None:
         tap(head)
         tee.observer = tap
@@ -515,7 +534,7 @@ def _hash_compressed_layer(
     tee: _Tee,
     head: bytes,
     kind: str,
-    new_inner: Callable[[], Any],
+    new_inner: Callable[[], _Hasher],
     max_uncompressed: int,
     tap: Callable[[bytes], None] | None,
 ) -> tuple[str | None, int | None, str | None]:
@@ -540,7 +559,7 @@ def _hash_compressed_layer(
     return result
 
 
-def _inflate(dec: Reader, inner: Any, max_uncompressed: int) -> int:
+def _inflate(dec: Reader, inner: _Sink, max_uncompressed: int) -> int:
     """Hash `dec`'s decompressed stream into `inner`, to its end; its size."""
     total = 0
     while True:
@@ -569,7 +588,7 @@ def _check_stream_end(tee: _Tee, tee_with_head: _Prefixed, kind: str, frames: Zs
 
 
 class _Both:
-    def __init__(self, a: hashlib._Hash, b: hashlib._Hash):
+    def __init__(self, a: _Sink, b: _Sink):
         self.a, self.b = a, b
 
     def update(self, data: bytes) -> None:
@@ -580,7 +599,7 @@ class _Both:
 class _Tapped:
     """A diffID hasher that also hands every decompressed piece to `tap`."""
 
-    def __init__(self, inner: Any, tap: Callable[[bytes], None]):
+    def __init__(self, inner: _Hasher, tap: Callable[[bytes], None]):
         self.inner, self.tap = inner, tap
 
     def update(self, data: bytes) -> None:

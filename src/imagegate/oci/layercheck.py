@@ -11,11 +11,11 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
+from imagegate._support.jsontypes import JsonMapping, JsonObject, obj
 from imagegate.oci import untrusted_json
 from imagegate.oci.digest import digest_of
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED, BlobDigests, digest_blob
@@ -100,7 +100,7 @@ class VerifyReport:
     # Seconds the source took to send its first byte (an engine preparing its export).
     source_wait_s: float | None = None
     # The parsed config, for compare; not part of the evidence (its digest is).
-    config_doc: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    config_doc: JsonMapping = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -123,12 +123,12 @@ class VerifyReport:
     def foreign(self) -> int:
         return sum(1 for x in self.layers if x.status is LayerStatus.FOREIGN)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d.pop("config_doc")
         d["ok"] = self.ok
         d["config"]["matches_official"] = self.config.matches_official
-        plain: dict[str, Any] = json.loads(json.dumps(d, default=str))
+        plain: JsonObject = json.loads(json.dumps(d, default=str))  # a dict dumped: an object
         return plain
 
 
@@ -176,7 +176,7 @@ def judge_layer(
     known_size: int | None = None,
 ) -> LayerResult:
     """The status of one layer from what was declared and what was computed."""
-    base: dict[str, Any] = {
+    base: _Declared = {
         "index": index,
         "media_type": desc.media_type,
         "expected_digest": desc.digest,
@@ -193,7 +193,7 @@ def judge_layer(
             status, detail = LayerStatus.MISSING, f"the source has no blob {desc.name}"
         return LayerResult(status=status, detail=detail, **base, **_NOTHING_READ)
     actual_size = known_size if got.too_long and known_size is not None else got.size
-    values: dict[str, Any] = {
+    values: _Read = {
         "compression": got.compression,
         "actual_digest": got.digest,
         "actual_size": actual_size,
@@ -204,7 +204,28 @@ def judge_layer(
     return LayerResult(status=status, detail=detail, **base, **values)
 
 
-_NOTHING_READ: dict[str, Any] = {
+class _Declared(TypedDict):
+    """LayerResult's fields from the manifest and the config."""
+
+    index: int
+    media_type: str
+    expected_digest: str | None
+    expected_size: int | None
+    expected_diff_id: str | None
+    urls: tuple[str, ...]
+
+
+class _Read(TypedDict):
+    """LayerResult's fields from the blob's bytes."""
+
+    compression: str | None
+    actual_digest: str | None
+    actual_size: int | None
+    actual_diff_id: str | None
+    uncompressed_size: int | None
+
+
+_NOTHING_READ: _Read = {
     "compression": None,
     "actual_digest": None,
     "actual_size": None,
@@ -243,7 +264,7 @@ def _judge_read(
 
 def check_config(
     desc: Descriptor, raw: bytes | None, official: str | None
-) -> tuple[ConfigResult, Mapping[str, Any], tuple[str, ...], list[str]]:
+) -> tuple[ConfigResult, JsonMapping, tuple[str, ...], list[str]]:
     """(result, parsed config, declared diffIDs, structural problems)."""
     if raw is None:
         res = ConfigResult(
@@ -269,13 +290,21 @@ def check_config(
     problems: list[str] = []
     try:
         doc = untrusted_json.loads(raw, max_bytes=MAX_CONFIG_BYTES)
-        diff_ids = doc["rootfs"]["diff_ids"]
+        diff_ids = _member(_member(doc, "rootfs"), "diff_ids")
         if not isinstance(diff_ids, list) or not all(isinstance(x, str) for x in diff_ids):
             raise TypeError("diff_ids is not a list of strings")
     except (ValueError, KeyError, TypeError) as e:
         problems.append(f"the config has no readable rootfs.diff_ids ({e})")
         return res, {}, (), problems
-    return res, doc, tuple(diff_ids), problems
+    return res, obj(doc), tuple(diff_ids), problems  # an object: _member read a key from it
+
+
+def _member(value: object, key: str) -> object:
+    """value[key]: a KeyError where the object has no such key, and where `value` is no object
+    the TypeError indexing it raises (the problem reported names either, as it always did)."""
+    if isinstance(value, dict):
+        return value[key]
+    return value[key]  # type: ignore[index]  # raises that TypeError: indexing is the check
 
 
 def _count_problems(layers: int, diff_ids: int) -> list[str]:
@@ -284,7 +313,7 @@ def _count_problems(layers: int, diff_ids: int) -> list[str]:
     return []
 
 
-def _platform(image: ResolvedImage, doc: Mapping[str, Any]) -> str | None:
+def _platform(image: ResolvedImage, doc: JsonMapping) -> str | None:
     if image.platform:
         return image.platform
     parts = [doc.get("os"), doc.get("architecture"), doc.get("variant")]
@@ -298,7 +327,7 @@ def _report(
     layers: list[LayerResult],
     diff_ids: tuple[str, ...],
     problems: list[str],
-    doc: Mapping[str, Any],
+    doc: JsonMapping,
     source_wait_s: float | None = None,
 ) -> VerifyReport:
     return VerifyReport(

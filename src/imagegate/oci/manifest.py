@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.oci import untrusted_json
@@ -109,7 +108,7 @@ class Index:
     manifests: tuple[Descriptor, ...]
 
 
-def _descriptor(obj: Any, where: str) -> Descriptor:
+def _descriptor(obj: object, where: str) -> Descriptor:
     if not isinstance(obj, dict):
         raise ManifestError(f"{where}: a descriptor must be an object")
     digest, size, media_type = obj.get("digest"), obj.get("size"), obj.get("mediaType", "")

@@ -33,6 +33,7 @@ import httpx
 
 from imagegate import __version__
 from imagegate._support import deadline, interrupts
+from imagegate._support.jsontypes import obj
 from imagegate.errors import UsageError, describe_exception, no_such_host
 from imagegate.oci import deadline_net, untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
@@ -373,9 +374,9 @@ class RegistryClient:
         if resp.status_code != 200:
             raise RegistryError(f"{self.registry}: the token server answered {resp.status_code}")
         try:
-            body = untrusted_json.loads(resp.content)
+            body = obj(untrusted_json.loads(resp.content))  # JSON but not an object: no token
             token = body.get("token") or body.get("access_token")
-        except (ValueError, AttributeError):  # not JSON, or JSON but not an object
+        except ValueError:  # not JSON
             token = None
         if not isinstance(token, str) or not token:
             raise RegistryError(f"{self.registry}: the token server answered without a token")

@@ -8,12 +8,12 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from imagegate._support.enginehost import check_docker_host
 from imagegate.errors import UsageError
+from imagegate.oci.engineapi import EngineClient
 from imagegate.oci.hashing import decompressing_reader
-from imagegate.oci.manifest import DEFAULT_PLATFORM, parse_platform
+from imagegate.oci.manifest import DEFAULT_PLATFORM, Platform, parse_platform
 from imagegate.oci.reference import parse_image_name, parse_reference
 from imagegate.oci.sources.archive import DockerArchiveSource, TarStream, is_compressed_file
 from imagegate.oci.sources.daemon import DaemonArchive
@@ -36,7 +36,7 @@ def open_source(
     *,
     platform: str | None = None,
     insecure: bool = False,
-    docker_client: Any | None = None,
+    docker_client: EngineClient | None = None,
 ) -> Source:
     """The source named by `spec`. Malformed strings raise UsageError (exit 3)."""
     plat = parse_platform(platform or DEFAULT_PLATFORM)
@@ -71,7 +71,7 @@ def open_source(
     return _registry(spec, plat, insecure)
 
 
-def _registry(ref: str, plat: Any, insecure: bool) -> Source:
+def _registry(ref: str, plat: Platform, insecure: bool) -> Source:
     # Imported here: a machine reading only files (oci:, docker-archive:) needs no HTTP client.
     from imagegate.oci.sources.registry import RegistrySource
 

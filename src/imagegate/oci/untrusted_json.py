@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
 
 from imagegate._support.files import FileRefused, read_regular
 
@@ -22,7 +21,8 @@ class UntrustedJSONError(ValueError):
     """The document is too large, too deep, or not JSON; the message says which."""
 
 
-def loads(raw: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+def loads(raw: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES, max_depth: int = MAX_DEPTH) -> object:
+    """The parsed document, untrusted: the caller narrows what it reads (_support.jsontypes)."""
     if len(raw) > max_bytes:
         raise UntrustedJSONError(f"larger than {max_bytes} bytes ({len(raw)})")
     try:

@@ -15,11 +15,10 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from imagegate._support import interrupts
 from imagegate.errors import EngineError, UsageError, describe_exception
-from imagegate.oci.engineapi import connect, engine_endpoint, inspect_image
+from imagegate.oci.engineapi import EngineClient, connect, engine_endpoint, inspect_image
 from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.archive import TarStream
@@ -95,7 +94,7 @@ def _until_end(chunks: Iterator[bytes], done: Callable[[], None]) -> Iterator[by
         done()
 
 
-def response_socket(res: Any) -> socket.socket | None:
+def response_socket(res: object) -> socket.socket | None:
     """The socket a requests (urllib3) response streams from, where it can be found."""
     sock = getattr(getattr(getattr(res, "raw", None), "_connection", None), "sock", None)
     return sock if isinstance(sock, socket.socket) else None
@@ -110,7 +109,9 @@ def _sizeof(n: int) -> str:
 
 
 class DaemonArchive(TarStream):
-    def __init__(self, image: ImageName | str, client: Any | None = None, *, timeout: float | None = None):
+    def __init__(
+        self, image: ImageName | str, client: EngineClient | None = None, *, timeout: float | None = None
+    ):
         name = image if isinstance(image, ImageName) else parse_image_name(image, "docker-daemon: image")
         ref = name.text
         # saving a bare repository name would save all of its tags: one image, `:latest`
@@ -120,7 +121,7 @@ class DaemonArchive(TarStream):
         self.first_byte_s: float | None = None  # how long the engine prepared, once known
         super().__init__(f"docker-daemon:{ref}", lambda: None)
 
-    def _engine(self) -> Any:
+    def _engine(self) -> EngineClient:
         if self._client is not None:
             return self._client
         try:

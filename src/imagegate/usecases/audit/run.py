@@ -155,7 +155,7 @@ def run_mirror(entry: MirrorEntry, inv: LoadedImageList, opts: BatchOptions) -> 
         result.exit_code,
         result.sentence,
         time.monotonic() - t0,
-        data=result.to_dict(),
+        data=dict[str, object](result.to_dict()),
     )
 
 
