@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,7 +245,14 @@ def _sysctl(name: str) -> str | None:
 # `--ro-bind / /` binds every mount under / (recursively), then remounts each read-only; a mount
 # that goes away in between (a container engine's overlay of a container that just stopped)
 # fails the whole setup before the command runs. Nothing ran, so it is tried again.
-MOUNT_RACE_TRIES = 5
+MOUNT_RACE_TRIES = 8
+
+
+def mount_race_pause(attempt: int) -> None:
+    """Before try `attempt` (the first is 0: none): a short pause, growing, so that a burst of
+    mount changes (an engine stopping several containers at once) passes; 1.5 s in all."""
+    if attempt:
+        time.sleep(min(0.02 * 2**attempt, 0.3))
 
 
 def mount_raced(exit_code: int | None, stdout: bytes, stderr: bytes) -> bool:
@@ -335,7 +343,8 @@ def check_host(bwrap: str | None = None) -> str:
         # The very namespaces a run makes (--unshare-user too: as root bwrap would skip it).
         argv = [exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
         argv += ["--ro-bind", "/", "/", "--proc", "/proc"]
-        for _ in range(MOUNT_RACE_TRIES):
+        for attempt in range(MOUNT_RACE_TRIES):
+            mount_race_pause(attempt)
             try:
                 done = subprocess.run([*argv, true], capture_output=True, timeout=30, check=False)
             except (OSError, subprocess.TimeoutExpired) as e:

@@ -369,7 +369,8 @@ def environment_fingerprint(
     and version), as canonical JSON, from `argv` (the interpreter running _FINGERPRINT_CODE, in
     the sandbox: its site hooks run); {} when the interpreter cannot say."""
     try:
-        for _ in range(bwrap.MOUNT_RACE_TRIES):
+        for attempt in range(bwrap.MOUNT_RACE_TRIES):
+            bwrap.mount_race_pause(attempt)
             done = subprocess.run(
                 argv, env=env, capture_output=True, timeout=120, check=False, pass_fds=pass_fds
             )
@@ -399,7 +400,8 @@ def _run(
     cancel: threading.Event | None = None,
 ) -> BundleRun:
     start = time.monotonic()
-    for _ in range(bwrap.MOUNT_RACE_TRIES):
+    for attempt in range(bwrap.MOUNT_RACE_TRIES):
+        bwrap.mount_race_pause(attempt)
         done = run_group(
             argv,
             deadline_s=max(0.0, deadline_s - (time.monotonic() - start)),
