@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
+from imagegate._support.jsontypes import JsonMapping, JsonObject
 from imagegate.attest import dsse
 from imagegate.attest.keys import PublicKey
 from imagegate.errors import UsageError
@@ -23,16 +24,16 @@ _READABLE = (
 )
 
 
-def verification_material(key: PublicKey) -> dict[str, Any]:
+def verification_material(key: PublicKey) -> JsonObject:
     """What names the signing key in a bundle: sigstore-go's publicKey hint, no log entry."""
     return {"publicKey": {"hint": key.hint}}
 
 
-def to_bundle(envelope: dsse.Envelope, key: PublicKey) -> dict[str, Any]:
+def to_bundle(envelope: dsse.Envelope, key: PublicKey) -> JsonObject:
     return wrap(envelope, verification_material(key))
 
 
-def wrap(envelope: dsse.Envelope, material: dict[str, Any]) -> dict[str, Any]:
+def wrap(envelope: dsse.Envelope, material: JsonObject) -> JsonObject:
     """The bundle of `envelope` with `material` (one read from another bundle is kept as is)."""
     # protojson form, fields in the proto's order: bytes as standard base64, empty fields
     # (keyid "", no tlog entries) omitted.
@@ -54,7 +55,7 @@ def to_json(envelope: dsse.Envelope, key: PublicKey) -> bytes:
     return json.dumps(to_bundle(envelope, key), indent=2).encode() + b"\n"
 
 
-def material_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+def material_of(obj: JsonMapping) -> JsonObject | None:
     """A read bundle's verificationMaterial, or None where it has none to carry over."""
     material = obj.get("verificationMaterial")
     return material if isinstance(material, dict) and material else None
@@ -66,7 +67,7 @@ def is_bundle(obj: object) -> TypeGuard[dict[str, object]]:
     )
 
 
-def envelope_of(obj: dict[str, Any]) -> dsse.Envelope:
+def envelope_of(obj: JsonMapping) -> dsse.Envelope:
     media_type = obj.get("mediaType")
     if media_type not in _READABLE:
         raise UsageError(f"Sigstore bundle: unsupported media type {media_type!r}")

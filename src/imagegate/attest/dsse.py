@@ -10,8 +10,8 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
@@ -38,7 +38,7 @@ class Envelope:
     payload_type: str
     signatures: tuple[Signature, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "payloadType": self.payload_type,
             "payload": _b64(self.payload),

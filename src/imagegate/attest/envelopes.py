@@ -5,9 +5,9 @@ Shared by `verify` (which checks them) and `attach` (which pushes them)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from imagegate._support.files import read_named
+from imagegate._support.jsontypes import JsonObject
 from imagegate.attest import bundle, dsse
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
@@ -70,7 +70,7 @@ def _one(obj: object, path: Path) -> dsse.Envelope:
         ) from e
 
 
-def bundle_material(path: Path, envelope: dsse.Envelope) -> dict[str, Any] | None:
+def bundle_material(path: Path, envelope: dsse.Envelope) -> JsonObject | None:
     """The verificationMaterial (what names the signing key) of a Sigstore bundle holding
     `envelope`: `path` itself when it is one, else the `.sigstore.json` that signing writes
     beside each DSSE file (attestation.dsse.json: attestation.sigstore.json). None when neither

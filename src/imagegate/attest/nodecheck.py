@@ -17,10 +17,11 @@ import datetime as dt
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from imagegate import __version__
 from imagegate._support.files import read_named
+from imagegate._support.jsontypes import JsonMapping, JsonObject, JsonValue, freeze_object, items, obj, path
 from imagegate.attest import dsse
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.sign import serialize
@@ -39,11 +40,11 @@ MAX_ENVELOPE_BYTES = 1 << 20  # a node's statement is a few KiB: anything far la
 _GPU_PREFIX = "GPU-"  # nvidia-smi writes the UUID with it, torch without: one spelling signed
 
 
-def gpu_uuids(data: Mapping[str, Any]) -> list[str]:
+def gpu_uuids(data: JsonMapping) -> list[str]:
     """The node's GPU UUIDs from its check's data: nvidia-smi's (the host's view), else torch's."""
     found: list[str] = []
-    host = (data.get("host") or {}).get("nvidia_smi") or []
-    devices = (data.get("facts") or {}).get("devices") or []
+    host = items(path(data, "host", "nvidia_smi"))
+    devices = items(path(data, "facts", "devices"))
     for row in [*host, *devices]:
         raw = row.get("uuid") if isinstance(row, Mapping) else None
         if isinstance(raw, str) and raw.strip():
@@ -54,43 +55,45 @@ def gpu_uuids(data: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def _digest(name: str) -> dict[str, str]:
+def _digest(name: str) -> JsonObject:
     return {"sha256": hashlib.sha256(name.encode()).hexdigest()}
 
 
-def subject(node: str, uuids: list[str]) -> list[dict[str, Any]]:
+def subject(node: str, uuids: list[str]) -> list[JsonObject]:
     """The node first, then each GPU as node/UUID."""
     names = [f"node/{node}", *(f"node/{node}/gpu/{u}" for u in uuids)]
     return [{"name": n, "digest": _digest(n)} for n in names]
 
 
 def node_statement(
-    node: str, status: str, detail: str, data: Mapping[str, Any], image: Mapping[str, Any], attempt: str
-) -> dict[str, Any]:
+    node: str, status: str, detail: str, data: JsonMapping, image: JsonMapping, attempt: str
+) -> JsonObject:
     """The statement for one node: `status` and `detail` are the node check stage's, `data` what
     it measured, `image` the reference and digest of the image that ran it, `attempt` the id of
     the attempt it ran in."""
     uuids = gpu_uuids(data)
     return {
         "_type": STATEMENT_TYPE,
-        "subject": subject(node, uuids),
+        "subject": list[JsonValue](subject(node, uuids)),
         "predicateType": NODE_PREDICATE_TYPE,
-        "predicate": {
-            "node": node,
-            "gpus": uuids,
-            "model": fleet.gpu_model(data),
-            "verdict": status,
-            "detail": detail,
-            "figures": fleet.figures_of(data),
-            "image": dict(image),
-            "attempt": attempt,
-            "checkedOn": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "imagegate": {"version": __version__},
-        },
+        "predicate": freeze_object(
+            {
+                "node": node,
+                "gpus": uuids,
+                "model": fleet.gpu_model(data),
+                "verdict": status,
+                "detail": detail,
+                "figures": fleet.figures_of(data),
+                "image": dict(image),
+                "attempt": attempt,
+                "checkedOn": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "imagegate": {"version": __version__},
+            }
+        ),
     }
 
 
-def sign_node(folder: Path, statement: dict[str, Any], key: SigningKey) -> Path:
+def sign_node(folder: Path, statement: JsonMapping, key: SigningKey) -> Path:
     """The DSSE envelope of `statement`, written once into `folder` (never replacing one)."""
     path = folder / NODE_FILE
     try:
@@ -114,7 +117,7 @@ def sign_attempt(node: str, record: RunRecord, key: SigningKey) -> Path | None:
     return sign_node(Path(record.attempt_dir), statement, key)
 
 
-def verify_node(raw: bytes, key: PublicKey) -> dict[str, Any]:
+def verify_node(raw: bytes, key: PublicKey) -> dict[str, object]:
     """The statement of a node's envelope, once its signature verifies with `key`, its type is
     the node check's and each subject's digest is its name's. UsageError otherwise, saying which."""
     if len(raw) > MAX_ENVELOPE_BYTES:
@@ -185,7 +188,7 @@ def _attempt_verifies(attempt: Path, key: PublicKey) -> list[str]:
     return []
 
 
-def _unverified(raw: bytes) -> dict[str, Any]:
+def _unverified(raw: bytes) -> dict[str, object]:
     """The statement of a node's envelope, its signature not checked (no key was given)."""
     try:
         statement = untrusted_json.loads(dsse.from_json(raw).payload, max_bytes=MAX_ENVELOPE_BYTES)
@@ -196,9 +199,9 @@ def _unverified(raw: bytes) -> dict[str, Any]:
     return statement
 
 
-def _names(statement: Mapping[str, Any], node: str, attempt: str) -> list[str]:
+def _names(statement: JsonMapping, node: str, attempt: str) -> list[str]:
     """Where the node statement names another node, or another attempt, than the one given."""
-    predicate = statement["predicate"]
+    predicate = obj(statement.get("predicate"))
     found = []
     if predicate.get("node") != node:
         found.append(

@@ -10,11 +10,12 @@ import fcntl
 import hashlib
 import os
 import posixpath
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Literal
 
+from imagegate._support.jsontypes import JsonMapping, obj
 from imagegate.attest import dsse
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
@@ -59,7 +60,7 @@ class Signed:
     signer whose earlier word it may supersede."""
 
     envelope: dsse.Envelope
-    statement: dict[str, Any]
+    statement: dict[str, object]
     signer: PublicKey
 
 
@@ -77,8 +78,8 @@ def _short(predicate_type: str) -> str:
     }.get(predicate_type, predicate_type)
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+def _dict(value: object) -> dict[str, object]:
+    return obj(value)
 
 
 def canonical_pipeline(source: str) -> str:
@@ -92,12 +93,12 @@ def canonical_pipeline(source: str) -> str:
     return posixpath.normpath(source.replace("\\", "/"))
 
 
-def pipeline_of(statement: Mapping[str, Any]) -> str | None:
+def pipeline_of(statement: JsonMapping) -> str | None:
     """The pipeline identity of an imagegate statement (canonical_pipeline of its source, else its
     name: what the VSA's `policy.uri` says), or None when it is not recognisably imagegate's."""
     kind = statement.get("predicateType")
     pred = _dict(statement.get("predicate"))
-    named: Any = None
+    named: object = None
     if kind in (PREDICATE_TYPE, INDEX_PREDICATE_TYPE):
         pipeline = _dict(pred.get("pipeline"))
         named = pipeline.get("source") or pipeline.get("name")
@@ -118,7 +119,7 @@ def pipeline_of(statement: Mapping[str, Any]) -> str | None:
     return canonical_pipeline(named) if isinstance(named, str) and named else None
 
 
-def instant(text: Any) -> datetime | None:
+def instant(text: object) -> datetime | None:
     if not isinstance(text, str) or not text:
         return None
     try:
@@ -128,7 +129,7 @@ def instant(text: Any) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
-def when(statement: Mapping[str, Any]) -> datetime | None:
+def when(statement: JsonMapping) -> datetime | None:
     """When the word was said, the order of one signer's statements: an acceptance when its run
     finished, an index statement when it was made (`finishedOn` both), a VSA and a test-result
     as the statement they were signed beside (their TIME_FIELD; a VSA without it, as an earlier
@@ -144,7 +145,7 @@ def when(statement: Mapping[str, Any]) -> datetime | None:
     return None
 
 
-def newest_run(statement: Mapping[str, Any]) -> datetime | None:
+def newest_run(statement: JsonMapping) -> datetime | None:
     """An index statement's newest platform run: one made later from older runs says less."""
     runs = _dict(statement.get("predicate")).get("platforms")
     found = (
@@ -153,13 +154,13 @@ def newest_run(statement: Mapping[str, Any]) -> datetime | None:
     return max((t for t in found if t is not None), default=None)
 
 
-def outcome(statement: Mapping[str, Any]) -> str:
+def outcome(statement: JsonMapping) -> str:
     pred = _dict(statement.get("predicate"))
     said = pred.get("verdict") or pred.get("verificationResult") or pred.get("result")
     return str(said) if said else "?"
 
 
-def statement_of(envelope: dsse.Envelope) -> dict[str, Any] | None:
+def statement_of(envelope: dsse.Envelope) -> dict[str, object] | None:
     """The envelope's payload as a JSON object, or None."""
     try:
         st = untrusted_json.loads(envelope.payload, max_bytes=MAX_STATEMENT_BYTES)
@@ -168,7 +169,7 @@ def statement_of(envelope: dsse.Envelope) -> dict[str, Any] | None:
     return st if isinstance(st, dict) else None
 
 
-def subjects_of(statement: Mapping[str, Any]) -> list[str]:
+def subjects_of(statement: JsonMapping) -> list[str]:
     """A statement's subject digests as `algorithm:hex` (malformed entries are skipped)."""
     subjects = statement.get("subject")
     out: list[str] = []
@@ -229,7 +230,7 @@ def decide(new: Signed, old: dsse.Envelope | None, subject: str, where: str) -> 
     return Decision("replace", entry)
 
 
-def _on_older_runs(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+def _on_older_runs(new: JsonMapping, old: JsonMapping) -> bool:
     """An index statement made later than `old` but from runs all older than `old`'s newest."""
     if new.get("predicateType") != INDEX_PREDICATE_TYPE:
         return False
@@ -237,7 +238,7 @@ def _on_older_runs(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
     return theirs is not None and (mine is None or mine < theirs)
 
 
-def _kept_because(new: Signed, old: dsse.Envelope, earlier: Mapping[str, Any], subject: str) -> str | None:
+def _kept_because(new: Signed, old: dsse.Envelope, earlier: JsonMapping, subject: str) -> str | None:
     """Why an earlier statement of the same predicate type is not `new`'s to supersede, or None."""
     pipeline = pipeline_of(earlier)
     if pipeline is None:

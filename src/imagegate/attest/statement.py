@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 from imagegate._support import jsontypes as j
 from imagegate._support.jsontypes import JsonMapping
@@ -23,13 +22,13 @@ NOT_EVIDENCE = ("statement.json",)
 NOT_EVIDENCE_PREFIXES = ("attestation.", "vsa.", "testresult.")
 
 
-def environment_digest(env: Any) -> str:
+def environment_digest(env: object) -> str:
     """sha256 of the predicate's `environment` as canonical JSON: a verifier recomputes it, so
     the subject of an image-less run is still bound to something checkable."""
     return hashlib.sha256(canonical_json(env)).hexdigest()
 
 
-def canonical_json(obj: Any) -> bytes:
+def canonical_json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
@@ -50,14 +49,14 @@ def subject(record: RunRecord) -> tuple[tuple[Subject, ...], str]:
     return (Subject(name, {"sha256": environment_digest(environment(record))}),), "environment"
 
 
-def _gpu_present(env: dict[str, Any]) -> bool | None:
+def _gpu_present(env: JsonMapping) -> bool | None:
     gpu = env.get("gpu")
     if isinstance(gpu, dict) and isinstance(gpu.get("present"), bool):
         return bool(gpu["present"])
     return None
 
 
-def _gpu_granted(env: dict[str, Any]) -> bool:
+def _gpu_granted(env: JsonMapping) -> bool:
     """The runner's own fact (runner.gpu_granted), beside the image's word (`gpuPresent`)."""
     grant = env.get("gpus_granted")
     return isinstance(grant, dict) and grant.get("granted") is True
@@ -79,7 +78,7 @@ def attempt_evidence(record: RunRecord) -> list[EvidenceFile]:
     return out
 
 
-def _key_isolation(env: dict[str, Any]) -> str | None:
+def _key_isolation(env: JsonMapping) -> str | None:
     """How the probes were kept from the signing key (the driver's `key_isolation.method`):
     `none` where the environment under test could read it; None where the driver does not say."""
     facts = env.get("key_isolation")
@@ -87,7 +86,7 @@ def _key_isolation(env: dict[str, Any]) -> str | None:
     return method if isinstance(method, str) else None
 
 
-def environment(record: RunRecord) -> dict[str, Any]:
+def environment(record: RunRecord) -> dict[str, object]:
     env = dict(record.environment)
     return {
         **env,
@@ -128,7 +127,7 @@ RUNNER_FACTS: dict[str, FactRules] = {
 FACTS: dict[str, FactRules] = {**{n: p.facts for n, p in PROBES.items()}, **RUNNER_FACTS}
 
 
-def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, Any]:
+def stage_facts(stage_id: str, probe: str, data: JsonMapping) -> dict[str, object]:
     """What a consumer of the attestation acts on, per probe, without opening the evidence:
     pip's problems, the modules found, the vulnerability findings. Every key a probe reports is
     either carried here or, named in FACTS, kept in the evidence: never dropped unseen."""
@@ -142,10 +141,10 @@ def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, An
             hint="this is a bug in imagegate: give the probe its facts in pipeline/probes.py",
         )
     carried = (*COMMON_CARRIED, *rules.carried)
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in data.items():
         if key in rules.items:
-            out[key] = [_record(stage_id, probe, key, rules.items[key], item) for item in value or []]
+            out[key] = [_record(stage_id, probe, key, rules.items[key], item) for item in _listed(value)]
         elif key in carried:
             out[key] = value
         elif key not in rules.evidence_only and key not in (*COMMON_EVIDENCE_ONLY, *COMMON_ELSEWHERE):
@@ -157,7 +156,15 @@ def stage_facts(stage_id: str, probe: str, data: dict[str, Any]) -> dict[str, An
     return out
 
 
-def _record(stage_id: str, probe: str, key: str, known: tuple[str, ...], item: Any) -> Any:
+def _listed(value: object) -> list[object]:
+    """A fact's records: a list (none when empty or absent); anything else is the item itself,
+    which _record refuses as not a record."""
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value] if value else []
+
+
+def _record(stage_id: str, probe: str, key: str, known: tuple[str, ...], item: object) -> dict[str, object]:
     if not isinstance(item, dict):
         raise InternalError(
             f"stage {stage_id}: probe {probe} reported {key} entry {item!r}, not a record",
@@ -240,7 +247,7 @@ def read_stage(raw: object) -> StageResult:
 
 def stage_result(e: StageEntry) -> StageResult:
     """A statement's stage as a result (StageEntry's fields; its facts as carried facts)."""
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     if e.from_attempt:
         data["from_attempt"] = e.from_attempt
     if e.facts:

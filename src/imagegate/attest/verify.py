@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
+from imagegate._support.jsontypes import JsonMapping, items, obj, objects, path
 from imagegate.attest import dsse
 from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES, one_envelope, read_bounded, read_envelopes
 from imagegate.attest.keys import PublicKey
@@ -62,7 +63,7 @@ class Check:
 class Report:
     source: str  # what was verified: a file, or a registry reference and layer
     checks: list[Check] = field(default_factory=list)
-    statement: dict[str, Any] | None = None
+    statement: dict[str, object] | None = None
     predicate_type: str | None = None  # as the payload says, even when it is not ours
     signer: PublicKey | None = None  # the trusted key that verified the signature
 
@@ -127,7 +128,7 @@ def verify_envelope(
     return rep
 
 
-def _statement(envelope: dsse.Envelope, predicate_type: str, rep: Report) -> dict[str, Any] | None:
+def _statement(envelope: dsse.Envelope, predicate_type: str, rep: Report) -> dict[str, object] | None:
     try:
         st = untrusted_json.loads(envelope.payload, max_bytes=MAX_ATTESTATION_BYTES)
     except untrusted_json.UntrustedJSONError as e:
@@ -166,15 +167,15 @@ def _subject_ok(s: object) -> bool:
     return isinstance(s, dict) and isinstance(s.get("digest"), dict) and bool(s["digest"])
 
 
-def _subject_digests(statement: Mapping[str, Any]) -> list[str]:
-    return [f"{a}:{h}" for s in statement["subject"] for a, h in s["digest"].items()]
+def _subject_digests(statement: JsonMapping) -> list[str]:
+    return [f"{a}:{h}" for s in objects(statement.get("subject")) for a, h in obj(s.get("digest")).items()]
 
 
 def _check_subject(
-    statement: dict[str, Any], image_digests: Sequence[str], name: str | None, rep: Report
+    statement: JsonMapping, image_digests: Sequence[str], name: str | None, rep: Report
 ) -> None:
     subj = _subject_digests(statement)
-    image = statement["predicate"].get("image") or {}
+    image = obj(path(statement, "predicate", "image"))
     kind = image.get("subjectDigest")
     # The subject must be the digest the predicate says it is (the signature covers both, so a
     # mismatch means the statement was made wrong, not changed in transit; still worth a name).
@@ -182,7 +183,7 @@ def _check_subject(
         "manifest": image.get("manifestDigest"),
         "index": image.get("indexDigest"),
         "config": image.get("configDigest"),
-        "environment": "sha256:" + environment_digest(statement["predicate"].get("environment")),
+        "environment": "sha256:" + environment_digest(path(statement, "predicate", "environment")),
     }.get(str(kind))
     if expected is not None and expected not in subj:
         rep.add(
@@ -219,14 +220,14 @@ def _safe_rel(path: object) -> str | None:
     return path
 
 
-def listed_files(statement: dict[str, Any]) -> list[dict[str, Any]]:
+def listed_files(statement: JsonMapping) -> list[dict[str, object]]:
     """The files beside it that a statement vouches for, by sha256: an acceptance's evidence; a
     VSA's input attestations (the acceptance it summarises)."""
     from imagegate.attest.vsa import VSA_PREDICATE_TYPE
 
     if statement.get("predicateType") != VSA_PREDICATE_TYPE:
         return evidence_files(statement)
-    inputs = (statement.get("predicate") or {}).get("inputAttestations") or []
+    inputs = items(path(statement, "predicate", "inputAttestations"))
     return [
         {"path": a.get("uri"), "sha256": (a.get("digest") or {}).get("sha256")}
         for a in inputs
@@ -234,7 +235,7 @@ def listed_files(statement: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
+def check_evidence(statement: JsonMapping, root: Path, rep: Report) -> None:
     files = listed_files(statement)
     missing: list[str] = []
     bad = 0
@@ -268,7 +269,7 @@ def check_evidence(statement: dict[str, Any], root: Path, rep: Report) -> None:
     _check_statement_copy(statement, root, rep)
 
 
-def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) -> None:
+def _check_statement_copy(statement: JsonMapping, root: Path, rep: Report) -> None:
     # statement.json is the readable copy of the attempt's own statement (acceptance, or an
     # index's); it must say what was signed. A VSA or test result beside it is another statement.
     copy = root / STATEMENT_COPY
@@ -290,12 +291,12 @@ def _check_statement_copy(statement: dict[str, Any], root: Path, rep: Report) ->
 LINK_COPY = "completes/attestation.dsse.json"  # imagegate.usecases.complete keeps the earlier envelope here
 
 
-def _subject_of(statement: Mapping[str, Any]) -> tuple[Any, ...]:
+def _subject_of(statement: JsonMapping) -> tuple[object, ...]:
     """What two attempts of one chain must share: the image's name and digest; for an environment
     without an image (run --here), its fingerprint."""
-    pred = statement.get("predicate") or {}
-    if (pred.get("image") or {}).get("subjectDigest") == "environment":
-        fp = ((pred.get("environment") or {}).get("fingerprint") or {}).get("sha256")
+    pred = obj(statement.get("predicate"))
+    if path(pred, "image", "subjectDigest") == "environment":
+        fp = path(pred, "environment", "fingerprint", "sha256")
         return ("environment fingerprint", fp)
     subj = statement.get("subject") or []
     return ("subject", json.dumps(subj, sort_keys=True))
@@ -337,10 +338,10 @@ class _Link:
     detail: str  # what held, for the `link` check
 
 
-def _one_link(statement: dict[str, Any], root: Path, ring: Sequence[PublicKey]) -> _Link | str:
+def _one_link(statement: JsonMapping, root: Path, ring: Sequence[PublicKey]) -> _Link | str:
     """The link from `statement` (in folder `root`) to the attempt it completes; a string: why
     it does not hold, naming that attempt."""
-    link = (statement.get("predicate") or {}).get("completes") or {}
+    link = obj(path(statement, "predicate", "completes"))
     want = str(link.get("envelopeSha256") or "")
     attempt = link.get("attempt")
     found = _linked_envelope(attempt, want, root)
@@ -355,7 +356,7 @@ def _one_link(statement: dict[str, Any], root: Path, ring: Sequence[PublicKey]) 
     if not sub.ok or sub.statement is None or sub.signer is None:
         why = "; ".join(f"{c.name}: {c.detail}" for c in sub.failures)
         return f"completes attempt {attempt}: the earlier attestation does not verify: {why}"
-    earlier_id = ((sub.statement.get("predicate") or {}).get("attempt") or {}).get("id")
+    earlier_id = path(sub.statement, "predicate", "attempt", "id")
     if earlier_id != attempt:
         return f"the link names attempt {attempt}, the linked envelope is attempt {earlier_id}"
     a, b = _subject_of(statement), _subject_of(sub.statement)
@@ -369,7 +370,7 @@ def _one_link(statement: dict[str, Any], root: Path, ring: Sequence[PublicKey]) 
     )
 
 
-def check_link(statement: dict[str, Any], root: Path, trusted: Trusted, rep: Report) -> None:
+def check_link(statement: JsonMapping, root: Path, trusted: Trusted, rep: Report) -> None:
     """A completion (`imagegate complete`) names the attempt it completes by the sha256 of that
     attempt's envelope. Each envelope of the chain must be signed by one of the trusted keys (the
     detail names which), the earlier one must be the linked one byte for byte (where it lies
@@ -385,12 +386,12 @@ def check_link(statement: dict[str, Any], root: Path, trusted: Trusted, rep: Rep
             return
         held.append(step.detail)
         statement = step.report.statement or {}
-        further = (statement.get("predicate") or {}).get("completes")
+        further = path(statement, "predicate", "completes")
         if further is None:
             break
         if step.place == root / LINK_COPY:  # only the copy is here: no folder of its own
             held.append(
-                f"its own link to attempt {further.get('attempt')} not checked: its folder is not here"
+                f"its own link to attempt {obj(further).get('attempt')} not checked: its folder is not here"
             )
             break
         root = step.place.parent
@@ -434,7 +435,7 @@ def verify_in_folder(
     )
     if rep.statement is None:
         return rep
-    if (rep.statement.get("predicate") or {}).get("completes") is not None:
+    if path(rep.statement, "predicate", "completes") is not None:
         check_link(rep.statement, root, trusted, rep)
     if evidence:
         check_evidence(rep.statement, root, rep)
@@ -666,7 +667,7 @@ class SignedAttempt:
     the very bytes that verified (what a statement built on it links and copies)."""
 
     dir: Path
-    statement: dict[str, Any]
+    statement: dict[str, object]
     envelope: bytes
     signer: str  # the fingerprint of the trusted key its signature verified with
 
@@ -720,7 +721,7 @@ def accepts(
         return False, "NOT verified: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
     statement = report.statement or {}
     raw = statement.get("predicate")
-    pred: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    pred: dict[str, object] = obj(raw)
     verdict = report.verdict
     if verdict is not None:
         if expect_verdict is not None:  # its check is in the report, and passed
@@ -741,7 +742,7 @@ def accepts(
         return False, f"verified, but verdict {verdict} is not accepted ({why}; levels: {reached})"
     if report.predicate_type == VSA_PREDICATE_TYPE:
         result = pred.get("verificationResult")
-        named = ", ".join(str(x) for x in pred.get("verifiedLevels") or []) or "no level"
+        named = ", ".join(str(x) for x in items(pred.get("verifiedLevels"))) or "no level"
         if result == "PASSED":
             return True, f"verified: verification summary PASSED (levels: {named})"
         return False, f"verified, but the verification summary says {result}: not accepted"

@@ -11,8 +11,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from imagegate._support.jsontypes import JsonMapping, obj
 from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
 from imagegate.attest.replace import canonical_pipeline, instant, outcome, pipeline_of, when
 from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, TIME_FIELD, VSA_PREDICATE_TYPE
@@ -61,7 +62,7 @@ def trusted(report: Report) -> bool:
     return report.statement is not None and all(c.ok for c in report.checks if c.name != "verdict")
 
 
-def refuses(statement: dict[str, Any]) -> bool:
+def refuses(statement: JsonMapping) -> bool:
     """Whether the statement's own word refuses the image: a verdict `run` does not exit 0 on,
     a VSA not PASSED, a test-result neither PASSED nor WARNED (what each controller's rule
     refuses; an outcome no one defined accepts nothing)."""
@@ -80,10 +81,10 @@ def refuses(statement: dict[str, Any]) -> bool:
         return True  # a verdict this imagegate does not write accepts nothing
 
 
-def fresh_as_of(statement: dict[str, Any]) -> datetime | None:
+def fresh_as_of(statement: JsonMapping) -> datetime | None:
     """The instant a freshness rule reads: a VSA's `timeVerified` (an index's oldest run), an
     index statement's `verifiedOn` (the same), else when it was said."""
-    pred = statement.get("predicate") or {}
+    pred = obj(statement.get("predicate"))
     kind = statement.get("predicateType")
     if kind == VSA_PREDICATE_TYPE:
         return instant(pred.get("timeVerified"))
@@ -94,7 +95,7 @@ def fresh_as_of(statement: dict[str, Any]) -> datetime | None:
     return when(statement)
 
 
-def _stale(statement: dict[str, Any], scope: Scope) -> bool:
+def _stale(statement: JsonMapping, scope: Scope) -> bool:
     if scope.max_age is None:
         return False
     said = fresh_as_of(statement)
