@@ -78,6 +78,21 @@ def _no_level(verdict: str, statement: JsonMapping) -> str:
     return f"rejected: {verdict} reaches no level (not run: {not_run})"
 
 
+def _with_copies(
+    statement: Statement[RawPredicate], attempt: Attempt, runs: Sequence[plat.PlatformRun]
+) -> Statement[RawPredicate]:
+    """The index statement with each platform's envelope copied into the attempt, as its evidence."""
+    by_digest = {r.manifest_digest: r for r in runs}
+    pred = statement.predicate.to_json()
+    files: list[JsonValue] = []
+    for entry in j.objects(pred["platforms"]):
+        if entry["ran"]:
+            run = by_digest[j.text(entry["manifestDigest"])]
+            copied = attempt.write(str(j.path(entry, "attestation", "path")), run.envelope)
+            files.append({"path": copied.path, "sha256": copied.sha256, "size": copied.size})
+    return replace(statement, predicate=RawPredicate({**pred, "evidence": files}))
+
+
 def judge_index(
     reference: str,
     runs: Sequence[Path],
@@ -108,16 +123,8 @@ def judge_index(
     )
     algo, hexd = split_digest(digest)
     attempt = Attempt(out, ImageFacts(reference, None), now=now, key=f"index-{algo}-{hexd}")
-    by_digest = {r.manifest_digest: r for r in verified}
-    pred = statement.predicate.to_json()
-    files: list[JsonValue] = []
-    for entry in j.objects(pred["platforms"]):
-        if entry["ran"]:
-            run = by_digest[j.text(entry["manifestDigest"])]
-            copied = attempt.write(str(j.path(entry, "attestation", "path")), run.envelope)
-            files.append({"path": copied.path, "sha256": copied.sha256, "size": copied.size})
-    statement = replace(statement, predicate=RawPredicate({**pred, "evidence": files}))
-    said = statement.to_json()
+    statement = _with_copies(statement, attempt, verified)
+    pred, said = statement.predicate.to_json(), statement.to_json()
     attempt.write_json("statement.json", said)
     signed = sign_attempt(attempt.dir, statement, key)
     notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
