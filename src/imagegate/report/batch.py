@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
@@ -101,7 +101,8 @@ def write_json(result: BatchResult, path: Path | None) -> bool:
     return False
 
 
-def to_json(result: BatchResult) -> dict[str, Any]:
+def to_json(result: BatchResult) -> dict[str, object]:
+    # dict[str, object], not JsonObject: json.dumps writes an item's `data` as the item carries it.
     return {
         "apiVersion": API_VERSION,
         "kind": "AuditReport",

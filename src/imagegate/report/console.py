@@ -4,7 +4,7 @@ line, the evidence path."""
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from rich.console import Console
 from rich.table import Table
@@ -14,6 +14,9 @@ from imagegate.domain.results import RunRecord, StageResult, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
 from imagegate.report.view import counted_reasons
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # in typing from 3.11; imagegate runs on 3.10 too
 
 STYLE = {
     Status.PASS: "green",
@@ -38,12 +41,22 @@ def a_terminal(console: Console) -> bool:
     return console.is_terminal and callable(isatty) and bool(isatty())
 
 
-def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
+class ConsoleOptions(TypedDict, total=False):
+    """What callers pass on to rich's Console beside `stderr`."""
+
+    soft_wrap: bool
+    highlight: bool
+    markup: bool
+    width: int
+
+
+def make_console(*, stderr: bool = False, **kwargs: Unpack[ConsoleOptions]) -> Console:
     """A console on stdout or stderr: a terminal's own width, or no width limit anywhere else."""
     console = Console(stderr=stderr, **kwargs)
     if a_terminal(console) or "width" in kwargs:
         return console
-    return Console(stderr=stderr, width=LOG_WIDTH, **kwargs)
+    wide: ConsoleOptions = {**kwargs, "width": LOG_WIDTH}  # no width was given: this one
+    return Console(stderr=stderr, **wide)
 
 
 def one_line(text: str, width: int | None = TERMINAL_REASON_WIDTH) -> str:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from imagegate._support.jsontypes import JsonObject
 from imagegate._support.sizes import gib
 
 if TYPE_CHECKING:
     from imagegate.rootfs import CacheEntry, Root
 
 
-def root_json(root: Root) -> dict[str, Any]:
+def root_json(root: Root) -> JsonObject:
     return {
         "path": root.path,
         "chain_id": root.chain_id,
@@ -38,7 +39,7 @@ def render_root(root: Root, out: Console) -> None:
         out.print(f"  not applied: {note}")
 
 
-def entries_json(folder: str, entries: Sequence[CacheEntry]) -> dict[str, Any]:
+def entries_json(folder: str, entries: Sequence[CacheEntry]) -> JsonObject:
     return {"folder": folder, "roots": [dataclasses.asdict(e) for e in entries]}
 
 

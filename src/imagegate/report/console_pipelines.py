@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import shutil
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from imagegate._support.jsontypes import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from imagegate.pipeline import LoadedPipeline, Pipeline
@@ -28,7 +30,7 @@ def summary(p: Pipeline) -> str:
     return text[:cut].rstrip(".")
 
 
-def document(loaded: list[LoadedPipeline]) -> dict[str, Any]:
+def document(loaded: list[LoadedPipeline]) -> JsonObject:
     """The stable JSON of `pipelines list --format json`."""
     return {
         "pipelines": [
@@ -47,7 +49,7 @@ def document(loaded: list[LoadedPipeline]) -> dict[str, Any]:
                     }
                     for s in lp.pipeline.stages
                 ],
-                "verdicts": verdicts(lp.pipeline),
+                "verdicts": list[JsonValue](verdicts(lp.pipeline)),
             }
             for lp in loaded
         ]

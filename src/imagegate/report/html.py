@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from html import escape
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 from imagegate.domain.results import RunRecord, StageResult, Status
@@ -134,7 +133,7 @@ def _reasons(record: RunRecord) -> str:
     return "".join(parts) or "<p>Every stage passed.</p>"
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, str) and value.startswith("sha256:"):
@@ -160,9 +159,7 @@ def _layers(record: RunRecord) -> str:
     ]
     head = "".join(f"<th>{escape(c)}</th>" for c, _ in cols)
     # Layers are numbered from 1, as `imagegate layers` prints them.
-    shown = [
-        {**x, "index": x["index"] + 1 if isinstance(x.get("index"), int) else x.get("index")} for x in layers
-    ]
+    shown = [{**x, "index": i + 1 if isinstance(i := x.get("index"), int) else i} for x in layers]
     rows = "".join("<tr>" + "".join(f"<td>{_cell(x.get(k))}</td>" for _, k in cols) + "</tr>" for x in shown)
     return (
         f"<h2>Layers <small>({escape(stage.id)}: {escape(stage.detail[:160])})</small></h2>"

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonObject
 from imagegate.attest import dsse
 from imagegate.attest.envelopes import read_envelopes
 from imagegate.attest.keys import PublicKey
@@ -21,6 +23,7 @@ from imagegate.domain.evidence import sha256_file
 from imagegate.domain.results import ImageFacts, RunRecord, StageResult
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
+from imagegate.report import view
 from imagegate.report.provenance import Provenance, Signature
 
 STATEMENT = "statement.json"
@@ -30,7 +33,7 @@ STATEMENT = "statement.json"
 MAX_JSON_BYTES = 64 << 20
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> object:
     try:
         return untrusted_json.loads(untrusted_json.read_file(path, max_bytes=MAX_JSON_BYTES))
     except OSError as e:
@@ -53,7 +56,7 @@ def statement_text(attempt_dir: Path) -> str:
         raise UsageError(f"{path}: cannot read it: {e}") from e
 
 
-def _signed_copy(path: Path, sha256: str, differs: list[str]) -> Any:
+def _signed_copy(path: Path, sha256: str, differs: list[str]) -> object:
     """An evidence file's JSON, only when it is the file the statement lists (its sha256);
     otherwise None, and the difference is said."""
     if not path.is_file():
@@ -65,7 +68,7 @@ def _signed_copy(path: Path, sha256: str, differs: list[str]) -> Any:
     return stored
 
 
-def _stage(raw: dict[str, Any], root: Path, differs: list[str]) -> StageResult:
+def _stage(raw: object, root: Path, differs: list[str]) -> StageResult:
     """The statement's stage (attest.statement.read_stage), with its `data` (e.g. the layer
     counts) from its result.json, only where that file is the one the statement lists."""
     stage = read_stage(raw)
@@ -81,7 +84,7 @@ def _stage(raw: dict[str, Any], root: Path, differs: list[str]) -> StageResult:
 @dataclass(frozen=True)
 class Loaded:
     record: RunRecord
-    statement: dict[str, Any]  # the one the record is built from: as signed, where it was
+    statement: JsonObject  # the one the record is built from: as signed, where it was
     provenance: Provenance
 
 
@@ -106,7 +109,7 @@ def read_attempt(attempt_dir: Path, key: PublicKey | None = None) -> Loaded:
     return Loaded(record, statement, provenance)
 
 
-def _statement(raw: bytes, where: Path) -> dict[str, Any]:
+def _statement(raw: bytes, where: Path) -> JsonObject:
     try:
         statement = untrusted_json.loads(raw, max_bytes=MAX_JSON_BYTES)
     except untrusted_json.UntrustedJSONError as e:
@@ -115,12 +118,10 @@ def _statement(raw: bytes, where: Path) -> dict[str, Any]:
     if not isinstance(pred, dict) or "verdict" not in pred:
         raise UsageError(f"{where}: not an imagegate acceptance statement")
     assert isinstance(statement, dict)
-    return statement
+    return statement  # parsed JSON: an object of JSON values
 
 
-def _signed_statement(
-    attempt_dir: Path, key: PublicKey | None
-) -> tuple[dict[str, Any], Provenance] | Provenance:
+def _signed_statement(attempt_dir: Path, key: PublicKey | None) -> tuple[JsonObject, Provenance] | Provenance:
     """The envelope's payload and whether `key` verifies it; a Provenance alone where there is
     no envelope, or none that can be read."""
     fingerprint = key.fingerprint if key else None
@@ -141,38 +142,43 @@ def _signed_statement(
     return statement, Provenance(signature, fingerprint)
 
 
-def _record(statement: dict[str, Any], attempt_dir: Path, differs: list[str]) -> RunRecord:
-    pred = statement["predicate"]
-    listed = {
-        str(f.get("path")): str(f.get("sha256")) for f in pred.get("evidence") or [] if isinstance(f, dict)
-    }
-    run_facts = _signed_copy(attempt_dir / "run.json", listed.get("run.json", ""), differs) or {}
-    img = pred.get("image") or {}
+def _as_dict(value: object) -> dict[str, object]:
+    """`dict(value or {})`, as the record has always taken an object of the statement (an
+    array of pairs too); what is no iterable reads as absent."""
+    return dict(value) if value and isinstance(value, Iterable) else {}
+
+
+def _record(statement: JsonObject, attempt_dir: Path, differs: list[str]) -> RunRecord:
+    pred = j.obj(statement["predicate"])  # an object holding a verdict (_statement)
+    listed = {str(f.get("path")): str(f.get("sha256")) for f in j.objects(pred.get("evidence"))}
+    run_facts = _signed_copy(attempt_dir / "run.json", listed.get("run.json", ""), differs)
+    img = j.obj(pred.get("image"))
     # run.json holds the environment as the runner saw it; the predicate adds derived keys.
-    env = run_facts.get("environment") if isinstance(run_facts, dict) else None
+    env = j.obj(run_facts).get("environment")
+    completes = pred.get("completes")
     return RunRecord(
-        attempt_id=str((pred.get("attempt") or {}).get("id") or attempt_dir.name),
+        attempt_id=str(j.path(pred, "attempt", "id") or attempt_dir.name),
         attempt_dir=str(attempt_dir),
-        pipeline=dict(pred.get("pipeline") or {}),
-        plan=dict(pred.get("plan") or {}),
+        pipeline=_as_dict(pred.get("pipeline")),
+        plan=_as_dict(pred.get("plan")),
         image=ImageFacts(
             reference=str(img.get("reference") or "?"),
-            config_digest=img.get("configDigest"),
-            manifest_digest=img.get("manifestDigest"),
-            repo_digests=tuple(img.get("repoDigests") or ()),
-            platform=img.get("platform"),
-            repository=img.get("repository"),
-            index_digest=img.get("indexDigest"),
-            subject_note=img.get("subjectNote"),
+            config_digest=j.text(img.get("configDigest")),
+            manifest_digest=j.text(img.get("manifestDigest")),
+            repo_digests=tuple(d for d in view.each(img.get("repoDigests")) if isinstance(d, str)),
+            platform=j.text(img.get("platform")),
+            repository=j.text(img.get("repository")),
+            index_digest=j.text(img.get("indexDigest")),
+            subject_note=j.text(img.get("subjectNote")),
         ),
-        environment=dict(env if isinstance(env, dict) else pred.get("environment") or {}),
-        stages=[_stage(s, attempt_dir, differs) for s in pred.get("stages") or []],
+        environment=dict(env) if isinstance(env, dict) else _as_dict(pred.get("environment")),
+        stages=[_stage(s, attempt_dir, differs) for s in view.each(pred.get("stages"))],
         started_at=str(pred.get("startedOn") or ""),
         finished_at=str(pred.get("finishedOn") or ""),
         verdict=str(pred["verdict"]),
-        imagegate_version=str((pred.get("imagegate") or {}).get("version") or "?"),
-        bundle_sha256=pred.get("bundleSha256"),
-        completes=pred["completes"] if isinstance(pred.get("completes"), dict) else None,
+        imagegate_version=str(j.path(pred, "imagegate", "version") or "?"),
+        bundle_sha256=j.text(pred.get("bundleSha256")),
+        completes=completes if isinstance(completes, dict) else None,
     )
 
 

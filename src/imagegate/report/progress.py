@@ -9,8 +9,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:  # rich loads when something is shown: a quiet or JSON run never draws
     from rich.console import Console
@@ -229,6 +230,15 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+@dataclass
+class _Blob:
+    """A blob being read, as WaitLines tells it when done."""
+
+    label: str
+    nbytes: int
+    start: float  # time.monotonic()
+
+
 class WaitLines:
     """Not a terminal (CI logs): no bars, but a line every `every` seconds while the engine
     prepares its export, so that a long silent wait does not look like a hang."""
@@ -239,28 +249,28 @@ class WaitLines:
         # With `layers`: a line as each blob is done (a run's layers stage, where the bars of
         # `imagegate layers` are not shown): label, status, bytes and time.
         self.layers = layers
-        self._blobs: dict[int, list[Any]] = {}  # key -> [label, bytes, start]
+        self._blobs: dict[int, _Blob] = {}
         self._lock = threading.Lock()
 
     def started(self, key: int, label: str, total: int | None) -> None:
         if self.layers:
             with self._lock:
-                self._blobs[key] = [label, 0, time.monotonic()]
+                self._blobs[key] = _Blob(label, 0, time.monotonic())
 
     def advanced(self, key: int, nbytes: int) -> None:
         if self.layers:
             with self._lock:
-                self._blobs[key][1] += nbytes
+                self._blobs[key].nbytes += nbytes
 
     def finished(self, key: int, status: str) -> None:
         if not self.layers:
             return
         with self._lock:
-            label, nbytes, t0 = self._blobs.pop(key, ["blob", 0, time.monotonic()])
-        secs = time.monotonic() - t0
+            blob = self._blobs.pop(key, _Blob("blob", 0, time.monotonic()))
+        secs = time.monotonic() - blob.start
         # One line however long (a CI log has no width): soft_wrap.
         self.console.print(
-            f"{label}: {status}, {_size(nbytes)} in {secs:.1f} s", markup=False, soft_wrap=True
+            f"{blob.label}: {status}, {_size(blob.nbytes)} in {secs:.1f} s", markup=False, soft_wrap=True
         )
 
     def waiting(self, what: str, elapsed: float, done: bool) -> None:

@@ -26,9 +26,10 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
+from imagegate._support import jsontypes as j
+from imagegate._support.jsontypes import JsonObject, JsonValue
 from imagegate.domain.results import RunRecord, StageResult, Status
 from imagegate.report import view
 from imagegate.report.provenance import Provenance
@@ -44,8 +45,8 @@ _PIP_KINDS = {
 }
 
 
-def _rule(rule_id: str, text: str, **props: Any) -> dict[str, Any]:
-    rule: dict[str, Any] = {"id": rule_id, "name": rule_id, "shortDescription": {"text": text}}
+def _rule(rule_id: str, text: str, **props: JsonValue) -> JsonObject:
+    rule: JsonObject = {"id": rule_id, "name": rule_id, "shortDescription": {"text": text}}
     if props:
         rule["properties"] = props
     return rule
@@ -85,10 +86,10 @@ def where(record: RunRecord, location: str | None = None) -> Where:
     return Where(quote(_relative(chosen).replace(os.sep, "/"), safe="/@"), lines)
 
 
-def _location(record: RunRecord, at: Where, stage: StageResult, name: str | None = None) -> dict[str, Any]:
+def _location(record: RunRecord, at: Where, stage: StageResult, name: str | None = None) -> JsonObject:
     """The repository file `at` (the stage's line in a pipeline file), and the image (and the
     package, when there is one) as logical locations."""
-    logical = [{"fullyQualifiedName": record.image.reference, "kind": "module"}]
+    logical: list[JsonValue] = [{"fullyQualifiedName": record.image.reference, "kind": "module"}]
     if name:
         logical.append({"fullyQualifiedName": name, "kind": "package"})
     return {
@@ -101,19 +102,29 @@ def _location(record: RunRecord, at: Where, stage: StageResult, name: str | None
 
 
 def _result(
-    rule_id: str, level: str, text: str, stage: StageResult, location: dict[str, Any], **extra: Any
-) -> dict[str, Any]:
+    rule_id: str,
+    level: str,
+    text: str,
+    stage: StageResult,
+    location: JsonObject,
+    image_path: str | None = None,
+    **extra: JsonValue,
+) -> JsonObject:
+    """`image_path`: where in the image the finding is, the last of its properties."""
+    properties: JsonObject = {"stage": stage.id, "probe": stage.probe, "status": stage.status.value}
+    if image_path is not None:
+        properties["imagePath"] = image_path
     return {
         "ruleId": rule_id,
         "level": level,
         "message": {"text": text},
         "locations": [location],
-        "properties": {"stage": stage.id, "probe": stage.probe, "status": stage.status.value},
+        "properties": properties,
         **extra,
     }
 
 
-def _dicts(value: Any) -> Iterator[Mapping[str, Any]]:
+def _dicts(value: object) -> Iterator[Mapping[str, object]]:
     """The mappings of a list from a stage's data (which an image wrote: anything else is passed)."""
     for item in value if isinstance(value, list) else []:
         if isinstance(item, Mapping):
@@ -121,8 +132,8 @@ def _dicts(value: Any) -> Iterator[Mapping[str, Any]]:
 
 
 def _pip_check(
-    record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where
-) -> Iterator[dict[str, Any]]:
+    record: RunRecord, stage: StageResult, rules: dict[str, JsonObject], at: Where
+) -> Iterator[JsonObject]:
     for p in _dicts(stage.data.get("problems")):
         kind = str(p.get("kind"))
         if kind not in _PIP_KINDS:
@@ -136,8 +147,8 @@ def _pip_check(
 
 
 def _find_spec(
-    record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where
-) -> Iterator[dict[str, Any]]:
+    record: RunRecord, stage: StageResult, rules: dict[str, JsonObject], at: Where
+) -> Iterator[JsonObject]:
     for m in _dicts(stage.data.get("modules")):
         if m.get("found") and not m.get("reason"):
             continue
@@ -156,23 +167,23 @@ def _find_spec(
 
 
 def _vulns(
-    record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where
-) -> Iterator[dict[str, Any]]:
+    record: RunRecord, stage: StageResult, rules: dict[str, JsonObject], at: Where
+) -> Iterator[JsonObject]:
     for f in _dicts(stage.data.get("findings")):
         fid, package, version = str(f.get("id")), str(f.get("package")), str(f.get("version"))
-        aliases = [str(a) for a in f.get("aliases") or [] if isinstance(a, str)]
+        aliases = [str(a) for a in view.each(f.get("aliases")) if isinstance(a, str)]
         score = f.get("score")
-        props: dict[str, Any] = {"tags": ["security", "vulnerability"]}
+        props: JsonObject = {"tags": ["security", "vulnerability"]}
         if isinstance(score, int | float) and not isinstance(score, bool):
             props["security-severity"] = f"{float(score):.1f}"  # GitHub's severity, from the CVSS score
         rule = _rule(fid, str(f.get("summary") or fid)[:1000], **props)
         rule["helpUri"] = f"https://osv.dev/vulnerability/{quote(fid)}"
         rules.setdefault(fid, rule)
-        fixed = [str(x) for x in f.get("fixed") or []]
+        fixed = [str(x) for x in view.each(f.get("fixed"))]
         text = f"{package} {version}: {fid}" + (f" ({', '.join(aliases)})" if aliases else "")
         text += f", fixed in {fixed[0]}" if fixed else ", no fixed release"
-        paths = [str(x) for x in f.get("locations") or [] if isinstance(x, str)]
-        extra: dict[str, Any] = {}
+        paths = [str(x) for x in view.each(f.get("locations")) if isinstance(x, str)]
+        extra: JsonObject = {}
         ignore = f.get("ignore")
         if isinstance(ignore, Mapping):
             extra["suppressions"] = [
@@ -182,16 +193,17 @@ def _vulns(
                 }
             ]
         level = _LEVEL.get(str(f.get("severity")), "warning")
-        found = _result(fid, level, text, stage, _location(record, at, stage, package), **extra)
-        if paths:  # where in the image: no file of the repository
-            found["properties"]["imagePath"] = paths[0]
-        yield found
+        found_at = _location(record, at, stage, package)
+        # where in the image (paths) is a property: it is no file of the repository
+        yield _result(fid, level, text, stage, found_at, paths[0] if paths else None, **extra)
 
 
 _FINDINGS = {"pip_check": _pip_check, "find_spec": _find_spec, "vulns": _vulns}
 
 
-def _stage_result(record: RunRecord, stage: StageResult, rules: dict[str, Any], at: Where) -> dict[str, Any]:
+def _stage_result(
+    record: RunRecord, stage: StageResult, rules: dict[str, JsonObject], at: Where
+) -> JsonObject:
     rule_id = f"imagegate/stage/{stage.probe}"
     rules.setdefault(rule_id, _rule(rule_id, f"a {stage.probe} stage did not pass"))
     level = "note" if stage.status is Status.DEFERRED else "error"
@@ -210,30 +222,30 @@ def render(
     attempt's statement.json)."""
     del base  # the locations are relative to the repository's root, not to the report
     at = where(record, location)
-    rules: dict[str, Any] = {}
-    results: list[dict[str, Any]] = []
+    rules: dict[str, JsonObject] = {}
+    results: list[JsonValue] = []
     for stage in record.stages:
         found = list(_FINDINGS[stage.probe](record, stage, rules, at)) if stage.probe in _FINDINGS else []
         results += found
         if not found and stage.status in (Status.FAIL, Status.ERROR, Status.DEFERRED):
             results.append(_stage_result(record, stage, rules, at))
-    properties: dict[str, Any] = {
+    properties: JsonObject = {
         "verdict": record.verdict,
         "attempt": record.attempt_id,
         "image": record.image.reference,
         "manifestDigest": record.image.manifest_digest,
         "configDigest": record.image.config_digest,
-        "pipeline": dict(record.pipeline),
+        "pipeline": j.freeze_object(record.pipeline),  # JSON as recorded: the same text
     }
     if provenance is not None:
-        properties["attestation"] = provenance.lines()
-    run = {
+        properties["attestation"] = list[JsonValue](provenance.lines())
+    run: JsonObject = {
         "tool": {
             "driver": {
                 "name": "imagegate",
                 "version": record.imagegate_version,
                 "informationUri": INFORMATION_URI,
-                "rules": list(rules.values()),
+                "rules": list[JsonValue](rules.values()),
             }
         },
         # One category per pipeline and image: code scanning keeps each one's alerts apart.

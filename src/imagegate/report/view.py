@@ -6,14 +6,20 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from imagegate.domain.results import RunRecord, StageResult, Status, recorded_needs, waiting_on_deferred
 
 OUTPUT_CAP = 64 * 1024  # per stream and stage in a report: the evidence folder keeps it all
+
+
+def each(value: object) -> Iterable[object]:
+    """What `for x in value or []` goes through, for a list read from a statement or a stage's
+    data: any iterable as it is (a string's characters too: a report shows what it always
+    showed), nothing when it is empty or false; anything else reads as absent."""
+    return value if value and isinstance(value, Iterable) else ()
 
 
 def title(record: RunRecord) -> str:
@@ -161,7 +167,7 @@ LAYERS_EVIDENCE = "layers.json"  # stages/layers.py EVIDENCE_FILE: the per-layer
 MAX_LAYERS_EVIDENCE = 16 << 20
 
 
-def layer_table(record: RunRecord) -> tuple[StageResult, list[dict[str, Any]]] | None:
+def layer_table(record: RunRecord) -> tuple[StageResult, list[dict[str, object]]] | None:
     """The first layers stage's per-layer results, if the run had one: from its `layers.json`
     evidence (the stage's own data holds only the count), or a list in its data."""
     for s in record.stages:
@@ -175,7 +181,7 @@ def layer_table(record: RunRecord) -> tuple[StageResult, list[dict[str, Any]]] |
     return None
 
 
-def _evidence_layers(record: RunRecord, stage: StageResult) -> Any:
+def _evidence_layers(record: RunRecord, stage: StageResult) -> object:
     from imagegate._support.files import read_regular
     from imagegate.oci import untrusted_json
 
