@@ -4,6 +4,7 @@ interrupt is 130 (SIGINT) or 143 (SIGTERM) however the process was started."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -188,3 +189,32 @@ def test_interrupt_removes_the_container_and_exits_with_the_signal_code(
             proc.communicate(timeout=30)
         for cid in ours:
             subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+# An interrupt that lands inside exec() of a string, as it does when it comes while dataclasses or
+# namedtuple build a class at import: run as `python -m`, the way tests and many users start it.
+TRIGGER = """\
+import imagegate.cli as cli
+
+def run_main(argv=None):
+    exec("import os, signal\\nos.kill(os.getpid(), signal.SIG{sig})\\nfor _ in range(10**9): pass")
+    return 0
+
+cli.run_main = run_main
+cli.main([])
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [("INT", 130), ("TERM", 143)])
+def test_an_interrupt_inside_exec_while_importing_still_exits_with_its_code(
+    tmp_path: Path, sig: str, code: int
+) -> None:
+    """CPython's `python -m` path ends the process by SIGINT (exit -2) once a KeyboardInterrupt
+    was raised inside exec() of a string, even one caught; the interrupt's own code must stand."""
+    (tmp_path / "trigger").mkdir()
+    (tmp_path / "trigger" / "__main__.py").write_text(TRIGGER.replace("{sig}", sig))
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{src}")
+    p = subprocess.run([sys.executable, "-m", "trigger"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == code, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == "imagegate: interrupted", p.stderr

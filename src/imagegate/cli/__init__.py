@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from imagegate._support import interrupts
 from imagegate._support.interrupts import EXIT_SIGINT, EXIT_SIGTERM
@@ -142,7 +142,28 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if interrupts.signalled():
+        _leave_interrupted(code)
     sys.exit(code)
+
+
+def _leave_interrupted(code: int) -> NoReturn:
+    """Exit with `code` after an interrupt, as a normal exit does (threads joined, exit handlers
+    run, output flushed) but by os._exit. Under `python -m`, CPython ends the process by SIGINT
+    (exit -2), whatever code it was given, once a KeyboardInterrupt was raised inside exec() of a
+    string, even one caught: dataclasses and namedtuple create their methods that way at import,
+    so a Ctrl-C while the command imports lands there now and then (runpy's path reads the flag
+    exec() left; a script's path exits before)."""
+    import atexit
+    import threading
+
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_main(argv: list[str] | None = None) -> int:
