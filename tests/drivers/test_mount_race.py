@@ -28,13 +28,13 @@ m = os.path.join(shared, "m")
 os.makedirs(m, exist_ok=True)
 subprocess.run(["mount", "--bind", shared, shared], check=True)
 subprocess.run(["mount", "--make-shared", shared], check=True)
-# Bursts, as an engine stopping several containers makes them: 0.4 s of mounts coming and going,
-# then 0.5 s quiet. Bare bwrap fails in a burst; the runner's tries span more than one.
+# Bursts, as an engine stopping several containers makes them: 0.3 s of mounts coming and going,
+# then 2 s quiet. Bare bwrap fails in a burst; the runner's tries (1.5 s of pauses) reach the quiet.
 BURSTS = '''
 while :; do
-  end=$(( $(date +%s%N) + 400000000 ))
+  end=$(( $(date +%s%N) + 300000000 ))
   while [ "$(date +%s%N)" -lt "$end" ]; do mount -t tmpfs none "$0"; umount "$0"; done
-  sleep 0.5
+  sleep 2
 done
 '''
 racer = subprocess.Popen(["sh", "-c", BURSTS, m], stderr=subprocess.DEVNULL)
@@ -44,7 +44,7 @@ try:
     raced = calls = failed = 0
     said = ""
     start = time.monotonic()
-    while (raced < 3 or calls < 150) and time.monotonic() - start < 120:
+    while (raced < 6 or calls < 150) and time.monotonic() - start < 150:
         for _ in range(5):
             p = subprocess.run(raw, capture_output=True)
             if p.returncode != 0:
