@@ -120,6 +120,30 @@ def check_same_subject(earlier: Earlier, image: ImageFacts, now_fp: str | None) 
         )
 
 
+def completion_subject(earlier: Earlier, image: ImageFacts) -> ImageFacts:
+    """What a completion speaks about: the subject the earlier attempt signed, once
+    check_same_subject found the same image ID. The engine's registry digests change beside the
+    run (the image pushed since, or loaded here by ID only), and a completion naming another
+    subject would not link to the attempt it completes (verify refuses it). What the engine knows
+    now stays in the predicate's repoDigests."""
+    was = earlier.acceptance.image
+    if not image.config_digest:  # an environment (--here): its fingerprint matched
+        return image
+    note = was.subject_note
+    if was.manifest_digest and not image.manifest_digest:  # known here by its ID only, which matched
+        note = (
+            f"manifest digest as attempt {earlier.attempt_id} found it; the engine here knows the image "
+            "by its ID only, which is the one that attempt judged"
+        )
+    return dataclasses.replace(
+        image,
+        manifest_digest=was.manifest_digest,
+        repository=was.repository,
+        index_digest=was.index_digest,
+        subject_note=note,
+    )
+
+
 def completion_plan(earlier: Earlier, gpus: str | None, model: str | None = None) -> Plan:
     """The earlier plan with every stage that is not deferred marked as done earlier; a deferred
     stage's needs on those are dropped (they passed then, or it would not have been deferred).
@@ -214,11 +238,13 @@ class CompletionObserver:
         self.reference: str | None = was.reference or was.config_digest or "local"
         self.inner = runner.DriverObserver(driver, self.reference, opts, notify)
         self.earlier, self.notify = earlier, notify
+        self.image: ImageFacts | None = None  # completion_subject: the earlier attempt's subject
 
     def subject(self, prep: runner.Prepared) -> ImageFacts:
         image = self.inner.subject(prep)
         check_same_subject(self.earlier, image, self.inner.driver.environment_fingerprint())
-        return image
+        self.image = completion_subject(self.earlier, image)
+        return self.image
 
     def left_behind(self) -> str | None:
         return self.inner.left_behind()
@@ -228,6 +254,7 @@ class CompletionObserver:
         attempt.write(LINK_COPY, earlier.envelope)
         self.notify(f"completing {earlier.attempt_id} ({', '.join(earlier.to_run)})")
         obs = self.inner.observe(prep, attempt)
+        obs.image = self.image or obs.image
         obs.given = earlier_results(earlier)
         obs.completes = {
             "attempt": earlier.attempt_id,
