@@ -12,7 +12,7 @@ import pytest
 
 from imagegate.domain import protocol
 from imagegate.domain.results import Status, verdict
-from imagegate.usecases.runner import INTEGRITY_STAGE, _distrust
+from imagegate.usecases.runner.judging import INTEGRITY_STAGE, _distrust
 
 KEY = bytes(range(32))
 PLAN = ["pip_check", "find_spec"]

@@ -7,6 +7,7 @@ same inputs against the real engine to show what a user sees."""
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import DOCKER_SOCK, imagegate
+from tests.oci.infra import start_registry
 
 
 class Listener:
@@ -304,3 +306,30 @@ def test_rootfs_with_a_name_only_the_local_engine_has_suggests_docker_daemon(
     assert "only the local engine has it" in r.stderr
     assert f"--driver rootfs docker-daemon:{local}" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_rootfs_with_a_local_name_pushed_only_elsewhere_suggests_docker_daemon(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    """The engine lists a registry digest for the image, from another registry: Docker Hub still
+    does not have it under the name given, so the same advice, not retries against Docker Hub."""
+    token = secrets.token_hex(4)
+    local = f"imagegate-test/pushed-elsewhere:{token}"
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {images['python']}\nLABEL imagegate.test={token}\n")
+    subprocess.run(
+        ["docker", "build", "-q", "-t", local, str(tmp_path / "ctx")], check=True, capture_output=True
+    )
+    registry = start_registry(tmp_path / "registry")
+    elsewhere = f"{registry.host}/team/elsewhere:{token}"
+    try:
+        subprocess.run(["docker", "tag", local, elsewhere], check=True)
+        subprocess.run(["docker", "push", "-q", elsewhere], check=True, capture_output=True)
+        r = imagegate(
+            "run", "--driver", "rootfs", local, "-p", "python", "-o", str(tmp_path / "o"), timeout=60
+        )
+        assert r.returncode == 3, r.stderr
+        assert "only the local engine has it" in r.stderr and f"docker-daemon:{local}" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["docker", "rmi", local, elsewhere], capture_output=True)
+        registry.stop()

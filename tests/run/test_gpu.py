@@ -24,6 +24,7 @@ from imagegate.domain.results import ImageFacts, StageResult, Status
 from imagegate.drivers.interface import BundleRun
 from imagegate.pipeline.params import CliParams
 from imagegate.usecases import runner
+from imagegate.usecases.runner import judging
 from tests.helpers import imagegate
 
 GPU_PIPELINE = """\
@@ -348,22 +349,22 @@ def test_a_gpu_counts_where_the_runner_granted_and_saw_it_never_on_the_images_wo
 def test_a_gpu_stage_run_where_no_gpu_was_granted_is_deferred_for_the_record(status: Status) -> None:
     gpu_stage = PlannedStage("g", "cli", "inside", CliParams(command=["x"]), 60.0, requires=("gpu",))
     said = StageResult("g", "cli", "inside", status, "it said so", data={"argv": ["x"]})
-    res = runner._on_gpu(gpu_stage, said, granted=False)
+    res = judging._on_gpu(gpu_stage, said, granted=False)
     assert (res.status, res.on_gpu) == (Status.DEFERRED, False)
     assert res.detail == "requires gpu, and the runner granted none; ran for the record: it said so"
     assert res.data == {"argv": ["x"], "ran_for_record": {"status": status.value, "detail": "it said so"}}
-    assert runner._on_gpu(gpu_stage, replace(said, detail=""), granted=False).detail.endswith(
+    assert judging._on_gpu(gpu_stage, replace(said, detail=""), granted=False).detail.endswith(
         f"ran for the record: {status.value}"
     )
-    granted = runner._on_gpu(gpu_stage, said, granted=True)
+    granted = judging._on_gpu(gpu_stage, said, granted=True)
     assert (granted.status, granted.on_gpu, granted.detail) == (status, True, "it said so")
     cpu_stage = replace(gpu_stage, requires=())
-    assert runner._on_gpu(cpu_stage, said, granted=False) == said  # no GPU needed: as it said
-    assert runner._on_gpu(cpu_stage, said, granted=True) == replace(said, on_gpu=True)
+    assert judging._on_gpu(cpu_stage, said, granted=False) == said  # no GPU needed: as it said
+    assert judging._on_gpu(cpu_stage, said, granted=True) == replace(said, on_gpu=True)
 
 
 @pytest.mark.parametrize("status", [Status.DEFERRED, Status.SKIPPED])
 def test_a_gpu_stage_that_did_not_run_stays_as_the_controller_said(status: Status) -> None:
     gpu_stage = PlannedStage("g", "cli", "inside", CliParams(command=["x"]), 60.0, requires=("gpu",))
     said = StageResult("g", "cli", "inside", status, "no GPU here")
-    assert runner._on_gpu(gpu_stage, said, granted=False) == said
+    assert judging._on_gpu(gpu_stage, said, granted=False) == said

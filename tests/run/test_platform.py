@@ -84,7 +84,8 @@ def test_the_docker_driver_signs_the_amd64_manifest_of_an_index(
     try:
         statement = _run(two.ref, out, key, "--attach")
         repository = two.ref.rpartition(":")[0]
-        assert statement["predicate"]["image"]["repoDigests"] == [f"{repository}@{two.index_digest}"]
+        # the shared test image may be pushed elsewhere by other tests: theirs are listed beside
+        assert f"{repository}@{two.index_digest}" in statement["predicate"]["image"]["repoDigests"]
         _signed_for_amd64(statement, two, out, key)
         # attached to the manifest that ran, where `verify --image` finds it
         pinned = f"{repository}@{two.amd64_digest}"
@@ -145,5 +146,5 @@ def test_an_index_whose_registry_is_gone_is_never_the_subject(
     image = statement["predicate"]["image"]
     assert statement["subject"][0]["digest"] == {"sha256": two.config_digest.split(":")[1]}
     assert image["subjectDigest"] == "config" and image["manifestDigest"] is None
-    assert image["repoDigests"] == [f"{two.ref.rpartition(':')[0]}@{two.index_digest}"]
+    assert f"{two.ref.rpartition(':')[0]}@{two.index_digest}" in image["repoDigests"]  # others': beside
     assert "could not be read" in image["subjectNote"], image["subjectNote"]

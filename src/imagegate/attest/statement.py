@@ -67,7 +67,7 @@ def attempt_evidence(record: RunRecord) -> list[EvidenceFile]:
     output, run facts), with its sha256: together with the stages' files, all of the evidence."""
     root = Path(record.attempt_dir)
     if not root.is_dir():
-        return []
+        return list(record.pending_evidence)
     listed = {f.path for s in record.stages for f in s.evidence}
     out = []
     for p in sorted(root.rglob("*")):
@@ -75,7 +75,8 @@ def attempt_evidence(record: RunRecord) -> list[EvidenceFile]:
         if not p.is_file() or rel in listed or rel in NOT_EVIDENCE or rel.startswith(NOT_EVIDENCE_PREFIXES):
             continue
         out.append(EvidenceFile(rel, sha256_file(p), p.stat().st_size))
-    return out
+    out += [f for f in record.pending_evidence if f.path not in listed]
+    return sorted(out, key=lambda f: Path(f.path).parts)
 
 
 def _key_isolation(env: JsonMapping) -> str | None:

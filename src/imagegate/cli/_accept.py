@@ -264,8 +264,13 @@ def interrupts() -> Iterator[None]:
 def finish(
     done: "accept.Accepted", fmt: Format, quiet: bool, key: "keys.SigningKey | None" = None
 ) -> NoReturn:
-    """The outcome: the statement (--format json) or the table, then how to check it (`key`:
-    what signed it); exit with the verdict's code."""
+    """The outcome: what was signed and attached, then the statement (--format json) or the
+    table, then how to check it (`key`: what signed it); exit with the verdict's code."""
+    say = notifier(quiet or fmt is Format.json)
+    for line in done_lines(done):
+        say(line)
+    if done.attached is not None and done.attached.left is not None:  # with its exit 1, even when quiet
+        print(f"imagegate: {done.attached.left}", file=sys.stderr)
     if fmt is Format.json:
         from imagegate.report import formats
 
@@ -285,6 +290,22 @@ def finish(
         for line in next_step(done, key):
             console.print(line, soft_wrap=True, highlight=False, markup=False)
     raise typer.Exit(done.exit_code)
+
+
+def done_lines(done: "accept.Accepted") -> list[str]:
+    """What the run did after its verdict, as the use case returned it: signing, attaching."""
+    lines = []
+    if done.signed is not None:
+        lines.append(f"signed {done.signed.dsse_path} with key {done.signed.fingerprint}")
+    a = done.attached
+    if a is not None:
+        lines.append(f"attached to {a.reference} ({a.tag}, {a.layers} attestation(s); referrers via {a.via})")
+        if a.replaced:
+            from imagegate.attest.referrers import REPLACED_KEPT
+
+            lines.append(f"replaced {', '.join(a.replaced)}: {REPLACED_KEPT}")
+        lines += [f"kept {k}" for k in a.kept]
+    return lines
 
 
 def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[str]:

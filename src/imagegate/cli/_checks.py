@@ -55,7 +55,7 @@ def outputs(
             "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
         )
     key_ = None if no_sign else _signing_key(key, notify, warn, attaching=attach or attach_later)
-    return Outputs(key_, attach, insecure, specs, require_complete, alert, _report_writer(specs))
+    return Outputs(key_, attach, insecure, specs, require_complete, _report_writer(specs))
 
 
 def alert(message: str) -> None:
@@ -205,12 +205,26 @@ def _check_not_local_only(image: str) -> None:
             client.close()
     except Exception:
         return
-    if isinstance(attrs, dict) and not attrs.get("RepoDigests"):
+    if isinstance(attrs, dict) and _hub_name(image) not in {
+        _hub_name(d.partition("@")[0]) for d in attrs.get("RepoDigests") or () if isinstance(d, str)
+    }:  # pushed elsewhere (another registry) is not on Docker Hub either
         raise UsageError(
             f"IMAGE {image!r}: --driver rootfs reads it from Docker Hub, but only the local engine has it "
             "(built here, never pushed)",
             hint=f"read it from the engine: imagegate run --driver rootfs docker-daemon:{image}",
         )
+
+
+def _hub_name(name: str) -> str:
+    """A Docker Hub repository as the engine may spell it: no tag or digest, no docker.io/ or
+    library/ prefix (`python`, `docker.io/library/python:3` and `python@sha256:…` are one)."""
+    name = name.partition("@")[0]
+    last = name.rpartition("/")[2]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.partition(":")[0]
+    for prefix in ("docker.io/", "index.docker.io/", "library/"):
+        name = name.removeprefix(prefix)
+    return name
 
 
 def check_expect_config(expect_config: str | None) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from imagegate.domain.results import EvidenceFile, ImageFacts
@@ -36,6 +37,7 @@ def image_key(image: ImageFacts) -> str:
 
 
 INDEX = "index.jsonl"
+RUN_FILE = "run.json"  # the environment and each controller's facts
 
 
 class Attempt:
@@ -81,7 +83,7 @@ class Attempt:
         return EvidenceFile(rel, hashlib.sha256(data).hexdigest(), len(data))
 
     def write_json(self, rel: str, obj: object) -> EvidenceFile:
-        return self.write(rel, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        return self.write(rel, json_bytes(obj))
 
     def _open_index(self) -> _Index:
         path = self.image_dir / INDEX
@@ -95,6 +97,16 @@ class Attempt:
             os.close(fd)
             raise UsageError(f"run index {path}: not a regular file; refusing to write to it", hint=_HINT)
         return _Index(fd)
+
+    def write_conclusion(
+        self, run_json: bytes, statement: Mapping[str, object], index_entry: dict[str, object]
+    ) -> None:
+        """What a run concluded, in one step: run.json (the bytes the statement lists), then
+        statement.json (the payload that is signed), then the attempt's line in the index, last,
+        so the index never names an attempt whose statement is not written."""
+        self.write(RUN_FILE, run_json)
+        self.write_json("statement.json", statement)
+        self.append_index(index_entry)
 
     def append_index(self, entry: dict[str, object]) -> None:
         line = (json.dumps(entry, sort_keys=True) + "\n").encode()
@@ -133,6 +145,11 @@ def _real_dir(path: Path) -> None:
         raise UsageError(f"evidence folder {path}: a symbolic link; refusing to write through it", hint=_HINT)
     if not path.is_dir():
         raise UsageError(f"evidence folder {path}: not a folder", hint=_HINT)
+
+
+def json_bytes(obj: object) -> bytes:
+    """A JSON evidence file's bytes, as every writer of the attempt folder lays them out."""
+    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")
 
 
 def sha256_file(path: Path) -> str:

@@ -257,3 +257,6 @@ class RunRecord:
     # A completion (`imagegate complete`): the earlier attempt it completes, linked by the sha256
     # of that attempt's signed envelope (manifests/acceptance-v1.md, `completes`).
     completes: dict[str, object] | None = None
+    # Evidence the attempt writes together with the statement (run.json): listed in it before
+    # it is on disk, since the statement is built first and everything is then written at once.
+    pending_evidence: tuple[EvidenceFile, ...] = ()

@@ -16,7 +16,7 @@ from imagegate.domain.evidence import Attempt
 from imagegate.domain.results import ImageFacts, RunRecord, accepted, exit_code
 from imagegate.domain.statements import Acceptance, Statement
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, ImagegateError, UsageError
-from imagegate.usecases.runner import Notify, Observation, Prepared, conclude, new_attempt
+from imagegate.usecases.runner import Notify, Observation, Prepared, conclude, judge, new_attempt, now
 
 if TYPE_CHECKING:  # signing and its keys are loaded when a run signs, after the probes ran
     from imagegate.attest import keys
@@ -69,10 +69,9 @@ class Outputs:
     insecure: bool = False  # --attach over plain HTTP
     reports: Sequence[tuple[str, Path]] = ()
     require_complete: bool = False
-    # The use case prints nothing: what it has to say goes to the caller's hands. `alert`: a
-    # line that goes with an exit 1 even when quiet; `write_reports`: writes `reports` for a run
-    # (its record, statement, attempt folder and signing key), True when one went to stdout.
-    alert: Callable[[str], None] = _silent
+    # The use case prints nothing: what it did comes back as values (Accepted), and the reports
+    # go to the caller's hands. `write_reports`: writes `reports` for a run (its record,
+    # statement, attempt folder and signing key), True when one went to stdout.
     write_reports: Callable[[RunRecord, Statement[Acceptance], Path, keys.SigningKey | None], bool] | None = (
         None
     )
@@ -91,6 +90,22 @@ class Request:
 
 
 @dataclass(frozen=True)
+class Attachment:
+    """What --attach did, for the caller to say: where the statements went (the tag of the
+    attestation image, how many, how referrers are found), the earlier statements it replaced and
+    those it kept (another signer's, a newer verdict), and `left`: what a registry refused to
+    delete, which keeps the image from being admitted as it is (None: nothing)."""
+
+    reference: str
+    tag: str
+    layers: int
+    via: str
+    replaced: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    left: str | None = None
+
+
+@dataclass(frozen=True)
 class Accepted:
     record: RunRecord
     statement: Statement[Acceptance]  # the one written beside the evidence, signed and reported
@@ -98,6 +113,7 @@ class Accepted:
     used_stdout: bool  # a report went to stdout: nothing else may
     exit_code: int  # 0 accepted, 1 rejected, 2 could not decide
     rejected_by: str | None  # what rejected a verdict that is accepted by itself (--require-complete)
+    attached: Attachment | None = None  # --attach
 
 
 class NotAttachable(ImagegateError):
@@ -145,7 +161,9 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         image = observer.subject(prep)
     attempt = new_attempt(prep, image, out)
     notify(f"attempt {attempt.dir}")
-    concluded = conclude(prep, observer.observe(prep, attempt), attempt, notify)
+    obs = observer.observe(prep, attempt)
+    concluded = conclude(prep, obs, judge(prep, obs, attempt, notify), attempt, now())
+    attempt.write_conclusion(concluded.run_json, concluded.statement.to_json(), concluded.index_entry)
     record, statement = concluded.record, concluded.statement
     pinned = _pinned(observer.reference, image, statement, outputs) if outputs.attach else None
     signed = None
@@ -153,10 +171,10 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         from imagegate.attest.sign import sign_attempt
 
         signed = sign_attempt(attempt.dir, statement, outputs.key)
-        notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
-    left = None
-    if signed is not None and pinned is not None:
-        left = _attach(signed, pinned, outputs.insecure, notify, outputs.alert)
+    attached = (
+        _attach(signed, pinned, outputs.insecure) if signed is not None and pinned is not None else None
+    )
+    left = attached.left if attached is not None else None
     used_stdout = False
     if outputs.write_reports is not None:  # also with no --report: a CI's own summary
         used_stdout = outputs.write_reports(record, statement, attempt.dir, outputs.key)
@@ -164,7 +182,7 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     if left is not None and code == EXIT_ACCEPTED:
         # Attached, but beside earlier statements a controller still reads: not admitted as it is.
         code, rejected_by = EXIT_REJECTED, "--attach left earlier statements (named above)"
-    return Accepted(record, statement, signed, used_stdout, code, rejected_by)
+    return Accepted(record, statement, signed, used_stdout, code, rejected_by, attached)
 
 
 def judged(verdict: str, statement: Statement[Acceptance], require_complete: bool) -> tuple[int, str | None]:
@@ -215,10 +233,9 @@ def _not_attachable(reference: str, now: str, image: ImageFacts) -> NotAttachabl
     )
 
 
-def _attach(signed: Signed, ref: Reference, insecure: bool, notify: Notify, alert: Notify) -> str | None:
+def _attach(signed: Signed, ref: Reference, insecure: bool) -> Attachment:
     """Attach the acceptance, the VSA and the test-result to `ref` (pinned by `_pinned`); each
-    replaces the earlier ones of its type and pipeline. Returns what a registry refused to
-    delete, as a message; None otherwise."""
+    replaces the earlier ones of its type and pipeline that the same signer made."""
     from imagegate.attest import attach, referrers
 
     with attach.client_for(ref, insecure=insecure) as client:
@@ -227,15 +244,12 @@ def _attach(signed: Signed, ref: Reference, insecure: bool, notify: Notify, aler
         trusted = (signed.public,) if signed.public is not None else ()
         pairs = referrers.attach_and_refer(client, ref, todo, trusted, str(signed.dsse_path))
     done, referred = pairs[-1]
-    notify(
-        f"attached to {done.reference} ({done.tag}, {done.layers} attestation(s); referrers via {referred.via})"
+    return Attachment(
+        done.reference,
+        done.tag,
+        done.layers,
+        referred.via,
+        tuple(g.describe() for d, r in pairs for g in (*d.replaced, *r.replaced)),
+        tuple(referrers.kept(pairs)),
+        referrers.remaining(pairs, ref.repository),
     )
-    gone = [g.describe() for d, r in pairs for g in (*d.replaced, *r.replaced)]
-    if gone:
-        notify(f"replaced {', '.join(gone)}: {referrers.REPLACED_KEPT}")
-    for kept in referrers.kept(pairs):
-        notify(f"kept {kept}")
-    left = referrers.remaining(pairs, ref.repository)
-    if left is not None:
-        alert(left)
-    return left
