@@ -58,7 +58,7 @@ def run_stage(image: str, pipeline: str, model: Path, tmp: str) -> dict[str, Any
 
 
 def bad_flag_pipeline(tmp: str) -> str:
-    pipeline = yaml.safe_load((ROOT / "pipelines" / "sglang-serve.yaml").read_text())
+    pipeline = yaml.safe_load((ROOT / "data" / "pipelines" / "sglang-serve.yaml").read_text())
     stage = next(st for st in pipeline["stages"] if st["id"] == "serve_argv")
     stage["with"]["command"] = [*stage["with"]["command"], "--no-such-flag"]
     pipeline["stages"] = [stage]

@@ -48,7 +48,7 @@ def baseline_src(rev: str, dest: Path) -> Path:
     worktree, the repository is left as it is."""
     dest.mkdir(parents=True)
     archive = subprocess.run(
-        ["git", "archive", rev, "src", "probes", "pipelines", "manifests"],
+        ["git", "archive", rev, "src", "probes", "data"],
         cwd=ROOT,
         capture_output=True,
         check=True,

@@ -19,7 +19,7 @@ Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FIL
   --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act; repeatable)
   run               build, then run every case and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of the shipped
-                    src/imagegate/policies/kyverno-clusterpolicy.yaml
+                    data/policies/kyverno-clusterpolicy.yaml
                     (repeat for several; each is judged on its own); its placeholders are those
                     of the shipped one: the public key text and the image pattern registry.example/
 Needs: Go (any release that can fetch the pinned toolchain), the network for a first build, a
@@ -288,7 +288,7 @@ class Setting:
         if PLACEHOLDER not in text or EXAMPLE_REGISTRY not in text:
             raise SystemExit(
                 f"consumers: {source} names no {PLACEHOLDER!r} or {EXAMPLE_REGISTRY!r} to fill in; "
-                "give a policy written like src/imagegate/policies/kyverno-clusterpolicy.yaml"
+                "give a policy written like data/policies/kyverno-clusterpolicy.yaml"
             )
         out = d / source.name
         out.write_text(self.filled(text))

@@ -274,7 +274,7 @@ def main(argv: list[str]) -> int:
     path = RECORDS / f"real-frameworks-{day}.json"
     record = json.loads(path.read_text()) if path.exists() else {"entries": []}
     # Uncommitted changes to what runs are marked: such an entry is no record of a commit.
-    dirty = bool(git("status", "--porcelain", "--", "src", "probes", "pipelines"))
+    dirty = bool(git("status", "--porcelain", "--", "src", "probes", "data"))
     commit = git("rev-parse", "--short=12", "HEAD") + ("+changes" if dirty else "")
     command = " ".join([".venv/bin/python", "scripts/real-frameworks.py", *argv])
     record.update(date=day, engine=engine(), script="scripts/real-frameworks.py")

@@ -14,13 +14,13 @@ from typing import Any
 
 import yaml
 
-import imagegate.policies
+from imagegate._support import resources
 from imagegate.attest import sign
 from imagegate.attest.vsa import VSA_PREDICATE_TYPE
 from tests.policies import engines, ivpol
 from tests.policies.conftest import vsa
 
-POLICIES = Path(imagegate.policies.__file__).parent  # shipped in the package
+POLICIES = resources.policies_dir()  # shipped with the package (data/policies/)
 KYVERNO = POLICIES / "kyverno-clusterpolicy.yaml"
 POLICY_CONTROLLER = POLICIES / "policy-controller-clusterimagepolicy.yaml"
 PLACEHOLDER = "REPLACE WITH THE CONTENTS OF imagegate.pub"

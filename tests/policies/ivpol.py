@@ -1,4 +1,4 @@
-"""Kyverno's ImageValidatingPolicy (src/imagegate/policies/kyverno-imagevalidatingpolicy.yaml) judged by a real
+"""Kyverno's ImageValidatingPolicy (data/policies/kyverno-imagevalidatingpolicy.yaml) judged by a real
 CEL engine, cel-expr-python (Google's CEL in C++, type-checked as cel-go checks it in Kyverno),
 with Kyverno's own parts around the CEL written here from kyverno/kyverno v1.19.0's source
 (named as such; Kyverno does not run here):
@@ -47,16 +47,15 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional, ext_strings
 
-import imagegate.policies
+from imagegate._support import resources
 
-IVPOL = Path(imagegate.policies.__file__).parent / "kyverno-imagevalidatingpolicy.yaml"
+IVPOL = resources.policies_dir() / "kyverno-imagevalidatingpolicy.yaml"
 
 # pkg/cel/autogen/data.go: ReplacementsMap and ConfigsMap.
 _DEFAULTS = [("spec", "spec.template.spec"), ("metadata", "spec.template.metadata")]

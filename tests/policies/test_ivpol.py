@@ -1,4 +1,4 @@
-"""src/imagegate/policies/kyverno-imagevalidatingpolicy.yaml as shipped (only the key filled in): its CEL by a
+"""data/policies/kyverno-imagevalidatingpolicy.yaml as shipped (only the key filled in): its CEL by a
 real CEL engine (cel-expr-python), Kyverno's image-verification functions and the request around
 them written in tests/policies/ivpol.py from Kyverno's source, on the SLSA VSAs the real runner
 signed, the signature by sigstore-js with the policy's key. The same verdicts as the

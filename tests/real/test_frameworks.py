@@ -64,7 +64,7 @@ def test_vllm_newest_is_cpu_pass_gpu_cli_deferred_with_the_raw_error_kept(
     assert "platform override vllm-cpu applied: current_platform=CpuPlatform" in cpu_err
     assert "--tensor-parallel-size" in (next(attempt.glob("stages/*-cli_cpu")) / "stdout.txt").read_text()
     # CI's newest release is one the pipeline says the override was checked against.
-    claimed = yaml.safe_load((ROOT / "pipelines" / "vllm.yaml").read_text())
+    claimed = yaml.safe_load((ROOT / "data" / "pipelines" / "vllm.yaml").read_text())
     cli_cpu = next(st for st in claimed["stages"] if st["id"] == "cli_cpu")
     assert version in cli_cpu["with"]["platform_checked_against"]
 

@@ -35,11 +35,11 @@ def claimed() -> set[tuple[str, str, str]]:
     """(framework, version, pipeline) of every version claim: vllm's cli_cpu override list, and
     each version a built-in pipeline's comments and descriptions name (see below)."""
     out = set()
-    doc = yaml.safe_load((ROOT / "pipelines" / "vllm.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "data" / "pipelines" / "vllm.yaml").read_text())
     for v in next(s for s in doc["stages"] if s["id"] == "cli_cpu")["with"]["platform_checked_against"]:
         out.add(("vllm", v, "vllm"))
     for framework in ("vllm", "sglang"):
-        for path in sorted((ROOT / "pipelines").glob(f"{framework}*.yaml")):
+        for path in sorted((ROOT / "data" / "pipelines").glob(f"{framework}*.yaml")):
             for v in VERSION.findall("\n".join(_claim_lines(path))):
                 out.add((framework, v, path.stem))
     return out
@@ -85,7 +85,7 @@ def test_every_claimed_version_ran_with_the_pipeline_and_probes_as_they_are_now(
 
 
 def test_every_vllm_version_the_override_claims_was_run_and_passed_under_it() -> None:
-    doc = yaml.safe_load((ROOT / "pipelines" / "vllm.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "data" / "pipelines" / "vllm.yaml").read_text())
     claimed = next(s for s in doc["stages"] if s["id"] == "cli_cpu")["with"]["platform_checked_against"]
     passed = {
         r["version"]
@@ -105,6 +105,6 @@ def test_pipelines_name_only_recorded_versions() -> None:
     for r in runs():
         recorded.setdefault(r["framework"], set()).add(r["version"])
     for framework in ("vllm", "sglang"):
-        for path in sorted((ROOT / "pipelines").glob(f"{framework}*.yaml")):
+        for path in sorted((ROOT / "data" / "pipelines").glob(f"{framework}*.yaml")):
             named = set(VERSION.findall("\n".join(_claim_lines(path))))
             assert named <= recorded[framework], (path.name, sorted(named - recorded[framework]))

@@ -132,7 +132,7 @@ def test_vllm_serve_parses_on_cpu_and_defers_the_server_with_its_failure(
 
 def argv_stage_with(builtin: str, tmp_path: Path, *extra: str) -> str:
     """A pipeline of the built-in's serve_argv stage alone, its argv with `extra` added."""
-    pipeline = yaml.safe_load((ROOT / "pipelines" / f"{builtin}.yaml").read_text())
+    pipeline = yaml.safe_load((ROOT / "data" / "pipelines" / f"{builtin}.yaml").read_text())
     stage = next(st for st in pipeline["stages"] if st["id"] == "serve_argv")
     stage["with"]["command"] = [*stage["with"]["command"], *extra]
     pipeline["stages"] = [stage]

@@ -1,5 +1,6 @@
-"""Where the files shipped beside the code are: probes/, pipelines/, manifests/ at the project
-root in a checkout, or under imagegate/_data/ in an installed wheel."""
+"""Where the files shipped beside the code are: in a checkout, the in-image probes/ and data/
+(pipelines, manifests, policies) at the project root; in an installed wheel, all of them under
+imagegate/_data/."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ def _dir(name: str) -> Path:
     installed = _HERE / "_data" / name
     if installed.is_dir():
         return installed
-    return _HERE.parent.parent / name
+    root = _HERE.parent.parent
+    return root / name if name == "probes" else root / "data" / name
 
 
 def probes_dir() -> Path:
@@ -30,3 +32,7 @@ def builtin_pipelines() -> list[str]:
 
 def manifests_dir() -> Path:
     return _dir("manifests")
+
+
+def policies_dir() -> Path:
+    return _dir("policies")

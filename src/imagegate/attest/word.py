@@ -22,7 +22,7 @@ from imagegate.errors import UsageError
 if TYPE_CHECKING:  # verify reads the word; the word needs only the shape of its reports
     from imagegate.attest.verify import Report
 
-# The freshness bound of the shipped policies (imagegate/policies/kyverno-clusterpolicy.yaml: 168h).
+# The freshness bound of the shipped policies (data/policies/kyverno-clusterpolicy.yaml: 168h).
 DEFAULT_MAX_AGE = timedelta(hours=168)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

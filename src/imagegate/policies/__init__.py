@@ -1,5 +1,5 @@
-"""The admission policies shipped with imagegate (the YAML files beside this module, package data:
-an installed imagegate carries the policies of its own version) and how `imagegate policies
+"""The admission policies shipped with imagegate (data/policies/, in an installed imagegate its
+_data/policies: it carries the policies of its own version) and how `imagegate policies
 write` fills them in: the public key, the images to guard, the freshness bound.
 
 Each file is written so that a user can also fill it by hand (its comments say what to replace):
@@ -13,9 +13,9 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from importlib import resources
 from pathlib import Path
 
+from imagegate._support import resources
 from imagegate.errors import InternalError, UsageError
 
 
@@ -55,7 +55,7 @@ _FLOOR = "NOT_BEFORE"
 
 def text(name: str) -> str:
     """The shipped policy `name` (a NAMES entry) as it is in the package."""
-    return resources.files(__name__).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+    return (resources.policies_dir() / f"{name}.yaml").read_text(encoding="utf-8")
 
 
 def check_names(names: list[str]) -> list[str]:
