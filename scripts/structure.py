@@ -78,8 +78,20 @@ def edges() -> dict[str, set[str]]:
     return graph
 
 
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that runs back up a ring (a part importing one drawn above it)."""
+    rings = list(dict.fromkeys(RINGS.values()))
+    return [
+        f"{s} --> {t}"
+        for s in sorted(graph)
+        for t in sorted(graph[s])
+        if rings.index(RINGS[t]) < rings.index(RINGS[s])
+    ]
+
+
 def page() -> str:
     graph = edges()
+    up = upward(graph)
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "_version.py")  # made at install
     lines = [
         "# The structure, drawn from the code",
@@ -101,6 +113,8 @@ def page() -> str:
         "```",
         "",
         f"Modules at the top of the package: {len(top)} ({', '.join(top)}).",
+        "",
+        f"Imports that run back up a ring: {', '.join(up) if up else 'none'}.",
         "",
     ]
     return "\n".join(lines)

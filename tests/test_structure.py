@@ -53,6 +53,22 @@ def test_no_file_name_means_two_things() -> None:
     assert twice == {}
 
 
+def test_no_import_runs_back_up_a_ring() -> None:
+    """Each part imports only parts in its own ring or below it (scripts/structure.py RINGS)."""
+    import importlib.util
+
+    script = PACKAGE.parents[1] / "scripts" / "structure.py"
+    spec = importlib.util.spec_from_file_location("structure", script)
+    assert spec is not None and spec.loader is not None
+    structure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(structure)
+    graph = structure.edges()
+    assert graph, "no imports found: the picture would hold nothing"
+    assert structure.upward(graph) == []
+    graph["domain"].add("cli")  # the check itself sees an import that climbs
+    assert structure.upward(graph) == ["domain --> cli"]
+
+
 def test_the_structures_picture_is_the_codes() -> None:
     """docs/structure.md is drawn from the imports as they are (scripts/structure.py --write)."""
     import importlib.util

@@ -205,7 +205,7 @@ def push_one_file_image(ref: str, text: bytes) -> str:
     """A one-layer image (`one_file_tar(text)`) pushed to `ref` (a tag) by imagegate's registry
     client, no engine needed: in a fresh repository, an image with no attestation. Returns `ref`."""
     from imagegate.attest import attach
-    from imagegate.oci.digest import digest_of
+    from imagegate.domain.digest import digest_of
     from imagegate.oci.manifest import OCI_MANIFEST
 
     layer = one_file_tar(text)

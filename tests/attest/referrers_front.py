@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from imagegate.oci.digest import digest_of
+from imagegate.domain.digest import digest_of
 
 _REFERRERS = re.compile(
     r"^/v2/(?P<repo>.+)/referrers/(?P<digest>sha256:[0-9a-f]{64})(?:\?page=(?P<page>[0-9]+))?$"

@@ -18,8 +18,8 @@ import pytest
 
 from imagegate.attest import attach, bundle, dsse, keys, referrers, replace, sign
 from imagegate.attest.vsa import TIME_FIELD, VERIFIER_ID, VSA_PREDICATE_TYPE
+from imagegate.domain.digest import digest_of
 from imagegate.errors import NotVerified, UsageError
-from imagegate.oci.digest import digest_of
 from imagegate.oci.manifest import OCI_MANIFEST
 from imagegate.oci.reference import Reference
 from tests.attest.conftest import push_one_file_image

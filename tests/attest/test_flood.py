@@ -15,7 +15,7 @@ import pytest
 from imagegate.attest import attach, keys
 from imagegate.attest.attach import MAX_ATTESTATION_BYTES_READ, MAX_ATTESTATIONS
 from imagegate.attest.referrers import BUNDLE_TYPES, fallback_tag
-from imagegate.oci.digest import digest_of
+from imagegate.domain.digest import digest_of
 from tests.attest.conftest import docker, start_registry
 from tests.attest.test_registry import _signed
 from tests.oci.test_hostile_answers import MAX_RSS_KIB, imagegate

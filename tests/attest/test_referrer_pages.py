@@ -20,7 +20,7 @@ import pytest
 from imagegate.attest import attach, keys, referrers
 from imagegate.attest.attach import MAX_ATTESTATIONS, Flooded
 from imagegate.attest.referrers import BUNDLE_TYPES, MAX_REFERRER_PAGES
-from imagegate.oci.digest import digest_of
+from imagegate.domain.digest import digest_of
 from imagegate.oci.registry import RegistryError
 from tests.attest.conftest import cli, pub_of, push_one_file_image
 from tests.attest.referrers_front import Paging, referrers_front

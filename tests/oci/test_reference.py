@@ -4,8 +4,8 @@ import re
 
 import pytest
 
+from imagegate.domain.digest import is_digest
 from imagegate.errors import UsageError
-from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import is_loopback_registry, parse_image_name, parse_reference
 from imagegate.oci.transports import open_source
 from tests.helpers import imagegate

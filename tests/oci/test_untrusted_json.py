@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from imagegate.domain.digest import digest_of
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import digest_of
 from imagegate.oci.registry import RegistryClient
 from tests.helpers import imagegate
 from tests.oci.infra import Registry

@@ -17,9 +17,9 @@ from typing import Any
 from imagegate._support import jsontypes
 from imagegate.attest import dsse
 from imagegate.attest.replace import Decision, Kept, Replaced, Signed, decide, refuse_if_newer, subjects_of
+from imagegate.domain.digest import digest_of, is_digest, split_digest
 from imagegate.errors import NotVerified, UsageError
 from imagegate.oci import engineapi, untrusted_json
-from imagegate.oci.digest import digest_of, is_digest, split_digest
 from imagegate.oci.errors import BlobNotFound
 from imagegate.oci.manifest import (
     DOCKER_MANIFEST,

@@ -25,10 +25,10 @@ from imagegate.attest.vsa import (
     said_on,
     summary,
 )
+from imagegate.domain.digest import short_digest
 from imagegate.domain.results import LEVEL_CPU, LEVEL_GPU, exit_code
 from imagegate.domain.statements import RawPredicate, Statement, Subject, TestResult, Vsa
 from imagegate.errors import EXIT_ACCEPTED, UsageError
-from imagegate.oci.digest import short_digest
 from imagegate.oci.manifest import INDEX_TYPES, MANIFEST_TYPES, Index, parse_manifest
 
 INDEX_PREDICATE_TYPE = "https://imagegate.dev/attestations/index/v1"

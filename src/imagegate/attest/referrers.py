@@ -26,9 +26,9 @@ from imagegate.attest.attach import (
 from imagegate.attest.envelopes import bundle_material, read_envelopes
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.replace import Decision, Kept, Replaced, Signed, locked, refuse_if_newer, verified
+from imagegate.domain.digest import digest_of, is_digest, split_digest
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import digest_of, is_digest, split_digest
 from imagegate.oci.manifest import OCI_INDEX, OCI_MANIFEST
 from imagegate.oci.reference import Reference
 from imagegate.oci.registry import NotFound, ReferrersPage, RegistryClient, RegistryError

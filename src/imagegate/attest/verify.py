@@ -22,10 +22,10 @@ from imagegate.attest.statement import (
     environment_digest,
     evidence_files,
 )
+from imagegate.domain.digest import is_digest, short_digest
 from imagegate.domain.evidence import sha256_file
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import is_digest, short_digest
 
 if TYPE_CHECKING:  # imported where used: verifying a file never loads the registry layers
     from imagegate.attest import attach

@@ -229,7 +229,7 @@ def _hub_name(name: str) -> str:
 
 def check_expect_config(expect_config: str | None) -> None:
     if expect_config is not None:
-        from imagegate.oci.digest import check_digest
+        from imagegate.domain.digest import check_digest
 
         check_digest(expect_config, what="--expect-config")
 

@@ -50,8 +50,8 @@ def unpack(
     """Verify every layer while unpacking it into the cache; print the root's folder.
     Exit 1 when a layer is not the declared bytes or holds a hostile entry (nothing kept)."""
     from imagegate._support.sizes import parse_size
+    from imagegate.domain.digest import check_digest
     from imagegate.errors import EXIT_ACCEPTED
-    from imagegate.oci.digest import check_digest
     from imagegate.oci.transports import open_sources  # lazy: the OCI modules load when a command runs
     from imagegate.report import console_cache
     from imagegate.report.progress import layer_progress

@@ -39,8 +39,8 @@ def layers(
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
     from imagegate._support.sizes import parse_size
+    from imagegate.domain.digest import check_digest
     from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
-    from imagegate.oci.digest import check_digest
     from imagegate.oci.layercheck import verify_source
     from imagegate.oci.transports import open_sources  # lazy: the OCI modules load when a command runs
     from imagegate.report import console_oci

@@ -16,9 +16,9 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from imagegate.domain.digest import is_digest
 from imagegate.domain.results import EvidenceFile, ImageFacts
 from imagegate.errors import EngineError, UsageError
-from imagegate.oci.digest import is_digest
 
 
 def image_key(image: ImageFacts) -> str:

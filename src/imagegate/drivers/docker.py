@@ -29,6 +29,7 @@ import docker.types
 from imagegate._support import interrupts
 from imagegate._support.jsontypes import JsonMapping, JsonObject, obj
 from imagegate.domain import servemodel as modelpath
+from imagegate.domain.digest import is_digest
 from imagegate.domain.gpus import HIDING_ENV, GpuRequest, Grant
 from imagegate.domain.results import ImageFacts, Status
 from imagegate.drivers.interface import (
@@ -46,7 +47,6 @@ from imagegate.drivers.interface import (
 from imagegate.drivers.loader import HIDDEN_GPU_ENV, LOADER, LOADER_FLAGS, TOO_OLD_EXIT, loader_payload
 from imagegate.errors import EngineError, ImagegateError, UsageError
 from imagegate.oci import engineapi
-from imagegate.oci.digest import is_digest
 from imagegate.oci.manifest import Platform
 from imagegate.oci.ran import RanManifest, ran_manifest
 from imagegate.oci.reference import ImageName, parse_image_name

@@ -26,13 +26,13 @@ from imagegate._support.jsontypes import (
     text,
 )
 from imagegate.domain import protocol
+from imagegate.domain.digest import is_digest
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.gpus import Grant
 from imagegate.domain.results import EvidenceFile, ImageFacts, StageResult, Status
 from imagegate.drivers.interface import BundleRun
 from imagegate.errors import UsageError
 from imagegate.kube.render import BUNDLE_ANNOTATION, CONTAINER, EVENT_KEY_ENV, GPU_RESOURCE
-from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import parse_image_name
 from imagegate.usecases.runner import ControllerRun, Notify, Observation, Prepared
 

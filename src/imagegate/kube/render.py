@@ -18,8 +18,8 @@ import yaml
 from imagegate._support.jsontypes import JsonObject, JsonValue
 from imagegate.domain import protocol
 from imagegate.domain import servemodel as modelpath
+from imagegate.domain.digest import is_digest
 from imagegate.errors import UsageError
-from imagegate.oci.digest import is_digest
 from imagegate.oci.reference import check_image
 from imagegate.pipeline.spec import parse_duration
 from imagegate.usecases.runner import Prepared

@@ -27,7 +27,7 @@ import zstandard
 from isal import igzip_lib
 
 from imagegate._support import interrupts
-from imagegate.oci.digest import new_hasher
+from imagegate.domain.digest import new_hasher
 from imagegate.oci.zstdframes import ZstdFrameWalker
 
 # Small steps keep each chunk in the CPU cache between inflating and hashing it (measured:

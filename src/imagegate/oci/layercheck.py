@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol, TypedDict
 
 from imagegate._support.jsontypes import JsonMapping, JsonObject, obj
+from imagegate.domain.digest import digest_of
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import digest_of
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED, BlobDigests, digest_blob
 from imagegate.oci.manifest import Descriptor
 from imagegate.oci.sources.archive import resolve_archive

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from imagegate.domain.digest import is_digest
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import is_digest
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from imagegate._support.deadline import DeadlineReached
+from imagegate.domain.digest import short_digest
 from imagegate.errors import ImagegateError
-from imagegate.oci.digest import short_digest
 from imagegate.oci.manifest import (
     MANIFEST_TYPES,
     Descriptor,

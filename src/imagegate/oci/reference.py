@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from imagegate.domain.digest import is_digest
 from imagegate.errors import UsageError
-from imagegate.oci.digest import is_digest
 
 DOCKER_HUB = "docker.io"
 # Docker Hub's API endpoint; "docker.io" is only the name users write.

@@ -34,10 +34,10 @@ import httpx
 from imagegate import __version__
 from imagegate._support import deadline, interrupts
 from imagegate._support.jsontypes import obj
+from imagegate.domain.digest import digest_of, is_digest
 from imagegate.errors import UsageError, describe_exception, no_such_host
 from imagegate.oci import deadline_net, untrusted_json
 from imagegate.oci.auth import Challenge, Credentials, lookup_credentials, parse_challenge
-from imagegate.oci.digest import digest_of, is_digest
 from imagegate.oci.errors import BlobNotFound, SourceError
 from imagegate.oci.manifest import ACCEPT_ALL, OCI_INDEX
 from imagegate.oci.reference import is_loopback_registry

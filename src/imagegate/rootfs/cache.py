@@ -32,8 +32,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from imagegate._support.jsontypes import JsonObject
+from imagegate.domain.digest import check_digest, is_digest
 from imagegate.errors import ImagegateError, UsageError
-from imagegate.oci.digest import check_digest, is_digest
 from imagegate.oci.layercheck import ConfigResult, LayerResult, LayerStatus, VerifyReport
 from imagegate.rootfs.folder import SUBFOLDERS, open_cache_folder, open_subfolder
 from imagegate.rootfs.pairs import PairStore

@@ -18,7 +18,7 @@ import stat
 import time
 from dataclasses import dataclass
 
-from imagegate.oci.digest import is_digest
+from imagegate.domain.digest import is_digest
 from imagegate.oci.layercheck import LayerResult, LayerStatus
 
 FORMAT = 1

@@ -14,9 +14,9 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from imagegate._support.jsontypes import JsonObject
+from imagegate.domain.digest import check_digest
 from imagegate.domain.results import Status
 from imagegate.errors import ImagegateError
-from imagegate.oci.digest import check_digest
 from imagegate.oci.layercheck import VerifyReport, verify_source
 from imagegate.oci.manifest import parse_platform
 from imagegate.oci.reference import parse_reference

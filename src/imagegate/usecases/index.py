@@ -22,11 +22,11 @@ from imagegate.attest import attach, keys, referrers
 from imagegate.attest import platforms as plat
 from imagegate.attest import verify as verifying
 from imagegate.attest.sign import Signed, sign_attempt
+from imagegate.domain.digest import short_digest, split_digest
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.results import ImageFacts, accepted, exit_code
 from imagegate.domain.statements import RawPredicate, Statement
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, UsageError
-from imagegate.oci.digest import short_digest, split_digest
 from imagegate.oci.manifest import parse_platform, platform_matches
 from imagegate.oci.registry import NotFound
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from imagegate.domain.digest import is_digest
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import is_digest
 from imagegate.oci.hashing import sniff_compression
 from imagegate.oci.manifest import (
     DOCKER_CONFIG,

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from imagegate.domain.digest import digest_of, split_digest
 from imagegate.errors import UsageError
 from imagegate.oci import untrusted_json
-from imagegate.oci.digest import digest_of, split_digest
 from imagegate.oci.manifest import (
     INDEX_TYPES,
     Descriptor,
