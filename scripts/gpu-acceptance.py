@@ -381,7 +381,8 @@ def fleet_of(log: Log, ig: list, work: str, idle: str | None, busy: dict) -> dic
     it (nodecheck.sign_attempt), then `fleet report --key`: the idle GPU alone fit (exit 0), each
     busy one alone unfit (exit 1), every statement verified; the three together, one GPU named by
     three nodes, each refused for it (exit 1)."""
-    from imagegate.attest import keys, nodecheck
+    from imagegate.attest import keys
+    from imagegate.fleet import node_statement as nodecheck
     from imagegate.report.load import read_attempt
 
     key = keys.load_signing_key(Path(work) / "key.key")

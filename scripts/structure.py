@@ -22,8 +22,9 @@ PAGE = ROOT / "docs" / "structure.md"
 # The rings, from the top: a part's row in the picture.
 RINGS = {
     "cli": "CLI",
-    "report": "presentation",
-    "kube": "presentation",
+    "fleet": "fleet, cluster, reports",
+    "report": "fleet, cluster, reports",
+    "kube": "fleet, cluster, reports",
     "usecases": "use cases",
     "drivers": "drivers, outside stages",
     "stages": "drivers, outside stages",

@@ -2,7 +2,7 @@
 here each node's check is DEFERRED, so each node is unfit), each with the node's statement signed
 beside it as `fleet run --key` signs it, checked with --key: an attempt is bound to its node, and a
 copied, re-labelled or partly deleted one is refused. The judgement of figures beside peers is
-tests/test_fleet.py's; here, where a node must pass, the one stand-in (named: no GPU here) is
+tests/fleet/test_judge.py's; here, where a node must pass, the one stand-in (named: no GPU here) is
 `_gpu_node`."""
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from imagegate.attest import keys, nodecheck, sign
+from imagegate.attest import keys, sign
 from imagegate.attest.statement import environment_digest
 from imagegate.domain.evidence import sha256_file
+from imagegate.fleet import node_statement as nodecheck
 from imagegate.report.load import read_attempt
-from tests.test_fleet import _data
+from tests.fleet.test_judge import _data
 
 UUIDS = {n: [f"GPU-6b1f0c2e-0000-4000-8000-00000000000{n}"] for n in range(1, 6)}
 RESULT = "stages/01-node_check/result.json"
@@ -332,7 +333,7 @@ def test_render_pins_one_validated_job_per_gpu_node_requesting_all_its_gpus(tmp_
     extra); here: one Job per node to check, pinned to it, all its GPUs, a cordon tolerated."""
     import yaml
 
-    from tests.test_fleet import _k8s_node, _k8s_pod
+    from tests.fleet.test_judge import _k8s_node, _k8s_pod
 
     (tmp_path / "nodes.json").write_text(json.dumps({"items": [
         _k8s_node("h200-a"), _k8s_node("node.with.dots", gpus=4), _k8s_node("busy-1"),

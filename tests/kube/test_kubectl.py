@@ -92,7 +92,7 @@ def test_fleet_talks_to_the_named_context_only(
     check that never ran, so the node is unfit (exit 1)."""
     import subprocess
 
-    from tests.test_fleet import _k8s_node
+    from tests.fleet.test_judge import _k8s_node
 
     (tmp_path / "nodes.json").write_text(json.dumps({"items": [_k8s_node("h200-a")]}))
     image = "registry.example/team/torch@sha256:" + "ab" * 32

@@ -1,13 +1,13 @@
 """The predicate types imagegate signs, by the short names `verify --type` takes. Apart from
-verify.py, which mirror.py and nodecheck.py import: naming them all there made a circle."""
+verify.py, which mirror.py and the fleet's node statement import: naming them all there made a circle."""
 
 from __future__ import annotations
 
 from imagegate.attest.mirror import MIRROR_PREDICATE_TYPE
-from imagegate.attest.nodecheck import NODE_PREDICATE_TYPE
 from imagegate.attest.platforms import INDEX_PREDICATE_TYPE
 from imagegate.attest.statement import PREDICATE_TYPE
 from imagegate.attest.vsa import TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE
+from imagegate.domain.statements import NODE_PREDICATE_TYPE
 from imagegate.errors import UsageError
 
 

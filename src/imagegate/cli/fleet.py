@@ -1,5 +1,4 @@
-"""Command: fleet report (every node's node check beside its peers). Parse, call imagegate.domain.fleet,
-render."""
+"""Commands: fleet render, run, collect and report. Parse, call imagegate.fleet, print."""
 
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,11 +12,8 @@ from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `fleet --help` loads none of the layers below
     from imagegate.attest import keys
-    from imagegate.domain import fleet
-    from imagegate.domain.results import RunRecord, StageResult
-    from imagegate.kube import fleetrun
-    from imagegate.usecases import accept
-    from imagegate.usecases.runner import Notify
+    from imagegate.fleet import judge
+    from imagegate.fleet.jobs import NodeJob, NodeRun
 
 fleet_app = typer.Typer(
     help=(
@@ -78,8 +74,8 @@ def report(
     """Judge every node's node check beside its peers; say which nodes to label or taint."""
     import sys
 
-    from imagegate.domain import fleet
     from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
+    from imagegate.fleet import judge, read
 
     if not 0 < suspect_below < 1 or min_peers < 2:
         raise UsageError(
@@ -89,7 +85,7 @@ def report(
         )
     if key is not None and unsigned:
         raise UsageError("--key and --unsigned: check the signatures, or not", hint="give one of them")
-    judged = fleet.judge(_read(nodes, key), suspect_below=suspect_below, min_peers=min_peers)
+    judged = judge.judge(read.attempts(nodes, key), suspect_below=suspect_below, min_peers=min_peers)
     _print(judged, fmt, {"signaturesChecked": key is not None, "unsigned": unsigned})
     if key is None and not unsigned:
         print(
@@ -101,66 +97,17 @@ def report(
     raise typer.Exit(EXIT_ACCEPTED if fit else EXIT_REJECTED)
 
 
-def _print(judged: "fleet.Fleet", fmt: Format, extra: dict[str, object]) -> None:
+def _print(judged: "judge.Fleet", fmt: Format, extra: dict[str, object]) -> None:
     """The fleet report, a table or JSON (with `extra` keys), on stdout."""
     import json
 
-    from imagegate.domain import fleet
+    from imagegate.fleet import judge
 
     if fmt is Format.json:
-        print(json.dumps({**fleet.as_json(judged), **extra}, indent=1))
+        print(json.dumps({**judge.as_json(judged), **extra}, indent=1))
     else:
-        for line in fleet.table(judged):
+        for line in judge.table(judged):
             print(line)
-
-
-def _node(name: str, stage: "StageResult", evidence: str, refused: "list[str]") -> "fleet.Node":
-    """A node as the fleet judges it, from its node check stage."""
-    from imagegate.attest import nodecheck
-    from imagegate.domain import fleet
-
-    data = stage.data
-    return fleet.Node(
-        name, stage.status.value, fleet.gpu_model(data), fleet.figures_of(data), stage.detail,
-        gpus=tuple(nodecheck.gpu_uuids(data)), evidence=evidence, refused=tuple(refused),
-    )  # fmt: skip
-
-
-def _read(given: list[str], key: Path | None) -> "list[fleet.Node]":
-    """Each NODE=ATTEMPT as a fleet.Node, from the attempt's signed statement and its node check's
-    evidence, with what says the attempt is not that node's own (nodecheck.problems)."""
-    from imagegate.attest import keys, nodecheck
-    from imagegate.domain import fleet
-    from imagegate.report.load import read_attempt
-
-    public = keys.load_public_key(key) if key else None
-    read: list[fleet.Node] = []
-    seen: set[object] = set()
-    for item in given:
-        name, attempt = _node_attempt(item, seen)
-        record = read_attempt(attempt, public).record
-        stage = fleet.node_check(record)
-        if stage is None:
-            raise UsageError(f"{item}: this attempt ran no node check", hint="run -p gpu on the node")
-        refused = nodecheck.problems(name, attempt, record, public)
-        evidence = "unverified" if public is None else "refused" if refused else "verified"
-        read.append(_node(name, stage, evidence, refused))
-    return read
-
-
-def _node_attempt(item: str, seen: set[object]) -> tuple[str, Path]:
-    """NODE=ATTEMPT as the node's name and its attempt folder, each given once (added to `seen`)."""
-    from imagegate.report.load import resolve_attempt
-
-    name, sep, folder = item.partition("=")
-    attempt = resolve_attempt(Path(folder)).resolve() if sep and folder else None
-    if attempt is None or not name or name in seen or attempt in seen:
-        why = "not NODE=ATTEMPT" if attempt is None or not name else "a node or an attempt named twice"
-        raise UsageError(
-            f"{item!r}: {why}", hint="give each node once, with its own attempt: gpu-1=runs/…/<attempt>"
-        )
-    seen |= {name, attempt}
-    return name, attempt
 
 
 @fleet_app.command(
@@ -192,55 +139,16 @@ def render(
 
 def _node_jobs(
     image: str, nodes: Path, pods: Path | None, namespace: str, kube_version: str
-) -> "list[fleetrun.NodeJob]":
-    """One node check Job per GPU node of the listings (the skipped ones named on stderr)."""
-    import hashlib
+) -> "list[NodeJob]":
+    """The node check Jobs, each GPU node skipped named on stderr."""
     import sys
 
-    from imagegate.domain import fleet
-    from imagegate.kube import fleetrun
-    from imagegate.kube import render as kube_render
-    from imagegate.usecases import runner
+    from imagegate.fleet import read
 
-    found, skipped = fleet.targets(_listing(nodes, "nodes"), _listing(pods, "pods") if pods else None)
-    for why in skipped:
+    found = read.node_jobs(image, nodes, pods, namespace, kube_version)
+    for why in found.skipped:
         print(f"imagegate: skipped {why}", file=sys.stderr)
-    if not found:
-        raise UsageError(
-            f"{nodes}: no GPU node to check", hint="list the cluster's nodes: kubectl get nodes -o json"
-        )
-    preps: dict[int, runner.Prepared] = {}
-    jobs = []
-    for t in found:
-        if t.gpus not in preps:  # one plan and bundle per GPU count, not per node
-            preps[t.gpus] = runner.prepare(runner.RunOptions(pipeline="gpu", gpus=str(t.gpus)))
-        prep = preps[t.gpus]
-        name = f"imagegate-node-check-{t.node}".lower()
-        if len(name) > 52 or not all(c.isalnum() or c == "-" for c in name):
-            name = f"imagegate-node-check-{hashlib.sha256(t.node.encode()).hexdigest()[:12]}"
-        rendered = kube_render.render_checked(
-            prep, image, kube_version, namespace=namespace, name=name, gpus=t.gpus,
-            node_selector=[f"kubernetes.io/hostname={t.node}"],
-            toleration=["node.kubernetes.io/unschedulable:NoSchedule"],
-        )  # fmt: skip
-        jobs.append(fleetrun.NodeJob(t.node, prep, rendered))
-    return jobs
-
-
-def _listing(path: Path, what: str) -> dict[str, object]:
-    """A Kubernetes list as kubectl prints it, bounded before it is read (untrusted input)."""
-    from imagegate._support.files import read_named
-    from imagegate.oci import untrusted_json
-
-    try:  # a big cluster's pods: 64 MiB, bounded before it is read, like every file named here
-        doc = untrusted_json.loads(read_named(path, what=what, max_bytes=64 << 20), max_bytes=64 << 20)
-    except untrusted_json.UntrustedJSONError as e:
-        raise UsageError(f"{path}: {e}", hint=f"write it with: kubectl get {what} -o json") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
-        raise UsageError(
-            f"{path}: not a Kubernetes list ({what})", hint=f"write it with: kubectl get {what} -o json"
-        )
-    return doc
+    return found.jobs
 
 
 @fleet_app.command(
@@ -273,17 +181,18 @@ def run_cmd(
     from imagegate.cli import _accept as o
     from imagegate.cli import _checks
     from imagegate.domain.results import RunRecord
-    from imagegate.kube import fleetrun, kubectl, podrun
+    from imagegate.fleet import jobs as run
+    from imagegate.kube import kubectl, podrun
 
     notify = o.notifier(fmt is Format.json)
     with o.interrupts():
         node_jobs = _node_jobs(image, nodes, pods, namespace, kube_version)
         outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
 
-        def attempt(job: fleetrun.NodeJob, observer: podrun.PodRunObserver) -> RunRecord:
-            return _accept_one(job, observer, out / job.node, outputs, notify)
+        def attempt(job: run.NodeJob, observer: podrun.PodRunObserver) -> RunRecord:
+            return run.accept_node(job, observer, out / job.node, outputs, notify)
 
-        runs = fleetrun.run_fleet(
+        runs = run.run_fleet(
             node_jobs,
             kubectl.KubectlCluster(context=context),
             attempt,
@@ -294,41 +203,17 @@ def run_cmd(
     _report_runs(runs, outputs.key, fmt)
 
 
-def _accept_one(
-    job: "fleetrun.NodeJob",
-    observer: "accept.Observer",
-    out: Path,
-    outputs: "accept.Outputs",
-    notify: "Notify",
-) -> "RunRecord":
-    """The one call of the acceptance use case for a node's Job (its observer: the Job's run)."""
-    from imagegate.usecases import accept
-
-    return accept.accept(accept.Request(job.prep, observer, out, outputs), notify).record
-
-
-def _report_runs(runs: "list[fleetrun.NodeRun]", key: "keys.SigningKey | None", fmt: Format) -> None:
-    """Each node's statement signed beside its attempt (with a key), then the fleet report; the
-    exit code says whether a node is unfit, or has no result at all."""
-    from imagegate.attest import nodecheck
-    from imagegate.domain import fleet
+def _report_runs(runs: "list[NodeRun]", key: "keys.SigningKey | None", fmt: Format) -> None:
+    """The fleet report of a run of the Jobs (read.runs signs each node's statement, with a key);
+    the exit code says whether a node is unfit, or has no result at all."""
     from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNDECIDED
+    from imagegate.fleet import read
 
-    nodes, no_result = [], []
-    for r in runs:
-        stage = fleet.node_check(r.record) if r.record else None
-        if r.record is None or stage is None:
-            no_result.append(r.node)
-            nodes.append(fleet.Node(r.node, "ERROR", "unknown", {}, r.error or "no node check ran"))
-            continue
-        nodes.append(_node(r.node, stage, "this run", nodecheck.ran_elsewhere(r.node, r.record)))
-        if key is not None:
-            nodecheck.sign_attempt(r.node, r.record, key)
-    judged = fleet.judge(nodes)
-    _print(judged, fmt, {"attempts": {r.node: r.record.attempt_dir for r in runs if r.record}})
-    if all(j.verdict == "fit" for j in judged.nodes):
+    judged = read.runs(runs, key)
+    _print(judged.fleet, fmt, {"attempts": {r.node: r.record.attempt_dir for r in runs if r.record}})
+    if all(j.verdict == "fit" for j in judged.fleet.nodes):
         raise typer.Exit(EXIT_ACCEPTED)
-    raise typer.Exit(EXIT_UNDECIDED if no_result else EXIT_REJECTED)
+    raise typer.Exit(EXIT_UNDECIDED if judged.no_result else EXIT_REJECTED)
 
 
 @fleet_app.command(
@@ -355,19 +240,20 @@ def collect_cmd(
     from imagegate.cli import _accept as o
     from imagegate.cli import _checks
     from imagegate.errors import EngineError
-    from imagegate.kube import fleetrun, kubectl, podrun
+    from imagegate.fleet import jobs as run
+    from imagegate.kube import kubectl, podrun
     from imagegate.kube.collect import PodObserver
 
     notify = o.notifier(fmt is Format.json)
     outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
     cluster, runs = kubectl.KubectlCluster(context=context), []
     for job in _node_jobs(image, nodes, pods, namespace, kube_version):
-        run = fleetrun.NodeRun(job.node)
+        done = run.NodeRun(job.node)
         try:
             pod, log, secret = podrun.pod_and_log(cluster, job.rendered.name, namespace, notify=notify)
             observer = PodObserver(pod, log, secret=secret, notify=notify)
-            run.record = _accept_one(job, observer, out / job.node, outputs, notify)
+            done.record = run.accept_node(job, observer, out / job.node, outputs, notify)
         except (EngineError, UsageError) as e:  # this node has no result; the others still count
-            run.error = str(e)
-        runs.append(run)
+            done.error = str(e)
+        runs.append(done)
     _report_runs(runs, outputs.key, fmt)

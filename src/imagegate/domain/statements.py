@@ -20,6 +20,7 @@ from imagegate.domain.results import EvidenceFile, Side, Status
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 TEST_RESULT_PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
+NODE_PREDICATE_TYPE = "https://imagegate.dev/attestations/node-check/v1"  # imagegate.fleet.node_statement
 # SLSA's VSA v1: producers may add extension fields "using field names that are URIs".
 RUN_FIELD = "https://imagegate.dev/attestations/vsa/run"
 # When the word of a VSA or test-result was said (attest/replace.py `when`): the `finishedOn` of

@@ -1,4 +1,4 @@
-"""`fleet run`'s orchestration (kube/fleetrun.py) through the Cluster interface, kubelet-style as
+"""`fleet run`'s orchestration (fleet/jobs.py) through the Cluster interface, kubelet-style as
 tests/kube/test_podrun.py runs one Pod: FakeCluster stands in for the API server only, and each
 Pod's log is a real controller run of the real bundle on this machine, with that Pod's own key."""
 
@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from imagegate.domain.results import RunRecord, Status
-from imagegate.kube import collect, fleetrun, podrun, render
+from imagegate.fleet import jobs as fleetrun
+from imagegate.kube import collect, podrun, render
 from imagegate.kube.cluster import ClusterError
 from imagegate.usecases import accept, runner
 from tests.kube.test_podrun import DIGEST, FakeCluster, prep, real_log  # noqa: F401 (fixtures)
@@ -240,11 +241,12 @@ def test_cli_fleet_run_signs_each_nodes_statement_and_reports_the_fleet(
     with its own signed statement naming it, and nothing is left in the cluster."""
     from typer.testing import CliRunner
 
-    from imagegate.attest import keys, nodecheck
+    from imagegate.attest import keys
+    from imagegate.fleet import node_statement as nodecheck
     from imagegate.cli import app
     from imagegate.report.load import load_attempt
+    from tests.fleet.test_judge import _k8s_node
     from tests.helpers import controller_output
-    from tests.test_fleet import _k8s_node
 
     gpu_prep = runner.prepare(runner.RunOptions(pipeline="gpu", gpus="8"))  # as fleet run plans it
     cluster = FleetCluster(lambda k: controller_output(gpu_prep, k), pending=0)
@@ -294,8 +296,8 @@ def test_cli_fleet_collect_reads_the_jobs_applied_earlier_and_deletes_nothing(
     from typer.testing import CliRunner
 
     from imagegate.cli import app
+    from tests.fleet.test_judge import _k8s_node
     from tests.helpers import controller_output
-    from tests.test_fleet import _k8s_node
 
     gpu_prep = runner.prepare(runner.RunOptions(pipeline="gpu", gpus="8"))
     cluster = FleetCluster(lambda k: controller_output(gpu_prep, k), pending=0)

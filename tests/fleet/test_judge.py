@@ -1,4 +1,4 @@
-"""A fleet's nodes judged beside their peers (src/imagegate/domain/fleet.py), from a real H200's node-check
+"""A fleet's nodes judged beside their peers (src/imagegate/fleet/judge.py), from a real H200's node-check
 figures (benchmarks/records/2026-12-01-1936-gpu-rootfs-nvidia-h200-cdi-spec.json) and perturbed
 copies of them: exactly the nodes below their peers are flagged, and only where there are peers."""
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from imagegate.domain import fleet
+from imagegate.fleet import judge as fleet
 
 RECORD = (
-    Path(__file__).resolve().parents[1]
+    Path(__file__).resolve().parents[2]
     / "benchmarks/records/2026-12-01-1936-gpu-rootfs-nvidia-h200-cdi-spec.json"
 )
 

@@ -13,13 +13,14 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from imagegate.domain.results import RunRecord
 from imagegate.errors import EngineError
 from imagegate.kube.cluster import Cluster, ClusterError
 from imagegate.kube.podrun import PodRunObserver, Waits
 from imagegate.kube.render import Rendered
-from imagegate.usecases.accept import Interrupted
+from imagegate.usecases.accept import Interrupted, Observer, Outputs, Request, accept
 from imagegate.usecases.runner import Notify, Prepared
 
 DEFAULT_PARALLEL = 4
@@ -110,3 +111,9 @@ def run_fleet(
 def left_behind(runs: Sequence[NodeRun]) -> list[str]:
     """What the runs may have left in the cluster, each with the command that removes it."""
     return [f"{r.node}: {r.left}" for r in runs if r.left]
+
+
+def accept_node(job: NodeJob, observer: Observer, out: Path, outputs: Outputs, notify: Notify) -> RunRecord:
+    """The acceptance use case for one node's Job (its observer: the Job's run, or its Pod
+    collected later)."""
+    return accept(Request(job.prep, observer, out, outputs), notify).record

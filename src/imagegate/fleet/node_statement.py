@@ -27,14 +27,14 @@ from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.sign import serialize
 from imagegate.attest.statement import STATEMENT_TYPE
 from imagegate.attest.verify import load_attempt
-from imagegate.domain import fleet
+from imagegate.domain.statements import NODE_PREDICATE_TYPE
 from imagegate.errors import ImagegateError, UsageError
+from imagegate.fleet import judge as fleet  # the functions read `fleet.X`, as when it sat apart
 from imagegate.oci import untrusted_json
 
 if TYPE_CHECKING:
     from imagegate.domain.results import RunRecord
 
-NODE_PREDICATE_TYPE = "https://imagegate.dev/attestations/node-check/v1"
 NODE_FILE = "node-check.dsse.json"
 MAX_ENVELOPE_BYTES = 1 << 20  # a node's statement is a few KiB: anything far larger is not one
 _GPU_PREFIX = "GPU-"  # nvidia-smi writes the UUID with it, torch without: one spelling signed

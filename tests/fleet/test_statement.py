@@ -1,4 +1,4 @@
-"""A node's signed statement (attest/nodecheck.py): made from a node check's data in
+"""A node's signed statement (fleet/node_statement.py): made from a node check's data in
 gpu_preflight's form, signed with the product's DSSE signing, verified with the public key; its
 subject names the node and its GPUs' UUIDs, and any change to it after signing fails."""
 
@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from imagegate.attest import dsse, keys, nodecheck, sign
+from imagegate.attest import dsse, keys, sign
 from imagegate.domain.results import ImageFacts, RunRecord
 from imagegate.errors import UsageError
-from tests.test_fleet import _data
+from imagegate.fleet import node_statement as nodecheck
+from tests.fleet.test_judge import _data
 
 IMAGE = {"reference": "myorg/torch@sha256:" + "ab" * 32, "digest": "sha256:" + "ab" * 32}
 ATTEMPT = "20261205T155051.684Z-fc1b32"
@@ -91,7 +92,7 @@ def test_uuids_from_torch_alone_and_oversized_envelopes(tmp_path: Path) -> None:
 
 
 def test_a_node_below_its_peers_is_suspect_while_its_statement_keeps_pass(tmp_path: Path) -> None:
-    from imagegate.domain import fleet
+    from imagegate.fleet import judge as fleet
 
     key = keys.generate()
     scales = {"gpu-1": None, "gpu-2": None, "gpu-3": {"hbm_copy_gbps": 0.8}, "gpu-4": None}
