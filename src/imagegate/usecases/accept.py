@@ -178,14 +178,16 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     used_stdout = False
     if outputs.write_reports is not None:  # also with no --report: a CI's own summary
         used_stdout = outputs.write_reports(record, statement, attempt.dir, outputs.key)
-    code, rejected_by = judged(record.verdict, statement, outputs.require_complete)
+    code, rejected_by = exit_for(record.verdict, statement, outputs.require_complete)
     if left is not None and code == EXIT_ACCEPTED:
         # Attached, but beside earlier statements a controller still reads: not admitted as it is.
         code, rejected_by = EXIT_REJECTED, "--attach left earlier statements (named above)"
     return Accepted(record, statement, signed, used_stdout, code, rejected_by, attached)
 
 
-def judged(verdict: str, statement: Statement[Acceptance], require_complete: bool) -> tuple[int, str | None]:
+def exit_for(
+    verdict: str, statement: Statement[Acceptance], require_complete: bool
+) -> tuple[int, str | None]:
     """The exit code, and what rejects a verdict that is accepted by itself: --require-complete,
     or no level reached (model.accepted; the stages that did not run or pass named)."""
     from imagegate.attest.vsa import levels, no_level
