@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from imagegate.attest import dsse, keys, sign
-from imagegate.attest.statement import canonical_json
+from imagegate._support.jsontypes import canonical_json
 from tests.helpers import Result, imagegate
 from tests.run.test_gpu import _attempts, _pipeline
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from imagegate.attest import keys, sign, verify
+from imagegate.domain.evidence import Attempt
 from imagegate.drivers.local import LocalDriver
 from imagegate.usecases import runner
 
@@ -22,7 +23,7 @@ def test_conclude_writes_nothing_and_the_attempt_writes_what_the_statement_lists
     opts = runner.RunOptions(pipeline="python", modules=["json"], out=tmp_path / "out")
     prep = runner.prepare(opts)
     observer = runner.DriverObserver(LocalDriver(None), None, opts)
-    attempt = runner.new_attempt(prep, observer.subject(prep), opts.out)
+    attempt = Attempt.begin(opts.out, observer.subject(prep), prep.evidence())
     obs = observer.observe(prep, attempt)
     judged = runner.judge(prep, obs, attempt)
     assert [r.status.value for r in judged.results] == ["PASS", "PASS"]

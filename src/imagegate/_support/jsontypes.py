@@ -4,6 +4,7 @@ field of the wrong kind reads as absent (these readers), never as a crash."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
@@ -73,3 +74,8 @@ def freeze(value: object) -> JsonValue:
 def freeze_object(value: Mapping[str, object]) -> JsonObject:
     """A plain JSON object from a mapping (freeze, each value)."""
     return {str(k): freeze(v) for k, v in value.items()}
+
+
+def canonical_json(obj: object) -> bytes:
+    """A statement's bytes as they are signed and digested: keys sorted, no spaces, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()

@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagegate._support.jsontypes import JsonMapping, JsonObject
+from imagegate._support.jsontypes import JsonMapping, JsonObject, canonical_json
 from imagegate.attest import bundle, dsse
 from imagegate.attest.keys import PublicKey, SigningKey
-from imagegate.attest.statement import canonical_json
-from imagegate.attest.vsa import build_test_result, build_vsa
+from imagegate.attest.vsa import standard
 from imagegate.domain.statements import Predicate, Statement, TestResult, Vsa
 from imagegate.errors import UsageError
 
@@ -79,7 +78,7 @@ def _standard(said: JsonMapping, dsse_bytes: bytes) -> tuple[Statement[Vsa], Sta
             platforms.build_index_vsa(said, DSSE_FILE, dsse_bytes),
             platforms.build_index_test_result(said),
         )
-    return build_vsa(said, DSSE_FILE, dsse_bytes), build_test_result(said)
+    return standard(said, DSSE_FILE, dsse_bytes)
 
 
 def sign_attempt(attempt_dir: Path, statement: Statement[Predicate] | JsonMapping, key: SigningKey) -> Signed:

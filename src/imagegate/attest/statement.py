@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from imagegate._support import jsontypes as j
-from imagegate._support.jsontypes import JsonMapping
+from imagegate._support.jsontypes import JsonMapping, canonical_json
 from imagegate._support.names import PREDICATE_TYPE as PREDICATE_TYPE
 from imagegate.domain.evidence import sha256_file
 from imagegate.domain.results import EvidenceFile, RunRecord, StageResult
@@ -26,10 +25,6 @@ def environment_digest(env: object) -> str:
     """sha256 of the predicate's `environment` as canonical JSON: a verifier recomputes it, so
     the subject of an image-less run is still bound to something checkable."""
     return hashlib.sha256(canonical_json(env)).hexdigest()
-
-
-def canonical_json(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
 def subject(record: RunRecord) -> tuple[tuple[Subject, ...], str]:

@@ -52,6 +52,11 @@ def no_level(statement: JsonMapping) -> str:
     )
 
 
+def reach(statement: JsonMapping) -> tuple[list[str], str]:
+    """The levels a signed acceptance reaches (levels), and why it reaches none (no_level)."""
+    return levels(statement), no_level(statement)
+
+
 def counted_stages(statement: JsonMapping) -> list[Counted] | None:
     """The statement's stages as the levels count them; None when one cannot be read (a status
     this imagegate does not write): such a statement earns nothing."""
@@ -229,3 +234,10 @@ def build_test_result(statement: JsonMapping) -> Statement[TestResult]:
             said_on=said_on(statement),
         ),
     )
+
+
+def standard(
+    statement: JsonMapping, acceptance_uri: str, acceptance_bytes: bytes
+) -> tuple[Statement[Vsa], Statement[TestResult]]:
+    """The standard statements of a run's acceptance as signed: its VSA and its test-result."""
+    return build_vsa(statement, acceptance_uri, acceptance_bytes), build_test_result(statement)

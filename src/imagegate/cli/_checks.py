@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `--help` never loads the use case, the drivers or keys
     from imagegate.attest import keys
-    from imagegate.domain.results import RunRecord
-    from imagegate.domain.statements import Acceptance, Statement
     from imagegate.drivers.interface import Driver
     from imagegate.drivers.select import DriverName, DriverOptions
     from imagegate.usecases.accept import Outputs
@@ -55,34 +52,12 @@ def outputs(
             "--format json and --report FORMAT=- both want stdout", hint="write the report to a file"
         )
     key_ = None if no_sign else _signing_key(key, notify, warn, attaching=attach or attach_later)
-    return Outputs(key_, attach, insecure, specs, require_complete, _report_writer(specs))
+    return Outputs(key_, attach, insecure, specs, require_complete, formats.writer(specs))
 
 
 def alert(message: str) -> None:
     """A use case's line that goes with its exit code, even when quiet."""
     print(f"imagegate: {message}", file=sys.stderr)
-
-
-def _report_writer(
-    specs: list[tuple[str, Path]],
-) -> Callable[[RunRecord, Statement[Acceptance], Path, keys.SigningKey | None], bool]:
-    """Writes the --report files of a run: what vouches for it is the envelope just written,
-    read back and checked with the signing key's public half, as `imagegate report --key` says."""
-
-    def write(
-        record: RunRecord, statement: Statement[Acceptance], folder: Path, key: keys.SigningKey | None
-    ) -> bool:
-        from imagegate.report import formats, load
-
-        provenance = (
-            load.read_attempt(folder, key.public if key is not None else None).provenance if specs else None
-        )
-        try:
-            return formats.write_reports(record, list(specs), statement=statement, provenance=provenance)
-        except OSError as e:
-            raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
-
-    return write
 
 
 def _signing_key(key: str | None, notify: Notify, warn: Notify, *, attaching: bool) -> keys.SigningKey | None:

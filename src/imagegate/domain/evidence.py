@@ -65,6 +65,14 @@ class Attempt:
         except FileExistsError as e:
             raise UsageError(f"attempt folder {self.dir}: something is already there", hint=_HINT) from e
 
+    @classmethod
+    def begin(cls, out: Path, image: ImageFacts, inputs: Mapping[str, bytes | str]) -> Attempt:
+        """A fresh attempt folder for `image` under `out`, holding the run's inputs."""
+        attempt = cls(out, image)
+        for rel, data in inputs.items():
+            attempt.write(rel, data)
+        return attempt
+
     def write(self, rel: str, data: bytes | str) -> EvidenceFile:
         if isinstance(data, str):
             data = data.encode("utf-8")

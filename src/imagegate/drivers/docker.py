@@ -38,6 +38,7 @@ from imagegate.drivers.interface import (
     BundleRequest,
     BundleRun,
     CappedBuffer,
+    Checked,
     DriverBase,
     OnOutput,
     Refusal,
@@ -190,14 +191,10 @@ class DockerDriver(DriverBase):
             }
         return self._env
 
-    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
+    def checked(self, image: ImageFacts) -> Checked:
         # The layers stage reads the image itself; a refused pull's verification is reported.
         refused = self.refused.get(image)
-        return refused[1] if refused else None
-
-    def refusal(self, image: ImageFacts) -> Refusal | None:
-        refused = self.refused.get(image)
-        return refused[0] if refused else None
+        return Checked(refused[1], refused[0]) if refused else Checked()
 
     def _refused_by_registry(self, name: ImageName, pull_error: PullFailed) -> ImageFacts | None:
         """The engine would not pull the image: imagegate reads the registry copy itself. When

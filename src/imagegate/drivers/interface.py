@@ -52,6 +52,17 @@ class Refusal:
     stage: str = "unpack"  # the id of the stage that reports it: where the image was refused
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What a driver checked of an image before running it: the layer verification it made of
+    the very bytes it runs (rootfs: while unpacking them; the layers stage reports it instead of
+    reading them again), and the refusal, when the image was refused before anything could run
+    in it (then run_bundle is never called). None: none."""
+
+    verified: VerifyReport | None = None
+    refusal: Refusal | None = None
+
+
 def verification_facts(report: VerifyReport, layer: int | None) -> JsonObject:
     """What a refusal's evidence says of the verification: the source, the manifest read, the
     config (expected, actual, --expect-config), the layer refused (its expected and actual
@@ -127,14 +138,8 @@ class Driver(Protocol):
         """After an interrupt: what may still be running and how to remove it; None: nothing."""
         ...
 
-    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
-        """The layer verification the driver made of the very bytes it runs (rootfs: while
-        unpacking them); the layers stage reports it instead of reading them again. None: none."""
-        ...
-
-    def refusal(self, image: ImageFacts) -> Refusal | None:
-        """Why `image` (as resolve returned it) was refused before anything could run in it;
-        None: it was not (then run_bundle runs it)."""
+    def checked(self, image: ImageFacts) -> Checked:
+        """What the driver checked of `image` (as resolve returned it) before running it."""
         ...
 
     def run_bundle(self, req: BundleRequest) -> BundleRun:
@@ -157,11 +162,8 @@ class DriverBase:
     def left_behind(self) -> str | None:
         return None
 
-    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
-        return None
-
-    def refusal(self, image: ImageFacts) -> Refusal | None:
-        return None
+    def checked(self, image: ImageFacts) -> Checked:
+        return Checked()
 
     def environment_fingerprint(self) -> str | None:
         return None

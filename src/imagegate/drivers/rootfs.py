@@ -26,6 +26,7 @@ from imagegate.drivers import bwrap, cdi, seccomp
 from imagegate.drivers.interface import (
     BundleRequest,
     BundleRun,
+    Checked,
     DriverBase,
     Refusal,
     first_usable,
@@ -164,7 +165,10 @@ class RootfsDriver(DriverBase):
             index_digest=root.index_digest,
         )
 
-    def verified_report(self, image: ImageFacts) -> VerifyReport | None:
+    def checked(self, image: ImageFacts) -> Checked:
+        return Checked(self._verified_report(image), self._refusal(image))
+
+    def _verified_report(self, image: ImageFacts) -> VerifyReport | None:
         """The layer verification of the image the probes run on (the layers stage reports it
         instead of reading the image a second time): each layer read in this run (while unpacking,
         or to vouch for a cached root), or a verified pair this machine recorded earlier, marked
@@ -179,7 +183,7 @@ class RootfsDriver(DriverBase):
             return None
         return report
 
-    def refusal(self, image: ImageFacts) -> Refusal | None:
+    def _refusal(self, image: ImageFacts) -> Refusal | None:
         refused = self.refused.get(image)
         return refused.refusal() if refused is not None else None
 

@@ -131,15 +131,16 @@ def render(
     if not wide:
         console.print("tokens: " + " ".join(s.token for s in record.stages), soft_wrap=True, highlight=False)
     _full_reasons(record, console, limit)
-    note = view.deferred_note(record)  # the token names the deferred stages, not what they held back
+    said = view.beside(record)
+    note = said.note  # the token names the deferred stages, not what they held back
     verdict = Text.assemble(
         "verdict: ", (record.verdict, verdict_style(record.verdict)), f" ({note})" if note else ""
     )
     if rejected_by:
         verdict.append(f" → rejected: {rejected_by}", style="bold red")
     console.print(verdict, soft_wrap=True)
-    if chain := view.chain_line(record):
-        console.print(chain, soft_wrap=True, highlight=False)
+    if said.chain:
+        console.print(said.chain, soft_wrap=True, highlight=False)
     console.print(
         f"image: {record.image.config_digest or record.image.reference}", soft_wrap=True, highlight=False
     )

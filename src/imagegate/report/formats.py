@@ -7,19 +7,19 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO
 
 from imagegate._support.jsontypes import JsonObject
 from imagegate.attest.statement import build_statement
 from imagegate.domain.results import RunRecord
-from imagegate.domain.statements import Predicate, Statement
+from imagegate.domain.statements import Acceptance, Predicate, Statement
 from imagegate.errors import UsageError
 from imagegate.report.provenance import Provenance
 
 if TYPE_CHECKING:
-    from imagegate.attest.keys import PublicKey
+    from imagegate.attest.keys import PublicKey, SigningKey
 
 STDOUT = Path("-")
 
@@ -198,3 +198,26 @@ def write_reports(
 
     github.publish(record, stderr or sys.stderr, env)
     return used_stdout
+
+
+def writer(
+    specs: list[tuple[str, Path]],
+) -> Callable[[RunRecord, Statement[Acceptance], Path, SigningKey | None], bool]:
+    """Writes the --report files of a run (accept.Outputs.write_reports): what vouches for it is
+    the envelope just written, read back and checked with the signing key's public half, as
+    `imagegate report --key` says."""
+
+    def write(
+        record: RunRecord, statement: Statement[Acceptance], folder: Path, key: SigningKey | None
+    ) -> bool:
+        from imagegate.report import load
+
+        provenance = (
+            load.read_attempt(folder, key.public if key is not None else None).provenance if specs else None
+        )
+        try:
+            return write_reports(record, list(specs), statement=statement, provenance=provenance)
+        except OSError as e:
+            raise UsageError(f"writing a report: {e}", hint="check the --report paths") from e
+
+    return write

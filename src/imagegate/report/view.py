@@ -132,6 +132,19 @@ def chain_line(record: RunRecord) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Beside:
+    """What every report says beside the verdict: the checks a deferred stage held back
+    (deferred_note) and, for a completion, its link (chain_line); '' where there is none."""
+
+    note: str
+    chain: str
+
+
+def beside(record: RunRecord) -> Beside:
+    return Beside(deferred_note(record), chain_line(record))
+
+
 def verdict_line(record: RunRecord) -> str:
     note = deferred_note(record)
     return f"{record.verdict} ({note})" if note else record.verdict

@@ -16,7 +16,7 @@ from imagegate.domain.evidence import Attempt
 from imagegate.domain.results import ImageFacts, RunRecord, accepted, exit_code
 from imagegate.domain.statements import Acceptance, Statement
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, ImagegateError, UsageError
-from imagegate.usecases.runner import Notify, Observation, Prepared, conclude, judge, new_attempt, now
+from imagegate.usecases.runner import Notify, Observation, Prepared, conclude, judge, now
 
 if TYPE_CHECKING:  # signing and its keys are loaded when a run signs, after the probes ran
     from imagegate.attest import keys
@@ -159,7 +159,7 @@ def within(prep: Prepared, timeout: float | None) -> Iterator[None]:
 def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, notify: Notify) -> Accepted:
     with deadline.armed():  # pulling, unpacking: a stalled engine or registry is cut at the deadline
         image = observer.subject(prep)
-    attempt = new_attempt(prep, image, out)
+    attempt = Attempt.begin(out, image, prep.evidence())
     notify(f"attempt {attempt.dir}")
     obs = observer.observe(prep, attempt)
     concluded = conclude(prep, obs, judge(prep, obs, attempt, notify), attempt, now())
@@ -178,7 +178,9 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     used_stdout = False
     if outputs.write_reports is not None:  # also with no --report: a CI's own summary
         used_stdout = outputs.write_reports(record, statement, attempt.dir, outputs.key)
-    code, rejected_by = exit_for(record.verdict, statement, outputs.require_complete)
+    code, rejected_by = exit_for(
+        record.verdict, concluded.levels, concluded.no_level, outputs.require_complete
+    )
     if left is not None and code == EXIT_ACCEPTED:
         # Attached, but beside earlier statements a controller still reads: not admitted as it is.
         code, rejected_by = EXIT_REJECTED, "--attach left earlier statements (named above)"
@@ -186,18 +188,16 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
 
 
 def exit_for(
-    verdict: str, statement: Statement[Acceptance], require_complete: bool
+    verdict: str, reached: Sequence[str], no_level: str, require_complete: bool
 ) -> tuple[int, str | None]:
     """The exit code, and what rejects a verdict that is accepted by itself: --require-complete,
-    or no level reached (model.accepted; the stages that did not run or pass named)."""
-    from imagegate.attest.vsa import levels, no_level
-
+    or no level reached (`reached`: the levels its statement reaches, Concluded.levels;
+    `no_level`: the stages that did not run or pass, named)."""
     code = exit_code(verdict, require_complete=require_complete)
     if code != exit_code(verdict):
         return code, "--require-complete"
-    said = statement.to_json()  # the levels are read from what is signed, as every reader does
-    if accepted(verdict, levels(said)) != code:
-        return EXIT_REJECTED, no_level(said)
+    if accepted(verdict, list(reached)) != code:
+        return EXIT_REJECTED, no_level
     return code, None
 
 

@@ -21,7 +21,6 @@ from imagegate.usecases.runner.preparing import (
     Prepared,
     RunOptions,
     StageInputs,
-    new_attempt,
     now,
     prepare,
 )
@@ -44,7 +43,6 @@ __all__ = [
     "conclude",
     "gpu_granted",
     "judge",
-    "new_attempt",
     "now",
     "observe",
     "prepare",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from imagegate import __version__
 from imagegate.attest.statement import build_statement
+from imagegate.attest.vsa import reach
 from imagegate.domain.evidence import RUN_FILE, Attempt, json_bytes
 from imagegate.domain.results import EvidenceFile, RunRecord, verdict
 from imagegate.domain.statements import Acceptance, Statement
@@ -22,6 +23,10 @@ class Concluded:
     statement: Statement[Acceptance]  # as written to statement.json; what is signed and reported
     run_json: bytes  # run.json: the environment, the bundle, each controller's facts
     index_entry: dict[str, object]  # the attempt's line in the output folder's index
+    # The levels the statement reaches, read from it as every reader of a signed one does, and
+    # why it reaches none (vsa.no_level) when so.
+    levels: tuple[str, ...] = ()
+    no_level: str = ""
 
 
 def conclude(prep: Prepared, obs: Observation, judged: Judged, attempt: Attempt, finished: str) -> Concluded:
@@ -56,4 +61,6 @@ def conclude(prep: Prepared, obs: Observation, judged: Judged, attempt: Attempt,
         "pipeline": prep.plan.pipeline.name,
         "finished": record.finished_at,
     }
-    return Concluded(record, build_statement(record), run_json, index_entry)
+    statement = build_statement(record)
+    reached, no_level = reach(statement.to_json())
+    return Concluded(record, statement, run_json, index_entry, tuple(reached), no_level)

@@ -139,8 +139,9 @@ def observe(
 
     obs = Observation(image, env, [], now(), str(env.get("driver", driver.name)), opener)
     obs.clock, obs.progress = time.monotonic(), display.progress
-    obs.verified, obs.has_image = driver.verified_report(image), driver.has_image
-    refusal = driver.refusal(image)
+    checked = driver.checked(image)
+    obs.verified, obs.has_image = checked.verified, driver.has_image
+    refusal = checked.refusal
     if refusal is not None:
         # Refused before it could run (e.g. a layer that failed verification while unpacked):
         # nothing runs in it; conclude skips its stages and signs the refusal like any outcome.

@@ -1,5 +1,5 @@
 """Before a run touches an image: the command line's options, the validated pipeline, its plan
-and the probes bundle (`prepare`); then the attempt folder with the run's inputs (`new_attempt`)."""
+and the probes bundle (`prepare`), and the inputs the attempt folder keeps (`Prepared.evidence`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 from imagegate import pipeline
 from imagegate._support import deadline
 from imagegate.domain import probes_bundle as bundle
-from imagegate.domain.evidence import Attempt
+from imagegate.domain.evidence import json_bytes
 from imagegate.domain.plan import Plan, build_plan
-from imagegate.domain.results import ImageFacts
 
 STARTUP_SLACK_S = 60.0  # container start + interpreter start + bundle transfer
 
@@ -79,6 +78,14 @@ class Prepared:
         py = self.plan.python
         return [py] if py else ["python3", "python"]
 
+    def evidence(self) -> dict[str, bytes | str]:
+        """The run's inputs, as its attempt folder keeps them (Attempt.begin)."""
+        return {
+            "pipeline.yaml": self.loaded.text,
+            "plan.json": json_bytes(self.plan.to_json()),
+            "bundle.pyz": self.bundle.data,
+        }
+
     def deadline(self, ids: Sequence[str] | None = None) -> float:
         """The in-image deadline of the stages `ids` (default: all of them, one controller): their
         timeouts added up, ending by the command's deadline (all of it, when --timeout named it)."""
@@ -105,12 +112,3 @@ def prepare(opts: RunOptions) -> Prepared:
     )
     inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db)
     return Prepared.of(loaded, plan, inputs)
-
-
-def new_attempt(prep: Prepared, image: ImageFacts, out: Path) -> Attempt:
-    """A fresh attempt folder holding the run's inputs."""
-    attempt = Attempt(out, image)
-    attempt.write("pipeline.yaml", prep.loaded.text)
-    attempt.write_json("plan.json", prep.plan.to_json())
-    attempt.write("bundle.pyz", prep.bundle.data)
-    return attempt
