@@ -37,10 +37,7 @@ def _carries(frame: FrameType) -> bool:
         names[:1] in (("self",), ("cls",)) and _is_carried(frame.f_locals.get(names[0]))
     ):
         return False
-    for name in names:
-        if _is_carried(frame.f_locals.get(name)):
-            return True
-    return False
+    return any(_is_carried(frame.f_locals.get(name)) for name in names)
 
 
 def _is_carried(value: object) -> bool:
@@ -82,7 +79,7 @@ class Walk:
 
     def figures(self) -> dict[str, object]:
         returns, seen = 0, set()
-        for before, now in zip(self.steps, self.steps[1:]):
+        for before, now in zip(self.steps, self.steps[1:], strict=False):
             seen.add(before)
             returns += now in seen
         return {
