@@ -23,6 +23,7 @@ from imagegate.attest.vsa import (
     levels,
     pipeline_policy,
     said_on,
+    signed_subject,
     summary,
 )
 from imagegate.domain.digest import short_digest
@@ -324,7 +325,7 @@ def build_index_test_result(statement: JsonMapping) -> Statement[TestResult]:
     result = "PASSED" if verdict == "PASS" else "WARNED" if verdict_accepted(verdict) else "FAILED"
     policy = pipeline_policy(pred)
     return Statement(
-        subject=tuple(Subject.from_json(s) for s in j.items(statement.get("subject"))),
+        subject=signed_subject(statement),
         predicate_type=TEST_RESULT_PREDICATE_TYPE,
         predicate=TestResult(
             result=result,

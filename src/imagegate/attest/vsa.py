@@ -166,7 +166,7 @@ def summary(
     `reached`, else FAILED (["FAILED"] as its levels); `run` goes in the extension field."""
     pred = j.obj(statement.get("predicate"))
     return Statement(
-        subject=_subject(statement),
+        subject=signed_subject(statement),
         predicate_type=VSA_PREDICATE_TYPE,
         predicate=Vsa(
             verifier_version=str(j.path(pred, "imagegate", "version")),
@@ -182,7 +182,7 @@ def summary(
     )
 
 
-def _subject(statement: JsonMapping) -> tuple[Subject, ...]:
+def signed_subject(statement: JsonMapping) -> tuple[Subject, ...]:
     """The subject the standard statements repeat: the acceptance's, as it was signed."""
     return tuple(Subject.from_json(s) for s in j.items(statement.get("subject")))
 
@@ -223,7 +223,7 @@ def build_test_result(statement: JsonMapping) -> Statement[TestResult]:
             {"name": "imagegate probes bundle", "digest": {"sha256": str(pred["bundleSha256"])}}
         )
     return Statement(
-        subject=_subject(statement),
+        subject=signed_subject(statement),
         predicate_type=TEST_RESULT_PREDICATE_TYPE,
         predicate=TestResult(
             result=_result(pred),
