@@ -242,8 +242,8 @@ def test_cli_fleet_run_signs_each_nodes_statement_and_reports_the_fleet(
     from typer.testing import CliRunner
 
     from imagegate.attest import keys
-    from imagegate.fleet import node_statement as nodecheck
     from imagegate.cli import app
+    from imagegate.fleet import node_statement as nodecheck
     from imagegate.report.load import load_attempt
     from tests.fleet.test_judge import _k8s_node
     from tests.helpers import controller_output

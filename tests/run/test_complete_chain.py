@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from imagegate.attest import dsse, keys, sign
 from imagegate._support.jsontypes import canonical_json
+from imagegate.attest import dsse, keys, sign
 from tests.helpers import Result, imagegate
 from tests.run.test_gpu import _attempts, _pipeline
 
