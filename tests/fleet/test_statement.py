@@ -118,8 +118,9 @@ def test_only_a_node_check_statement_in_an_in_toto_envelope_verifies() -> None:
     (whichever side of the right one each sorts), a payload that is not JSON, GPUs that are not
     a list; the size bound is a size over it, not at it."""
     key = keys.generate()
-    statement = nodecheck.node_statement("gpu-1", "PASS", "", _node_data(), IMAGE, ATTEMPT)
-    payload = sign.serialize(statement)
+    made = nodecheck.node_statement("gpu-1", "PASS", "", _node_data(), IMAGE, ATTEMPT)
+    payload = sign.serialize(made)
+    statement = made.to_json()  # reshaped below, as a forger would
     for ptype in ("application/json", "text/plain"):
         with pytest.raises(UsageError, match="signature does not verify"):
             nodecheck.verify_node(dsse.sign(payload, key, ptype).to_json(), key.public)

@@ -85,7 +85,7 @@ class Statement(Generic[P]):
 
 @dataclass(frozen=True)
 class RawPredicate:
-    """A predicate of a type this module does not model (an index's, a node's), as JSON."""
+    """A predicate of a type this module does not model (an index's, a mirror's), as JSON."""
 
     fields: JsonObject
 
@@ -275,7 +275,7 @@ class Acceptance:
         d = j.obj(raw)
         completes = j.obj(d.get("completes"))
         return cls(
-            verdict=str(d.get("verdict")),
+            verdict=j.text(d.get("verdict")) or "",
             pipeline=_plain(j.obj(d.get("pipeline"))),
             plan=_plain(j.obj(d.get("plan"))),
             image=ImageEntry.from_json(d.get("image")),
@@ -379,8 +379,57 @@ class TestResult:
         )
 
 
+@dataclass(frozen=True)
+class NodeCheck:
+    """imagegate's node-check predicate (imagegate.fleet.node_statement): a node's check as a
+    signed fact, its subject the node and each of its GPUs."""
+
+    node: str
+    gpus: tuple[str, ...]
+    model: str
+    verdict: str
+    detail: str
+    figures: Mapping[str, float]
+    image: JsonObject  # the reference and digest of the image that ran the check
+    attempt: str  # the id of the attempt it ran in
+    checked_on: str
+    version: str  # imagegate's
+
+    def to_json(self) -> JsonObject:
+        return {
+            "node": self.node,
+            "gpus": list(self.gpus),
+            "model": self.model,
+            "verdict": self.verdict,
+            "detail": self.detail,
+            "figures": dict(self.figures),
+            "image": dict(self.image),
+            "attempt": self.attempt,
+            "checkedOn": self.checked_on,
+            "imagegate": {"version": self.version},
+        }
+
+    @classmethod
+    def from_json(cls, raw: object) -> NodeCheck:
+        d = j.obj(raw)
+        figures = {str(k): float(v) for k, v in j.obj(d.get("figures")).items() if isinstance(v, int | float)}
+        return cls(
+            node=j.text(d.get("node")) or "",
+            gpus=tuple(j.strings(d.get("gpus"))),
+            model=j.text(d.get("model")) or "",
+            verdict=j.text(d.get("verdict")) or "",
+            detail=j.text(d.get("detail")) or "",
+            figures=figures,
+            image=_plain(j.obj(d.get("image"))),
+            attempt=j.text(d.get("attempt")) or "",
+            checked_on=j.text(d.get("checkedOn")) or "",
+            version=j.text(j.path(d, "imagegate", "version")) or "",
+        )
+
+
 READERS: dict[str, Callable[[object], Predicate]] = {
     PREDICATE_TYPE: Acceptance.from_json,
     VSA_PREDICATE_TYPE: Vsa.from_json,
     TEST_RESULT_PREDICATE_TYPE: TestResult.from_json,
+    NODE_PREDICATE_TYPE: NodeCheck.from_json,
 }

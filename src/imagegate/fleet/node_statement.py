@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING
 
 from imagegate import __version__
 from imagegate._support.files import read_named
-from imagegate._support.jsontypes import JsonMapping, JsonObject, JsonValue, freeze_object, items, obj, path
+from imagegate._support.jsontypes import JsonMapping, JsonObject, freeze_object, items, obj, path
 from imagegate.attest import dsse
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.sign import serialize
-from imagegate.attest.statement import STATEMENT_TYPE
 from imagegate.attest.verify import load_attempt
-from imagegate.domain.statements import NODE_PREDICATE_TYPE
+from imagegate.domain.statements import NODE_PREDICATE_TYPE, NodeCheck, Statement, Subject
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.fleet import judge as fleet  # the functions read `fleet.X`, as when it sat apart
 from imagegate.oci import untrusted_json
@@ -67,33 +66,30 @@ def subject(node: str, uuids: list[str]) -> list[JsonObject]:
 
 def node_statement(
     node: str, status: str, detail: str, data: JsonMapping, image: JsonMapping, attempt: str
-) -> JsonObject:
+) -> Statement[NodeCheck]:
     """The statement for one node: `status` and `detail` are the node check stage's, `data` what
     it measured, `image` the reference and digest of the image that ran it, `attempt` the id of
     the attempt it ran in."""
     uuids = gpu_uuids(data)
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": list[JsonValue](subject(node, uuids)),
-        "predicateType": NODE_PREDICATE_TYPE,
-        "predicate": freeze_object(
-            {
-                "node": node,
-                "gpus": uuids,
-                "model": fleet.gpu_model(data),
-                "verdict": status,
-                "detail": detail,
-                "figures": fleet.figures_of(data),
-                "image": dict(image),
-                "attempt": attempt,
-                "checkedOn": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "imagegate": {"version": __version__},
-            }
+    return Statement(
+        subject=tuple(Subject.from_json(s) for s in subject(node, uuids)),
+        predicate_type=NODE_PREDICATE_TYPE,
+        predicate=NodeCheck(
+            node=node,
+            gpus=tuple(uuids),
+            model=fleet.gpu_model(data),
+            verdict=status,
+            detail=detail,
+            figures=fleet.figures_of(data),
+            image=freeze_object(image),
+            attempt=attempt,
+            checked_on=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            version=__version__,
         ),
-    }
+    )
 
 
-def sign_node(folder: Path, statement: JsonMapping, key: SigningKey) -> Path:
+def sign_node(folder: Path, statement: Statement[NodeCheck] | JsonMapping, key: SigningKey) -> Path:
     """The DSSE envelope of `statement`, written once into `folder` (never replacing one)."""
     path = folder / NODE_FILE
     try:
