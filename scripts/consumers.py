@@ -16,7 +16,8 @@ which tests/install runs the Action with) is built the same way.
 
 Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
   build             build (or find) the three tools; print each one's path, build time and size
-  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act; repeatable)
+  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube;
+                    repeatable)
   run               build, then run every case and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of the shipped
                     data/policies/kyverno-clusterpolicy.yaml
@@ -81,7 +82,8 @@ EXAMPLE_REGISTRY = "registry.example/"
 class Tool:
     name: str
     module: str  # the Go module the tool comes from, whose version tests/consumers/NAME/go.mod pins
-    exe: str  # the binary `go install tool` writes
+    exe: str  # the binary `go install tool` writes (the first, where it writes several)
+    ldflags: str = ""  # e.g. the version a wrapper module's build cannot know by itself
 
     @property
     def folder(self) -> Path:
@@ -104,8 +106,8 @@ class Tool:
         return CACHE / f"{self.name}-{self.version}"
 
     def stamp(self) -> str:
-        """What the build depends on: the module's go.mod and go.sum, and the toolchain."""
-        h = hashlib.sha256(TOOLCHAIN.encode())
+        """What the build depends on: the module's go.mod and go.sum, the toolchain, the flags."""
+        h = hashlib.sha256((TOOLCHAIN + self.ldflags).encode())
         for name in ("go.mod", "go.sum"):
             h.update((self.folder / name).read_bytes())
         return h.hexdigest()
@@ -123,6 +125,21 @@ TOOLS = (
 )
 # Not a consumer: the runner the GitHub Action is tested with (tests/install/test_ci_steps.py).
 ACT = Tool("act", "github.com/nektos/act", "act")
+# Not a consumer: the control plane the cluster tests start (tests/kube/apiserver.py): etcd
+# (`server`), kube-apiserver, kube-controller-manager, kube-scheduler and kubectl. A build of a
+# wrapper module reports version v0.0.0, which Kyverno and policy-controller compare against, so
+# the version is given to the linker (../shared facts: component-base/version).
+KUBE_VERSION = "v1.33.13"
+KUBE = Tool(
+    "kube",
+    "k8s.io/kubernetes",
+    "kube-apiserver",
+    ldflags="-s -w"
+    + "".join(
+        f" -X k8s.io/component-base/version.{k}={v}"
+        for k, v in (("gitVersion", KUBE_VERSION), ("gitMajor", "1"), ("gitMinor", "33"))
+    ),
+)
 
 
 def _size(path: Path) -> int:
@@ -152,7 +169,10 @@ def build(tool: Tool) -> dict[str, Any]:
     before = _size(GO_CACHE / "build") if (GO_CACHE / "build").is_dir() else 0
     load = os.getloadavg()[0]
     start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run([go, "install", "tool"], cwd=tool.folder, env=env, capture_output=True, text=True)
+    flags = ["-ldflags", tool.ldflags] if tool.ldflags else []
+    p = subprocess.run(
+        [go, "install", *flags, "tool"], cwd=tool.folder, env=env, capture_output=True, text=True
+    )
     seconds = round(time.monotonic() - start, 1)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
@@ -165,7 +185,7 @@ def build(tool: Tool) -> dict[str, Any]:
         "seconds": seconds,
         "cpu_seconds": round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 1),
         "gocache_bytes_before": before,
-        "binary_bytes": exe.stat().st_size,
+        "binary_bytes": _size(tool.cache / "bin"),
         "cache_bytes": _size(GO_CACHE),
         "cores": os.cpu_count(),
         "load": load,
@@ -624,7 +644,7 @@ def main() -> int:
     parser.add_argument("what", nargs="?", choices=("build", "run"), default="run")
     parser.add_argument("--kyverno-policy", action="append", type=Path, default=None)
     parser.add_argument(
-        "--tool", action="append", choices=[t.name for t in (*TOOLS, ACT)], help="build only these"
+        "--tool", action="append", choices=[t.name for t in (*TOOLS, ACT, KUBE)], help="build only these"
     )
     args = parser.parse_args()
     policies = [p.resolve() for p in (args.kyverno_policy or [KYVERNO])]
@@ -637,8 +657,8 @@ def main() -> int:
     # The tree as it starts: what ran is the code read then.
     commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain"))
     tools = {}
-    for tool in (*TOOLS, ACT):
-        if (args.tool and tool.name not in args.tool) or (tool is ACT and not args.tool):
+    for tool in (*TOOLS, ACT, KUBE):
+        if (args.tool and tool.name not in args.tool) or (tool in (ACT, KUBE) and not args.tool):
             continue
         tools[tool.name] = info = build(tool)
         print(

@@ -26,11 +26,12 @@ def test_pod_run_twice_in_a_real_cluster(tmp_path: Path) -> None:
         "pod", "run", os.environ.get("IMAGEGATE_TEST_KUBE_IMAGE", "python:3.12-slim"),
         "-p", "python", "-m", "json", "--context", CONTEXT,
         "-n", os.environ.get("IMAGEGATE_TEST_KUBE_NAMESPACE", "default"),
-        "--deadline", "15m", "-o", str(tmp_path), "--keep",
+        "--deadline", "15m", "-o", str(tmp_path), "--keep", "--name", "imagegate-real-cluster-test",
     ]  # fmt: skip
     first = imagegate(*args, timeout=1200)
     assert first.returncode == 0, first.stdout + first.stderr
-    # The second run finds the first one's Job (--keep) and waits it out before creating its own.
+    # Under the same --name, the second run finds the first one's Job (--keep) and waits it out
+    # before creating its own (without --name, each run's names are its own).
     second = imagegate(*args[:-1], timeout=1200)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "deleting the previous run's job/" in second.stderr

@@ -171,9 +171,14 @@ def test_scheduling_inputs() -> None:
         render.parse_node_selector(["novalue"])
 
 
-def test_name_is_stable_per_pipeline_and_image() -> None:
-    assert _render().name == _render().name
-    assert _render().name != _render(image="other/image:1").name
+def test_each_render_has_a_name_of_its_own_unless_one_is_given() -> None:
+    """Two runs of one image and pipeline in one namespace never take each other's names; the
+    name starts with the pipeline and the image's hash, and --name is taken as it is."""
+    first, second = _render().name, _render().name
+    assert first != second and first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]
+    assert first.startswith(render.stable_name("vllm", f"myorg/vllm@{DIGEST}") + "-")
+    assert _render().name.rsplit("-", 1)[0] != _render(image="other/image:1").name.rsplit("-", 1)[0]
+    assert len(first) <= 52 and _render(name="mine").name == "mine"
     with pytest.raises(UsageError, match="--name 'Not_A_DNS_Label': lower-case letters, digits and '-'"):
         _render(name="Not_A_DNS_Label")
 
@@ -196,11 +201,11 @@ def test_cli_render_prints_valid_yaml(tmp_path: Path) -> None:
 
 
 def test_the_event_key_is_a_secret_and_the_job_is_stable() -> None:
-    """Two renders of the same inputs: the Job and the ConfigMap are the same bytes (they can be
+    """Two renders of the same inputs and --name: the Job and the ConfigMap are the same bytes (they can be
     committed and reviewed) and hold no key; each render's key is a fresh 32 bytes in its own
     Secret, which the Job's env refers to and which validates."""
-    first = imagegate("pod", "render", f"myorg/vllm@{DIGEST}", "-p", "python", "-n", "accept")
-    second = imagegate("pod", "render", f"myorg/vllm@{DIGEST}", "-p", "python", "-n", "accept")
+    args = ("pod", "render", f"myorg/vllm@{DIGEST}", "-p", "python", "-n", "accept", "--name", "one-run")
+    first, second = imagegate(*args), imagegate(*args)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     docs = [first.stdout.split("\n---\n"), second.stdout.split("\n---\n")]
     assert [len(d) for d in docs] == [3, 3]

@@ -147,7 +147,8 @@ def render_cmd(
         "--secret-out",
         metavar="FILE",
         help="Write the Secret (the run's event key) to FILE (new, mode 0600), not stdout: stdout is "
-        "then the ConfigMap and the Job alone, the same bytes for the same inputs (for GitOps).",
+        "then the ConfigMap and the Job alone, the same bytes for the same inputs (for GitOps; their "
+        "name is then the same for the same pipeline and image, unless --name).",
     ),
     # Accepted from older scripts and hidden: render signs nothing (collect and run sign).
     key: str | None = Option(None, "--key", hidden=True),
@@ -164,6 +165,8 @@ def render_cmd(
     prep = runner.prepare(
         runner.RunOptions(pipeline=pipeline, modules=module, gpus=_gpus(spec.gpus), **spec.plan_words())
     )
+    if secret_out is not None and spec.name is None:  # the same bytes for the same inputs
+        spec = dataclasses.replace(spec, name=render.stable_name(prep.plan.pipeline.name, image))
     rendered = spec.render(prep, image, notify)
     notify(
         f"configmap/{rendered.name}: {rendered.configmap_bytes()} bytes; validated against Kubernetes {spec.kube_version}"

@@ -17,7 +17,7 @@ from imagegate.domain.results import ImageFacts
 from imagegate.errors import UsageError
 from imagegate.kube.cluster import Cluster, ClusterError
 from imagegate.kube.collect import PodObserver, key_secret, read_pod_files, read_secret_file
-from imagegate.kube.render import CONTAINER, RUN_LABEL, Rendered
+from imagegate.kube.render import CONTAINER, ENFORCE_LABEL, POD_SECURITY_LEVELS, RUN_LABEL, Rendered
 from imagegate.usecases.runner import Notify, Observation, Prepared
 
 KINDS = ("job", "configmap", "secret")
@@ -101,6 +101,28 @@ class PodRunObserver:
         )
 
 
+def check_pod_security(rendered: Rendered, cluster: Cluster) -> None:
+    """A namespace that enforces a stricter Pod Security level than the Job's Pod meets stores the
+    Job and never makes its Pod: refused before anything is created, naming both levels."""
+    try:
+        found = cluster.get("namespace", rendered.namespace, rendered.namespace)
+    except ClusterError:  # not allowed to read namespaces: nothing to tell before creating
+        return
+    enforced = text(path(found or {}, "metadata", "labels", ENFORCE_LABEL))
+    levels = POD_SECURITY_LEVELS
+    if enforced not in levels or levels.index(enforced) >= levels.index(rendered.pod_security):
+        return
+    why = {
+        "baseline": "it runs as root (--run-as-user 0)",
+        "privileged": "it mounts a node's folder (--model-host-path)",
+    }
+    raise UsageError(
+        f"namespace {rendered.namespace} enforces Pod Security `{enforced}`, and the Job's Pod meets only "
+        f"`{rendered.pod_security}`: {why[rendered.pod_security]}; its Pod would never be created",
+        hint=f"run in a namespace labelled {ENFORCE_LABEL}={rendered.pod_security}, or drop the option",
+    )
+
+
 def run_job(
     rendered: Rendered,
     cluster: Cluster,
@@ -116,6 +138,7 @@ def run_job(
     why the Job ended early if it did. `state`: updated as the objects are created and deleted."""
     state = state or JobState()
     ns, name = rendered.namespace, rendered.name
+    check_pod_security(rendered, cluster)
     wait_gone(cluster, name, ns, waits, notify)
     notify(f"creating secret/{name}, configmap/{name} and job/{name} in {ns}")
     state.created = True  # before the call: an interrupt inside it may have created some

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import os
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import yaml
 
-from imagegate._support.jsontypes import JsonObject, JsonValue
+from imagegate._support.jsontypes import JsonObject, JsonValue, items, obj, path
 from imagegate.domain import protocol
 from imagegate.domain import servemodel as modelpath
 from imagegate.domain.digest import is_digest
@@ -44,6 +45,14 @@ DEFAULT_TTL_S = 3600
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The Pod Security Standard levels, the strictest first; the namespace label that enforces one.
+POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+# The user the probes run as unless --run-as-user says otherwise: not root, so that a namespace
+# enforcing the `restricted` Pod Security Standard admits the Pod (runAsNonRoot needs a UID the
+# kubelet can check, whatever USER the image names). 65532: distroless's `nonroot`, no system
+# user's. The probes need no file of their own on the image: they read it, and write /tmp.
+NONROOT_UID = 65532
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,16 @@ class Rendered:
 
     def yaml(self, objects: list[JsonObject] | None = None) -> str:
         return yaml.safe_dump_all(objects or self.objects, sort_keys=False, default_flow_style=False)
+
+    @property
+    def pod_security(self) -> str:
+        """The strictest Pod Security Standard level the Job's Pod meets: `restricted` as
+        rendered by default, `baseline` when it runs as root (--run-as-user 0), `privileged`
+        with a node's folder mounted (--model-host-path: a hostPath volume)."""
+        spec = obj(path(self.job, "spec", "template", "spec"))
+        if any(isinstance(v, dict) and "hostPath" in v for v in items(spec.get("volumes"))):
+            return "privileged"
+        return "baseline" if path(spec, "securityContext", "runAsUser") == 0 else "restricted"
 
     def configmap_bytes(self) -> int:
         """The ConfigMap as the API server stores it (JSON), which the 1 MiB limit applies to."""
@@ -280,7 +299,16 @@ def render_checked(prep: Prepared, image: str, kube_version: str, **words: Unpac
 
 
 def default_name(pipeline: str, image: str) -> str:
-    """Stable per pipeline and image, so a re-run finds (and waits out) its predecessor."""
+    """The pipeline and the image, and a part of this render's own: two runs of one image and
+    pipeline in one namespace never take each other's names (a Secret is immutable; the second
+    apply would fail on it). A re-run under a name chosen with --name finds, and waits out, its
+    predecessor."""
+    return f"{stable_name(pipeline, image)}-{secrets.token_hex(3)}"
+
+
+def stable_name(pipeline: str, image: str) -> str:
+    """The same for the same pipeline and image: for output that is committed and reviewed
+    (`pod render --secret-out`), and the start of every default name."""
     slug = re.sub(r"[^a-z0-9-]+", "-", pipeline.lower()).strip("-")[:24] or "run"
     return f"imagegate-{slug}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
 
@@ -325,6 +353,11 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
         notes.append(
             f"{image} is not pinned by digest: the cluster pulls whatever the tag points to now; "
             "collect still records the imageID it ran (give --digest to pin it)"
+        )
+    if opts.run_as_user == 0:
+        notes.append(
+            "--run-as-user 0: the probes run as root, which Pod Security `restricted` refuses; the "
+            "namespace must enforce `baseline` or `privileged`"
         )
     deadline = job_deadline(prep, opts.deadline_s)
     if opts.deadline_s is not None and opts.deadline_s < prep.deadline():
@@ -382,10 +415,12 @@ def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[JsonObje
 
 
 def _pod_spec(image: str, python: str, name: str, opts: PodOptions) -> JsonObject:
-    pod_security: JsonObject = {"seccompProfile": {"type": "RuntimeDefault"}}
-    if opts.run_as_user is not None:
-        pod_security["runAsUser"] = opts.run_as_user
-        pod_security["runAsNonRoot"] = opts.run_as_user != 0
+    uid = NONROOT_UID if opts.run_as_user is None else opts.run_as_user
+    pod_security: JsonObject = {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsUser": uid,
+        "runAsNonRoot": uid != 0,
+    }
     spec: JsonObject = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # the probes never talk to the API server

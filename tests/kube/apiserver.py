@@ -1,0 +1,175 @@
+"""A real Kubernetes API server for the tests: etcd and kube-apiserver, built from source at the
+versions tests/consumers/kube/go.mod pins (scripts/consumers.py `build --tool kube`; cached by
+version outside the clone), started on free loopback ports in a folder of the test's own, and
+stopped and removed whatever happens. No controller-manager, scheduler or kubelet: what the API
+server decides itself (validation, admission: Pod Security) is what these tests ask of it.
+The flags follow the Kubernetes project's own local cluster (hack/local-up-cluster.sh)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.helpers import load_script
+from tests.oci.infra import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+READY_S = 60.0  # etcd and the API server answer within seconds here; a minute is a broken start
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    url: str
+    kubeconfig: Path
+    kubectl: str
+
+    def env(self) -> dict[str, str]:
+        """The environment a kubectl (imagegate's, the test's) reaches this server with: the
+        kubectl built beside the server first on PATH (a fresh machine may have none)."""
+        path = f"{Path(self.kubectl).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": path}
+
+    def kubectl_run(
+        self, *args: str, stdin: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.kubectl, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=timeout,
+        )
+
+
+def binaries() -> Path:
+    """The folder holding `server` (etcd), `kube-apiserver` and `kubectl`, built if missing."""
+    script = load_script(ROOT / "scripts" / "consumers.py")
+    script.build(script.KUBE)
+    return Path(script.exe(script.KUBE)).parent
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _ready(url: str, token: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{p.args[0]} exited {p.returncode}: {_tail(logs)}")
+        with contextlib.suppress(httpx.HTTPError):
+            got = httpx.get(
+                f"{url}/readyz", headers={"Authorization": f"Bearer {token}"}, verify=False, timeout=2
+            )
+            if got.status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the API server was not ready within {READY_S:g} s: {_tail(logs)}")
+
+
+def _tail(logs: Path) -> str:
+    return " | ".join(f"{p.name}: {p.read_text(errors='replace')[-800:]}" for p in sorted(logs.glob("*.log")))
+
+
+@contextlib.contextmanager
+def started(folder: Path) -> Iterator[ApiServer]:
+    """etcd and kube-apiserver in `folder`, ready; stopped and their folder removed at the end."""
+    bin_dir = binaries()
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = folder / "logs"
+    logs.mkdir()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (folder / "sa.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    (folder / "sa.pub").write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    token = secrets.token_hex(16)
+    (folder / "tokens.csv").write_text(f"{token},admin,admin,system:masters\n")
+    client, peer, port = free_port(), free_port(), free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(bin_dir / "server"),
+                    "--data-dir",
+                    str(folder / "etcd"),
+                    "--listen-client-urls",
+                    f"http://127.0.0.1:{client}",
+                    "--advertise-client-urls",
+                    f"http://127.0.0.1:{client}",
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{peer}",
+                    "--initial-advertise-peer-urls",
+                    f"http://127.0.0.1:{peer}",
+                    "--initial-cluster",
+                    f"default=http://127.0.0.1:{peer}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=(logs / "etcd.log").open("wb"),
+                start_new_session=True,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(bin_dir / "kube-apiserver"),
+                    f"--etcd-servers=http://127.0.0.1:{client}",
+                    f"--cert-dir={folder / 'certs'}",
+                    f"--secure-port={port}",
+                    "--bind-address=127.0.0.1",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    f"--service-account-key-file={folder / 'sa.pub'}",
+                    f"--service-account-signing-key-file={folder / 'sa.key'}",
+                    "--service-cluster-ip-range=10.0.0.0/24",
+                    "--authorization-mode=RBAC",
+                    f"--token-auth-file={folder / 'tokens.csv'}",
+                    # No controller-manager makes the default ServiceAccount the plugin waits for.
+                    "--disable-admission-plugins=ServiceAccount",
+                    "--allow-privileged=true",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=(logs / "kube-apiserver.log").open("wb"),
+                start_new_session=True,
+            )
+        )
+        url = f"https://127.0.0.1:{port}"
+        _ready(url, token, procs, logs)
+        kubeconfig = folder / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+            f"clusters:\n- name: test\n  cluster:\n    server: {url}\n    insecure-skip-tls-verify: true\n"
+            f"users:\n- name: admin\n  user:\n    token: {token}\n"
+            "contexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n"
+        )
+        yield ApiServer(url, kubeconfig, str(bin_dir / "kubectl"))
+    finally:
+        _stop(procs)
