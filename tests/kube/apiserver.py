@@ -1,8 +1,10 @@
 """A real Kubernetes API server for the tests: etcd and kube-apiserver, built from source at the
 versions tests/consumers/kube/go.mod pins (scripts/consumers.py `build --tool kube`; cached by
 version outside the clone), started on free loopback ports in a folder of the test's own, and
-stopped and removed whatever happens. No controller-manager, scheduler or kubelet: what the API
-server decides itself (validation, admission: Pod Security) is what these tests ask of it.
+stopped and removed whatever happens. With `controllers=True`, kube-controller-manager (the Job,
+namespace, service-account, garbage-collector and ttl-after-finished controllers) and
+kube-scheduler too: a Job then makes its Pod, through the same admission. No kubelet: a Pod is
+made, never run.
 The flags follow the Kubernetes project's own local cluster (hack/local-up-cluster.sh)."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -93,9 +96,31 @@ def _tail(logs: Path) -> str:
     return " | ".join(f"{p.name}: {p.read_text(errors='replace')[-800:]}" for p in sorted(logs.glob("*.log")))
 
 
+def _controllers(bin_dir: Path, folder: Path, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """kube-controller-manager and kube-scheduler, talking to the server through its kubeconfig."""
+    kubeconfig = str(folder / "kubeconfig")
+    manager = [
+        str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+        "--controllers=job,namespace,serviceaccount,serviceaccount-token,garbagecollector,ttl-after-finished",
+        f"--service-account-private-key-file={folder / 'sa.key'}", "--use-service-account-credentials=false",
+        "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+    ]  # fmt: skip
+    scheduler = [
+        str(bin_dir / "kube-scheduler"), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+        "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+    ]  # fmt: skip
+    return [
+        subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=(logs / f"{Path(argv[0]).name}.log").open("wb")
+        )
+        for argv in (manager, scheduler)
+    ]
+
+
 @contextlib.contextmanager
-def started(folder: Path) -> Iterator[ApiServer]:
-    """etcd and kube-apiserver in `folder`, ready; stopped and their folder removed at the end."""
+def started(folder: Path, *, controllers: bool = False) -> Iterator[ApiServer]:
+    """etcd and kube-apiserver in `folder`, ready (and the controllers, when asked); stopped and
+    their folder removed at the end."""
     bin_dir = binaries()
     folder.mkdir(parents=True, exist_ok=True)
     logs = folder / "logs"
@@ -170,6 +195,9 @@ def started(folder: Path) -> Iterator[ApiServer]:
             f"users:\n- name: admin\n  user:\n    token: {token}\n"
             "contexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n"
         )
+        if controllers:
+            procs += _controllers(bin_dir, folder, logs)
         yield ApiServer(url, kubeconfig, str(bin_dir / "kubectl"))
     finally:
         _stop(procs)
+        shutil.rmtree(folder, ignore_errors=True)  # etcd's data, the keys, the logs

@@ -1,0 +1,75 @@
+"""The rendered Job before a real control plane (tests/kube/apiserver.py with kube-controller-manager
+and kube-scheduler): in a namespace that enforces Pod Security `restricted`, the Job controller
+makes the Job's Pod as rendered by default, and never the Pod of a render that runs as root: the
+Job then only records FailedCreate, what `pod run` now refuses before creating anything. No
+kubelet: the Pod is made and stays Pending (no node), which is all admission decides."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import yaml
+
+from tests.helpers import imagegate
+from tests.kube.apiserver import ApiServer, started
+from tests.kube.test_apiserver import IMAGE, _namespace
+
+WAIT_S = 60.0  # the Job controller acts within seconds here
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    with started(tmp_path_factory.mktemp("control-plane"), controllers=True) as s:
+        yield s
+
+
+def _applied(cluster: ApiServer, ns: str, *extra: str) -> str:
+    r = imagegate("pod", "render", IMAGE, "-p", "python", "-n", ns, *extra)
+    assert r.returncode == 0, r.stderr
+    applied = cluster.kubectl_run("apply", "-f", "-", stdin=r.stdout)
+    assert applied.returncode == 0, applied.stderr
+    (job,) = [d for d in yaml.safe_load_all(r.stdout) if d["kind"] == "Job"]
+    return str(job["metadata"]["name"])
+
+
+def _until(what: str, check: Callable[[], str | None]) -> str:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"no {what} within {WAIT_S:g} s")
+
+
+def test_the_job_controller_makes_the_pod_under_restricted_and_never_a_root_one(cluster: ApiServer) -> None:
+    ns = _namespace(cluster, "restricted")
+    name = _applied(cluster, ns)
+
+    def pods(job: str) -> list[str]:
+        got = cluster.kubectl_run("get", "pods", "-n", ns, "-l", f"job-name={job}", "-o", "name")
+        return got.stdout.split()
+
+    _until(f"Pod of job/{name}", lambda: " ".join(pods(name)) or None)
+    root = _applied(cluster, ns, "--run-as-user", "0")
+
+    def refused() -> str | None:
+        got = cluster.kubectl_run(
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            f"involvedObject.name={root},reason=FailedCreate",
+            "-o",
+            "json",
+        )
+        messages = [e.get("message", "") for e in json.loads(got.stdout or "{}").get("items", [])]
+        return next((m for m in messages if "violates PodSecurity" in m), None)
+
+    message = _until(f"FailedCreate of job/{root}", refused)
+    assert 'violates PodSecurity "restricted:latest"' in message and "runAsNonRoot" in message, message
+    assert pods(root) == []
