@@ -177,8 +177,9 @@ def started(folder: Path, *, controllers: bool = False) -> Iterator[ApiServer]:
                     "--service-cluster-ip-range=10.0.0.0/24",
                     "--authorization-mode=RBAC",
                     f"--token-auth-file={folder / 'tokens.csv'}",
-                    # No controller-manager makes the default ServiceAccount the plugin waits for.
-                    "--disable-admission-plugins=ServiceAccount",
+                    # Without the controller-manager nothing makes the default ServiceAccount that
+                    # the plugin waits for; with it, every Pod goes through ServiceAccount admission.
+                    *([] if controllers else ["--disable-admission-plugins=ServiceAccount"]),
                     "--allow-privileged=true",
                 ],
                 stdout=subprocess.DEVNULL,

@@ -1,6 +1,7 @@
 """The rendered Job before a real control plane (tests/kube/apiserver.py with kube-controller-manager
 and kube-scheduler): in a namespace that enforces Pod Security `restricted`, the Job controller
-makes the Job's Pod as rendered by default, and never the Pod of a render that runs as root: the
+makes the Job's Pod as rendered by default (through ServiceAccount admission, with no token
+mounted), and never the Pod of a render that runs as root: the
 Job then only records FailedCreate, what `pod run` now refuses before creating anything. No
 kubelet: the Pod is made and stays Pending (no node), which is all admission decides."""
 
@@ -53,7 +54,13 @@ def test_the_job_controller_makes_the_pod_under_restricted_and_never_a_root_one(
         got = cluster.kubectl_run("get", "pods", "-n", ns, "-l", f"job-name={job}", "-o", "name")
         return got.stdout.split()
 
-    _until(f"Pod of job/{name}", lambda: " ".join(pods(name)) or None)
+    (made,) = _until(f"Pod of job/{name}", lambda: " ".join(pods(name)) or None).split()
+    pod = json.loads(cluster.kubectl_run("get", made, "-n", ns, "-o", "json").stdout)
+    # ServiceAccount admission ran on it (it names the namespace's default account), and the
+    # rendered Pod still mounts no token of it.
+    assert pod["spec"]["serviceAccountName"] == "default", pod["spec"]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert not any(v.get("projected") for v in pod["spec"].get("volumes", [])), pod["spec"]["volumes"]
     root = _applied(cluster, ns, "--run-as-user", "0")
 
     def refused() -> str | None:
