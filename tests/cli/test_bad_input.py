@@ -333,3 +333,19 @@ def test_rootfs_with_a_local_name_pushed_only_elsewhere_suggests_docker_daemon(
     finally:
         subprocess.run(["docker", "rmi", local, elsewhere], capture_output=True)
         registry.stop()
+
+
+def test_a_registry_digest_counts_for_the_name_however_docker_hub_is_spelled() -> None:
+    """What `--driver rootfs` asks of the engine's registry digests: the same Docker Hub repository
+    whichever way either side spells it, never a repository of another registry."""
+    from imagegate.cli._checks import _hub_repository
+
+    digest = "@sha256:" + "a" * 64
+    for name, listed in (
+        ("python", "python" + digest),
+        ("python:3.12", "docker.io/library/python" + digest),
+        ("team/app:1", "index.docker.io/team/app" + digest),
+    ):
+        assert _hub_repository(name) == _hub_repository(listed) is not None, (name, listed)
+    assert _hub_repository("team/app:1") != _hub_repository("127.0.0.1:5000/team/app" + digest)
+    assert _hub_repository("UPPER/case") is None  # not a reference: nothing to compare

@@ -180,9 +180,12 @@ def _check_not_local_only(image: str) -> None:
             client.close()
     except Exception:
         return
-    if isinstance(attrs, dict) and _hub_name(image) not in {
-        _hub_name(d.partition("@")[0]) for d in attrs.get("RepoDigests") or () if isinstance(d, str)
-    }:  # pushed elsewhere (another registry) is not on Docker Hub either
+    wanted = _hub_repository(image)
+    if (
+        isinstance(attrs, dict)
+        and wanted is not None
+        and wanted not in {_hub_repository(d) for d in attrs.get("RepoDigests") or () if isinstance(d, str)}
+    ):  # pushed elsewhere (another registry) is not on Docker Hub either
         raise UsageError(
             f"IMAGE {image!r}: --driver rootfs reads it from Docker Hub, but only the local engine has it "
             "(built here, never pushed)",
@@ -190,16 +193,16 @@ def _check_not_local_only(image: str) -> None:
         )
 
 
-def _hub_name(name: str) -> str:
-    """A Docker Hub repository as the engine may spell it: no tag or digest, no docker.io/ or
-    library/ prefix (`python`, `docker.io/library/python:3` and `python@sha256:…` are one)."""
-    name = name.partition("@")[0]
-    last = name.rpartition("/")[2]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.partition(":")[0]
-    for prefix in ("docker.io/", "index.docker.io/", "library/"):
-        name = name.removeprefix(prefix)
-    return name
+def _hub_repository(name: str) -> tuple[str, str] | None:
+    """The registry and repository a name stands for, as references are parsed everywhere
+    (`python`, `docker.io/library/python:3` and `python@sha256:…` are one); None: not a reference."""
+    from imagegate.oci.reference import BadReference, parse_reference
+
+    try:
+        ref = parse_reference(name)
+    except BadReference:
+        return None
+    return ref.registry, ref.repository
 
 
 def check_expect_config(expect_config: str | None) -> None:
