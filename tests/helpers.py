@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -160,3 +161,15 @@ def run_test_image(
     pred = json.loads(r.stdout)["predicate"]
     (attempt,) = (tmp / "out").glob("*/" + pred["attempt"]["id"])
     return r.returncode, pred, attempt
+
+
+def image_of_its_own(base: str, name: str, folder: Path) -> str:
+    """`base` built again with a label of this call's own, tagged NAME:TOKEN: an image ID no other
+    test shares, so that pushing it (the engine then lists a registry digest for that ID) changes
+    no other test's image."""
+    token = secrets.token_hex(4)
+    tag = f"{name}:{token}"
+    (folder / "ctx").mkdir()
+    (folder / "ctx" / "Dockerfile").write_text(f"FROM {base}\nLABEL imagegate.test={token}\n")
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(folder / "ctx")], check=True, capture_output=True)
+    return tag

@@ -8,6 +8,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from tests.helpers import load_script
+
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "imagegate"
 MAX_TOP_MODULES = 8
 # The same name in two places, each for the same kind of thing (said why): anything else named
@@ -55,13 +57,7 @@ def test_no_file_name_means_two_things() -> None:
 
 def test_no_import_runs_back_up_a_ring() -> None:
     """Each part imports only parts in its own ring or below it (scripts/structure.py RINGS)."""
-    import importlib.util
-
-    script = PACKAGE.parents[1] / "scripts" / "structure.py"
-    spec = importlib.util.spec_from_file_location("structure", script)
-    assert spec is not None and spec.loader is not None
-    structure = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(structure)
+    structure = load_script(PACKAGE.parents[1] / "scripts" / "structure.py")
     graph = structure.edges()
     assert graph, "no imports found: the picture would hold nothing"
     assert structure.upward(graph) == []
@@ -71,11 +67,5 @@ def test_no_import_runs_back_up_a_ring() -> None:
 
 def test_the_structures_picture_is_the_codes() -> None:
     """docs/structure.md is drawn from the imports as they are (scripts/structure.py --write)."""
-    import importlib.util
-
-    script = PACKAGE.parents[1] / "scripts" / "structure.py"
-    spec = importlib.util.spec_from_file_location("structure", script)
-    assert spec is not None and spec.loader is not None
-    structure = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(structure)
+    structure = load_script(PACKAGE.parents[1] / "scripts" / "structure.py")
     assert structure.PAGE.read_text() == structure.page(), "run: python scripts/structure.py --write"

@@ -7,7 +7,6 @@ same inputs against the real engine to show what a user sees."""
 
 from __future__ import annotations
 
-import secrets
 import socket
 import subprocess
 import threading
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DOCKER_SOCK, imagegate
+from tests.helpers import DOCKER_SOCK, image_of_its_own, imagegate
 from tests.oci.infra import start_registry
 
 
@@ -313,15 +312,9 @@ def test_rootfs_with_a_local_name_pushed_only_elsewhere_suggests_docker_daemon(
 ) -> None:
     """The engine lists a registry digest for the image, from another registry: Docker Hub still
     does not have it under the name given, so the same advice, not retries against Docker Hub."""
-    token = secrets.token_hex(4)
-    local = f"imagegate-test/pushed-elsewhere:{token}"
-    (tmp_path / "ctx").mkdir()
-    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {images['python']}\nLABEL imagegate.test={token}\n")
-    subprocess.run(
-        ["docker", "build", "-q", "-t", local, str(tmp_path / "ctx")], check=True, capture_output=True
-    )
+    local = image_of_its_own(images["python"], "imagegate-test/pushed-elsewhere", tmp_path)
     registry = start_registry(tmp_path / "registry")
-    elsewhere = f"{registry.host}/team/elsewhere:{token}"
+    elsewhere = f"{registry.host}/team/elsewhere:{local.rpartition(':')[2]}"
     try:
         subprocess.run(["docker", "tag", local, elsewhere], check=True)
         subprocess.run(["docker", "push", "-q", elsewhere], check=True, capture_output=True)

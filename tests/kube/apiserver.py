@@ -56,6 +56,15 @@ class ApiServer:
             timeout=timeout,
         )
 
+    def namespace(self, level: str) -> str:
+        """A new namespace that enforces the Pod Security Standard `level`."""
+        name = f"{level}-{secrets.token_hex(3)}"
+        made = self.kubectl_run("create", "namespace", name)
+        assert made.returncode == 0, made.stderr
+        label = self.kubectl_run("label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}")
+        assert label.returncode == 0, label.stderr
+        return name
+
 
 def binaries() -> Path:
     """The folder holding `server` (etcd), `kube-apiserver` and `kubectl`, built if missing."""

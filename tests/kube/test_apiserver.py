@@ -8,7 +8,6 @@ before it creates anything, a Pod that the namespace's enforced level would neve
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,17 +26,6 @@ LEVELS = ("restricted", "baseline", "privileged")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     with started(tmp_path_factory.mktemp("apiserver")) as s:
         yield s
-
-
-def _namespace(server: ApiServer, level: str) -> str:
-    name = f"{level}-{secrets.token_hex(3)}"
-    made = server.kubectl_run("create", "namespace", name)
-    assert made.returncode == 0, made.stderr
-    label = server.kubectl_run(
-        "label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}", "--overwrite"
-    )
-    assert label.returncode == 0, label.stderr
-    return name
 
 
 def _render(namespace: str, *extra: str) -> tuple[str, str]:
@@ -60,7 +48,7 @@ def _pod_of(rendered: str) -> dict[str, Any]:
 
 def test_the_pod_is_admitted_at_every_level_and_root_only_where_it_is_allowed(server: ApiServer) -> None:
     for level in LEVELS:
-        ns = _namespace(server, level)
+        ns = server.namespace(level)
         rendered, said = _render(ns)
         applied = server.kubectl_run("apply", "-f", "-", stdin=rendered)
         assert applied.returncode == 0, applied.stderr
@@ -83,7 +71,7 @@ def test_the_pod_is_admitted_at_every_level_and_root_only_where_it_is_allowed(se
 
 
 def test_two_runs_of_one_image_and_pipeline_in_one_namespace_both_apply(server: ApiServer) -> None:
-    ns = _namespace(server, "restricted")
+    ns = server.namespace("restricted")
     for _ in range(2):
         rendered, _said = _render(ns)
         applied = server.kubectl_run("apply", "-f", "-", stdin=rendered)
@@ -110,7 +98,7 @@ def test_pod_run_refuses_what_the_namespace_would_never_admit_before_creating_an
             "mounts a node's folder",
         ),
     ):
-        ns = _namespace(server, level)
+        ns = server.namespace(level)
         r = imagegate(
             "pod", "run", IMAGE, "-n", ns, *option, "-o", str(tmp_path / level), "--no-sign",
             env=server.env(), timeout=120,

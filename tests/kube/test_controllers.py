@@ -8,15 +8,15 @@ kubelet: the Pod is made and stays Pending (no node), which is all admission dec
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import yaml
 
 from tests.helpers import imagegate
 from tests.kube.apiserver import ApiServer, started
-from tests.kube.test_apiserver import IMAGE, _namespace
+from tests.kube.test_apiserver import IMAGE
+from tests.oci.infra import wait_for
 
 WAIT_S = 60.0  # the Job controller acts within seconds here
 
@@ -36,25 +36,16 @@ def _applied(cluster: ApiServer, ns: str, *extra: str) -> str:
     return str(job["metadata"]["name"])
 
 
-def _until(what: str, check: Callable[[], str | None]) -> str:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"no {what} within {WAIT_S:g} s")
-
-
 def test_the_job_controller_makes_the_pod_under_restricted_and_never_a_root_one(cluster: ApiServer) -> None:
-    ns = _namespace(cluster, "restricted")
+    ns = cluster.namespace("restricted")
     name = _applied(cluster, ns)
 
     def pods(job: str) -> list[str]:
         got = cluster.kubectl_run("get", "pods", "-n", ns, "-l", f"job-name={job}", "-o", "name")
         return got.stdout.split()
 
-    (made,) = _until(f"Pod of job/{name}", lambda: " ".join(pods(name)) or None).split()
+    assert wait_for(lambda: bool(pods(name)), WAIT_S), f"no Pod of job/{name} within {WAIT_S:g} s"
+    (made,) = pods(name)
     pod = json.loads(cluster.kubectl_run("get", made, "-n", ns, "-o", "json").stdout)
     # ServiceAccount admission ran on it (it names the namespace's default account), and the
     # rendered Pod still mounts no token of it.
@@ -77,6 +68,10 @@ def test_the_job_controller_makes_the_pod_under_restricted_and_never_a_root_one(
         messages = [e.get("message", "") for e in json.loads(got.stdout or "{}").get("items", [])]
         return next((m for m in messages if "violates PodSecurity" in m), None)
 
-    message = _until(f"FailedCreate of job/{root}", refused)
+    assert wait_for(lambda: refused() is not None, WAIT_S), (
+        f"no FailedCreate of job/{root} within {WAIT_S:g} s"
+    )
+    message = refused()
+    assert message is not None
     assert 'violates PodSecurity "restricted:latest"' in message and "runAsNonRoot" in message, message
     assert pods(root) == []

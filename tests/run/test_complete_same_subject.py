@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 from imagegate.domain.results import ImageFacts
 from imagegate.errors import UsageError
 from imagegate.usecases.complete import Earlier, check_same_subject, completion_subject
-from tests.helpers import imagegate
+from tests.helpers import image_of_its_own, imagegate
 from tests.oci.infra import start_registry
 
 CONFIG, OTHER_CONFIG = "sha256:" + "c" * 64, "sha256:" + "d" * 64
@@ -122,15 +121,9 @@ def test_an_image_pushed_between_run_and_complete_is_completed_about_the_same_su
     """An image of this test's own (a label on the python image), run before any registry knew
     it, then pushed: the engine now lists a registry digest for it. The completion names the
     subject the attempt signed, and verify follows its link."""
-    token = secrets.token_hex(4)
-    tag = f"imagegate-test/complete-subject:{token}"
-    (tmp_path / "ctx").mkdir()
-    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {images['python']}\nLABEL imagegate.test={token}\n")
-    subprocess.run(
-        ["docker", "build", "-q", "-t", tag, str(tmp_path / "ctx")], check=True, capture_output=True
-    )
+    tag = image_of_its_own(images["python"], "imagegate-test/complete-subject", tmp_path)
     registry = start_registry(tmp_path / "registry")
-    pushed = f"{registry.host}/team/subject:{token}"
+    pushed = f"{registry.host}/team/subject:{tag.rpartition(':')[2]}"
     try:
         assert imagegate("keygen", "--out", str(tmp_path / "k")).returncode == 0
         out = tmp_path / "out"
