@@ -16,7 +16,7 @@ which tests/install runs the Action with) is built the same way.
 
 Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
   build             build (or find) the three tools; print each one's path, build time and size
-  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube;
+  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube, kwok;
                     repeatable)
   run               build, then run every case and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of the shipped
@@ -140,6 +140,9 @@ KUBE = Tool(
         for k, v in (("gitVersion", KUBE_VERSION), ("gitMajor", "1"), ("gitMinor", "33"))
     ),
 )
+# Not a consumer: the fake nodes of the cluster tests (tests/kube/kwok.py), GPU nodes with no
+# kubelet behind them; its version is the one its Stage files (tests/kube/stages) come from.
+KWOK = Tool("kwok", "sigs.k8s.io/kwok", "kwok")
 
 
 def _size(path: Path) -> int:
@@ -644,7 +647,10 @@ def main() -> int:
     parser.add_argument("what", nargs="?", choices=("build", "run"), default="run")
     parser.add_argument("--kyverno-policy", action="append", type=Path, default=None)
     parser.add_argument(
-        "--tool", action="append", choices=[t.name for t in (*TOOLS, ACT, KUBE)], help="build only these"
+        "--tool",
+        action="append",
+        choices=[t.name for t in (*TOOLS, ACT, KUBE, KWOK)],
+        help="build only these",
     )
     args = parser.parse_args()
     policies = [p.resolve() for p in (args.kyverno_policy or [KYVERNO])]
@@ -657,8 +663,8 @@ def main() -> int:
     # The tree as it starts: what ran is the code read then.
     commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain"))
     tools = {}
-    for tool in (*TOOLS, ACT, KUBE):
-        if (args.tool and tool.name not in args.tool) or (tool in (ACT, KUBE) and not args.tool):
+    for tool in (*TOOLS, ACT, KUBE, KWOK):
+        if (args.tool and tool.name not in args.tool) or (tool in (ACT, KUBE, KWOK) and not args.tool):
             continue
         tools[tool.name] = info = build(tool)
         print(

@@ -2,9 +2,10 @@
 versions tests/consumers/kube/go.mod pins (scripts/consumers.py `build --tool kube`; cached by
 version outside the clone), started on free loopback ports in a folder of the test's own, and
 stopped and removed whatever happens. With `controllers=True`, kube-controller-manager (the Job,
-namespace, service-account, garbage-collector and ttl-after-finished controllers) and
-kube-scheduler too: a Job then makes its Pod, through the same admission. No kubelet: a Pod is
-made, never run.
+namespace, service-account, garbage-collector, ttl-after-finished and node-lifecycle controllers:
+the last takes a new node's not-ready taint off once it reports Ready, and taints a cordoned one)
+and kube-scheduler too: a Job then makes its Pod, through the same admission. No kubelet: a Pod
+is made, never run (tests/kube/kwok.py adds nodes that play one).
 The flags follow the Kubernetes project's own local cluster (hack/local-up-cluster.sh)."""
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _controllers(bin_dir: Path, folder: Path, logs: Path) -> list[subprocess.Pop
     kubeconfig = str(folder / "kubeconfig")
     manager = [
         str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-        "--controllers=job,namespace,serviceaccount,serviceaccount-token,garbagecollector,ttl-after-finished",
+        "--controllers=job,namespace,serviceaccount,serviceaccount-token,garbagecollector,ttl-after-finished,nodelifecycle",
         f"--service-account-private-key-file={folder / 'sa.key'}", "--use-service-account-credentials=false",
         "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
     ]  # fmt: skip
