@@ -19,15 +19,21 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.helpers import load_script
+from imagegate.kube import collect
+from imagegate.kube.render import GPU_RESOURCE
+from imagegate.usecases import runner
+from tests.helpers import controller_output, load_script
 from tests.kube.apiserver import ROOT, ApiServer
 from tests.oci.infra import free_port
 
@@ -60,26 +66,41 @@ class Kwok:
         cordoned: bool = False,
     ) -> None:
         """A fake node (kwok makes it Ready) with these labels and allocatable resources."""
+        self.nodes([name], labels=labels, allocatable=allocatable, cordoned=cordoned)
+
+    def nodes(
+        self,
+        names: list[str],
+        *,
+        labels: Mapping[str, str] | None = None,
+        allocatable: Mapping[str, str] | None = None,
+        cordoned: bool = False,
+    ) -> None:
+        """Fake nodes alike, made in one request (a fleet's worth at once)."""
         resources = {"cpu": "32", "memory": "256Gi", "pods": "110", **(allocatable or {})}
-        node: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "annotations": {MANAGED: "fake"},
-                "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
-            },
-            "spec": {"unschedulable": cordoned},
-            "status": {"allocatable": resources, "capacity": resources},
-        }
-        done = self.api.kubectl_run("create", "-f", "-", stdin=json.dumps(node))
+        items: list[dict[str, Any]] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {MANAGED: "fake"},
+                    "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
+                },
+                "spec": {"unschedulable": cordoned},
+                "status": {"allocatable": resources, "capacity": resources},
+            }
+            for name in names
+        ]
+        doc = {"apiVersion": "v1", "kind": "List", "items": items}
+        done = self.api.kubectl_run("create", "-f", "-", stdin=json.dumps(doc), timeout=300)
         assert done.returncode == 0, done.stderr
 
     def ready(self, names: list[str], timeout: float = READY_S) -> None:
         """Wait until kwok has made each node Ready."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            got = self.api.kubectl_run("get", "nodes", "-o", "json")
+            got = self.api.kubectl_run("get", "nodes", "-o", "json", timeout=120)
             ready = {
                 n["metadata"]["name"]
                 for n in json.loads(got.stdout)["items"]
@@ -130,6 +151,69 @@ class Kwok:
                     return
             time.sleep(0.1)
         raise AssertionError(f"kwok did not serve {url} within {PLAYED_S:g} s: {_tail(self.folder)}")
+
+
+class NodePlayer:
+    """Plays each node's part for the node check Pods in `ns` (kwok runs nothing; named so): once
+    the scheduler has placed a Pod and kwok started it, the log its container would print (the
+    real controller's output for the Job's bundle, as `fleet render` makes it for the Pod's GPU
+    count, and the event key in the Job's Secret, run on this machine, where no GPU is), and
+    `image_id` as the node's runtime would report it. Records where each Pod ran; `workers` Pods
+    played at once."""
+
+    def __init__(self, kwok: Kwok, ns: str, image_id: str, *, workers: int = 1, poll_s: float = 0.3) -> None:
+        self.kwok, self.ns, self.image_id, self.poll_s = kwok, ns, image_id, poll_s
+        self.placed: dict[str, str] = {}  # Pod name -> the node the scheduler bound it to
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self.preps: dict[str, runner.Prepared] = {}
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="node")
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> NodePlayer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        self.pool.shutdown(wait=True)
+        assert not self.errors, self.errors
+
+    def _loop(self) -> None:
+        try:
+            while not self.stop.wait(self.poll_s):
+                got = self.kwok.api.kubectl_run("get", "pods", "-n", self.ns, "-o", "json", timeout=120)
+                for pod in json.loads(got.stdout)["items"] if got.returncode == 0 else []:
+                    name = pod["metadata"]["name"]
+                    if name in self.placed or pod.get("status", {}).get("phase") != "Running":
+                        continue
+                    self.placed[name] = pod["spec"]["nodeName"]
+                    self.pool.submit(self._play, pod)
+        except BaseException as e:  # said by __exit__, in the test's thread
+            self.errors.append(e)
+
+    def _play(self, pod: dict[str, Any]) -> None:
+        try:
+            self.kwok.play(pod, self._log(pod), self.image_id)
+        except BaseException as e:  # said by __exit__, in the test's thread, and now: the run waits
+            self.errors.append(e)
+            print(f"node player: {pod['metadata']['name']}: {e!r}", file=sys.stderr, flush=True)
+
+    def _log(self, pod: dict[str, Any]) -> bytes:
+        ref = collect.key_secret(pod)
+        assert ref is not None, pod["spec"]
+        got = self.kwok.api.kubectl_run("get", "secret", ref[0], "-n", self.ns, "-o", "json")
+        key = collect.event_key(pod, json.loads(got.stdout))
+        assert key is not None, got.stderr
+        (container,) = pod["spec"]["containers"]
+        gpus = container["resources"]["limits"][GPU_RESOURCE]
+        with self.lock:  # one plan and bundle per GPU count, as fleet render makes them
+            if gpus not in self.preps:
+                self.preps[gpus] = runner.prepare(runner.RunOptions(pipeline="gpu", gpus=gpus))
+            prep = self.preps[gpus]
+        return controller_output(prep, key)
 
 
 def _tail(folder: Path) -> str:

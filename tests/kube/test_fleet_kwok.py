@@ -2,7 +2,7 @@
 with kube-controller-manager and kube-scheduler): the nodes are kwok's (tests/kube/kwok.py), GPU
 nodes as the GPU operator labels them, a MIG node, a cordoned one and one with GPU work running.
 The real scheduler places each node check Job's Pod; kwok runs nothing, so the test plays each
-node's part (named so: `_play_nodes`): the log is the real controller's output for that Job's
+node's part (named so: tests/kube/kwok.NodePlayer): the log is the real controller's output for that Job's
 bundle and event key (read from the Job's Secret in the cluster), run on this machine, where no
 GPU is, so each node's check does not pass and each node is unfit; the image ID is the one a
 containerd node would report for the image the Job names."""
@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,14 +21,13 @@ from imagegate.domain.results import Status
 from imagegate.kube import collect
 from imagegate.kube.render import GPU_RESOURCE
 from imagegate.report.load import read_attempt
-from imagegate.usecases import runner
-from tests.helpers import controller_output
 from tests.kube.apiserver import ApiServer, started
-from tests.kube.kwok import Kwok
+from tests.kube.kwok import Kwok, NodePlayer
 from tests.kube.kwok import started as kwok_started
 
 DIGEST = "sha256:" + "6e" * 32
 IMAGE = f"registry.example/team/torch@{DIGEST}"
+IMAGE_ID = IMAGE  # what a containerd node reports for the image it pulled by digest
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}
 RUN_S = 300
 
@@ -92,57 +89,6 @@ def _listings(api: ApiServer, work: Path) -> list[str]:
     return ["--nodes", str(work / "nodes.json"), "--pods", str(work / "pods.json")]
 
 
-class _Nodes:
-    """Plays each node's part for the node check Pods in `ns` (kwok runs nothing): once the
-    scheduler has placed a Pod and kwok started it, the log its container would print (the real
-    controller's output for the Job's bundle and the event key in the Job's Secret, run here),
-    and the image ID a containerd node reports. Records where each Pod ran."""
-
-    def __init__(self, kwok: Kwok, ns: str) -> None:
-        self.kwok, self.ns = kwok, ns
-        self.placed: dict[str, str] = {}  # Pod name -> the node the scheduler bound it to
-        self.errors: list[BaseException] = []
-        self.stop = threading.Event()
-        self.preps: dict[str, runner.Prepared] = {}
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> _Nodes:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
-        assert not self.errors, self.errors
-
-    def _loop(self) -> None:
-        try:
-            while not self.stop.wait(0.3):
-                got = self.kwok.api.kubectl_run("get", "pods", "-n", self.ns, "-o", "json")
-                for pod in json.loads(got.stdout)["items"] if got.returncode == 0 else []:
-                    name = pod["metadata"]["name"]
-                    if name in self.placed or pod.get("status", {}).get("phase") != "Running":
-                        continue
-                    self.placed[name] = pod["spec"]["nodeName"]
-                    self.kwok.play(pod, self._log(pod), f"registry.example/team/torch@{DIGEST}")
-        except BaseException as e:  # said by __exit__, in the test's thread
-            self.errors.append(e)
-
-    def _log(self, pod: dict[str, Any]) -> bytes:
-        ref = collect.key_secret(pod)
-        assert ref is not None, pod["spec"]
-        secret = json.loads(
-            self.kwok.api.kubectl_run("get", "secret", ref[0], "-n", self.ns, "-o", "json").stdout
-        )
-        key = collect.event_key(pod, secret)
-        assert key is not None
-        (container,) = pod["spec"]["containers"]
-        gpus = container["resources"]["limits"][GPU_RESOURCE]
-        if gpus not in self.preps:  # the bundle fleet render makes for this many GPUs
-            self.preps[gpus] = runner.prepare(runner.RunOptions(pipeline="gpu", gpus=gpus))
-        return controller_output(self.preps[gpus], key)
-
-
 def _imagegate(api: ApiServer, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "imagegate", *args], capture_output=True, text=True, cwd=cwd,
@@ -154,7 +100,7 @@ def _attempts(out: Path) -> dict[str, Path]:
     return {n.name: next(n.glob("*/2*")) for n in out.iterdir()}
 
 
-def _checked(fleet: Kwok, work: Path, done: subprocess.CompletedProcess[str], nodes: _Nodes) -> None:
+def _checked(fleet: Kwok, work: Path, done: subprocess.CompletedProcess[str], nodes: NodePlayer) -> None:
     """What both commands must show: one Job per eligible node, each Pod placed by the scheduler
     on its own node (the cordoned one too: its Job tolerates the cordon), the MIG and busy nodes
     skipped and named, each node's attempt collected from its Pod, the node statements signed."""
@@ -187,7 +133,7 @@ def test_fleet_run_places_one_job_per_gpu_node_through_the_scheduler(fleet: Kwok
     assert _imagegate(fleet.api, "keygen", "--out", "ci", cwd=tmp_path).returncode == 0
     ns = fleet.api.namespace("restricted")
     listings = _listings(fleet.api, tmp_path)
-    with _Nodes(fleet, ns) as nodes:
+    with NodePlayer(fleet, ns, IMAGE_ID) as nodes:
         done = _imagegate(
             fleet.api, "fleet", "run", IMAGE, *listings, "-n", ns, "--jobs", "2", "--key", "ci.key",
             "--timeout", str(RUN_S), "--format", "json", "-o", "out", cwd=tmp_path,
@@ -203,7 +149,7 @@ def test_fleet_collect_reads_the_jobs_applied_earlier(fleet: Kwok, tmp_path: Pat
     listings = _listings(fleet.api, tmp_path)
     rendered = _imagegate(fleet.api, "fleet", "render", IMAGE, *listings, "-n", ns, cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
-    with _Nodes(fleet, ns) as nodes:
+    with NodePlayer(fleet, ns, IMAGE_ID) as nodes:
         applied = fleet.api.kubectl_run("apply", "-f", "-", stdin=rendered.stdout)
         assert applied.returncode == 0, applied.stderr
         complete = fleet.api.kubectl_run(

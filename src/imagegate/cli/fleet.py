@@ -221,12 +221,13 @@ def _report_runs(runs: "list[NodeRun]", key: "keys.SigningKey | None", fmt: Form
     epilog="The node check Jobs applied earlier (`fleet render ... | kubectl apply -f -`), each "
     "collected as `pod collect --job` collects one: its Pod, log and event key read from the "
     "cluster by the Job's name (the same names `fleet render` gives for the same --nodes), into "
-    "an attempt under --out; nothing is deleted. Then the fleet report and exit codes as for "
-    "`fleet run`.\n\nExamples:\n\n"
+    "an attempt under --out, --jobs nodes at a time; nothing is deleted. Then the fleet report "
+    "and exit codes as for `fleet run`.\n\nExamples:\n\n"
     "  imagegate fleet collect myorg/torch@sha256:<digest> --nodes nodes.json -n checks --key ci.key",
 )
 def collect_cmd(
     image: str = _IMAGE,
+    jobs: int = Option(4, "--jobs", min=1, metavar="N", help="Nodes collected at once."),
     out: Path = _OUT,
     key: list[str] = _app.SIGNING_KEY,
     fmt: Format = _app.FORMAT,
@@ -237,6 +238,8 @@ def collect_cmd(
     context: str | None = _app.KUBE_CONTEXT,
 ) -> None:
     """Collect every GPU node's node check Job run earlier; report the fleet."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from imagegate.cli import _accept as o
     from imagegate.cli import _checks
     from imagegate.errors import EngineError
@@ -246,8 +249,9 @@ def collect_cmd(
 
     notify = o.notifier(fmt is Format.json)
     outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
-    cluster, runs = kubectl.KubectlCluster(context=context), []
-    for job in _node_jobs(image, nodes, pods, namespace, kube_version):
+    cluster = kubectl.KubectlCluster(context=context)
+
+    def one(job: run.NodeJob) -> run.NodeRun:
         done = run.NodeRun(job.node)
         try:
             pod, log, secret = podrun.pod_and_log(cluster, job.rendered.name, namespace, notify=notify)
@@ -255,5 +259,13 @@ def collect_cmd(
             done.record = run.accept_node(job, observer, out / job.node, outputs, notify)
         except (EngineError, UsageError) as e:  # this node has no result; the others still count
             done.error = str(e)
-        runs.append(done)
+        return done
+
+    node_jobs = _node_jobs(image, nodes, pods, namespace, kube_version)
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="collect")
+    with o.interrupts():
+        try:
+            runs = list(pool.map(one, node_jobs))  # in the nodes' order
+        finally:  # on an interrupt the queued nodes never start; the running ones end with kubectl
+            pool.shutdown(wait=True, cancel_futures=True)
     _report_runs(runs, outputs.key, fmt)
