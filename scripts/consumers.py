@@ -149,15 +149,27 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def cached(tool: Tool) -> dict[str, Any] | None:
+    """The cached build's record, where the cache holds the tool built from this go.mod and go.sum
+    by this toolchain with these flags; else None."""
+    info_file, exe = tool.cache / "build.json", tool.cache / "bin" / tool.exe
+    if not (info_file.exists() and exe.exists()):
+        return None
+    info: dict[str, Any] = json.loads(info_file.read_text())
+    return info if info.get("stamp") == tool.stamp() else None
+
+
+def named(name: str) -> Tool:
+    (tool,) = [t for t in (*TOOLS, ACT, KUBE, KWOK) if t.name == name]
+    return tool
+
+
 def build(tool: Tool) -> dict[str, Any]:
     """The tool's binary, built unless the cache holds one of the same stamp; what the build
     took (wall seconds, its cache's size) is kept beside it."""
-    info_file = tool.cache / "build.json"
-    exe = tool.cache / "bin" / tool.exe
-    if info_file.exists() and exe.exists():
-        info: dict[str, Any] = json.loads(info_file.read_text())
-        if info.get("stamp") == tool.stamp():
-            return {**info, "cached": True}
+    info = cached(tool)
+    if info is not None:
+        return {**info, "cached": True}
     go = _go()
     env = {
         **os.environ,
@@ -194,7 +206,7 @@ def build(tool: Tool) -> dict[str, Any]:
         "load": load,
         "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    info_file.write_text(json.dumps(info, indent=1) + "\n")
+    (tool.cache / "build.json").write_text(json.dumps(info, indent=1) + "\n")
     return {**info, "cached": False}
 
 

@@ -16,6 +16,11 @@ from types import ModuleType
 from typing import Any
 
 DOCKER_SOCK = "unix:///var/run/docker.sock"
+ROOT = Path(__file__).resolve().parents[1]
+# "0": a Go tool the tests need and the cache does not hold skips its tests instead of being built
+# (.ci/run sets it: a bare machine's builds outlast CI's budget, so they run beside the suite and
+# fill the cache for the next run).
+BUILD_TOOLS_ENV = "IMAGEGATE_TEST_BUILD_TOOLS"
 PODMAN_SOCK = "unix:///run/podman.sock"
 
 
@@ -116,6 +121,21 @@ def controller_output(prep: Any, key: bytes, image: str | None = None, noise: by
     assert br.exit_code == 0, br.stderr
     first, _, rest = br.stdout.strip(b"\n").partition(b"\n")  # after the start event
     return first + b"\n" + noise + rest + b"\n" + br.stderr
+
+
+def go_tools(*names: str) -> ModuleType:
+    """scripts/consumers.py, with these tools (cosign, kyverno, policy-controller, act, kube, kwok)
+    built or found in its cache; with IMAGEGATE_TEST_BUILD_TOOLS=0 a tool not built yet skips the
+    test that needs it, saying which and how to build it."""
+    import pytest
+
+    script = load_script(ROOT / "scripts" / "consumers.py")
+    for name in names:
+        tool = script.named(name)
+        if os.environ.get(BUILD_TOOLS_ENV) == "0" and script.cached(tool) is None:
+            pytest.skip(f"{name} {tool.version}: not built yet (scripts/consumers.py build --tool {name})")
+        script.build(tool)
+    return script
 
 
 def load_script(path: Path) -> ModuleType:

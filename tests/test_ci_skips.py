@@ -44,6 +44,25 @@ def test_the_allowed_skips_are_listed_with_their_reasons(tmp_path: Path) -> None
     )
 
 
+def test_a_file_the_readme_names_allows_each_of_its_tests_and_no_other_file(tmp_path: Path) -> None:
+    allowed = _ci_skips(
+        _junit(
+            tmp_path,
+            (
+                "tests.kube.test_fleet_kwok",
+                "test_fleet_collect_reads_the_jobs_applied_earlier",
+                "not built yet",
+            ),
+            ("tests.kube.test_apiserver", "test_x[a]", "not built yet"),
+        )
+    )
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    # a file whose name begins with an allowed one's is another file
+    other = _ci_skips(_junit(tmp_path, ("tests.kube.test_fleet_kwok_more", "test_y", "not built yet")))
+    assert other.returncode == 1, other.stdout
+    assert "NOT ALLOWED  tests/kube/test_fleet_kwok_more.py::test_y" in other.stdout
+
+
 def test_a_skip_the_readme_does_not_allow_fails_the_job(tmp_path: Path) -> None:
     done = _ci_skips(
         _junit(tmp_path, ("tests.run.test_gpu", "test_complete_refuses", "no second interpreter"))

@@ -34,7 +34,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.helpers import DOCKER_SOCK
+from tests.helpers import DOCKER_SOCK, go_tools
 from tests.install.ci_runners import (
     ActionRun,
     Container,
@@ -113,14 +113,8 @@ def auth_image(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory)
 def act() -> str:
     """nektos/act, built from the Go module proxy at tests/consumers/act/go.mod's version and
     cached outside the clone (scripts/consumers.py); a cached build takes no time."""
-    built = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "consumers.py"), "build", "--tool", "act"],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stdout + built.stderr
-    found = re.search(r"^act \S+: (\S+) ", built.stdout, re.M)
-    assert found, built.stdout
-    return found.group(1)
+    script = go_tools("act")
+    return str(script.exe(script.ACT))
 
 
 def _verifies(attempt: Path, pub: Path, verdict: str = "PASS") -> None:

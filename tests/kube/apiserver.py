@@ -25,7 +25,7 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.helpers import load_script
+from tests.helpers import go_tools
 from tests.oci.infra import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,9 +68,9 @@ class ApiServer:
 
 
 def binaries() -> Path:
-    """The folder holding `server` (etcd), `kube-apiserver` and `kubectl`, built if missing."""
-    script = load_script(ROOT / "scripts" / "consumers.py")
-    script.build(script.KUBE)
+    """The folder holding `server` (etcd), `kube-apiserver` and `kubectl`, built if missing (or
+    the test skipped: tests/helpers.go_tools)."""
+    script = go_tools("kube")
     return Path(script.exe(script.KUBE)).parent
 
 

@@ -33,8 +33,8 @@ import httpx
 from imagegate.kube import collect
 from imagegate.kube.render import GPU_RESOURCE
 from imagegate.usecases import runner
-from tests.helpers import controller_output, load_script
-from tests.kube.apiserver import ROOT, ApiServer
+from tests.helpers import controller_output, go_tools
+from tests.kube.apiserver import ApiServer
 from tests.oci.infra import free_port
 
 STAGES = Path(__file__).parent / "kwok" / "pod-stages.yaml"
@@ -45,8 +45,7 @@ PLAYED_S = 30.0  # kwok serves a new Logs object within a second here
 
 def binary() -> tuple[Path, Path]:
     """kwok, built if missing, and its module's source (the CRDs it reads come from there)."""
-    script = load_script(ROOT / "scripts" / "consumers.py")
-    script.build(script.KWOK)
+    script = go_tools("kwok")
     source = script.GO_CACHE / "mod" / "sigs.k8s.io" / f"kwok@{script.KWOK.version}"
     return Path(script.exe(script.KWOK)), source
 

@@ -18,8 +18,7 @@ import yaml
 from imagegate.attest import attach
 from imagegate.policies import NAMES
 from tests.attest.conftest import push_one_file_image, start_registry
-from tests.helpers import imagegate, load_script
-from tests.npm_tools import ROOT
+from tests.helpers import go_tools, imagegate
 from tests.policies.conftest import PYTHON_HERE, Keys, run_here
 from tests.policies.sequences import addressed, attach_as
 
@@ -29,10 +28,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def consumers() -> ModuleType:
     """scripts/consumers.py with Kyverno's CLI and policy-controller's tester built (or found)."""
-    script = load_script(ROOT / "scripts" / "consumers.py")
-    for tool in script.TOOLS[1:]:
-        script.build(tool)
-    return script
+    return go_tools("kyverno", "policy-controller")
 
 
 @pytest.fixture(scope="module")
