@@ -3,9 +3,12 @@ README.md does not allow fails the job."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,3 +78,16 @@ def test_a_run_that_wrote_no_junit_file_fails_the_job(tmp_path: Path) -> None:
     done = _ci_skips(tmp_path / "absent.xml")
     assert done.returncode == 1
     assert "absent.xml is missing: that test run did not finish" in done.stderr
+
+
+def test_every_skip_the_readme_allows_names_a_test_that_exists() -> None:
+    """A typo in the list would allow nothing (and a renamed test would silently stop being
+    allowed): each entry names a file of the suite and, where it names one, a test in it."""
+    script = load_script(ROOT / "scripts" / "ci-skips.py")
+    entries = script.allowed((ROOT / "README.md").read_text())
+    assert len(entries) >= 3, entries
+    for entry in entries:
+        file, _, name = entry.partition("::")
+        assert (ROOT / file).is_file(), entry
+        if name:
+            assert re.search(rf"^def {re.escape(name)}\(", (ROOT / file).read_text(), re.M), entry
