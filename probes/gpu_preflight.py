@@ -144,11 +144,56 @@ def parse_proc_driver(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-# Physical limits per direction, by the GPU's name (NVIDIA's H200 datasheet: dense BF16 989
-# TFLOP/s, HBM3e 4.8 TB/s, NVLink 900 GB/s both ways; PCIe Gen5 x16: 64 GB/s a direction).
+# Physical limits a direction, by GPU model, from NVIDIA's datasheets: dense BF16 Tensor Core
+# TFLOP/s (half the "with sparsity" figure they print), memory bandwidth, the host link (PCIe x16:
+# Gen5 64 GB/s, Gen4 32 GB/s a direction; the datasheets print both directions together) and NVLink.
+# NVLink only where every pair of a board's GPUs has it (SXM parts on NVSwitch boards): a PCIe
+# card's bridge joins two or four cards and the other pairs copy over PCIe, so a node of them gets
+# no peer-copy floor from here (min_p2p_gbps sets one).
 LIMITS = {
+    # H100 datasheet, SXM: BF16 1,979 with sparsity, HBM3 3.35 TB/s, NVLink 900 GB/s, PCIe Gen5
+    "H100 SXM": {"bf16_tflops": 989.0, "hbm_gbps": 3350.0, "pcie_gbps": 64.0, "nvlink_gbps": 450.0},
+    # H100 datasheet, PCIe: BF16 1,513 with sparsity, HBM2e 2 TB/s, PCIe Gen5 (bridge 600 GB/s)
+    "H100 PCIe": {"bf16_tflops": 756.0, "hbm_gbps": 2000.0, "pcie_gbps": 64.0},
+    # H100 datasheet, NVL: BF16 1,671 with sparsity, HBM3 3.9 TB/s, PCIe Gen5 (bridge 600 GB/s)
+    "H100 NVL": {"bf16_tflops": 835.5, "hbm_gbps": 3900.0, "pcie_gbps": 64.0},
+    # H200 datasheet, SXM: BF16 1,979 with sparsity, HBM3e 4.8 TB/s, NVLink 900 GB/s, PCIe Gen5
     "H200": {"bf16_tflops": 989.0, "hbm_gbps": 4800.0, "pcie_gbps": 64.0, "nvlink_gbps": 450.0},
+    # H200 datasheet, NVL: BF16 1,671 with sparsity, HBM3e 4.8 TB/s, PCIe Gen5 (bridge 900 GB/s)
+    "H200 NVL": {"bf16_tflops": 835.5, "hbm_gbps": 4800.0, "pcie_gbps": 64.0},
+    # A100 datasheet (its first edition for the 40GB parts): BF16 624 with sparsity; HBM2e
+    # 2,039 GB/s (80GB SXM), 1,935 GB/s (80GB PCIe), HBM2 1,555 GB/s (40GB); NVLink 600 GB/s (SXM;
+    # a PCIe card's bridge joins two); PCIe Gen4
+    "A100 SXM4 80GB": {"bf16_tflops": 312.0, "hbm_gbps": 2039.0, "pcie_gbps": 32.0, "nvlink_gbps": 300.0},
+    "A100 SXM4 40GB": {"bf16_tflops": 312.0, "hbm_gbps": 1555.0, "pcie_gbps": 32.0, "nvlink_gbps": 300.0},
+    "A100 PCIe 80GB": {"bf16_tflops": 312.0, "hbm_gbps": 1935.0, "pcie_gbps": 32.0},
+    "A100 PCIe 40GB": {"bf16_tflops": 312.0, "hbm_gbps": 1555.0, "pcie_gbps": 32.0},
+    # L40S datasheet: BF16 362.05 (733 with sparsity), GDDR6 864 GB/s, PCIe Gen4 x16, no NVLink
+    "L40S": {"bf16_tflops": 362.05, "hbm_gbps": 864.0, "pcie_gbps": 32.0},
+    # HGX B200 and DGX B200 datasheets, a GPU of eight: FP16/BF16 36 PFLOP/s with sparsity, HBM3e
+    # 64 TB/s, NVLink 1.8 TB/s a GPU; the hosts of those boards link each GPU by PCIe Gen5 x16
+    "B200": {"bf16_tflops": 2250.0, "hbm_gbps": 8000.0, "pcie_gbps": 64.0, "nvlink_gbps": 900.0},
 }
+# The model by the words of the name torch.cuda.get_device_name and nvidia-smi report ("NVIDIA H100
+# 80GB HBM3" is the SXM part, "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"): the first entry
+# whose words the name all has, a variant before its family ("H200 NVL" before "H200"). Whole
+# words, so a GH200 or GB200 (a host link of NVLink-C2C) is neither an H200 nor a B200; a name
+# matched by none has no limits.
+MODELS = [
+    ({"h100", "pcie"}, "H100 PCIe"),
+    ({"h100", "nvl"}, "H100 NVL"),
+    ({"h100", "80gb", "hbm3"}, "H100 SXM"),
+    ({"h100", "sxm5", "80gb"}, "H100 SXM"),
+    ({"h200", "nvl"}, "H200 NVL"),
+    ({"h200"}, "H200"),
+    ({"a100", "pcie", "80gb"}, "A100 PCIe 80GB"),
+    ({"a100", "pcie", "40gb"}, "A100 PCIe 40GB"),
+    ({"a100", "sxm4", "80gb"}, "A100 SXM4 80GB"),
+    ({"a100", "sxm", "80gb"}, "A100 SXM4 80GB"),
+    ({"a100", "sxm4", "40gb"}, "A100 SXM4 40GB"),
+    ({"l40s"}, "L40S"),
+    ({"b200"}, "B200"),
+]
 # Clock event reasons that are the node's fault; a software power cap under full load is not.
 FAULT_REASONS = gpu_causes.FAULT_REASONS
 LOAD_SAMPLES = 5  # the load before the check: read this many times, SAMPLE_EVERY_S apart (~1 s)
@@ -164,8 +209,26 @@ def floor_for(params: dict, name: str, limit) -> float | None:
     return (frac if frac is not None else DEFAULT_MIN_FRACTION) * limit if limit else None
 
 
+def model_of(name: str) -> str | None:
+    """The LIMITS row of a GPU by its reported name, or None for a model not in the table."""
+    words = set(re.split(r"[\s_-]+", (name or "").lower()))
+    return next((model for need, model in MODELS if need <= words), None)
+
+
 def limits_for(name: str) -> dict:
-    return next((v for k, v in LIMITS.items() if k in (name or "")), {})
+    model = model_of(name)
+    return LIMITS[model] if model else {}
+
+
+def floor_of(params: dict, param: str, name: str, limit_key: str) -> tuple:
+    """(threshold or None, why) of a figure on the GPU called `name`: `param` when set, else
+    min_fraction_of_limit of that model's own limit, `why` then naming the fraction and the model."""
+    model = model_of(name)
+    limit = limits_for(name).get(limit_key)
+    floor = floor_for(params, param, limit)
+    if floor is None or params.get(param) is not None:
+        return floor, ""
+    return floor, " (%g of the %s's %g)" % (floor / limit, model, limit)
 
 
 def smi_sections(text: str) -> list:
@@ -283,23 +346,23 @@ def judge_bandwidth(bw: dict, devices: list, params: dict, problems: list, said:
         if not rows:
             continue
         slow = min(rows, key=lambda g: g[key])
-        limit = limits_for(names.get(slow["index"], "")).get(limit_key)
-        floor = floor_for(params, param, limit)
         said.append("%s %.0f GB/s (slowest: GPU %d)" % (label, slow[key], slow["index"]))
-        if floor is not None and slow[key] < floor:
-            problems.append("GPU %d: %s %.1f GB/s < %g" % (slow["index"], label, slow[key], floor))
+        for g in rows:  # each against its own model's floor: a node may mix models
+            floor, why = floor_of(params, param, names.get(g["index"], ""), limit_key)
+            if floor is not None and g[key] < floor:
+                problems.append("GPU %d: %s %.1f GB/s < %g%s" % (g["index"], label, g[key], floor, why))
     pairs = [p for p in bw.get("p2p") or [] if p.get("gbps")]
     if pairs:
         slow = min(pairs, key=lambda p: p["gbps"])
-        limit = limits_for(names.get(slow["src"], "")).get("nvlink_gbps")
-        floor = floor_for(params, "min_p2p_gbps", limit)
+        floor, why = floor_of(params, "min_p2p_gbps", names.get(slow["src"], ""), "nvlink_gbps")
         said.append(
             "peer copies %d pairs, slowest GPU %d->%d %.0f GB/s"
             % (len(pairs), slow["src"], slow["dst"], slow["gbps"])
         )
         if floor is not None and slow["gbps"] < floor:
             problems.append(
-                "GPU %d->%d: peer copy %.1f GB/s < %g" % (slow["src"], slow["dst"], slow["gbps"], floor)
+                "GPU %d->%d: peer copy %.1f GB/s < %g%s"
+                % (slow["src"], slow["dst"], slow["gbps"], floor, why)
             )
 
 
@@ -350,7 +413,7 @@ def judge(facts: dict, matmul, allreduce, params: dict, bandwidth=None, nodes=No
         return {"status": "ERROR", "detail": why}
     node_problems, said = [], []
     if matmul is not None:
-        judge_matmul(matmul, params, node_problems, said)
+        judge_matmul(matmul, devices, params, node_problems, said)
         judge_sustained(matmul, devices, params, node_problems, said)
     if allreduce is not None:
         judge_allreduce(allreduce, params, node_problems, said)
@@ -409,7 +472,9 @@ def image_fit(facts: dict, devices: list) -> list:
     return problems
 
 
-def judge_matmul(matmul: dict, params: dict, node_problems: list, said: list) -> None:
+def judge_matmul(matmul: dict, devices: list, params: dict, node_problems: list, said: list) -> None:
+    """Each GPU's bf16 matmul: finite, equal to the float32 reference, and its TFLOP/s against
+    min_tflops, else a fraction of its own model's limit."""
     if matmul.get("error"):
         node_problems.append(matmul["error"])
         return
@@ -430,9 +495,12 @@ def judge_matmul(matmul: dict, params: dict, node_problems: list, said: list) ->
         "bf16 %d^3 matmul %s TFLOP/s (slowest: GPU %d, %.1f)"
         % (slow["size"], "/".join("%.1f" % g["tflops"] for g in timed), slow["index"], slow["tflops"])
     )
-    floor = params.get("min_tflops")
-    if floor is not None and slow["tflops"] < floor:
-        node_problems.append("GPU %d: %.1f TFLOP/s < min_tflops %g" % (slow["index"], slow["tflops"], floor))
+    names = {d["index"]: d.get("name", "") for d in devices}
+    for g in timed:
+        floor, why = floor_of(params, "min_tflops", names.get(g["index"], ""), "bf16_tflops")
+        if floor is not None and g["tflops"] < floor:
+            said_floor = "%g%s" % (floor, why) if why else "min_tflops %g" % floor
+            node_problems.append("GPU %d: %.1f TFLOP/s < %s" % (g["index"], g["tflops"], said_floor))
 
 
 def judge_sustained(matmul: dict, devices: list, params: dict, node_problems: list, said: list) -> None:
@@ -462,11 +530,10 @@ def judge_sustained(matmul: dict, devices: list, params: dict, node_problems: li
                 else "",
             )
         )
-        limit = limits_for(names.get(g["index"], "")).get("bf16_tflops")
-        floor = floor_for(params, "min_sustained_tflops", limit)
+        floor, why = floor_of(params, "min_sustained_tflops", names.get(g["index"], ""), "bf16_tflops")
         if floor is not None and held["last_second_tflops"] < floor:
             node_problems.append(
-                "GPU %d: %.1f TFLOP/s sustained < %g" % (g["index"], held["last_second_tflops"], floor)
+                "GPU %d: %.1f TFLOP/s sustained < %g%s" % (g["index"], held["last_second_tflops"], floor, why)
             )
         faults = [r for r in smi.get("event_reasons_active") or [] if r in FAULT_REASONS]
         if faults:

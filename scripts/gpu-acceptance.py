@@ -41,8 +41,10 @@ import time
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIMITS = {"bf16_tflops": 989.0, "hbm_gbps": 4800.0, "pcie_gbps": 64.0, "nvlink_gbps": 450.0}  # H200
 TOLERANCE = 0.10
+# The other tenant's share of GPU 0's memory when it holds it: most of any card, as a job would
+# (a fixed size would not fit every card: 100 GiB is more than an 80 GB one has).
+HOLD_FRACTION = 0.8
 TORCH_GPU = """\
 apiVersion: imagegate/v1
 name: torch-gpu
@@ -223,7 +225,7 @@ def per_gpu(i):
     for _ in range(5):
         a @ b
     flop = 2 * n * n * n
-    out = {"index": i, "tflops": flop * 20 / timed(lambda: a @ b, 20) / 1e12}
+    out = {"index": i, "name": torch.cuda.get_device_name(i), "tflops": flop * 20 / timed(lambda: a @ b, 20) / 1e12}
     rates, t0 = [], time.monotonic()
     while time.monotonic() - t0 < SUSTAIN:
         rates.append((time.monotonic() - t0, flop * 36 / timed(lambda: a @ b, 36) / 1e12))
@@ -282,7 +284,11 @@ if __name__ == "__main__":
 
 
 def compare(node: dict, base: dict) -> dict:
-    """Each node-check figure beside its baseline and the H200's limit; the ratio and the goal."""
+    """Each node-check figure beside its baseline and the limit of the GPU's own model (the node
+    check's table, by the name torch reported here; none for a model it lacks); the ratio and the
+    goal."""
+    from probes.gpu_preflight import limits_for
+
     rows: dict = {}
 
     def put(name: str, got, want, limit) -> None:
@@ -300,21 +306,25 @@ def compare(node: dict, base: dict) -> dict:
 
     mm = {g["index"]: g for g in (node.get("matmul") or {}).get("gpus") or []}
     bw = {g["index"]: g for g in (node.get("bandwidth") or {}).get("gpus") or []}
-    for b in base.get("gpus") or []:
-        i, m, w = b["index"], mm.get(b["index"], {}), bw.get(b["index"], {})
-        put("gpu%d_bf16_tflops" % i, m.get("tflops"), b["tflops"], LIMITS["bf16_tflops"])
+    gpus = base.get("gpus") or []
+    for b in gpus:
+        i, m, w, lim = b["index"], mm.get(b["index"], {}), bw.get(b["index"], {}), limits_for(b["name"])
+        put("gpu%d_bf16_tflops" % i, m.get("tflops"), b["tflops"], lim.get("bf16_tflops"))
         held = (m.get("sustained") or {}).get("last_second_tflops")
-        put("gpu%d_bf16_sustained_tflops" % i, held, b["sustained_last_second_tflops"], LIMITS["bf16_tflops"])
-        put("gpu%d_hbm_copy_gbps" % i, w.get("hbm_copy_gbps"), b["hbm_copy_gbps"], LIMITS["hbm_gbps"])
-        put("gpu%d_h2d_gbps" % i, w.get("h2d_gbps"), b["h2d_gbps"], LIMITS["pcie_gbps"])
-        put("gpu%d_d2h_gbps" % i, w.get("d2h_gbps"), b["d2h_gbps"], LIMITS["pcie_gbps"])
+        put(
+            "gpu%d_bf16_sustained_tflops" % i, held, b["sustained_last_second_tflops"], lim.get("bf16_tflops")
+        )
+        put("gpu%d_hbm_copy_gbps" % i, w.get("hbm_copy_gbps"), b["hbm_copy_gbps"], lim.get("hbm_gbps"))
+        put("gpu%d_h2d_gbps" % i, w.get("h2d_gbps"), b["h2d_gbps"], lim.get("pcie_gbps"))
+        put("gpu%d_d2h_gbps" % i, w.get("d2h_gbps"), b["d2h_gbps"], lim.get("pcie_gbps"))
+    nvlink = limits_for(gpus[0]["name"]).get("nvlink_gbps") if gpus else None
     if base.get("p2p"):
         got = [p["gbps"] for p in (node.get("bandwidth") or {}).get("p2p") or [] if p.get("gbps")]
         put(
             "p2p_slowest_gbps",
             min(got) if got else None,
             min(p["gbps"] for p in base["p2p"]),
-            LIMITS["nvlink_gbps"],
+            nvlink,
         )
     if base.get("allreduce"):
         ranks = (node.get("allreduce") or {}).get("ranks") or []
@@ -323,13 +333,13 @@ def compare(node: dict, base: dict) -> dict:
             "allreduce_busbw_slowest_gbps",
             got,
             min(r["busbw_gbps"] for r in base["allreduce"]),
-            LIMITS["nvlink_gbps"],
+            nvlink,
         )
     return rows
 
 
-# Another tenant of the GPU: "compute" runs bf16 matmuls without end, "hold" takes most of the
-# memory and sleeps. It prints "ready" once it is on the GPU.
+# Another tenant of the GPU: "compute" runs bf16 matmuls without end, "hold" takes HOLD_FRACTION
+# of the card's memory and sleeps. It prints "ready" (and what it holds) once it is on the GPU.
 OTHER_TENANT = r"""
 import sys, time
 import torch
@@ -342,9 +352,10 @@ if what == "compute":
             a @ a
         torch.cuda.synchronize()
 else:
-    held = torch.empty(100 << 30, dtype=torch.uint8, device="cuda")
+    size = int(float(sys.argv[2]) * torch.cuda.get_device_properties(0).total_memory)
+    held = torch.empty(size, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
-    print("ready", flush=True)
+    print("ready, holding %d of %d bytes" % (size, torch.cuda.get_device_properties(0).total_memory), flush=True)
     time.sleep(3600)
 """
 
@@ -359,7 +370,8 @@ def busy_gpu(log: Log, ig: list, ref: str, rootfs: list, work: str) -> dict:
     for what in ("compute", "hold"):
         own = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         own["CUDA_VISIBLE_DEVICES"] = "0"
-        other = subprocess.Popen([sys.executable, script, what], stdout=subprocess.PIPE, text=True, env=own)
+        argv = [sys.executable, script, what, str(HOLD_FRACTION)]
+        other = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=own)
         try:
             ready = other.stdout.readline().strip() if other.stdout else ""
             time.sleep(2)  # its load shows in nvidia-smi's utilization
@@ -386,7 +398,7 @@ def fleet_of(log: Log, ig: list, work: str, idle: str | None, busy: dict) -> dic
     from imagegate.report.load import read_attempt
 
     key = keys.load_signing_key(Path(work) / "key.key")
-    nodes = {"h200-idle": idle, **{"h200-busy-" + w: b.get("attempt") for w, b in busy.items()}}
+    nodes = {"node-idle": idle, **{"node-busy-" + w: b.get("attempt") for w, b in busy.items()}}
     out: dict = {"statements": {}}
     for node, attempt in nodes.items():
         signed = nodecheck.sign_attempt(node, read_attempt(Path(attempt)).record, key) if attempt else None
@@ -394,7 +406,7 @@ def fleet_of(log: Log, ig: list, work: str, idle: str | None, busy: dict) -> dic
             st = nodecheck.verify_node(signed.read_bytes(), key.public)
             out["statements"][node] = {"subject": [x["name"] for x in st["subject"]],
                                        "verdict": st["predicate"]["verdict"], "figures": st["predicate"]["figures"]}  # fmt: skip
-    alone = [(n.replace("h200-", "") + "_alone", [n]) for n in nodes]
+    alone = [(n.replace("node-", "") + "_alone", [n]) for n in nodes]
     for name, chosen in (*alone, ("together", list(nodes))):
         argv = [*ig, "fleet", "report", *("%s=%s" % (n, nodes[n]) for n in chosen),
                 "--key", os.path.join(work, "key.pub"), "--format", "json"]  # fmt: skip
@@ -473,7 +485,7 @@ def main() -> int:
     summary["kinds_not_lent"] = [k for k in os.environ.get("NOT_LENT", "").split(",") if k]
     summary["setup"] = setup(log, site)
     os.environ["PYTHONPATH"] = os.path.join(ROOT, "src") + ":" + site
-    sys.path[:0] = [os.path.join(ROOT, "src"), site]
+    sys.path[:0] = [os.path.join(ROOT, "src"), site, ROOT]  # ROOT: probes/, the node check's limits
     if os.environ.get("CDI_SPEC"):  # a spec file written first, and read by the runs below
         write_cdi_spec(os.environ["CDI_SPEC"])
         summary["cdi_spec_written"] = os.environ["CDI_SPEC"]
@@ -530,6 +542,13 @@ def main() -> int:
     base = json.loads(b.stdout.strip().splitlines()[-1]) if b.returncode == 0 and b.stdout.strip() else {}
     summary["baseline"] = {"exit": b.returncode, "seconds": round(time.monotonic() - t0, 1), **base}
     summary["figures"] = compare(node, base)
+    from probes.gpu_preflight import limits_for, model_of
+
+    # Which row of the node check's table each GPU got, by the name torch reported: the record's
+    # fractions are of these.
+    summary["limits"] = {
+        g["name"]: {"model": model_of(g["name"]), **limits_for(g["name"])} for g in base.get("gpus") or []
+    }
     # (b) deferred -> complete --driver rootfs -> verify
     with open(os.path.join(work, "torch-gpu.yaml"), "w") as f:
         f.write(TORCH_GPU)

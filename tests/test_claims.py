@@ -345,8 +345,8 @@ MUTANTS = [
     (
         "4.8 TB/s",
         "probes/gpu_preflight.py",
-        '"hbm_gbps": 4800.0',
-        '"hbm_gbps": 3350.0',
+        '"H200": {"bf16_tflops": 989.0, "hbm_gbps": 4800.0',
+        '"H200": {"bf16_tflops": 989.0, "hbm_gbps": 3350.0',
         "is 3350.0, not 4800.0",
     ),
     (

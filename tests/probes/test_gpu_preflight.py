@@ -381,6 +381,120 @@ def test_bandwidth_and_sustained_rate_judged_against_the_h200s_limits(gp) -> Non
     assert fr["gpu0_bandwidth"] == {"hbm_copy_gbps": 1.0, "h2d_gbps": 0.5, "d2h_gbps": 1.0}
 
 
+# Names as torch.cuda.get_device_name and nvidia-smi print them (the H100's and the H200's as read
+# on real ones in benchmarks/records, the others as NVIDIA's tools print them in public logs), the
+# model whose row they must get, and their compute capability.
+REPORTED = [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", "9.0"),
+    ("NVIDIA H100 PCIe", "H100 PCIe", "9.0"),
+    ("NVIDIA H100 NVL", "H100 NVL", "9.0"),
+    ("NVIDIA H200", "H200", "9.0"),
+    ("NVIDIA H200 NVL", "H200 NVL", "9.0"),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80GB", "8.0"),
+    ("NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB", "8.0"),
+    ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB", "8.0"),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB", "8.0"),
+    ("NVIDIA L40S", "L40S", "8.9"),
+    ("NVIDIA B200", "B200", "10.0"),
+]
+ARCH_ALL = ["sm_70", "sm_80", "sm_89", "sm_90", "sm_100"]
+
+
+def _node(*gpus: tuple[str, str]) -> dict:  # type: ignore[type-arg]
+    """Facts of a node of these (name, capability) GPUs, an image that runs on all of them."""
+    devices = [{"index": i, "name": n, "capability": c} for i, (n, c) in enumerate(gpus)]
+    return {**_facts(0, arch=ARCH_ALL), "devices": devices}
+
+
+def _held(tflops: float, last: float) -> dict:  # type: ignore[type-arg]
+    mm = _mm(tflops)
+    mm["gpus"][0]["sustained"] = {
+        "seconds": 3.0,
+        "first_second_tflops": tflops,
+        "last_second_tflops": last,
+        "min_tflops": last,
+    }
+    return mm
+
+
+@pytest.mark.parametrize(("name", "model", "cap"), REPORTED, ids=[r[0] for r in REPORTED])
+def test_each_reported_name_gets_its_own_models_limits(gp, name: str, model: str, cap: str) -> None:  # type: ignore[no-untyped-def]
+    """A PCIe or NVL card never gets its SXM sibling's row ("H100 PCIe", "H200 NVL" hold the
+    family's name too), nor an A100 40GB the 80GB part's; upper or lower case as the tools print."""
+    assert gp.model_of(name) == model
+    assert gp.limits_for(name) == gp.LIMITS[model]
+    assert gp.model_of(name.upper()) == model
+
+
+@pytest.mark.parametrize(("name", "model", "cap"), REPORTED, ids=[r[0] for r in REPORTED])
+def test_a_figure_under_the_fraction_of_its_own_models_limit_is_not_fit(  # type: ignore[no-untyped-def]
+    gp, name: str, model: str, cap: str
+) -> None:
+    """Every figure with a floor (bf16 TFLOP/s, held, HBM copy, host->GPU, GPU->host) at 0.49 of
+    the card's own limit is named not fit, with the fraction and the model the floor came from;
+    each at 0.51 passes. An A100 or an L40S at 0.51 of its own limits is under the H200's floors,
+    a B200 at 0.49 of its own above them: the card's own figures decide, not the H200's."""
+    lim = gp.LIMITS[model]
+    facts = _node((name, cap))
+
+    def run(tf: float, held: float, hbm: float, h2d: float, d2h: float) -> dict:  # type: ignore[type-arg]
+        bw = _bw(hbm * lim["hbm_gbps"], h2d * lim["pcie_gbps"], d2h * lim["pcie_gbps"])
+        mm = _held(tf * lim["bf16_tflops"], held * lim["bf16_tflops"])
+        return gp.judge(facts, mm, None, {}, bw)  # type: ignore[no-any-return]
+
+    fit = run(0.51, 0.51, 0.51, 0.51, 0.51)
+    assert fit["status"] == "PASS", fit
+    figures = {
+        "TFLOP/s <": (0.49, 0.9, 0.9, 0.9, 0.9),
+        "TFLOP/s sustained <": (0.9, 0.49, 0.9, 0.9, 0.9),
+        "HBM copy": (0.9, 0.9, 0.49, 0.9, 0.9),
+        "host->GPU": (0.9, 0.9, 0.9, 0.49, 0.9),
+        "GPU->host": (0.9, 0.9, 0.9, 0.9, 0.49),
+    }
+    limit_of = {"HBM copy": "hbm_gbps", "host->GPU": "pcie_gbps", "GPU->host": "pcie_gbps"}
+    for label, at in figures.items():
+        got = run(*at)
+        assert got["status"] == "ERROR" and got["detail"].startswith("node not fit: GPU 0: "), got
+        limit = lim[limit_of.get(label, "bf16_tflops")]
+        assert label in got["detail"]
+        assert "< %g (0.5 of the %s's %g)" % (0.5 * limit, model, limit) in got["detail"]
+
+
+def test_a_gpu_of_a_model_not_in_the_table_has_no_floor(gp) -> None:  # type: ignore[no-untyped-def]
+    """A Grace Hopper or Grace Blackwell part (its host link is no PCIe), an L40 (not an L40S), a
+    V100, a name not read: no limits, so only a threshold set by hand judges their figures, and
+    no fraction of a limit is reported for them."""
+    for name, cap in (
+        ("NVIDIA GH200 480GB", "9.0"),
+        ("NVIDIA GB200", "10.0"),
+        ("NVIDIA L40", "8.9"),
+        ("Tesla V100-SXM2-32GB", "7.0"),
+        ("", "9.0"),
+    ):
+        assert gp.model_of(name) is None and gp.limits_for(name) == {}
+        facts, mm, bw = _node((name, cap)), _held(1.0, 1.0), _bw(1.0, 1.0, 1.0)
+        assert gp.judge(facts, mm, None, {}, bw)["status"] == "PASS"
+        assert gp.judge(facts, mm, None, {"min_hbm_gbps": 2}, bw)["status"] == "ERROR"
+        fr = gp.fractions({"facts": facts, "matmul": mm, "bandwidth": bw})
+        assert fr == {"gpu0_bandwidth": {}}
+
+
+def test_each_gpu_of_a_mixed_node_is_judged_by_its_own_model(gp) -> None:  # type: ignore[no-untyped-def]
+    """An H100 SXM beside an A100 40GB: the A100's 1000 GB/s copy is the slowest and fit for it
+    (floor 777.5), the H100's 1600 is not (floor 1675), and is the one named."""
+    facts = _node(("NVIDIA H100 80GB HBM3", "9.0"), ("NVIDIA A100-SXM4-40GB", "8.0"))
+    bw = {
+        "gpus": [
+            {"index": 0, "hbm_copy_gbps": 1600.0, "h2d_gbps": 50.0, "d2h_gbps": 50.0},
+            {"index": 1, "hbm_copy_gbps": 1000.0, "h2d_gbps": 25.0, "d2h_gbps": 25.0},
+        ]
+    }
+    got = gp.judge(facts, None, None, {}, bw)
+    assert got["status"] == "ERROR", got
+    assert "GPU 0: HBM copy 1600.0 GB/s < 1675 (0.5 of the H100 SXM's 3350)" in got["detail"]
+    assert "GPU 1: HBM" not in got["detail"]
+
+
 def test_sustained_figures_are_the_first_and_last_second_of_the_timings() -> None:
     """The sustained matmul's figures from its batch timings (no GPU: the windowing alone). The
     timings are shaped like an H200's throttling run: 50 ms batches at 785 TFLOP/s, slowing to
