@@ -150,6 +150,8 @@ def parse_proc_driver(text: str) -> str | None:
 # NVLink only where every pair of a board's GPUs has it (SXM parts on NVSwitch boards): a PCIe
 # card's bridge joins two or four cards and the other pairs copy over PCIe, so a node of them gets
 # no peer-copy floor from here (min_p2p_gbps sets one).
+# NVLink's limit is every pair's only on 8-GPU boards, where NVSwitch joins them all.
+NVSWITCH_GPUS = 8
 LIMITS = {
     # H100 datasheet, SXM: BF16 1,979 with sparsity, HBM3 3.35 TB/s, NVLink 900 GB/s, PCIe Gen5
     "H100 SXM": {"bf16_tflops": 989.0, "hbm_gbps": 3350.0, "pcie_gbps": 64.0, "nvlink_gbps": 450.0},
@@ -355,9 +357,14 @@ def judge_bandwidth(bw: dict, devices: list, params: dict, problems: list, said:
     if pairs:
         slow = min(pairs, key=lambda p: p["gbps"])
         floor, why = floor_of(params, "min_p2p_gbps", names.get(slow["src"], ""), "nvlink_gbps")
+        note = ""
+        if why and len(devices) < NVSWITCH_GPUS:
+            # A board of fewer GPUs links each pair directly (HGX 4-GPU: a third of the links a
+            # pair), so the NVLink limit is no pair's: no default floor, min_p2p_gbps sets one.
+            floor, note = None, " (no default floor with %d GPUs; min_p2p_gbps sets one)" % len(devices)
         said.append(
-            "peer copies %d pairs, slowest GPU %d->%d %.0f GB/s"
-            % (len(pairs), slow["src"], slow["dst"], slow["gbps"])
+            "peer copies %d pairs, slowest GPU %d->%d %.0f GB/s%s"
+            % (len(pairs), slow["src"], slow["dst"], slow["gbps"], note)
         )
         if floor is not None and slow["gbps"] < floor:
             problems.append(

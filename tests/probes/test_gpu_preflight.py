@@ -381,6 +381,25 @@ def test_bandwidth_and_sustained_rate_judged_against_the_h200s_limits(gp) -> Non
     assert fr["gpu0_bandwidth"] == {"hbm_copy_gbps": 1.0, "h2d_gbps": 0.5, "d2h_gbps": 1.0}
 
 
+def test_peer_copies_get_the_nvlink_floor_only_where_nvswitch_joins_every_pair(gp) -> None:  # type: ignore[no-untyped-def]
+    def bw(gpus: int, slow: float) -> dict:  # type: ignore[type-arg]
+        row = {"hbm_copy_gbps": 4293.0, "h2d_gbps": 55.4, "d2h_gbps": 55.3}
+        pairs = [{"src": a, "dst": b, "gbps": 380.0} for a in range(gpus) for b in range(gpus) if a != b]
+        pairs[-1]["gbps"] = slow
+        return {"gpus": [{"index": i, **row} for i in range(gpus)], "p2p": pairs}
+
+    # 8 H200s on NVSwitch: a pair at a third of NVLink is a fault (half of 450 GB/s is the floor)
+    eight = gp.judge(_facts(8), None, None, {}, bw(8, 150.0))
+    assert eight["status"] == "ERROR" and "GPU 7->6: peer copy 150.0 GB/s < 225" in eight["detail"], eight
+    assert gp.judge(_facts(8), None, None, {}, bw(8, 300.0))["status"] == "PASS"
+    # 4 of them linked directly (an HGX 4-GPU board): a third of the links a pair is the board, not a fault
+    four = gp.judge(_facts(4), None, None, {}, bw(4, 150.0))
+    assert four["status"] == "PASS", four
+    assert "150 GB/s (no default floor with 4 GPUs; min_p2p_gbps sets one)" in four["detail"]
+    set_floor = gp.judge(_facts(4), None, None, {"min_p2p_gbps": 200}, bw(4, 150.0))
+    assert "GPU 3->2: peer copy 150.0 GB/s < 200" in set_floor["detail"], set_floor
+
+
 # Names as torch.cuda.get_device_name and nvidia-smi print them (the H100's and the H200's as read
 # on real ones in benchmarks/records, the others as NVIDIA's tools print them in public logs), the
 # model whose row they must get, and their compute capability.
