@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 
 from tests.helpers import load_script
-from tests.kube.apiserver import ROOT, ApiServer
+from tests.kube.apiserver import ROOT, ApiServer, stop
 from tests.oci.infra import free_port
 
 STAGES = Path(__file__).parent / "kwok" / "pod-stages.yaml"
@@ -176,11 +175,5 @@ def started(api: ApiServer, folder: Path) -> Iterator[Kwok]:
             time.sleep(0.2)
         yield Kwok(api, folder, server)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop([proc])
         shutil.rmtree(folder, ignore_errors=True)
