@@ -12,7 +12,8 @@ theirs, which is why `go install module@version` cannot build them). A build goe
 ${XDG_CACHE_HOME:-~/.cache}/imagegate/consumers/TOOL-VERSION/ (bin/ and build.json), so a second
 run, from any clone on the machine, builds nothing; every tool shares one Go module and build
 cache (consumers/go/), since their modules overlap. act (nektos/act, GitHub Actions' runner,
-which tests/install runs the Action with) is built the same way.
+which tests/install runs the Action with) is built the same way; Kyverno's build also writes its
+admission controller (cmd/kyverno), which tests/kube/kyverno.py runs as a webhook.
 
 Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
   build             build (or find) the three tools; print each one's path, build time and size
@@ -83,7 +84,9 @@ class Tool:
     name: str
     module: str  # the Go module the tool comes from, whose version tests/consumers/NAME/go.mod pins
     exe: str  # the binary `go install tool` writes (the first, where it writes several)
-    ldflags: str = ""  # e.g. the version a wrapper module's build cannot know by itself
+    # e.g. the version a wrapper module's build cannot know by itself; {version} is the pinned one
+    ldflags: str = ""
+    others: tuple[str, ...] = ()  # the other binaries the build writes that a caller runs
 
     @property
     def folder(self) -> Path:
@@ -102,12 +105,16 @@ class Tool:
         return (self.folder / "go.mod").read_text()
 
     @property
+    def flags(self) -> str:
+        return self.ldflags.replace("{version}", self.version)
+
+    @property
     def cache(self) -> Path:
         return CACHE / f"{self.name}-{self.version}"
 
     def stamp(self) -> str:
         """What the build depends on: the module's go.mod and go.sum, the toolchain, the flags."""
-        h = hashlib.sha256((TOOLCHAIN + self.ldflags).encode())
+        h = hashlib.sha256((TOOLCHAIN + self.flags).encode())
         for name in ("go.mod", "go.sum"):
             h.update((self.folder / name).read_bytes())
         return h.hexdigest()
@@ -120,7 +127,16 @@ GO_CACHE = CACHE / "go"
 
 TOOLS = (
     Tool("cosign", "github.com/sigstore/cosign/v3", "cosign"),
-    Tool("kyverno", "github.com/kyverno/kyverno", "kubectl-kyverno"),
+    # The CLI, and the admission controller (cmd/kyverno) the cluster tests run as a webhook
+    # (tests/kube/kyverno.py); the flags are Kyverno's own Makefile's LD_FLAGS (v1.19.1): without
+    # the version both report "(devel)", this wrapper module's, in `version` and the metrics.
+    Tool(
+        "kyverno",
+        "github.com/kyverno/kyverno",
+        "kubectl-kyverno",
+        ldflags="-s -w -X github.com/kyverno/kyverno/pkg/version.BuildVersion={version}",
+        others=("kyverno",),
+    ),
     Tool("policy-controller", "github.com/sigstore/policy-controller", "tester"),
 )
 # Not a consumer: the runner the GitHub Action is tested with (tests/install/test_ci_steps.py).
@@ -152,8 +168,8 @@ def _size(path: Path) -> int:
 def cached(tool: Tool) -> dict[str, Any] | None:
     """The cached build's record, where the cache holds the tool built from this go.mod and go.sum
     by this toolchain with these flags; else None."""
-    info_file, exe = tool.cache / "build.json", tool.cache / "bin" / tool.exe
-    if not (info_file.exists() and exe.exists()):
+    info_file = tool.cache / "build.json"
+    if not (info_file.exists() and all((tool.cache / "bin" / n).exists() for n in (tool.exe, *tool.others))):
         return None
     info: dict[str, Any] = json.loads(info_file.read_text())
     return info if info.get("stamp") == tool.stamp() else None
@@ -184,7 +200,7 @@ def build(tool: Tool) -> dict[str, Any]:
     before = _size(GO_CACHE / "build") if (GO_CACHE / "build").is_dir() else 0
     load = os.getloadavg()[0]
     start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    flags = ["-ldflags", tool.ldflags] if tool.ldflags else []
+    flags = ["-ldflags", tool.flags] if tool.flags else []
     p = subprocess.run(
         [go, "install", *flags, "tool"], cwd=tool.folder, env=env, capture_output=True, text=True
     )
@@ -252,8 +268,11 @@ def _go() -> str:
     return str(go)
 
 
-def exe(tool: Tool) -> str:
-    return str(tool.cache / "bin" / tool.exe)
+def exe(tool: Tool, name: str | None = None) -> str:
+    """The tool's binary, or another of those its build writes (`name`, one of tool.others)."""
+    if name is not None and name not in tool.others:
+        raise ValueError(f"{tool.name}'s build writes no {name} that is known here")
+    return str(tool.cache / "bin" / (name or tool.exe))
 
 
 # --- the pods -------------------------------------------------------------------------------
@@ -679,8 +698,9 @@ def main() -> int:
         if (args.tool and tool.name not in args.tool) or (tool in (ACT, KUBE, KWOK) and not args.tool):
             continue
         tools[tool.name] = info = build(tool)
+        also = "".join(f", {exe(tool, name)}" for name in tool.others)
         print(
-            f"{tool.name} {tool.version}: {exe(tool)} ({'cached' if info['cached'] else 'built'}; "
+            f"{tool.name} {tool.version}: {exe(tool)}{also} ({'cached' if info['cached'] else 'built'}; "
             f"build {info['seconds']} s, cache {info['cache_bytes'] / 1e9:.2f} GB)",
             flush=True,
         )

@@ -74,7 +74,8 @@ def binaries() -> Path:
     return Path(script.exe(script.KUBE)).parent
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Each process asked to end (SIGTERM), killed if it has not within 10 s, last started first."""
     for p in reversed(procs):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -210,5 +211,5 @@ def started(folder: Path, *, controllers: bool = False) -> Iterator[ApiServer]:
             procs += _controllers(bin_dir, folder, logs)
         yield ApiServer(url, kubeconfig, str(bin_dir / "kubectl"))
     finally:
-        _stop(procs)
+        stop(procs)
         shutil.rmtree(folder, ignore_errors=True)  # etcd's data, the keys, the logs

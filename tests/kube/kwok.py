@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from imagegate.kube import collect
 from imagegate.kube.render import GPU_RESOURCE
 from imagegate.usecases import runner
 from tests.helpers import controller_output, go_tools
-from tests.kube.apiserver import ApiServer
+from tests.kube.apiserver import ApiServer, stop
 from tests.oci.infra import free_port
 
 STAGES = Path(__file__).parent / "kwok" / "pod-stages.yaml"
@@ -259,11 +258,5 @@ def started(api: ApiServer, folder: Path) -> Iterator[Kwok]:
             time.sleep(0.2)
         yield Kwok(api, folder, server)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop([proc])
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,362 @@
+"""Admission end to end through a real API server (tests/kube/apiserver.py, with its controllers)
+calling Kyverno's real admission controller as its webhook (tests/kube/kyverno.py): the shipped
+ClusterPolicy as `imagegate policies write` renders it, applied with `kubectl apply` as a user
+applies it; then Pods, Deployments and Jobs created with `kubectl apply` of images in a registry
+on 127.0.0.1 that carry VSAs the real runner signed and `imagegate attach` attached. Every answer
+is compared with what Kyverno's CLI (`kubectl-kyverno apply --registry`, scripts/consumers.py)
+answers for the same policy file and object, and with what the docs say (scripts/consumers.py
+CASES). What only a cluster shows is asserted too: the refusal the user reads, the tag the webhook
+pins to its digest, Kyverno's autogen judging a Deployment, Job, StatefulSet or CronJob itself
+when it is created, the Job controller's Pod admitted through the same webhook.
+
+Where the webhook and the CLI disagree, it is named and asserted (KNOWN): Kyverno's image verify
+cache, which the CLI does not have, keeps admitting an image whose PASS was replaced by a FAIL,
+and admits a moved tag pinned to a digest nobody verified; the policy with `useCache: false`
+answers as the CLI and the docs. The one stand-in is sequences.py's (a `--here` verdict
+re-addressed to the image)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from imagegate.attest import attach, referrers
+from tests.attest.conftest import push_one_file_image, start_registry
+from tests.helpers import imagegate, load_script
+from tests.kube.apiserver import ROOT, ApiServer, started
+from tests.kube.kyverno import Kyverno
+from tests.kube.kyverno import started as kyverno_started
+from tests.oci.infra import wait_for
+from tests.policies.admission import CPU_RULE, templated
+from tests.policies.conftest import Keys, make_keys, make_runs
+from tests.policies.sequences import addressed, attach_as
+
+POLICY = "imagegate-accepted"  # the shipped ClusterPolicy's name
+
+
+@dataclass
+class Cluster:
+    api: ApiServer
+    kyverno: Kyverno
+    registry: str
+    keys: Keys
+    runs: dict[str, Path]
+    policy: Path  # the file applied, as `imagegate policies write` wrote it
+    consumers: ModuleType  # scripts/consumers.py: Kyverno's CLI, the cases
+    work: Path
+    namespace: str  # Pod Security `privileged`: it admits every shape judged here
+    n: int = 0
+
+    def fresh(self, name: str) -> Path:
+        self.n += 1
+        d = self.work / f"{self.n:03d}-{name}"
+        d.mkdir(parents=True)
+        return d
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    consumers = load_script(ROOT / "scripts" / "consumers.py")
+    keys = make_keys(tmp_path_factory.mktemp("kyverno-keys"))
+    runs = make_runs(tmp_path_factory.mktemp("kyverno-runs"), keys)
+    with (
+        start_registry(tmp_path_factory.mktemp("kyverno-registry")) as registry,
+        started(tmp_path_factory.mktemp("control-plane"), controllers=True) as api,
+        kyverno_started(api, tmp_path_factory.mktemp("kyverno")) as kyverno,
+    ):
+        # A Pod naming runtimeClassName nvidia is refused by the API server's RuntimeClass
+        # admission unless the class exists, as it does where NVIDIA's operator is installed.
+        runtime = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}}
+        made = api.kubectl_run("apply", "-f", "-", stdin=json.dumps({**runtime, "handler": "nvidia"}))
+        assert made.returncode == 0, made.stderr
+        work = tmp_path_factory.mktemp("kyverno-work")
+        written = imagegate(
+            "policies", "write", "kyverno-clusterpolicy", "--key", str(keys.pub), "--image", f"{registry}/*"
+        )
+        assert written.returncode == 0, written.stderr
+        policy = work / "kyverno-clusterpolicy.yaml"
+        policy.write_text(written.stdout)
+        stored = kyverno.apply_policy(policy)
+        assert stored["spec"]["rules"], stored
+        ns = api.namespace("privileged")
+        assert wait_for(lambda: _has_default_account(api, ns), timeout=60)
+        yield Cluster(api, kyverno, registry, keys, runs, policy, consumers, work, ns)
+
+
+def _has_default_account(api: ApiServer, ns: str) -> bool:
+    return api.kubectl_run("get", "serviceaccount", "default", "-n", ns).returncode == 0
+
+
+def _pushed(c: Cluster, repo: str, text: bytes) -> tuple[str, str]:
+    """A one-file image pushed to a fresh repository: (repo:tag, repo@digest)."""
+    tag = push_one_file_image(f"{c.registry}/{repo}-{secrets.token_hex(3)}:1", text)
+    parsed = attach.parse_image(tag)
+    with attach.client_for(parsed) as client:
+        return tag, str(attach.resolve(client, parsed).reference)
+
+
+def _attach(c: Cluster, run: str, ref: str) -> None:
+    """`imagegate attach` of the run's statement, re-addressed to `ref` (the stand-in)."""
+    attach_as("replace", addressed(c.runs[run], ref, c.fresh(f"{run}-statement") / "s", c.keys.key), ref)
+
+
+@dataclass(frozen=True)
+class Judged:
+    admitted: bool
+    said: str
+    seconds: float
+    cli: bool | None  # Kyverno's CLI on the same policy file and object
+    cli_said: str
+    stored: dict[str, Any] | None  # the object as the API server stored it, when admitted
+
+
+def _named(obj: dict[str, Any], c: Cluster) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    c.n += 1
+    obj["metadata"] = {**obj.get("metadata", {}), "name": f"{obj['kind'].lower()}-{c.n}"}
+    obj["metadata"]["namespace"] = c.namespace
+    return obj
+
+
+def judge(c: Cluster, obj: dict[str, Any]) -> Judged:
+    """`kubectl apply` of `obj` through the API server and Kyverno's webhooks, and Kyverno's CLI
+    on the same object and the policy file as written (the CLI keeps no cache: `useCache`
+    changes nothing there). A refusal must be a webhook's denial: a broken call is no answer."""
+    obj = _named(obj, c)
+    d = c.fresh(obj["metadata"]["name"])
+    (d / "object.yaml").write_text(yaml.safe_dump(obj))
+    start = time.monotonic()
+    applied = c.api.kubectl_run("apply", "-f", str(d / "object.yaml"), timeout=120)
+    seconds = time.monotonic() - start
+    said = applied.stdout + applied.stderr
+    stored = None
+    if applied.returncode == 0:
+        got = c.api.kubectl_run(
+            "get", obj["kind"].lower(), obj["metadata"]["name"], "-n", c.namespace, "-o", "json"
+        )
+        stored = json.loads(got.stdout)
+    else:
+        assert "denied the request" in said, f"{said}\n{c.kyverno.log()}"
+    cli = c.consumers.kyverno_apply(c.policy, d / "object.yaml")
+    print(
+        f"  {obj['kind']} {_images(obj)}: API server {'admitted' if stored else 'refused'} in {seconds:.2f} s; "
+        f"CLI {cli.admitted}",
+        flush=True,
+    )
+    return Judged(applied.returncode == 0, said, seconds, cli.admitted, cli.said, stored)
+
+
+def _images(obj: dict[str, Any]) -> list[str]:
+    return sorted(set(_walk(obj)))
+
+
+def _walk(x: Any) -> Iterator[str]:
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if k == "image" and isinstance(v, str):
+                yield v
+            else:
+                yield from _walk(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _walk(v)
+
+
+def _pod(image: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"name": "app", "image": image}]}}
+
+
+@pytest.fixture(scope="module")
+def verdicts(cluster: Cluster) -> dict[str, tuple[str, str]]:
+    """verdict -> (tag, repo@digest) of an image carrying it; `none` carries nothing."""
+    found = {}
+    for verdict, run in (("PASS", "pass"), ("FAIL", "fail"), ("none", None)):
+        tag, ref = _pushed(cluster, f"team/{verdict.lower()}", f"{verdict}\n".encode())
+        if run is not None:
+            _attach(cluster, run, ref)
+        found[verdict] = (tag, ref)
+    return found
+
+
+def test_an_accepted_image_is_admitted_and_a_refused_or_unjudged_one_never(
+    cluster: Cluster, verdicts: dict[str, tuple[str, str]]
+) -> None:
+    accepted = judge(cluster, _pod(verdicts["PASS"][1]))
+    assert accepted.admitted and accepted.cli is True, (accepted.said, accepted.cli_said)
+    for verdict in ("FAIL", "none"):
+        refused = judge(cluster, _pod(verdicts[verdict][1]))
+        assert not refused.admitted and refused.cli is False, (verdict, refused.cli_said)
+        # what the user reads names the policy and the rule that refused
+        assert f"resource Pod/{cluster.namespace}/" in refused.said, refused.said
+        assert POLICY in refused.said and CPU_RULE in refused.said, refused.said
+
+
+def test_a_tag_is_admitted_pinned_to_the_digest_it_was_judged_by(
+    cluster: Cluster, verdicts: dict[str, tuple[str, str]]
+) -> None:
+    tag, ref = verdicts["PASS"]
+    admitted = judge(cluster, _pod(tag))
+    assert admitted.admitted and admitted.cli is True, (admitted.said, admitted.cli_said)
+    assert admitted.stored is not None
+    (image,) = [c["image"] for c in admitted.stored["spec"]["containers"]]
+    # Kyverno's mutateDigest: the Pod stored runs the digest whose VSA was verified, whatever
+    # the tag names later
+    assert image.endswith("@" + ref.partition("@")[2]), image
+    refused = judge(cluster, _pod(verdicts["FAIL"][0]))
+    assert not refused.admitted and refused.cli is False, refused.cli_said
+
+
+def _restarting_never(pod: dict[str, Any]) -> dict[str, Any]:
+    """A Job's or CronJob's Pod must not restart Always (the API server's validation)."""
+    return {**pod, "spec": {**pod["spec"], "restartPolicy": "Never"}}
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job", "StatefulSet", "CronJob"])
+def test_a_workload_is_judged_when_it_is_created_by_kyvernos_autogen(
+    kind: str, cluster: Cluster, verdicts: dict[str, tuple[str, str]]
+) -> None:
+    shaped = _restarting_never if kind in ("Job", "CronJob") else (lambda pod: pod)
+    refused = judge(cluster, templated(kind, shaped(_pod(verdicts["FAIL"][0]))))
+    assert not refused.admitted and refused.cli is False, (refused.said, refused.cli_said)
+    # the workload itself is refused as it is created, by the rule autogen wrote for its kind
+    assert f"resource {kind}/{cluster.namespace}/" in refused.said, refused.said
+    rule = f"autogen-{'cronjob-' if kind == 'CronJob' else ''}{CPU_RULE}"
+    assert rule in refused.said, refused.said
+    tag, ref = verdicts["PASS"]
+    admitted = judge(cluster, templated(kind, shaped(_pod(tag))))
+    assert admitted.admitted and admitted.cli is True, (admitted.said, admitted.cli_said)
+    assert admitted.stored is not None
+    spec = admitted.stored["spec"]
+    template = spec["jobTemplate"]["spec"]["template"] if kind == "CronJob" else spec["template"]
+    (image,) = [c["image"] for c in template["spec"]["containers"]]
+    assert image.endswith("@" + ref.partition("@")[2]), image  # the template pinned too
+    if kind == "Job":  # the Job controller's Pod goes through the same webhook, and is admitted
+        name = admitted.stored["metadata"]["name"]
+        assert wait_for(lambda: _job_pods(cluster, name) != [], timeout=60), _job_events(cluster, name)
+
+
+def _job_pods(c: Cluster, job: str) -> list[dict[str, Any]]:
+    got = c.api.kubectl_run("get", "pods", "-n", c.namespace, "-l", f"job-name={job}", "-o", "json")
+    return json.loads(got.stdout)["items"] if got.returncode == 0 else []  # type: ignore[no-any-return]
+
+
+def _job_events(c: Cluster, job: str) -> str:
+    return c.api.kubectl_run(
+        "get", "events", "-n", c.namespace, "--field-selector", f"involvedObject.name={job}"
+    ).stdout
+
+
+# Where the webhook answers otherwise than the CLI and the docs, and why; asserted, so that a
+# Kyverno release that changes it is noticed. Kyverno's image verify cache (github.com/kyverno/
+# kyverno v1.19.1; on unless --imageVerifyCacheEnabled=false, an hour's TTL: cmd/internal/flag.go)
+# keeps every image it verified admitted under the same policy version and rule: on a hit,
+# pkg/engine/internal/imageverifier.go passes the rule without reading the attestations, and
+# pkg/image/verification/cache/client.go keys it on policy UID, resourceVersion, rule and the
+# image as the Pod writes it. The CLI has no cache.
+CACHED = "admitted from Kyverno's image verify cache: the FAIL that replaced the PASS is not read"
+KNOWN = {("PASS then FAIL", 3): CACHED}
+
+
+def sequence(c: Cluster, case: str) -> dict[tuple[str, int], str]:
+    """scripts/consumers.py's CASES[case] as imagegate attaches (replacing): each Pod of a step
+    through the API server and the CLI; every step where either differs from the docs."""
+    _, ref = _pushed(c, "seq/" + case.replace(" ", "-").lower(), f"{case}\n".encode())
+    wrong = {}
+    for n, step in enumerate(c.consumers.CASES[case]):
+        if step.kind == "attach":
+            _attach(c, step.arg, ref)
+            continue
+        docs = step.expect["replace"][0]  # (Kyverno, policy-controller)
+        got = judge(c, c.consumers.pod_of(step.arg, ref))
+        if got.admitted != docs or got.cli != docs:
+            wrong[(case, n)] = f"{step.arg}: API server {got.admitted}, CLI {got.cli}, docs {docs}"
+            if got.cli == docs and got.admitted and _from_cache(c, ref):
+                wrong[(case, n)] = CACHED
+    return wrong
+
+
+def _from_cache(c: Cluster, ref: str) -> bool:
+    """Whether Kyverno's log (the chart's -v=2) says it found `ref` in its image verify cache."""
+    name, _, digest = ref.partition("@")
+    repo = name.rsplit(":", 1)[0]  # Kyverno logs the image as repo@digest, without the tag
+    return any(
+        "cache entry found" in line and repo in line and digest in line
+        for line in c.kyverno.log(10**7).splitlines()
+    )
+
+
+@pytest.mark.parametrize("case", ["FAIL then PASS", "PASS then FAIL", "deferred then completed"])
+def test_a_verdict_sequence_is_judged_as_the_docs_say_but_for_kyvernos_cache(
+    case: str, cluster: Cluster
+) -> None:
+    wrong = sequence(cluster, case)
+    assert wrong == {k: v for k, v in KNOWN.items() if k[0] == case}
+
+
+def test_a_moved_tag_is_admitted_from_the_cache_pinned_to_the_digest_nobody_verified(
+    cluster: Cluster,
+) -> None:
+    """Kyverno's cache keys a Pod's image as written: by tag, a hit skips verification and
+    mutateDigest pins whatever digest the tag names now (handleMutateDigest in
+    pkg/engine/internal/imageverifier.go, v1.19.1; GHSA-2r43-6962-xcw5, whose fix, kyverno pull
+    request 16213, is not in v1.19.1). The CLI verifies, and refuses."""
+    tag, ref = _pushed(cluster, "moved", b"accepted\n")
+    _attach(cluster, "pass", ref)
+    assert judge(cluster, _pod(tag)).admitted
+    moved = push_one_file_image(tag, b"never judged\n")
+    parsed = attach.parse_image(moved)
+    with attach.client_for(parsed) as client:
+        other = str(attach.resolve(client, parsed).reference).partition("@")[2]
+    got = judge(cluster, _pod(tag))
+    assert got.cli is False, got.cli_said
+    assert got.admitted and got.stored is not None, got.said
+    assert got.stored["spec"]["containers"][0]["image"].endswith("@" + other)
+
+
+def test_use_cache_false_makes_the_webhook_answer_as_the_cli(cluster: Cluster) -> None:
+    """The shipped ClusterPolicy with `useCache: false` on each verifyImages entry (Kyverno's
+    ImageVerification.UseCache, api/kyverno/v1/image_verification_types.go): the same
+    sequence and the same moved tag are refused. The shipped policy is put back afterwards."""
+    policy = yaml.safe_load(cluster.policy.read_text())
+    for rule in policy["spec"]["rules"]:
+        for entry in rule["verifyImages"]:
+            entry["useCache"] = False
+    uncached = cluster.work / "uncached.yaml"
+    uncached.write_text(yaml.safe_dump(policy))
+    try:
+        cluster.kyverno.apply_policy(uncached)
+        assert sequence(cluster, "PASS then FAIL") == {}
+        tag, ref = _pushed(cluster, "moved-uncached", b"accepted\n")
+        _attach(cluster, "pass", ref)
+        assert judge(cluster, _pod(tag)).admitted
+        push_one_file_image(tag, b"never judged\n")
+        refused = judge(cluster, _pod(tag))
+        assert not refused.admitted and refused.cli is False, refused.said
+    finally:
+        cluster.kyverno.apply_policy(cluster.policy)
+
+
+def test_another_images_statement_never_admits(cluster: Cluster) -> None:
+    _, a = _pushed(cluster, "one", b"image A\n")
+    _, b = _pushed(cluster, "other", b"image B: another digest\n")
+    _attach(cluster, "pass", a)
+    assert judge(cluster, _pod(a)).admitted
+    assert not judge(cluster, _pod(b)).admitted
+    # Even copied onto B's `.att` tag by hand (attach refuses it), A's VSA names A's digest.
+    made = addressed(cluster.runs["pass"], a, cluster.fresh("copied") / "s", cluster.keys.key)
+    parsed = attach.parse_image(b)
+    with attach.client_for(parsed) as client:
+        for env in referrers.standard_beside(made, referrers.read_envelopes(made)[0]):
+            attach.append(client, attach.resolve(client, parsed), env)
+    copied = judge(cluster, _pod(b))
+    assert not copied.admitted and copied.cli is False, copied.cli_said
