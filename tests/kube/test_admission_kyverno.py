@@ -9,11 +9,11 @@ CASES). What only a cluster shows is asserted too: the refusal the user reads, t
 pins to its digest, Kyverno's autogen judging a Deployment, Job, StatefulSet or CronJob itself
 when it is created, the Job controller's Pod admitted through the same webhook.
 
-Where the webhook and the CLI disagree, it is named and asserted (KNOWN): Kyverno's image verify
-cache, which the CLI does not have, keeps admitting an image whose PASS was replaced by a FAIL,
-and admits a moved tag pinned to a digest nobody verified; the policy with `useCache: false`
-answers as the CLI and the docs. The one stand-in is sequences.py's (a `--here` verdict
-re-addressed to the image)."""
+The webhook and the CLI agree on every case. They would not with Kyverno's image verify cache on,
+which the CLI does not have: it keeps admitting an image whose PASS was replaced by a FAIL, and
+admits a moved tag pinned to a digest nobody verified; so the shipped policy sets `useCache:
+false`, and a test turns the cache back on to show both. The one stand-in is sequences.py's (a
+`--here` verdict re-addressed to the image)."""
 
 from __future__ import annotations
 
@@ -256,15 +256,16 @@ def _job_events(c: Cluster, job: str) -> str:
     ).stdout
 
 
-# Where the webhook answers otherwise than the CLI and the docs, and why; asserted, so that a
-# Kyverno release that changes it is noticed. Kyverno's image verify cache (github.com/kyverno/
-# kyverno v1.19.1; on unless --imageVerifyCacheEnabled=false, an hour's TTL: cmd/internal/flag.go)
-# keeps every image it verified admitted under the same policy version and rule: on a hit,
-# pkg/engine/internal/imageverifier.go passes the rule without reading the attestations, and
-# pkg/image/verification/cache/client.go keys it on policy UID, resourceVersion, rule and the
-# image as the Pod writes it. The CLI has no cache.
+# Kyverno's image verify cache (github.com/kyverno/kyverno v1.19.1; on unless
+# --imageVerifyCacheEnabled=false or a verifyImages entry's useCache is false, an hour's TTL:
+# cmd/internal/flag.go) keeps every image it verified admitted under the same policy version and
+# rule: on a hit, pkg/engine/internal/imageverifier.go passes the rule without reading the
+# attestations, and pkg/image/verification/cache/client.go keys it on policy UID,
+# resourceVersion, rule and the image as the Pod writes it. The CLI has no cache. The shipped
+# policy turns it off; with it on, the webhook disagrees here (asserted, so that a Kyverno
+# release that changes it is noticed).
 CACHED = "admitted from Kyverno's image verify cache: the FAIL that replaced the PASS is not read"
-KNOWN = {("PASS then FAIL", 3): CACHED}
+WITH_THE_CACHE = {("PASS then FAIL", 3): CACHED}
 
 
 def sequence(c: Cluster, case: str) -> dict[tuple[str, int], str]:
@@ -296,52 +297,50 @@ def _from_cache(c: Cluster, ref: str) -> bool:
 
 
 @pytest.mark.parametrize("case", ["FAIL then PASS", "PASS then FAIL", "deferred then completed"])
-def test_a_verdict_sequence_is_judged_as_the_docs_say_but_for_kyvernos_cache(
+def test_a_verdict_sequence_is_judged_as_the_docs_say_and_as_the_cli_judges_it(
     case: str, cluster: Cluster
 ) -> None:
-    wrong = sequence(cluster, case)
-    assert wrong == {k: v for k, v in KNOWN.items() if k[0] == case}
+    assert sequence(cluster, case) == {}
 
 
-def test_a_moved_tag_is_admitted_from_the_cache_pinned_to_the_digest_nobody_verified(
-    cluster: Cluster,
-) -> None:
-    """Kyverno's cache keys a Pod's image as written: by tag, a hit skips verification and
-    mutateDigest pins whatever digest the tag names now (handleMutateDigest in
-    pkg/engine/internal/imageverifier.go, v1.19.1; GHSA-2r43-6962-xcw5, whose fix, kyverno pull
-    request 16213, is not in v1.19.1). The CLI verifies, and refuses."""
-    tag, ref = _pushed(cluster, "moved", b"accepted\n")
+def _moved(cluster: Cluster, name: str) -> tuple[Judged, str]:
+    """A tag whose image has a PASS, admitted; then moved to an image nobody judged: the answer
+    for a Pod by that tag, and the digest it names now."""
+    tag, ref = _pushed(cluster, name, b"accepted\n")
     _attach(cluster, "pass", ref)
     assert judge(cluster, _pod(tag)).admitted
     moved = push_one_file_image(tag, b"never judged\n")
     parsed = attach.parse_image(moved)
     with attach.client_for(parsed) as client:
         other = str(attach.resolve(client, parsed).reference).partition("@")[2]
-    got = judge(cluster, _pod(tag))
-    assert got.cli is False, got.cli_said
-    assert got.admitted and got.stored is not None, got.said
-    assert got.stored["spec"]["containers"][0]["image"].endswith("@" + other)
+    return judge(cluster, _pod(tag)), other
 
 
-def test_use_cache_false_makes_the_webhook_answer_as_the_cli(cluster: Cluster) -> None:
-    """The shipped ClusterPolicy with `useCache: false` on each verifyImages entry (Kyverno's
-    ImageVerification.UseCache, api/kyverno/v1/image_verification_types.go): the same
-    sequence and the same moved tag are refused. The shipped policy is put back afterwards."""
+def test_a_moved_tag_is_verified_again_and_refused(cluster: Cluster) -> None:
+    got, _ = _moved(cluster, "moved")
+    assert not got.admitted and got.cli is False, got.said
+
+
+def test_with_kyvernos_cache_on_the_webhook_admits_what_the_cli_refuses(cluster: Cluster) -> None:
+    """Why the shipped policy sets `useCache: false` (Kyverno's ImageVerification.UseCache,
+    api/kyverno/v1/image_verification_types.go): with the cache on, the FAIL that replaced a PASS
+    is not read, and a moved tag is admitted from the cache pinned to whatever digest it names now
+    (handleMutateDigest in pkg/engine/internal/imageverifier.go, v1.19.1; GHSA-2r43-6962-xcw5,
+    whose fix, kyverno pull request 16213, is not in v1.19.1). The CLI verifies, and refuses. The
+    shipped policy is put back afterwards."""
     policy = yaml.safe_load(cluster.policy.read_text())
     for rule in policy["spec"]["rules"]:
         for entry in rule["verifyImages"]:
-            entry["useCache"] = False
-    uncached = cluster.work / "uncached.yaml"
-    uncached.write_text(yaml.safe_dump(policy))
+            assert entry.pop("useCache") is False  # the shipped policy turns it off
+    cached = cluster.work / "cached.yaml"
+    cached.write_text(yaml.safe_dump(policy))
     try:
-        cluster.kyverno.apply_policy(uncached)
-        assert sequence(cluster, "PASS then FAIL") == {}
-        tag, ref = _pushed(cluster, "moved-uncached", b"accepted\n")
-        _attach(cluster, "pass", ref)
-        assert judge(cluster, _pod(tag)).admitted
-        push_one_file_image(tag, b"never judged\n")
-        refused = judge(cluster, _pod(tag))
-        assert not refused.admitted and refused.cli is False, refused.said
+        cluster.kyverno.apply_policy(cached)
+        assert sequence(cluster, "PASS then FAIL") == WITH_THE_CACHE
+        got, other = _moved(cluster, "moved-cached")
+        assert got.cli is False, got.cli_said
+        assert got.admitted and got.stored is not None, got.said
+        assert got.stored["spec"]["containers"][0]["image"].endswith("@" + other)
     finally:
         cluster.kyverno.apply_policy(cluster.policy)
 
