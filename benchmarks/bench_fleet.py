@@ -73,6 +73,17 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path) -> Timed:
         return Timed(round(seconds, 2), round(int(kib) / 1024, 1), p.returncode, out.read().decode(), head)
 
 
+def _why(done: Timed) -> str:
+    """What a fleet command that did not end as expected said: its stderr's end and each node
+    without a result, with why."""
+    try:
+        nodes = json.loads(done.stdout)["nodes"]
+    except (ValueError, KeyError):
+        nodes = []
+    lost = [f"{n['name']}: {'; '.join(n['why'])}" for n in nodes if n.get("check") == "ERROR"]
+    return f"exit {done.rc}: {done.stderr[-1500:]}\n" + "\n".join(lost[:20])
+
+
 def imagegate(*args: str) -> list[str]:
     return [sys.executable, "-m", "imagegate", *args]
 
@@ -118,7 +129,7 @@ def fleet_at(kwok: Kwok, size: int, jobs: int, work: Path) -> dict[str, Any]:
         env,
         work,
     )
-    assert collect.rc == 1, collect.stderr[-2000:]  # unfit: no GPU where the controller ran
+    assert collect.rc == 1, _why(collect)  # unfit: no GPU where the controller ran
     attempts = json.loads(collect.stdout)["attempts"]
     assert len(attempts) == size, len(attempts)
     pairs = [f"{n}={a}" for n, a in sorted(attempts.items())]
@@ -142,7 +153,7 @@ def fleet_at(kwok: Kwok, size: int, jobs: int, work: Path) -> dict[str, Any]:
             env,
             work,
         )  # fmt: skip
-    assert run.rc == 1, run.stderr[-2000:]
+    assert run.rc == 1, _why(run)
     ran = json.loads(run.stdout)
     assert len(ran["attempts"]) == size, run.stderr[-2000:]
     api.kubectl_run("delete", "namespace", run_ns, "--wait=false")

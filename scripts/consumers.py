@@ -16,7 +16,8 @@ which tests/install runs the Action with) is built the same way; Kyverno's build
 admission controller (cmd/kyverno), which tests/kube/kyverno.py runs as a webhook.
 
 Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
-  build             build (or find) the three tools; print each one's path, build time and size
+  build             build (or find) the three tools; print each one's path, build time and size;
+                    after a build, the shared Go caches over 10 GB lose their build cache
   --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube, kwok;
                     repeatable)
   run               build, then run every case and write the record (the default)
@@ -266,6 +267,31 @@ def _go() -> str:
             tool = out.parent.name == "bin" or out.parent.parent.name == "tool"
             out.chmod(0o755 if tool else 0o644)
     return str(go)
+
+
+# What the shared Go caches may hold: the modules (the tests read CRDs and manifests from them)
+# and, under this, the compiled packages that make the next build cheap.
+GO_CACHE_BUDGET = 10 * 10**9
+
+
+def trim(budget: int = GO_CACHE_BUDGET) -> None:
+    """Over the budget, the build cache goes (`go clean -cache`): the binaries are kept, so only a
+    build of a new version pays for it. Run after this process's own builds, never beside one."""
+    size = _size(GO_CACHE) if GO_CACHE.is_dir() else 0
+    if size <= budget:
+        return
+    env = {
+        **os.environ,
+        "GOMODCACHE": str(GO_CACHE / "mod"),
+        "GOCACHE": str(GO_CACHE / "build"),
+        "GOTOOLCHAIN": "local",  # any `go` empties a build cache: no toolchain fetched for it
+    }
+    subprocess.run([_go(), "clean", "-cache"], env=env, check=True, capture_output=True)
+    print(
+        f"consumers: the Go caches held {size / 1e9:.1f} GB, over {budget / 1e9:.0f} GB: build cache "
+        f"trimmed, {_size(GO_CACHE) / 1e9:.1f} GB left (the binaries are kept)",
+        flush=True,
+    )
 
 
 def exe(tool: Tool, name: str | None = None) -> str:
@@ -704,6 +730,8 @@ def main() -> int:
             f"build {info['seconds']} s, cache {info['cache_bytes'] / 1e9:.2f} GB)",
             flush=True,
         )
+    if any(not info["cached"] for info in tools.values()):
+        trim()
     if args.what == "build":
         return 0
     with tempfile.TemporaryDirectory(prefix="imagegate-consumers-") as tmp_name:

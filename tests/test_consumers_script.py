@@ -1,0 +1,32 @@
+"""scripts/consumers.py's own promises: a test whose Go tool is not built skips under
+IMAGEGATE_TEST_BUILD_TOOLS=0 instead of building it, and the shared Go caches over their budget
+lose the build cache, never the modules (the tests read CRDs from them) or the binaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, go_tools, load_script
+
+def test_over_the_budget_the_build_cache_goes_and_the_modules_stay(tmp_path: Path) -> None:
+    script = load_script(ROOT / "scripts" / "consumers.py")
+    script.GO_CACHE = tmp_path
+    compiled = tmp_path / "build" / "0a" / "0a1b-a"
+    compiled.parent.mkdir(parents=True)
+    compiled.write_bytes(b"x" * 4096)
+    module = tmp_path / "mod" / "example.com" / "m@v1.0.0" / "crd.yaml"
+    module.parent.mkdir(parents=True)
+    module.write_text("kind: CustomResourceDefinition\n")
+    script.trim(budget=10**9)  # under it: nothing goes
+    assert compiled.exists()
+    script.trim(budget=1024)
+    assert not compiled.exists() and module.exists()
+
+
+def test_a_tool_not_built_skips_when_building_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IMAGEGATE_TEST_BUILD_TOOLS", "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: nothing built
+    with pytest.raises(pytest.skip.Exception, match=r"kwok v\S+: not built yet .*--tool kwok"):
+        go_tools("kwok")
