@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers import ROOT, go_tools, load_script
 
+
 def test_over_the_budget_the_build_cache_goes_and_the_modules_stay(tmp_path: Path) -> None:
     script = load_script(ROOT / "scripts" / "consumers.py")
     script.GO_CACHE = tmp_path
