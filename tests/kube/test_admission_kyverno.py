@@ -18,6 +18,7 @@ false`, and a test turns the cache back on to show both. The one stand-in is seq
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import secrets
 import time
@@ -105,9 +106,12 @@ def _pushed(c: Cluster, repo: str, text: bytes) -> tuple[str, str]:
         return tag, str(attach.resolve(client, parsed).reference)
 
 
-def _attach(c: Cluster, run: str, ref: str) -> None:
-    """`imagegate attach` of the run's statement, re-addressed to `ref` (the stand-in)."""
-    attach_as("replace", addressed(c.runs[run], ref, c.fresh(f"{run}-statement") / "s", c.keys.key), ref)
+def _attach(c: Cluster, run: str, ref: str, days_old: int = 0) -> None:
+    """`imagegate attach` of the run's statement, re-addressed to `ref` (the stand-in), said
+    `days_old` days ago when given."""
+    said = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days_old) if days_old else None
+    made = addressed(c.runs[run], ref, c.fresh(f"{run}-statement") / "s", c.keys.key, said)
+    attach_as("replace", made, ref)
 
 
 @dataclass(frozen=True)
@@ -275,7 +279,7 @@ def sequence(c: Cluster, case: str) -> dict[tuple[str, int], str]:
     wrong = {}
     for n, step in enumerate(c.consumers.CASES[case]):
         if step.kind == "attach":
-            _attach(c, step.arg, ref)
+            _attach(c, step.arg, ref, step.days_old)
             continue
         docs = step.expect["replace"][0]  # (Kyverno, policy-controller)
         got = judge(c, c.consumers.pod_of(step.arg, ref))
@@ -296,7 +300,9 @@ def _from_cache(c: Cluster, ref: str) -> bool:
     )
 
 
-@pytest.mark.parametrize("case", ["FAIL then PASS", "PASS then FAIL", "deferred then completed"])
+@pytest.mark.parametrize(
+    "case", ["FAIL then PASS", "PASS then FAIL", "deferred then completed", "8 days old then fresh"]
+)
 def test_a_verdict_sequence_is_judged_as_the_docs_say_and_as_the_cli_judges_it(
     case: str, cluster: Cluster
 ) -> None:
