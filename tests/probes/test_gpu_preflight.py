@@ -392,6 +392,10 @@ def test_peer_copies_get_the_nvlink_floor_only_where_nvswitch_joins_every_pair(g
     eight = gp.judge(_facts(8), None, None, {}, bw(8, 150.0))
     assert eight["status"] == "ERROR" and "GPU 7->6: peer copy 150.0 GB/s < 225" in eight["detail"], eight
     assert gp.judge(_facts(8), None, None, {}, bw(8, 300.0))["status"] == "PASS"
+    assert gp.judge(_facts(8), None, None, {}, bw(8, 225.0))["status"] == "PASS"  # at the floor: fit
+    # 16 on NVSwitch (an HGX-2 board): every pair has the whole link too
+    sixteen = gp.judge(_facts(16), None, None, {}, bw(16, 150.0))
+    assert sixteen["status"] == "ERROR" and "peer copy 150.0 GB/s < 225" in sixteen["detail"], sixteen
     # 4 of them linked directly (an HGX 4-GPU board): a third of the links a pair is the board, not a fault
     four = gp.judge(_facts(4), None, None, {}, bw(4, 150.0))
     assert four["status"] == "PASS", four
@@ -443,6 +447,9 @@ def test_each_reported_name_gets_its_own_models_limits(gp, name: str, model: str
     assert gp.model_of(name) == model
     assert gp.limits_for(name) == gp.LIMITS[model]
     assert gp.model_of(name.upper()) == model
+    # the model's own words alone (no "NVIDIA", as some tools and labels print it) are enough
+    bare = " ".join(w for w in name.split() if w != "NVIDIA")
+    assert gp.model_of(bare) == model, bare
 
 
 @pytest.mark.parametrize(("name", "model", "cap"), REPORTED, ids=[r[0] for r in REPORTED])
@@ -463,6 +470,12 @@ def test_a_figure_under_the_fraction_of_its_own_models_limit_is_not_fit(  # type
 
     fit = run(0.51, 0.51, 0.51, 0.51, 0.51)
     assert fit["status"] == "PASS", fit
+    at_the_floor = run(0.5, 0.5, 0.5, 0.5, 0.5)  # a figure at its floor is fit: under it is not
+    assert at_the_floor["status"] == "PASS", at_the_floor
+    no_hbm = _bw(0.9 * lim["hbm_gbps"], 0.49 * lim["pcie_gbps"], 0.9 * lim["pcie_gbps"])
+    del no_hbm["gpus"][0]["hbm_copy_gbps"]  # a figure not measured: the others still judged
+    missing = gp.judge(facts, None, None, {}, no_hbm)
+    assert missing["status"] == "ERROR" and "host->GPU" in missing["detail"], missing
     figures = {
         "TFLOP/s <": (0.49, 0.9, 0.9, 0.9, 0.9),
         "TFLOP/s sustained <": (0.9, 0.49, 0.9, 0.9, 0.9),
