@@ -7,7 +7,8 @@ clone), started as the tests start them (tests/kube/apiserver.py, tests/kube/kwo
   up      start it, print the kubeconfig to use (KUBECONFIG=...), wait for Ctrl-C, then stop
           everything and remove its folder
   test    the cluster tests (tests/kube/test_apiserver.py, test_controllers.py,
-          test_fleet_kwok.py and, where present, test_admission_*.py) with pytest, then a dated
+          test_fleet_kwok.py, test_pod_on_a_real_node.py, with the kubelet and CNI plugins it
+          runs, and, where present, test_admission_*.py) with pytest, then a dated
           record: benchmarks/records/YYYY-MM-DD-HHMM-cluster.json (each tool's build: cached or
           its time and size; the time to a ready control plane with kwok, cold processes and
           warm cache; each test's outcome and time)
@@ -36,13 +37,18 @@ from tests.helpers import load_script  # noqa: E402 - the tests' harness, run fr
 from tests.kube.apiserver import started  # noqa: E402
 from tests.kube.kwok import started as kwok_started  # noqa: E402
 
-TESTS = ["tests/kube/test_apiserver.py", "tests/kube/test_controllers.py", "tests/kube/test_fleet_kwok.py"]
+TESTS = [
+    "tests/kube/test_apiserver.py",
+    "tests/kube/test_controllers.py",
+    "tests/kube/test_fleet_kwok.py",
+    "tests/kube/test_pod_on_a_real_node.py",
+]
 
 
 def builds() -> dict[str, object]:
     """Each tool built or found: the build's record, and whether it was cached."""
     script = load_script(ROOT / "scripts" / "consumers.py")
-    return {t.name: script.build(t) for t in (script.KUBE, script.KWOK)}
+    return {t.name: script.build(t) for t in (script.KUBE, script.KWOK, script.KUBELET, script.CNI)}
 
 
 def ready_time(folder: Path) -> float:

@@ -18,8 +18,8 @@ admission controller (cmd/kyverno), which tests/kube/kyverno.py runs as a webhoo
 Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
   build             build (or find) the three tools; print each one's path, build time and size;
                     after a build, the shared Go caches over 10 GB lose their build cache
-  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube, kwok;
-                    repeatable)
+  --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube, kwok,
+                    kubelet, cni; repeatable)
   run               build, then run every case and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of the shipped
                     data/policies/kyverno-clusterpolicy.yaml
@@ -160,6 +160,13 @@ KUBE = Tool(
 # Not a consumer: the fake nodes of the cluster tests (tests/kube/kwok.py), GPU nodes with no
 # kubelet behind them; its version is the one its Stage files (tests/kube/stages) come from.
 KWOK = Tool("kwok", "sigs.k8s.io/kwok", "kwok")
+# Not a consumer: the real node of the cluster tests (tests/kube/kubelet.py), a kubelet of the
+# control plane's release (the same version given to the linker) and the CNI plugins its
+# containerd networks each Pod with (bridge, host-local, loopback).
+KUBELET = Tool("kubelet", "k8s.io/kubernetes", "kubelet", ldflags=KUBE.ldflags)
+CNI = Tool("cni", "github.com/containernetworking/plugins", "bridge", others=("host-local", "loopback"))
+# Built only when named with --tool.
+EXTRA = (ACT, KUBE, KWOK, KUBELET, CNI)
 
 
 def _size(path: Path) -> int:
@@ -177,7 +184,7 @@ def cached(tool: Tool) -> dict[str, Any] | None:
 
 
 def named(name: str) -> Tool:
-    (tool,) = [t for t in (*TOOLS, ACT, KUBE, KWOK) if t.name == name]
+    (tool,) = [t for t in (*TOOLS, *EXTRA) if t.name == name]
     return tool
 
 
@@ -188,14 +195,7 @@ def build(tool: Tool) -> dict[str, Any]:
     if info is not None:
         return {**info, "cached": True}
     go = _go()
-    env = {
-        **os.environ,
-        "GOBIN": str(tool.cache / "bin"),
-        "GOMODCACHE": str(GO_CACHE / "mod"),
-        "GOCACHE": str(GO_CACHE / "build"),
-        "GOTOOLCHAIN": TOOLCHAIN,
-        "GOFLAGS": "-buildvcs=false -mod=readonly",
-    }
+    env = _go_env(tool)
     # A build cache left by an earlier build (of another toolchain or version) makes this one
     # cheaper than a bare one: its size before is said in the record.
     before = _size(GO_CACHE / "build") if (GO_CACHE / "build").is_dir() else 0
@@ -225,6 +225,29 @@ def build(tool: Tool) -> dict[str, Any]:
     }
     (tool.cache / "build.json").write_text(json.dumps(info, indent=1) + "\n")
     return {**info, "cached": False}
+
+
+def _go_env(tool: Tool) -> dict[str, str]:
+    return {
+        **os.environ,
+        "GOBIN": str(tool.cache / "bin"),
+        "GOMODCACHE": str(GO_CACHE / "mod"),
+        "GOCACHE": str(GO_CACHE / "build"),
+        "GOTOOLCHAIN": TOOLCHAIN,
+        "GOFLAGS": "-buildvcs=false -mod=readonly",
+    }
+
+
+def source(tool: Tool) -> Path:
+    """The source of the tool's module at its pinned version, in the shared module cache
+    (downloaded again, checked against the module's go.sum, if the cache lost it)."""
+    p = subprocess.run(
+        [_go(), "mod", "download", "-json", tool.module],
+        cwd=tool.folder, env=_go_env(tool), capture_output=True, text=True,
+    )  # fmt: skip
+    if p.returncode != 0:
+        raise SystemExit(f"consumers: no source of {tool.module} {tool.version}:\n{p.stdout}{p.stderr}")
+    return Path(json.loads(p.stdout)["Dir"])
 
 
 def _go() -> str:
@@ -706,7 +729,7 @@ def main() -> int:
     parser.add_argument(
         "--tool",
         action="append",
-        choices=[t.name for t in (*TOOLS, ACT, KUBE, KWOK)],
+        choices=[t.name for t in (*TOOLS, *EXTRA)],
         help="build only these",
     )
     args = parser.parse_args()
@@ -720,8 +743,8 @@ def main() -> int:
     # The tree as it starts: what ran is the code read then.
     commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain"))
     tools = {}
-    for tool in (*TOOLS, ACT, KUBE, KWOK):
-        if (args.tool and tool.name not in args.tool) or (tool in (ACT, KUBE, KWOK) and not args.tool):
+    for tool in (*TOOLS, *EXTRA):
+        if (args.tool and tool.name not in args.tool) or (tool in EXTRA and not args.tool):
             continue
         tools[tool.name] = info = build(tool)
         also = "".join(f", {exe(tool, name)}" for name in tool.others)

@@ -131,6 +131,14 @@ def test_pass_with_the_expected_digest(tmp_path: Path, fixture: str, engine: str
     assert b"the image printed this line" in (attempt / "controller.stderr.log").read_bytes()
 
 
+def test_the_run_names_the_pod_uid_and_the_container_the_runtime_ran() -> None:
+    facts = collect.bundle_run(pod("pod-containerd-succeeded.json"), b"").facts
+    assert facts["pod_uid"] == "0d6f1f7e-8a49-4c3e-9a55-3b0c4c1d2e11"
+    assert str(facts["container_id"]).startswith("containerd://4b1d2c3e4f5a"), facts
+    # A Pod that never started a container has no container ID to name.
+    assert collect.bundle_run(pod("pod-image-pull-backoff.json"), b"").facts["container_id"] is None
+
+
 def test_digest_mismatch_is_fail_naming_both(tmp_path: Path) -> None:
     record = run(tmp_path, "pod-containerd-succeeded.json", "pass", expect=(OTHER,))
     s = stage(record, "image_id")

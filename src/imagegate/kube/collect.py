@@ -205,6 +205,10 @@ def bundle_run(pod: JsonMapping, log: bytes, container: str = CONTAINER) -> Bund
         facts=freeze_object(
             {
                 "pod": path(pod, "metadata", "name"),
+                # Which Pod and container ran it, as the cluster names them: a name is reused by
+                # a later run under the same --name, the UID and the runtime's container ID never.
+                "pod_uid": path(pod, "metadata", "uid"),
+                "container_id": status.get("containerID"),
                 "node": path(pod, "spec", "nodeName"),
                 "phase": pod_status.get("phase"),
                 "container_state": state,
