@@ -272,17 +272,22 @@ CACHED = "admitted from Kyverno's image verify cache: the FAIL that replaced the
 WITH_THE_CACHE = {("PASS then FAIL", 3): CACHED}
 
 
-def sequence(c: Cluster, case: str) -> dict[tuple[str, int], str]:
-    """scripts/consumers.py's CASES[case] as imagegate attaches (replacing): each Pod of a step
-    through the API server and the CLI; every step where either differs from the docs."""
-    _, ref = _pushed(c, "seq/" + case.replace(" ", "-").lower(), f"{case}\n".encode())
+def sequence(c: Cluster, case: str, kind: str = "Pod") -> dict[tuple[str, int], str]:
+    """scripts/consumers.py's CASES[case] as imagegate attaches (replacing): each Pod of a step,
+    or a `kind` whose template it is, through the API server and the CLI; every step where either
+    differs from the docs."""
+    name = f"seq/{case.replace(' ', '-')}-{kind}".lower()
+    _, ref = _pushed(c, name, f"{case} {kind}\n".encode())
     wrong = {}
     for n, step in enumerate(c.consumers.CASES[case]):
         if step.kind == "attach":
             _attach(c, step.arg, ref, step.days_old)
             continue
         docs = step.expect["replace"][0]  # (Kyverno, policy-controller)
-        got = judge(c, c.consumers.pod_of(step.arg, ref))
+        pod = c.consumers.pod_of(step.arg, ref)
+        if kind != "Pod":
+            pod = templated(kind, _restarting_never(pod) if kind in ("Job", "CronJob") else pod)
+        got = judge(c, pod)
         if got.admitted != docs or got.cli != docs:
             wrong[(case, n)] = f"{step.arg}: API server {got.admitted}, CLI {got.cli}, docs {docs}"
             if got.cli == docs and got.admitted and _from_cache(c, ref):
@@ -300,13 +305,16 @@ def _from_cache(c: Cluster, ref: str) -> bool:
     )
 
 
+@pytest.mark.parametrize("kind", ["Pod", "Deployment", "Job", "StatefulSet", "CronJob"])
 @pytest.mark.parametrize(
     "case", ["FAIL then PASS", "PASS then FAIL", "deferred then completed", "8 days old then fresh"]
 )
 def test_a_verdict_sequence_is_judged_as_the_docs_say_and_as_the_cli_judges_it(
-    case: str, cluster: Cluster
+    case: str, kind: str, cluster: Cluster
 ) -> None:
-    assert sequence(cluster, case) == {}
+    """Every sequence, each of its Pods (every GPU route: limits, an init container, a MIG slice,
+    a runtime class) created as a Pod and as each workload kind Kyverno's autogen covers."""
+    assert sequence(cluster, case, kind) == {}
 
 
 def _moved(cluster: Cluster, name: str) -> tuple[Judged, str]:
