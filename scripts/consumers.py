@@ -13,7 +13,8 @@ ${XDG_CACHE_HOME:-~/.cache}/imagegate/consumers/TOOL-VERSION/ (bin/ and build.js
 run, from any clone on the machine, builds nothing; every tool shares one Go module and build
 cache (consumers/go/), since their modules overlap. act (nektos/act, GitHub Actions' runner,
 which tests/install runs the Action with) is built the same way; Kyverno's build also writes its
-admission controller (cmd/kyverno), which tests/kube/kyverno.py runs as a webhook.
+admission controller (cmd/kyverno), which tests/kube/kyverno.py runs as a webhook, and
+policy-controller's build its webhook (cmd/webhook), which tests/kube/policy_controller.py runs.
 
 Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FILE ...]
   build             build (or find) the three tools; print each one's path, build time and size;
@@ -138,7 +139,17 @@ TOOLS = (
         ldflags="-s -w -X github.com/kyverno/kyverno/pkg/version.BuildVersion={version}",
         others=("kyverno",),
     ),
-    Tool("policy-controller", "github.com/sigstore/policy-controller", "tester"),
+    # The tester, and the webhook (cmd/webhook) the cluster tests run as the API server's admission
+    # webhook (tests/kube/policy_controller.py); the version is given as policy-controller's own
+    # Makefile gives it (LDFLAGS, v0.13.1): a wrapper module's build is "(devel)" to Go, which
+    # sigs.k8s.io/release-utils' version/version.go (v0.11.1) then reports as "devel".
+    Tool(
+        "policy-controller",
+        "github.com/sigstore/policy-controller",
+        "tester",
+        ldflags="-buildid= -X sigs.k8s.io/release-utils/version.gitVersion={version}",
+        others=("webhook",),
+    ),
 )
 # Not a consumer: the runner the GitHub Action is tested with (tests/install/test_ci_steps.py).
 ACT = Tool("act", "github.com/nektos/act", "act")

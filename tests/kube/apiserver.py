@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +87,24 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
+def until_ready(
+    proc: subprocess.Popen[bytes],
+    name: str,
+    ready: Callable[[], bool],
+    within_s: float,
+    log: Callable[[], str],
+) -> None:
+    """Polls `ready` until it holds; raises, with the log, when `proc` (a controller started for
+    this server) exits first or `within_s` passes."""
+    deadline = time.monotonic() + within_s
+    while not ready():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: {log()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} was not ready within {within_s:g} s: {log()}")
+        time.sleep(0.5)
+
+
 def _ready(url: str, token: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
@@ -129,9 +147,15 @@ def _controllers(bin_dir: Path, folder: Path, logs: Path) -> list[subprocess.Pop
 
 
 @contextlib.contextmanager
-def started(folder: Path, *, controllers: bool = False) -> Iterator[ApiServer]:
+def started(
+    folder: Path, *, controllers: bool = False, aggregator_routing: bool = False
+) -> Iterator[ApiServer]:
     """etcd and kube-apiserver in `folder`, ready (and the controllers, when asked); stopped and
-    their folder removed at the end."""
+    their folder removed at the end. `aggregator_routing`: a webhook named by a Service is
+    called at an address of the Service's Endpoints, not at its cluster IP, which nothing here
+    routes (kube-apiserver's --enable-aggregator-routing: buildServiceResolver in
+    cmd/kube-apiserver/app/server.go and ResolveEndpoint in k8s.io/apiserver's
+    pkg/util/proxy/proxy.go, v1.33.13, which reads core/v1 Endpoints)."""
     bin_dir = binaries()
     folder.mkdir(parents=True, exist_ok=True)
     logs = folder / "logs"
@@ -192,6 +216,7 @@ def started(folder: Path, *, controllers: bool = False) -> Iterator[ApiServer]:
                     # the plugin waits for; with it, every Pod goes through ServiceAccount admission.
                     *([] if controllers else ["--disable-admission-plugins=ServiceAccount"]),
                     "--allow-privileged=true",
+                    *(["--enable-aggregator-routing=true"] if aggregator_routing else []),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=(logs / "kube-apiserver.log").open("wb"),

@@ -39,7 +39,7 @@ import httpx
 import yaml
 
 from tests.helpers import go_tools
-from tests.kube.apiserver import ApiServer, stop
+from tests.kube.apiserver import ApiServer, stop, until_ready
 from tests.oci.infra import free_port
 
 INSTALL = Path("config") / "install-latest-testing.yaml"
@@ -211,13 +211,7 @@ def started(api: ApiServer, folder: Path) -> Iterator[Kyverno]:
     )  # fmt: skip
     kyverno = Kyverno(api, folder, url)
     try:
-        deadline = time.monotonic() + READY_S
-        while not (_healthy(url) and _registered(api, url)):
-            if proc.poll() is not None:
-                raise RuntimeError(f"kyverno exited {proc.returncode}: {kyverno.log()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"kyverno was not ready within {READY_S:g} s: {kyverno.log()}")
-            time.sleep(0.5)
+        until_ready(proc, "kyverno", lambda: _healthy(url) and _registered(api, url), READY_S, kyverno.log)
         yield kyverno
     finally:
         stop([proc])

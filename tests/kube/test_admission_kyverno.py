@@ -17,52 +17,44 @@ false`, and a test turns the cache back on to show both. The one stand-in is seq
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
-import json
-import secrets
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import yaml
 
-from imagegate.attest import attach, referrers
 from tests.attest.conftest import push_one_file_image, start_registry
-from tests.helpers import imagegate, load_script
-from tests.kube.apiserver import ROOT, ApiServer, started
+from tests.helpers import load_script
+from tests.kube.apiserver import ROOT, started
 from tests.kube.kyverno import Kyverno
 from tests.kube.kyverno import started as kyverno_started
+from tests.kube.workloads import (
+    Scene,
+    carrying_verdicts,
+    copied_onto,
+    digest_of,
+    has_default_account,
+    images,
+    made_its_pod,
+    nvidia_runtime_class,
+    pod,
+    pushed,
+    restarting_never,
+    written_policy,
+)
 from tests.oci.infra import wait_for
 from tests.policies.admission import CPU_RULE, templated
-from tests.policies.conftest import Keys, make_keys, make_runs
+from tests.policies.conftest import make_keys, make_runs
 from tests.policies.sequences import addressed, attach_as
 
 POLICY = "imagegate-accepted"  # the shipped ClusterPolicy's name
 
 
 @dataclass
-class Cluster:
-    api: ApiServer
-    kyverno: Kyverno
-    registry: str
-    keys: Keys
-    runs: dict[str, Path]
-    policy: Path  # the file applied, as `imagegate policies write` wrote it
-    consumers: ModuleType  # scripts/consumers.py: Kyverno's CLI, the cases
-    work: Path
-    namespace: str  # Pod Security `privileged`: it admits every shape judged here
-    n: int = 0
-
-    def fresh(self, name: str) -> Path:
-        self.n += 1
-        d = self.work / f"{self.n:03d}-{name}"
-        d.mkdir(parents=True)
-        return d
+class Cluster(Scene):
+    kyverno: Kyverno = field(kw_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -75,35 +67,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         started(tmp_path_factory.mktemp("control-plane"), controllers=True) as api,
         kyverno_started(api, tmp_path_factory.mktemp("kyverno")) as kyverno,
     ):
-        # A Pod naming runtimeClassName nvidia is refused by the API server's RuntimeClass
-        # admission unless the class exists, as it does where NVIDIA's operator is installed.
-        runtime = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}}
-        made = api.kubectl_run("apply", "-f", "-", stdin=json.dumps({**runtime, "handler": "nvidia"}))
-        assert made.returncode == 0, made.stderr
-        work = tmp_path_factory.mktemp("kyverno-work")
-        written = imagegate(
-            "policies", "write", "kyverno-clusterpolicy", "--key", str(keys.pub), "--image", f"{registry}/*"
+        nvidia_runtime_class(api)
+        policy = written_policy(
+            "kyverno-clusterpolicy", keys, registry, tmp_path_factory.mktemp("kyverno-work")
         )
-        assert written.returncode == 0, written.stderr
-        policy = work / "kyverno-clusterpolicy.yaml"
-        policy.write_text(written.stdout)
         stored = kyverno.apply_policy(policy)
         assert stored["spec"]["rules"], stored
         ns = api.namespace("privileged")
-        assert wait_for(lambda: _has_default_account(api, ns), timeout=60)
-        yield Cluster(api, kyverno, registry, keys, runs, policy, consumers, work, ns)
-
-
-def _has_default_account(api: ApiServer, ns: str) -> bool:
-    return api.kubectl_run("get", "serviceaccount", "default", "-n", ns).returncode == 0
-
-
-def _pushed(c: Cluster, repo: str, text: bytes) -> tuple[str, str]:
-    """A one-file image pushed to a fresh repository: (repo:tag, repo@digest)."""
-    tag = push_one_file_image(f"{c.registry}/{repo}-{secrets.token_hex(3)}:1", text)
-    parsed = attach.parse_image(tag)
-    with attach.client_for(parsed) as client:
-        return tag, str(attach.resolve(client, parsed).reference)
+        assert wait_for(lambda: has_default_account(api, ns), timeout=60)
+        yield Cluster(api, registry, keys, runs, policy, consumers, policy.parent, ns, kyverno=kyverno)
 
 
 def _attach(c: Cluster, run: str, ref: str, days_old: int = 0) -> None:
@@ -124,81 +96,35 @@ class Judged:
     stored: dict[str, Any] | None  # the object as the API server stored it, when admitted
 
 
-def _named(obj: dict[str, Any], c: Cluster) -> dict[str, Any]:
-    obj = copy.deepcopy(obj)
-    c.n += 1
-    obj["metadata"] = {**obj.get("metadata", {}), "name": f"{obj['kind'].lower()}-{c.n}"}
-    obj["metadata"]["namespace"] = c.namespace
-    return obj
-
-
 def judge(c: Cluster, obj: dict[str, Any]) -> Judged:
     """`kubectl apply` of `obj` through the API server and Kyverno's webhooks, and Kyverno's CLI
     on the same object and the policy file as written (the CLI keeps no cache: `useCache`
     changes nothing there). A refusal must be a webhook's denial: a broken call is no answer."""
-    obj = _named(obj, c)
-    d = c.fresh(obj["metadata"]["name"])
-    (d / "object.yaml").write_text(yaml.safe_dump(obj))
-    start = time.monotonic()
-    applied = c.api.kubectl_run("apply", "-f", str(d / "object.yaml"), timeout=120)
-    seconds = time.monotonic() - start
-    said = applied.stdout + applied.stderr
-    stored = None
-    if applied.returncode == 0:
-        got = c.api.kubectl_run(
-            "get", obj["kind"].lower(), obj["metadata"]["name"], "-n", c.namespace, "-o", "json"
-        )
-        stored = json.loads(got.stdout)
-    else:
-        assert "denied the request" in said, f"{said}\n{c.kyverno.log()}"
+    obj, d, got = c.apply(obj)
+    if not got.admitted:
+        assert "denied the request" in got.said, f"{got.said}\n{c.kyverno.log()}"
     cli = c.consumers.kyverno_apply(c.policy, d / "object.yaml")
     print(
-        f"  {obj['kind']} {_images(obj)}: API server {'admitted' if stored else 'refused'} in {seconds:.2f} s; "
+        f"  {obj['kind']} {images(obj)}: API server {'admitted' if got.admitted else 'refused'} in {got.seconds:.2f} s; "
         f"CLI {cli.admitted}",
         flush=True,
     )
-    return Judged(applied.returncode == 0, said, seconds, cli.admitted, cli.said, stored)
-
-
-def _images(obj: dict[str, Any]) -> list[str]:
-    return sorted(set(_walk(obj)))
-
-
-def _walk(x: Any) -> Iterator[str]:
-    if isinstance(x, dict):
-        for k, v in x.items():
-            if k == "image" and isinstance(v, str):
-                yield v
-            else:
-                yield from _walk(v)
-    elif isinstance(x, list):
-        for v in x:
-            yield from _walk(v)
-
-
-def _pod(image: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"name": "app", "image": image}]}}
+    return Judged(got.admitted, got.said, got.seconds, cli.admitted, cli.said, got.stored)
 
 
 @pytest.fixture(scope="module")
 def verdicts(cluster: Cluster) -> dict[str, tuple[str, str]]:
     """verdict -> (tag, repo@digest) of an image carrying it; `none` carries nothing."""
-    found = {}
-    for verdict, run in (("PASS", "pass"), ("FAIL", "fail"), ("none", None)):
-        tag, ref = _pushed(cluster, f"team/{verdict.lower()}", f"{verdict}\n".encode())
-        if run is not None:
-            _attach(cluster, run, ref)
-        found[verdict] = (tag, ref)
-    return found
+    return carrying_verdicts(cluster.registry, lambda run, ref: _attach(cluster, run, ref))
 
 
 def test_an_accepted_image_is_admitted_and_a_refused_or_unjudged_one_never(
     cluster: Cluster, verdicts: dict[str, tuple[str, str]]
 ) -> None:
-    accepted = judge(cluster, _pod(verdicts["PASS"][1]))
+    accepted = judge(cluster, pod(verdicts["PASS"][1]))
     assert accepted.admitted and accepted.cli is True, (accepted.said, accepted.cli_said)
     for verdict in ("FAIL", "none"):
-        refused = judge(cluster, _pod(verdicts[verdict][1]))
+        refused = judge(cluster, pod(verdicts[verdict][1]))
         assert not refused.admitted and refused.cli is False, (verdict, refused.cli_said)
         # what the user reads names the policy and the rule that refused
         assert f"resource Pod/{cluster.namespace}/" in refused.said, refused.said
@@ -209,35 +135,30 @@ def test_a_tag_is_admitted_pinned_to_the_digest_it_was_judged_by(
     cluster: Cluster, verdicts: dict[str, tuple[str, str]]
 ) -> None:
     tag, ref = verdicts["PASS"]
-    admitted = judge(cluster, _pod(tag))
+    admitted = judge(cluster, pod(tag))
     assert admitted.admitted and admitted.cli is True, (admitted.said, admitted.cli_said)
     assert admitted.stored is not None
     (image,) = [c["image"] for c in admitted.stored["spec"]["containers"]]
     # Kyverno's mutateDigest: the Pod stored runs the digest whose VSA was verified, whatever
     # the tag names later
     assert image.endswith("@" + ref.partition("@")[2]), image
-    refused = judge(cluster, _pod(verdicts["FAIL"][0]))
+    refused = judge(cluster, pod(verdicts["FAIL"][0]))
     assert not refused.admitted and refused.cli is False, refused.cli_said
-
-
-def _restarting_never(pod: dict[str, Any]) -> dict[str, Any]:
-    """A Job's or CronJob's Pod must not restart Always (the API server's validation)."""
-    return {**pod, "spec": {**pod["spec"], "restartPolicy": "Never"}}
 
 
 @pytest.mark.parametrize("kind", ["Deployment", "Job", "StatefulSet", "CronJob"])
 def test_a_workload_is_judged_when_it_is_created_by_kyvernos_autogen(
     kind: str, cluster: Cluster, verdicts: dict[str, tuple[str, str]]
 ) -> None:
-    shaped = _restarting_never if kind in ("Job", "CronJob") else (lambda pod: pod)
-    refused = judge(cluster, templated(kind, shaped(_pod(verdicts["FAIL"][0]))))
+    shaped = restarting_never if kind in ("Job", "CronJob") else (lambda p: p)
+    refused = judge(cluster, templated(kind, shaped(pod(verdicts["FAIL"][0]))))
     assert not refused.admitted and refused.cli is False, (refused.said, refused.cli_said)
     # the workload itself is refused as it is created, by the rule autogen wrote for its kind
     assert f"resource {kind}/{cluster.namespace}/" in refused.said, refused.said
     rule = f"autogen-{'cronjob-' if kind == 'CronJob' else ''}{CPU_RULE}"
     assert rule in refused.said, refused.said
     tag, ref = verdicts["PASS"]
-    admitted = judge(cluster, templated(kind, shaped(_pod(tag))))
+    admitted = judge(cluster, templated(kind, shaped(pod(tag))))
     assert admitted.admitted and admitted.cli is True, (admitted.said, admitted.cli_said)
     assert admitted.stored is not None
     spec = admitted.stored["spec"]
@@ -245,19 +166,7 @@ def test_a_workload_is_judged_when_it_is_created_by_kyvernos_autogen(
     (image,) = [c["image"] for c in template["spec"]["containers"]]
     assert image.endswith("@" + ref.partition("@")[2]), image  # the template pinned too
     if kind == "Job":  # the Job controller's Pod goes through the same webhook, and is admitted
-        name = admitted.stored["metadata"]["name"]
-        assert wait_for(lambda: _job_pods(cluster, name) != [], timeout=60), _job_events(cluster, name)
-
-
-def _job_pods(c: Cluster, job: str) -> list[dict[str, Any]]:
-    got = c.api.kubectl_run("get", "pods", "-n", c.namespace, "-l", f"job-name={job}", "-o", "json")
-    return json.loads(got.stdout)["items"] if got.returncode == 0 else []  # type: ignore[no-any-return]
-
-
-def _job_events(c: Cluster, job: str) -> str:
-    return c.api.kubectl_run(
-        "get", "events", "-n", c.namespace, "--field-selector", f"involvedObject.name={job}"
-    ).stdout
+        made_its_pod(cluster.api, cluster.namespace, admitted.stored["metadata"]["name"])
 
 
 # Kyverno's image verify cache (github.com/kyverno/kyverno v1.19.1; on unless
@@ -277,17 +186,17 @@ def sequence(c: Cluster, case: str, kind: str = "Pod") -> dict[tuple[str, int], 
     or a `kind` whose template it is, through the API server and the CLI; every step where either
     differs from the docs."""
     name = f"seq/{case.replace(' ', '-')}-{kind}".lower()
-    _, ref = _pushed(c, name, f"{case} {kind}\n".encode())
+    _, ref = pushed(c.registry, name, f"{case} {kind}\n".encode())
     wrong = {}
     for n, step in enumerate(c.consumers.CASES[case]):
         if step.kind == "attach":
             _attach(c, step.arg, ref, step.days_old)
             continue
         docs = step.expect["replace"][0]  # (Kyverno, policy-controller)
-        pod = c.consumers.pod_of(step.arg, ref)
+        obj = c.consumers.pod_of(step.arg, ref)
         if kind != "Pod":
-            pod = templated(kind, _restarting_never(pod) if kind in ("Job", "CronJob") else pod)
-        got = judge(c, pod)
+            obj = templated(kind, restarting_never(obj) if kind in ("Job", "CronJob") else obj)
+        got = judge(c, obj)
         if got.admitted != docs or got.cli != docs:
             wrong[(case, n)] = f"{step.arg}: API server {got.admitted}, CLI {got.cli}, docs {docs}"
             if got.cli == docs and got.admitted and _from_cache(c, ref):
@@ -320,14 +229,11 @@ def test_a_verdict_sequence_is_judged_as_the_docs_say_and_as_the_cli_judges_it(
 def _moved(cluster: Cluster, name: str) -> tuple[Judged, str]:
     """A tag whose image has a PASS, admitted; then moved to an image nobody judged: the answer
     for a Pod by that tag, and the digest it names now."""
-    tag, ref = _pushed(cluster, name, b"accepted\n")
+    tag, ref = pushed(cluster.registry, name, b"accepted\n")
     _attach(cluster, "pass", ref)
-    assert judge(cluster, _pod(tag)).admitted
-    moved = push_one_file_image(tag, b"never judged\n")
-    parsed = attach.parse_image(moved)
-    with attach.client_for(parsed) as client:
-        other = str(attach.resolve(client, parsed).reference).partition("@")[2]
-    return judge(cluster, _pod(tag)), other
+    assert judge(cluster, pod(tag)).admitted
+    other = digest_of(push_one_file_image(tag, b"never judged\n")).partition("@")[2]
+    return judge(cluster, pod(tag)), other
 
 
 def test_a_moved_tag_is_verified_again_and_refused(cluster: Cluster) -> None:
@@ -360,16 +266,13 @@ def test_with_kyvernos_cache_on_the_webhook_admits_what_the_cli_refuses(cluster:
 
 
 def test_another_images_statement_never_admits(cluster: Cluster) -> None:
-    _, a = _pushed(cluster, "one", b"image A\n")
-    _, b = _pushed(cluster, "other", b"image B: another digest\n")
+    _, a = pushed(cluster.registry, "one", b"image A\n")
+    _, b = pushed(cluster.registry, "other", b"image B: another digest\n")
     _attach(cluster, "pass", a)
-    assert judge(cluster, _pod(a)).admitted
-    assert not judge(cluster, _pod(b)).admitted
+    assert judge(cluster, pod(a)).admitted
+    assert not judge(cluster, pod(b)).admitted
     # Even copied onto B's `.att` tag by hand (attach refuses it), A's VSA names A's digest.
     made = addressed(cluster.runs["pass"], a, cluster.fresh("copied") / "s", cluster.keys.key)
-    parsed = attach.parse_image(b)
-    with attach.client_for(parsed) as client:
-        for env in referrers.standard_beside(made, referrers.read_envelopes(made)[0]):
-            attach.append(client, attach.resolve(client, parsed), env)
-    copied = judge(cluster, _pod(b))
+    copied_onto(made, b)
+    copied = judge(cluster, pod(b))
     assert not copied.admitted and copied.cli is False, copied.cli_said

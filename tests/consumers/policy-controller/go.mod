@@ -1,4 +1,5 @@
-// policy-controller's tester (cmd/tester), built as a tool of this module because
+// policy-controller's tester (cmd/tester) and its webhook (cmd/webhook, run as the API server's
+// admission webhook by tests/kube/policy_controller.py), built as tools of this module because
 // policy-controller's own go.mod has replace directives, which `go install module@version`
 // refuses. The replace lines are policy-controller's, copied from its go.mod at the required
 // version; change them together.
@@ -6,7 +7,10 @@ module imagegate.test/consumers/policy-controller
 
 go 1.24
 
-tool github.com/sigstore/policy-controller/cmd/tester
+tool (
+	github.com/sigstore/policy-controller/cmd/tester
+	github.com/sigstore/policy-controller/cmd/webhook
+)
 
 require (
 	cloud.google.com/go v0.120.0 // indirect
@@ -70,6 +74,7 @@ require (
 	github.com/awslabs/amazon-ecr-credential-helper/ecr-login v0.9.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver v3.5.1+incompatible // indirect
+	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/blendle/zapdriver v1.3.1 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/census-instrumentation/opencensus-proto v0.4.1 // indirect
@@ -112,6 +117,7 @@ require (
 	github.com/go-openapi/swag v0.23.1 // indirect
 	github.com/go-openapi/validate v0.24.0 // indirect
 	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
+	github.com/gobuffalo/flect v1.0.2 // indirect
 	github.com/gobwas/glob v0.2.3 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang-jwt/jwt/v4 v4.5.2 // indirect
@@ -227,6 +233,7 @@ require (
 	go.opentelemetry.io/otel/sdk v1.35.0 // indirect
 	go.opentelemetry.io/otel/trace v1.35.0 // indirect
 	go.uber.org/atomic v1.9.0 // indirect
+	go.uber.org/automaxprocs v1.6.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect
 	golang.org/x/crypto v0.37.0 // indirect
@@ -252,6 +259,7 @@ require (
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/api v0.32.3 // indirect
+	k8s.io/apiextensions-apiserver v0.27.6 // indirect
 	k8s.io/apimachinery v0.32.3 // indirect
 	k8s.io/client-go v0.32.3 // indirect
 	k8s.io/klog/v2 v2.130.1 // indirect
