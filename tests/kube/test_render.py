@@ -79,6 +79,16 @@ def test_configmap_holds_the_bundle_under_one_mib(pipeline: str) -> None:
     assert annotations[render.BUNDLE_ANNOTATION] == prep.bundle.sha256
 
 
+def test_a_fleets_renders_share_one_encoded_bundle() -> None:
+    """fleet render and fleet run hold a Job per node: each one's ConfigMap holds the same string,
+    encoded once, so their memory does not grow with the nodes (benchmarks/bench_fleet.py)."""
+    prep = runner.prepare(runner.RunOptions(pipeline="gpu", gpus="8"))
+    made = [render.render(prep, f"x@{DIGEST}", render.PodOptions(name=f"n-{i}")) for i in range(3)]
+    first, *rest = (r.configmap["binaryData"][render.BUNDLE_KEY] for r in made)
+    assert all(other is first for other in rest)
+    assert base64.b64decode(first) == prep.bundle.data
+
+
 def test_job_runs_once_within_a_deadline() -> None:
     spec = _render(deadline_s=2400).job["spec"]
     assert spec["backoffLimit"] == 0

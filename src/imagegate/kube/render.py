@@ -5,6 +5,7 @@ The pitfall each choice answers: docs/pod.md, "Why the objects are as they are".
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import re
@@ -397,6 +398,13 @@ def render(prep: Prepared, image: str, opts: PodOptions) -> Rendered:
     return Rendered(name, opts.namespace, ref, configmap, job, secret, tuple(notes))
 
 
+@functools.lru_cache(maxsize=4)
+def _encoded(bundle: bytes) -> str:
+    """The bundle as a ConfigMap holds it, encoded once: a fleet's Jobs (one per node, a bundle
+    per GPU count) share the one string, so memory does not grow with the nodes."""
+    return base64.b64encode(bundle).decode("ascii")
+
+
 def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[JsonObject, JsonObject]:
     """The ConfigMap holding the probes' bundle and the Secret holding the run's protocol key."""
     labels = {**MANAGED_BY, RUN_LABEL: name}
@@ -407,7 +415,7 @@ def _bundle_and_key(prep: Prepared, name: str, namespace: str) -> tuple[JsonObje
         # Immutable: nobody can swap the bundle under a running Pod (the controller survives it
         # anyway), and the kubelet need not watch it.
         "immutable": True,
-        "binaryData": {BUNDLE_KEY: base64.b64encode(prep.bundle.data).decode("ascii")},
+        "binaryData": {BUNDLE_KEY: _encoded(prep.bundle.data)},
     }
     secret: JsonObject = {
         "apiVersion": "v1",
