@@ -43,7 +43,7 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
         "stages": {"run"},
         "layers": {"layers", "compare"},
         "items": {"audit"},
-        "nodes": {"fleet run"},
+        "nodes": {"fleet run", "fleet collect"},
     },
     # the image a statement's subject must be vs. the images the admission policies guard
     "--image": {"subject": {"verify"}, "pattern": {"policies write"}},

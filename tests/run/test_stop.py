@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -187,3 +188,35 @@ def test_one_interrupt_is_raised_once_and_held_inside_a_critical_section() -> No
     interrupts._on_signal(signal.SIGINT, None)  # a second Ctrl-C is only noted
     interrupts._on_signal(signal.SIGTERM, None)
     assert interrupts.exit_code() == interrupts.EXIT_SIGINT  # the first one's
+
+
+def test_a_signal_inside_a_callback_whose_exceptions_are_dropped_is_delivered_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal while still importing can land in importlib's module-lock weakref callback, where a
+    raised KeyboardInterrupt is printed and dropped: it is asked for again, and raised once out."""
+    again: list[int] = []
+    monkeypatch.setattr(interrupts._thread, "interrupt_main", again.append)
+    namespace: dict[str, object] = {}
+    exec(
+        compile("import sys\ndef cb(): return sys._getframe()", "<frozen importlib._bootstrap>", "exec"),
+        namespace,
+    )
+    inside = namespace["cb"]()  # type: ignore[operator]
+    interrupts._on_signal(signal.SIGTERM, inside)
+    assert again == [signal.SIGTERM] and interrupts.stopping()
+    with pytest.raises(KeyboardInterrupt):  # once out of it, the same signal raises
+        interrupts._on_signal(signal.SIGTERM, sys._getframe())
+    assert interrupts.exit_code() == 143
+
+
+def test_a_signal_in_a_finalizer_is_delivered_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    again: list[int] = []
+    monkeypatch.setattr(interrupts._thread, "interrupt_main", again.append)
+
+    class Held:
+        def __del__(self) -> None:
+            interrupts._on_signal(signal.SIGINT, sys._getframe())
+
+    Held()
+    assert again == [signal.SIGINT]

@@ -22,6 +22,7 @@ heavy imports."""
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import signal
@@ -102,15 +103,30 @@ def shutdown_socket(sock: socket.socket) -> None:
     socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
-def _on_signal(signum: int, _frame: FrameType | None) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     global _first, _raised
     if _first is None:
         _first = signum
         stop()  # the workers stop now, also while the main thread holds the interrupt
     if _raised or _held:
         return
+    if _swallowed(frame):
+        # Raised here it would be printed ("Exception ignored in ...") and dropped: the signal is
+        # delivered again at the next instruction, until the interrupt lands where it counts.
+        _thread.interrupt_main(signal.Signals(signum))
+        return
     _raised = True
     raise KeyboardInterrupt
+
+
+def _swallowed(frame: FrameType | None) -> bool:
+    """Whether an exception raised in `frame` is dropped by the interpreter: a finalizer, or the
+    weakref callback of importlib's module locks (a signal while still importing lands there)."""
+    code = frame.f_code if frame is not None else None
+    return code is not None and (
+        code.co_name == "__del__"
+        or (code.co_name == "cb" and code.co_filename.startswith("<frozen importlib"))
+    )
 
 
 def install_handlers() -> None:
