@@ -28,6 +28,7 @@ _IMAGE = Argument(..., help="The image with the torch to check each node with, b
 _OUT = Option(Path("imagegate-runs"), "--out", "-o", metavar="FOLDER", help=_app.EVIDENCE_HELP)
 _NODES = Option(..., "--nodes", metavar="FILE", help="kubectl get nodes -o json.")
 _PODS = Option(None, "--pods", metavar="FILE", help="kubectl get pods -A -o json.")
+_JOBS = Option(4, "--jobs", min=1, metavar="N", help="Nodes worked on at once.")
 
 
 _UNSIGNED = Option(
@@ -166,7 +167,7 @@ def _node_jobs(
 )
 def run_cmd(
     image: str = _IMAGE,
-    jobs: int = Option(4, "--jobs", min=1, metavar="N", help="Nodes checked at once."),
+    jobs: int = _JOBS,
     nodes: Path = _NODES,
     pods: Path | None = _PODS,
     namespace: str = _app.KUBE_NAMESPACE,
@@ -227,7 +228,7 @@ def _report_runs(runs: "list[NodeRun]", key: "keys.SigningKey | None", fmt: Form
 )
 def collect_cmd(
     image: str = _IMAGE,
-    jobs: int = Option(4, "--jobs", min=1, metavar="N", help="Nodes collected at once."),
+    jobs: int = _JOBS,
     out: Path = _OUT,
     key: list[str] = _app.SIGNING_KEY,
     fmt: Format = _app.FORMAT,
