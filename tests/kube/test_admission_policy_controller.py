@@ -190,31 +190,37 @@ def test_a_workload_is_judged_when_it_is_created(
         made_its_pod(cluster.api, cluster.namespace, admitted.stored["metadata"]["name"])
 
 
-def sequence(c: Cluster, case: str) -> dict[tuple[str, int], str]:
-    """scripts/consumers.py's CASES[case] as imagegate attaches (replacing): each Pod of a step
-    through the API server and the tester; every step where either differs from the docs."""
-    _, ref = pushed(
-        c.registry, "seq/" + re.sub(r"[^a-z0-9]+", "-", case.lower()).strip("-"), f"{case}\n".encode()
-    )
+def sequence(c: Cluster, case: str, kind: str = "Pod") -> dict[tuple[str, int], str]:
+    """scripts/consumers.py's CASES[case] as imagegate attaches (replacing): each Pod of a step,
+    or a `kind` whose template it is, through the API server and the tester; every step where
+    either differs from the docs."""
+    name = "seq/" + re.sub(r"[^a-z0-9]+", "-", f"{case} {kind}".lower()).strip("-")
+    _, ref = pushed(c.registry, name, f"{case} {kind}\n".encode())
     wrong = {}
     for n, step in enumerate(c.consumers.CASES[case]):
         if step.kind == "attach":
             _attach(c, step.arg, ref, step.days_old)
             continue
         docs = step.expect["replace"][1]  # (Kyverno, policy-controller)
-        got = judge(c, c.consumers.pod_of(step.arg, ref))
+        obj = c.consumers.pod_of(step.arg, ref)
+        if kind != "Pod":
+            obj = templated(kind, restarting_never(obj) if kind in ("Job", "CronJob") else obj)
+        got = judge(c, obj)
         if got.admitted != docs or got.cli != docs:
             wrong[(case, n)] = f"{step.arg}: API server {got.admitted}, tester {got.cli}, docs {docs}"
     return wrong
 
 
+@pytest.mark.parametrize("kind", ["Pod", "Deployment", "Job", "StatefulSet", "CronJob"])
 @pytest.mark.parametrize(
     "case", ["FAIL then PASS", "PASS then FAIL", "deferred then completed", "8 days old then fresh"]
 )
 def test_a_verdict_sequence_is_judged_as_the_docs_say_and_as_the_tester_judges_it(
-    case: str, cluster: Cluster
+    case: str, kind: str, cluster: Cluster
 ) -> None:
-    assert sequence(cluster, case) == {}
+    """Every sequence, each of its Pods (every GPU route) created as a Pod and as each workload
+    kind the policy's match covers."""
+    assert sequence(cluster, case, kind) == {}
 
 
 def test_a_moved_tag_is_verified_again_and_refused(cluster: Cluster) -> None:
