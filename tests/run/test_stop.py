@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -220,3 +221,30 @@ def test_a_signal_in_a_finalizer_is_delivered_again(monkeypatch: pytest.MonkeyPa
 
     Held()
     assert again == [signal.SIGINT]
+
+
+def _frame_of(name: str, filename: str) -> types.FrameType:
+    namespace: dict[str, object] = {}
+    exec(compile(f"import sys\ndef {name}(): return sys._getframe()", filename, "exec"), namespace)
+    return namespace[name]()  # type: ignore[operator,no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("name", "filename"),
+    [
+        ("Run", "x.py"),
+        ("cb", "x.py"),
+        ("load", "<frozen importlib._bootstrap>"),
+        ("_lock", "<frozen importlib._bootstrap>"),
+    ],
+)
+def test_a_signal_anywhere_else_raises_at_once(
+    name: str, filename: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only importlib's `cb` and a finalizer drop what they raise: a function of another name, or
+    named `cb` elsewhere, gets the interrupt itself."""
+    again: list[int] = []
+    monkeypatch.setattr(interrupts._thread, "interrupt_main", again.append)
+    with pytest.raises(KeyboardInterrupt):
+        interrupts._on_signal(signal.SIGINT, _frame_of(name, filename))
+    assert again == []
