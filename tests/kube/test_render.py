@@ -60,6 +60,20 @@ def test_validator_is_not_vacuous() -> None:
         validate.validate(r.objects, "1.7")
 
 
+def test_each_schema_is_read_once_per_process() -> None:
+    """A fleet validates the same three kinds per node: the schemas are parsed once, and a broken
+    object after a valid one of its kind is still refused."""
+    r = _render()
+    assert validate.validate(r.objects, "1.29") == []
+    utils = validate._kv()
+    read = utils.schema_contents.cache_info().misses
+    assert validate.validate(r.objects, "1.29") == []
+    assert utils.schema_contents.cache_info().misses == read
+    broken = copy.deepcopy(r.job)
+    broken["spec"]["backoffLimit"] = "zero"
+    assert len(validate.validate([broken], "1.29")) == 1
+
+
 # docs/pod.md ("What `pod render` writes") states this bound for every built-in pipeline's bundle.
 BUNDLE_BUDGET_KB = 64
 

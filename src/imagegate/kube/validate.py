@@ -5,6 +5,7 @@ every Kubernetes version's schemas (about 100 MB): it comes with the `kube` extr
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable
 from types import ModuleType
@@ -25,6 +26,10 @@ def _kv() -> ModuleType:
             f"the Pod's objects are checked against Kubernetes' schemas, which need the kube extra ({e.name} is not installed)",
             hint=f"pip install '{EXTRA}' (pipx: pipx inject imagegate kubernetes-validate; uv: uv tool install '{EXTRA}')",
         ) from None
+    # kubernetes-validate parses the kind's schema and the version's definitions (megabytes of
+    # JSON) on every call, 80 % of a Job's check: a fleet renders the same three kinds per node
+    if not hasattr(utils.schema_contents, "cache_info"):
+        utils.schema_contents = functools.lru_cache(maxsize=16)(utils.schema_contents)  # type: ignore[attr-defined]
     return utils
 
 
