@@ -47,7 +47,7 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) 
 
 
 @pytest.fixture
-def key() -> keys.SigningKey:
+def key() -> keys.FileKey:
     return keys.generate()
 
 
@@ -55,6 +55,10 @@ def key() -> keys.SigningKey:
 def keypair(tmp_path: Path) -> tuple[Path, Path]:
     priv, pub = keys.write_keypair(tmp_path / "keys" / "gate", keys.generate(), None)
     return priv, pub
+
+
+# a run that needs no engine: the python pipeline on this environment
+HERE_RUN = ("run", "--here", "--python", sys.executable, "-p", "python", "-m", "json")
 
 
 def make_attempt(out: Path) -> Path:

@@ -50,10 +50,12 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     # how old an attached statement verify reads may be vs. the bound written into the policies
     "--max-age": {"read": {"verify"}, "policy": {"policies write"}},
     # a signing key; the public keys a chain is verified with; the signers an attach must verify
-    # with; the one key a report checks; the key the written policies trust; render signs nothing
+    # with; the one key a report checks; the key the written policies trust; the key public-key
+    # reads; render signs nothing
     # (hidden, from older scripts)
     "--key": {
         "signing": set(_SIGNED),
+        "read": {"public-key"},
         "chain": {"verify"},
         "signer": {"attach"},
         "report": {"report", "fleet report"},
@@ -62,11 +64,13 @@ MEANINGS: dict[str, dict[str, set[str]]] = {
     },
     "--no-sign": {"sign": {"run", "complete", "audit", "pod run", "pod collect"}, "hidden": {"pod render"}},
     # the evidence folder; the folder compare writes its signed files to; keygen's file prefix;
+    # the file public-key writes;
     # the folder the filled-in policies are written to
     "--out": {
         "evidence": set(_SIGNED),
         "signed files": {"compare"},
         "prefix": {"keygen"},
+        "public key file": {"public-key"},
         "policy files": {"policies write"},
     },
     # --here's host interpreter vs. the interpreter inside the image a Pod runs

@@ -8,3 +8,6 @@ PREDICATE_TYPE = "https://imagegate.dev/attestations/acceptance/v1"
 # The signing key, and its passphrase (attest.keys).
 KEY_ENV = "IMAGEGATE_SIGNING_KEY"
 PASSWORD_ENV = "IMAGEGATE_KEY_PASSWORD"
+# a pkcs11: key's module and user PIN, where its URI names neither (attest/hsm.py)
+PKCS11_MODULE_ENV = "IMAGEGATE_PKCS11_MODULE"
+PKCS11_PIN_ENV = "IMAGEGATE_PKCS11_PIN"

@@ -1,84 +1,78 @@
 """Signing keys: ECDSA P-256 (the default, what cosign generates) and ed25519, stored as PEM
 (PKCS#8 private keys, optionally passphrase-protected; SubjectPublicKeyInfo public keys, the form
-`cosign verify-* --key` reads). Keys stay in the runner: nothing here logs key material, and
-errors name the file, never its contents."""
+`cosign verify-* --key` reads), or kept in a token and named by a `pkcs11:` URI (attest/hsm.py:
+the key never leaves it). Keys stay in the runner: nothing here logs key material, and errors
+name the file or the URI (its PIN left out), never key contents."""
 
 from __future__ import annotations
 
-import base64
 import errno
-import hashlib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Protocol
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from imagegate._support.files import read_named
 from imagegate._support.names import KEY_ENV as KEY_ENV
 from imagegate._support.names import PASSWORD_ENV as PASSWORD_ENV
+from imagegate.attest.publickeys import ALGORITHMS as ALGORITHMS
+from imagegate.attest.publickeys import Algorithm as Algorithm
+from imagegate.attest.publickeys import PublicKey as PublicKey
 from imagegate.errors import UsageError
-
-Algorithm = Literal["ecdsa-p256", "ed25519"]
-ALGORITHMS: tuple[Algorithm, ...] = ("ecdsa-p256", "ed25519")
 
 DEFAULT_KEY_NAME = "signing.key"
 
 PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
-PublicKeyObj = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
+
+
+class SigningKey(Protocol):
+    """What signs: a PEM key file (FileKey) or a key that stays in its store (hsm.TokenKey)."""
+
+    @property
+    def public(self) -> PublicKey: ...
+
+    @property
+    def algorithm(self) -> Algorithm: ...
+
+    @property
+    def path(self) -> Path | None:
+        """The key's file; None for a key in a store or in memory."""
+        ...
+
+    @property
+    def where(self) -> str:
+        """The key as messages name it: its file or URI (never a PIN or passphrase)."""
+        ...
+
+    @property
+    def secret_file(self) -> Path | None:
+        """The file that must stay hidden from the code under test: the key file, or the file
+        holding a token's PIN."""
+        ...
+
+    def sign(self, data: bytes) -> bytes:
+        """ECDSA: ASN.1 DER (r, s) over SHA-256 of `data`; ed25519: over `data` itself."""
+        ...
 
 
 @dataclass(frozen=True)
-class PublicKey:
-    key: PublicKeyObj
-
-    @property
-    def algorithm(self) -> Algorithm:
-        return "ed25519" if isinstance(self.key, ed25519.Ed25519PublicKey) else "ecdsa-p256"
-
-    @property
-    def der(self) -> bytes:
-        return self.key.public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-
-    @property
-    def pem(self) -> bytes:
-        return self.key.public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-
-    @property
-    def fingerprint(self) -> str:
-        """`sha256:<hex>` of the DER SubjectPublicKeyInfo: stable across PEM re-encodings."""
-        return "sha256:" + hashlib.sha256(self.der).hexdigest()
-
-    @property
-    def hint(self) -> str:
-        """The Sigstore bundle's publicKey hint: base64 of the SPKI's sha256, as sigstore-go
-        derives it for its own keys (verifiers with a key ignore it; it only names the key)."""
-        return base64.standard_b64encode(hashlib.sha256(self.der).digest()).decode()
-
-    def verify(self, signature: bytes, data: bytes) -> bool:
-        try:
-            if isinstance(self.key, ed25519.Ed25519PublicKey):
-                self.key.verify(signature, data)  # ed25519 signs the message itself
-            else:
-                self.key.verify(signature, data, ec.ECDSA(hashes.SHA256()))  # ASN.1 DER (r, s)
-        except InvalidSignature:
-            return False
-        return True
-
-
-@dataclass(frozen=True)
-class SigningKey:
+class FileKey:
     key: PrivateKey
     path: Path | None = None
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path else "a key in memory"
+
+    @property
+    def secret_file(self) -> Path | None:
+        return self.path
 
     @property
     def public(self) -> PublicKey:
@@ -94,16 +88,16 @@ class SigningKey:
         return self.key.sign(data, ec.ECDSA(hashes.SHA256()))
 
     def __repr__(self) -> str:  # never the key itself, e.g. in a traceback or a log
-        return f"SigningKey({self.algorithm}, {self.public.fingerprint}, path={self.path})"
+        return f"FileKey({self.algorithm}, {self.public.fingerprint}, path={self.path})"
 
 
-def generate(algorithm: Algorithm = "ecdsa-p256") -> SigningKey:
+def generate(algorithm: Algorithm = "ecdsa-p256") -> FileKey:
     if algorithm == "ed25519":
-        return SigningKey(ed25519.Ed25519PrivateKey.generate())
-    return SigningKey(ec.generate_private_key(ec.SECP256R1()))
+        return FileKey(ed25519.Ed25519PrivateKey.generate())
+    return FileKey(ec.generate_private_key(ec.SECP256R1()))
 
 
-def private_pem(key: SigningKey, password: bytes | None) -> bytes:
+def private_pem(key: FileKey, password: bytes | None) -> bytes:
     enc: serialization.KeySerializationEncryption = (
         serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
     )
@@ -127,7 +121,7 @@ def _create(path: Path, data: bytes, mode: int) -> None:
         os.close(fd)
 
 
-def _write_pair(prefix: Path, key: SigningKey, password: bytes | None) -> tuple[Path, Path]:
+def _write_pair(prefix: Path, key: FileKey, password: bytes | None) -> tuple[Path, Path]:
     priv, pub = key_paths(prefix)
     for p in (priv, pub):
         if p.exists():
@@ -138,7 +132,7 @@ def _write_pair(prefix: Path, key: SigningKey, password: bytes | None) -> tuple[
     return priv, pub
 
 
-def write_keypair(prefix: Path, key: SigningKey, password: bytes | None) -> tuple[Path, Path]:
+def write_keypair(prefix: Path, key: FileKey, password: bytes | None) -> tuple[Path, Path]:
     """`keygen`: write `PREFIX.key` and `PREFIX.pub`, never over an existing file."""
     try:
         return _write_pair(prefix, key, password)
@@ -148,6 +142,17 @@ def write_keypair(prefix: Path, key: SigningKey, password: bytes | None) -> tupl
         ) from e
     except OSError as e:
         raise UsageError(f"{e.filename or prefix}: cannot create it ({e.strerror})") from e
+
+
+def write_public(path: Path, public: PublicKey) -> None:
+    """A .pub file alone (a token's key, `public-key --out`), never over an existing file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _create(path, public.pem, 0o644)
+    except FileExistsError as e:
+        raise UsageError(f"{path}: already exists", hint="choose another path or remove it") from e
+    except OSError as e:
+        raise UsageError(f"{path}: cannot create it ({e.strerror})") from e
 
 
 def _check_type(key: object, path: Path) -> None:
@@ -163,7 +168,7 @@ def _check_type(key: object, path: Path) -> None:
     )
 
 
-def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
+def load_signing_key(path: Path, password: bytes | None = None) -> FileKey:
     data = read_named(path, what="signing key", max_bytes=MAX_KEY_FILE_BYTES)
     if b"PRIVATE KEY" not in data:
         raise UsageError(
@@ -187,7 +192,7 @@ def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
         raise UsageError(f"signing key {path}: not a readable PEM private key") from None
     _check_type(key, path)
     assert isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey)
-    return SigningKey(key, path)
+    return FileKey(key, path)
 
 
 def load_public_key(path: Path) -> PublicKey:
@@ -236,7 +241,11 @@ def resolve_signing_key(
     own). Call it before the run, so that a bad key or passphrase fails before the work."""
     env = os.environ if env is None else env
     password = password_from_env(env)
-    named = key or env.get(KEY_ENV)
+    named = str(key) if key else env.get(KEY_ENV)
+    if named and named.startswith("pkcs11:"):
+        from imagegate.attest import hsm  # python-pkcs11 loads only for a key in a token
+
+        return hsm.open_key(named, env)
     if named:
         return load_signing_key(Path(named).expanduser(), password)
     path = default_key_path()
@@ -260,7 +269,7 @@ def resolve_signing_key(
         f"created a signing key {path} (public key {path.with_suffix('.pub')}, "
         f"fingerprint {new.public.fingerprint}); pass --key or set {KEY_ENV} to use another"
     )
-    return SigningKey(new.key, path)
+    return FileKey(new.key, path)
 
 
 def public_key_file(key: SigningKey) -> Path | None:
@@ -281,7 +290,7 @@ class RunsKey:
     """The public half of the key `run` signs with when given none, for `verify` given none."""
 
     public: PublicKey
-    path: Path  # the .pub file beside the key, else the key file itself
+    where: str  # the .pub file beside the key, else the key file itself, or the key's URI
     origin: str  # "run's default key", or the variable that named it
 
 
@@ -291,13 +300,18 @@ def runs_public_key(env: Mapping[str, str] | None = None) -> RunsKey | Path:
     one, the path where it was looked for."""
     env = os.environ if env is None else env
     named = env.get(KEY_ENV)
-    path = Path(named).expanduser() if named else default_key_path()
     origin = f"${KEY_ENV}" if named else "run's default key"
+    if named and named.startswith("pkcs11:"):
+        from imagegate.attest import hsm
+
+        ref = hsm.parse(named, env)
+        return RunsKey(hsm.public_key(named, env), ref.uri, origin)
+    path = Path(named).expanduser() if named else default_key_path()
     pub = path.with_suffix(".pub")
     if pub.is_file():
-        return RunsKey(load_public_key(pub), pub, origin)
+        return RunsKey(load_public_key(pub), str(pub), origin)
     if path.is_file():
-        return RunsKey(load_signing_key(path, password_from_env(env)).public, path, origin)
+        return RunsKey(load_signing_key(path, password_from_env(env)).public, str(path), origin)
     return path
 
 

@@ -317,9 +317,15 @@ def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[st
 
     statement = pasteable(done.signed.dsse_path)
     pub = keys.public_key_file(key)
+    if pub is None and key.path is None:  # a key in a token: its public half is read from it
+        return [
+            f"public key: in the token (fingerprint {done.signed.fingerprint}); "
+            f"write it with: imagegate public-key --key '{key.where}' --out signer.pub",
+            f"to verify: imagegate verify {statement} --key signer.pub",
+        ]
     if pub is None:  # a key of the user's own, with no .pub beside it
         return [
-            f"public key: none beside {key.path or 'the signing key'} (fingerprint {done.signed.fingerprint})",
+            f"public key: none beside {key.where} (fingerprint {done.signed.fingerprint})",
             f"to verify: imagegate verify {statement} --key PUB",
         ]
     return [

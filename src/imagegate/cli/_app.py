@@ -104,8 +104,9 @@ TRUSTED_KEYS = Option(
 SIGNING_KEY = Option(
     [],
     "--key",
-    metavar="PATH",
-    help="Signing key (PEM; once); default $IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
+    metavar="PATH|URI",
+    help="Signing key (a PEM file, or a pkcs11: URI of a key in a token; once); default "
+    "$IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
 )
 # The root cache (`cache …`, and `run --driver rootfs`).
 CACHE_DIR = Option(

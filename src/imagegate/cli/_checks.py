@@ -237,6 +237,6 @@ def make_driver(name: DriverName | None, opts: DriverOptions, key: keys.SigningK
     from imagegate._support import deadline
     from imagegate.drivers import select
 
-    signing = dataclasses.replace(opts, signing=key is not None, signing_key=key.path if key else None)
+    signing = dataclasses.replace(opts, signing=key is not None, signing_key=key.secret_file if key else None)
     with deadline.armed():
         return select.make_driver(name, signing)

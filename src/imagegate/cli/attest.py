@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 from typer import Argument
 
-from imagegate._support.names import KEY_ENV, PASSWORD_ENV, PREDICATE_TYPE
+from imagegate._support.names import KEY_ENV, PASSWORD_ENV, PKCS11_PIN_ENV, PREDICATE_TYPE
 from imagegate.cli import _app
 from imagegate.cli._accept import grouped
 from imagegate.cli._app import Option, app
@@ -30,27 +30,88 @@ class KeyAlgorithm(str, enum.Enum):
     "  imagegate keygen                      # imagegate.key + imagegate.pub here\n\n"
     "  IMAGEGATE_KEY_PASSWORD=... imagegate keygen --out ci/gate\n\n"
     "  imagegate keygen --algorithm ed25519 --out ~/.keys/gate\n\n"
+    "  IMAGEGATE_PKCS11_PIN=... imagegate keygen --out 'pkcs11:token=ci;object=gate?module-path=/usr/lib/softhsm/libsofthsm2.so'\n\n"
     f"The passphrase, if any, comes from ${PASSWORD_ENV}; sign with it by passing "
     f"--key PREFIX.key to run or setting ${KEY_ENV}. The .pub file is what verifiers "
-    "(imagegate verify, cosign verify-attestation --key) need."
+    "(imagegate verify, cosign verify-attestation --key) need. A pkcs11: URI (RFC 7512, as cosign "
+    "names keys) makes an ECDSA P-256 key inside the token, sensitive and not extractable, and "
+    f"writes only its public half; sign with --key URI (the user PIN from ${PKCS11_PIN_ENV} or "
+    "pin-source=FILE)."
 )
 def keygen(
-    out: Path = Option(
-        Path("imagegate"), "--out", "-o", help="Prefix: writes PREFIX.key (mode 0600) and PREFIX.pub."
+    out: str = Option(
+        "imagegate",
+        "--out",
+        "-o",
+        metavar="PREFIX|URI",
+        help="Prefix: writes PREFIX.key (mode 0600) and PREFIX.pub; or a pkcs11: URI: the key is made in the token.",
     ),
     algorithm: KeyAlgorithm = Option(
         KeyAlgorithm.ecdsa_p256, "--algorithm", help="ecdsa-p256 (cosign's default) or ed25519."
     ),
+    pub: Path | None = Option(
+        None, "--pub", help="With a pkcs11: --out: where to write the public key (default: LABEL.pub here)."
+    ),
 ) -> None:
-    """Make a signing key pair: a PKCS#8 PEM private key and its PEM public key."""
+    """Make a signing key pair: a PKCS#8 PEM private key and its PEM public key, or a key in a token."""
     # Here, as every layer below and the views: `--help` and completion load none of them.
     from imagegate.attest import keys
     from imagegate.report import console_attest
 
+    if out.startswith("pkcs11:"):
+        from imagegate.attest import hsm
+
+        if algorithm is not KeyAlgorithm.ecdsa_p256:
+            raise UsageError(
+                f"--algorithm {algorithm.value}: a key in a token is ECDSA P-256",
+                hint="drop --algorithm (ed25519 keys are PEM files only)",
+            )
+        made = hsm.generate(out)
+        target = pub or Path(f"{made.ref.label}.pub")
+        keys.write_public(target, made.public)
+        console_attest.render_token_key(made.where, target, made)
+        return
+    if pub is not None:
+        raise UsageError(
+            "--pub goes with a pkcs11: --out", hint="a PEM key pair is PREFIX.key and PREFIX.pub"
+        )
     key = keys.generate(algorithm.value)
     password = keys.password_from_env(os.environ)
-    private, public = keys.write_keypair(out, key, password)
+    private, public = keys.write_keypair(Path(out), key, password)
     console_attest.render_keypair(private, public, key, passphrase=bool(password))
+
+
+@app.command(
+    "public-key",
+    epilog="Examples:\n\n"
+    "  imagegate public-key --key ci.key --out ci.pub\n\n"
+    "  imagegate public-key --key 'pkcs11:token=ci;object=gate?module-path=...' > gate.pub\n\n"
+    "As cosign public-key: the PEM public key verifiers are given, read from the key (a token's "
+    "public key object; its PIN from the URI or the environment).",
+)
+def public_key(
+    key: str | None = Option(
+        None,
+        "--key",
+        "-k",
+        metavar="KEY|URI",
+        help=f"The signing key: a PEM file or a pkcs11: URI (default: ${KEY_ENV}, else the user's key).",
+    ),
+    out: Path | None = Option(
+        None, "--out", "-o", help="Write it here (never over a file) instead of stdout."
+    ),
+) -> None:
+    """Print or write the public half of a signing key."""
+    from imagegate.attest import keys
+
+    signer = keys.resolve_signing_key(key, create_default=False)
+    if out is None:
+        sys.stdout.write(signer.public.pem.decode())
+        return
+    keys.write_public(out, signer.public)
+    print(
+        f"public key:  {out}\nfingerprint: {signer.public.fingerprint} ({signer.algorithm})", file=sys.stderr
+    )
 
 
 @dataclass(frozen=True)
@@ -181,7 +242,7 @@ def _runs_key() -> "tuple[keys.PublicKey, ...]":
             "no public key to verify with",
             hint=f"pass --key PUB (repeatable) or --trusted-keys FILE (run's signing key {found} does not exist)",
         )
-    print(f"verify: using the signing key's public half {found.path} ({found.origin})", file=sys.stderr)
+    print(f"verify: using the signing key's public half {found.where} ({found.origin})", file=sys.stderr)
     return (found.public,)
 
 

@@ -1,6 +1,5 @@
 """Commands: layers, compare (image identity). Parse, call imagegate.oci, render."""
 
-import os
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -152,4 +151,4 @@ def _signing_key(attest: Path | None, carry: Path | None) -> "keys.SigningKey | 
                 "--carry needs --attest KEY: the carried statements are signed", hint="add --attest KEY"
             )
         return None
-    return keys.load_signing_key(attest, keys.password_from_env(os.environ))
+    return keys.resolve_signing_key(str(attest), create_default=False)

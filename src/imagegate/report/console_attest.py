@@ -26,6 +26,12 @@ def render_keypair(private: Path, public: Path, key: SigningKey, *, passphrase: 
     print(f"fingerprint: {key.public.fingerprint} ({key.algorithm})")
 
 
+def render_token_key(uri: str, public: Path, key: SigningKey) -> None:
+    print(f"private key: {uri} (in the token: sensitive, not extractable)")
+    print(f"public key:  {public}")
+    print(f"fingerprint: {key.public.fingerprint} ({key.algorithm})")
+
+
 def render_verify(report: Report, conclusion: str) -> None:
     """`conclusion`: attest.verify.accepts's sentence."""
     print(f"attestation: {report.source}")
