@@ -172,6 +172,30 @@ def test_a_bad_key_uri_fails_before_the_run(tmp_path: Path, token: dict[str, str
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+def test_a_public_object_of_another_pair_is_caught_before_anything_is_signed(
+    tmp_path: Path, token: dict[str, str]
+) -> None:
+    """Objects found by label: when the public object of that label belongs to another key, the
+    token's signature would name a key nobody holds. The signature is checked before it is used."""
+    assert _keygen(tmp_path, token).returncode == 0
+    assert _keygen(tmp_path, token, "other").returncode == 0
+    relabel = _in_token(
+        token,
+        """
+        def one(cls, label):
+            (o,) = s.get_objects({Attribute.CLASS: cls, Attribute.LABEL: label})
+            return o
+        one(ObjectClass.PUBLIC_KEY, "gate")[Attribute.LABEL] = "gate-was"
+        one(ObjectClass.PUBLIC_KEY, "other")[Attribute.LABEL] = "gate"
+        print("relabelled")
+    """,
+    )
+    assert relabel.stdout.strip() == "relabelled", relabel.stderr
+    r = cli(*HERE_RUN, "-o", "runs", "--key", _uri(), env=_with_pin(token), cwd=tmp_path)
+    assert r.returncode == 3 and "does not verify with its public key object" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()  # found when the key was opened, before the run
+
+
 def test_the_uri_is_read_as_rfc_7512_says() -> None:
     ref = hsm.parse(
         "pkcs11:token=my%20ci;slot-id=3;object=gate;id=%01%ab?module-path=/m.so&pin-value=12%2634", {}

@@ -316,7 +316,9 @@ def open_key(uri: str, env: Mapping[str, str] | None = None) -> TokenKey:
     mod = _pkcs11()
     with _session(ref) as session:
         _one(session, ref, mod.ObjectClass.PRIVATE_KEY, "private key")
-        return TokenKey(ref, _public(session, ref))
+        key = TokenKey(ref, _public(session, ref))
+    key.sign(b"imagegate: does the token's key pair sign and verify?")  # a mismatched pair fails now
+    return key
 
 
 def public_key(uri: str, env: Mapping[str, str] | None = None) -> PublicKey:
