@@ -95,7 +95,8 @@ def bare() -> dict[str, object]:
         env = {**os.environ, "XDG_CACHE_HOME": cache}
         start = time.monotonic()
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "consumers.py"), "build", "--tool", *BARE_TOOLS],
+            [sys.executable, str(ROOT / "scripts" / "consumers.py"), "build"]
+            + [a for t in BARE_TOOLS for a in ("--tool", t)],
             cwd=ROOT,
             env=env,
             check=True,

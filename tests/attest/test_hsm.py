@@ -44,6 +44,18 @@ def token(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def tokens(token: dict[str, str]) -> dict[str, str]:
+    """Two more tokens beside `ci`, labelled to sort below and above it: a key is found in its own
+    token by each attribute that names one, never in a neighbour."""
+    for label in ("ab", "zz"):
+        subprocess.run(
+            ["softhsm2-util", "--init-token", "--free", "--label", label, "--pin", PIN, "--so-pin", "so-9876"],
+            env={**os.environ, **token}, check=True, capture_output=True,
+        )  # fmt: skip
+    return token
+
+
 def _uri(label: str = "gate", **query: str) -> str:
     extra = "".join(f"&{k}={v}" for k, v in query.items())
     return f"pkcs11:token=ci;object={label}?module-path={MODULE}{extra}"
@@ -93,7 +105,7 @@ def test_keygen_makes_the_key_inside_the_token_and_nobody_can_read_it_out(
         token,
         """
         (k,) = s.get_objects({Attribute.CLASS: ObjectClass.PRIVATE_KEY, Attribute.LABEL: "gate"})
-        print(k[Attribute.SENSITIVE], k[Attribute.EXTRACTABLE], k[Attribute.SIGN])
+        print(k[Attribute.SENSITIVE], k[Attribute.EXTRACTABLE], k[Attribute.SIGN], k[Attribute.PRIVATE])
         try:
             k[Attribute.VALUE]
             print("exported")
@@ -101,7 +113,9 @@ def test_keygen_makes_the_key_inside_the_token_and_nobody_can_read_it_out(
             print("refused", type(e).__name__)
     """,
     )
-    assert attrs.stdout.split() == ["True", "False", "True", "refused", "AttributeSensitive"], attrs.stderr
+    assert attrs.stdout.split() == ["True", "False", "True", "True", "refused", "AttributeSensitive"], (
+        attrs.stderr
+    )
     # nor wrapped out under another key, the way an extractable key leaves a token
     wrapped = _in_token(
         token,
@@ -196,6 +210,101 @@ def test_a_public_object_of_another_pair_is_caught_before_anything_is_signed(
     assert not (tmp_path / "runs").exists()  # found when the key was opened, before the run
 
 
+def test_each_attribute_that_names_a_token_finds_that_one(tmp_path: Path, tokens: dict[str, str]) -> None:
+    listed = _in_token(
+        tokens,
+        """
+        for slot in pkcs11.lib(%r).get_slots(token_present=True):
+            t = slot.get_token()
+            print(slot.slot_id, t.label, t.serial.decode().strip())
+    """
+        % str(MODULE),
+    )
+    found = [
+        line.split() for line in listed.stdout.splitlines() if len(line.split()) == 3
+    ]  # not the free slot
+    assert sorted(label for _, label, _ in found) == ["ab", "ci", "zz"], listed.stderr
+    # for each attribute, the token in the middle of the three by it: a looser match takes a neighbour
+    for n, (attr, key) in enumerate([("token", 1), ("slot-id", 0), ("serial", 2)]):
+        slot, label, serial = sorted(found, key=lambda f: int(f[0]) if key == 0 else f[key])[1]
+        made = cli(
+            "keygen", "--out", f"pkcs11:token={label};object=k{n}?module-path={MODULE}",
+            "--pub", str(tmp_path / f"k{n}.pub"), env=_with_pin(tokens),
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        value = {"token": label, "slot-id": slot, "serial": serial}[attr]
+        got = cli(
+            "public-key",
+            "--key",
+            f"pkcs11:{attr}={value};object=k{n}?module-path={MODULE}",
+            env=_with_pin(tokens),
+        )
+        assert got.returncode == 0 and got.stdout == (tmp_path / f"k{n}.pub").read_text(), (attr, got.stderr)
+    absent = cli(
+        "public-key", "--key", f"pkcs11:slot-id=1;object=k0?module-path={MODULE}", env=_with_pin(tokens)
+    )
+    assert absent.returncode == 3 and "no token match" in absent.stderr
+    assert "the module's tokens: ab, ci, zz;" in absent.stderr  # the free slot is no token to name
+    # a key named without its token among several: no PIN is tried on a token it may not be for
+    # (each wrong try counts towards locking that token), the user is asked to name one
+    loose = cli("public-key", "--key", _uri("k0").replace("token=ci;", ""), env=_with_pin(tokens))
+    assert (
+        loose.returncode == 3
+        and "3 tokens match it" in loose.stderr
+        and "name one with token=" in loose.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "params"),
+    [("P-384", "06052b81040022"), ("brainpoolP256r1", "06092b2403030208010107"), ("RSA", None)],
+)
+def test_a_key_of_another_kind_is_refused_by_name(
+    token: dict[str, str], kind: str, params: str | None
+) -> None:
+    """imagegate signs ECDSA P-256 in a token: another curve, with parameters that sort below or
+    above P-256's, or RSA, is refused before anything is signed."""
+    make = (
+        "s.generate_keypair(pkcs11.KeyType.RSA, 2048, store=True, label='other')"
+        if params is None
+        else f"s.create_domain_parameters(pkcs11.KeyType.EC, {{Attribute.EC_PARAMS: bytes.fromhex({params!r})}}, "
+        "local=True).generate_keypair(store=True, label='other')"
+    )
+    assert _in_token(token, make).returncode == 0
+    r = cli("public-key", "--key", _uri("other"), env=_with_pin(token))
+    assert r.returncode == 3 and "not an ECDSA P-256 key" in r.stderr, (kind, r.stderr)
+
+
+def test_two_keys_of_one_label_and_a_key_not_allowed_to_sign_are_refused(token: dict[str, str]) -> None:
+    made = _in_token(
+        token,
+        """
+        from pkcs11.util.ec import encode_named_curve_parameters
+        params = s.create_domain_parameters(
+            pkcs11.KeyType.EC, {Attribute.EC_PARAMS: encode_named_curve_parameters("secp256r1")}, local=True
+        )
+        for n in (1, 2):
+            params.generate_keypair(store=True, label="twin", id=bytes([n]))
+        params.generate_keypair(store=True, label="verify-only", private_template={Attribute.SIGN: False})
+        # a key that wants its PIN again for each signature (context-specific login)
+        params.generate_keypair(store=True, label="each-time", private_template={Attribute.ALWAYS_AUTHENTICATE: True})
+        print("made")
+    """,
+    )
+    assert made.stdout.strip() == "made", made.stderr
+    twins = cli("public-key", "--key", _uri("twin"), env=_with_pin(token))
+    assert twins.returncode == 3 and "2 private keys match it" in twins.stderr, twins.stderr
+    one = cli("public-key", "--key", _uri("twin") + "", env=_with_pin(token))
+    by_id = cli(
+        "public-key", "--key", _uri("twin").replace("object=twin", "object=twin;id=%02"), env=_with_pin(token)
+    )
+    assert one.returncode == 3 and by_id.returncode == 0, by_id.stderr  # the id tells them apart
+    unsigning = cli("public-key", "--key", _uri("verify-only"), env=_with_pin(token))
+    assert unsigning.returncode == 3 and "the token did not sign" in unsigning.stderr, unsigning.stderr
+    each = cli("public-key", "--key", _uri("each-time"), env=_with_pin(token))
+    assert each.returncode == 3 and "the token did not sign (" in each.stderr, each.stderr
+
+
 def test_the_uri_is_read_as_rfc_7512_says() -> None:
     ref = hsm.parse(
         "pkcs11:token=my%20ci;slot-id=3;object=gate;id=%01%ab?module-path=/m.so&pin-value=12%2634", {}
@@ -215,6 +324,7 @@ def test_the_uri_is_read_as_rfc_7512_says() -> None:
         ("pkcs11:object=gate;colour=red?module-path=/m.so", "'colour' is not a PKCS#11 URI attribute"),
         ("pkcs11:object=gate;object=b?module-path=/m.so", "object is given twice"),
         ("pkcs11:object=gate;type=public?module-path=/m.so", "a signing key is type=private"),
+        ("pkcs11:object=gate;type=cert?module-path=/m.so", "a signing key is type=private"),
         ("pkcs11:object=gate;slot-id=x?module-path=/m.so", "not a number"),
         ("pkcs11:object=g?module-path=/m.so&pin-value=1&pin-source=/f", "both given"),
     ]:

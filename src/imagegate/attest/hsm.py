@@ -177,7 +177,13 @@ def _lib(ref: KeyRef) -> Library:
 
 
 def _token(ref: KeyRef) -> pkcs11.Token:
-    tokens = [(slot.slot_id, slot.get_token()) for slot in _lib(ref).get_slots(token_present=True)]
+    mod = _pkcs11()
+    tokens = [
+        (slot.slot_id, t)
+        for slot in _lib(ref).get_slots(token_present=True)
+        for t in [slot.get_token()]
+        if t.flags & mod.TokenFlag.TOKEN_INITIALIZED  # not the free slot a module offers for a new one
+    ]
     found = [
         t
         for slot_id, t in tokens
@@ -185,6 +191,7 @@ def _token(ref: KeyRef) -> pkcs11.Token:
         and (ref.token is None or t.label == ref.token)
         and (ref.serial is None or _serial(t) == ref.serial)
     ]
+    # never a PIN tried on each token in turn: a wrong try counts towards locking a token
     if len(found) != 1:
         labels = ", ".join(sorted(str(t.label) for _, t in tokens))
         raise UsageError(
@@ -225,6 +232,16 @@ def _session(ref: KeyRef, *, rw: bool = False) -> Iterator[pkcs11.Session]:
         session.close()
 
 
+@contextmanager
+def _refused(ref: KeyRef, doing: str) -> Iterator[None]:
+    """What the token refuses (a key not allowed to sign, a full token), said as the key's error."""
+    mod = _pkcs11()
+    try:
+        yield
+    except mod.PKCS11Error as e:
+        raise UsageError(f"{ref.uri}: the token did not {doing} ({type(e).__name__})") from None
+
+
 def _template(ref: KeyRef, cls: pkcs11.ObjectClass) -> dict[pkcs11.Attribute, object]:
     mod = _pkcs11()
     found: dict[pkcs11.Attribute, object] = {mod.Attribute.CLASS: cls}
@@ -255,11 +272,14 @@ def _public(session: pkcs11.Session, ref: KeyRef) -> PublicKey:
     from pkcs11.util.ec import encode_ec_public_key
 
     pub = _one(session, ref, mod.ObjectClass.PUBLIC_KEY, "public key")
-    if pub[mod.Attribute.KEY_TYPE] != mod.KeyType.EC or pub[mod.Attribute.EC_PARAMS] != _P256:
-        raise UsageError(
-            f"{ref.uri}: not an ECDSA P-256 key",
-            hint="imagegate signs with ECDSA P-256 in a token; `imagegate keygen --out pkcs11:...` creates one",
-        )
+    other = UsageError(
+        f"{ref.uri}: not an ECDSA P-256 key",
+        hint="imagegate signs with ECDSA P-256 in a token; `imagegate keygen --out pkcs11:...` creates one",
+    )
+    if pub[mod.Attribute.KEY_TYPE] != mod.KeyType.EC:  # RSA, DSA, EdDSA...: no EC_PARAMS to read
+        raise other
+    if pub[mod.Attribute.EC_PARAMS] != _P256:
+        raise other
     assert isinstance(pub, mod.PublicKey)
     key = serialization.load_der_public_key(encode_ec_public_key(pub))
     assert isinstance(key, ec.EllipticCurvePublicKey)
@@ -284,17 +304,20 @@ class TokenKey:
         return self.ref.pin_file
 
     def sign(self, data: bytes) -> bytes:
+        from pkcs11.types import SignMixin
         from pkcs11.util.ec import encode_ecdsa_signature
 
         mod = _pkcs11()
         digest = hashlib.sha256(data).digest()
         with _session(self.ref) as session:
             private = _one(session, self.ref, mod.ObjectClass.PRIVATE_KEY, "private key")
-            assert isinstance(private, mod.PrivateKey)
-            try:
+            if not isinstance(private, SignMixin):  # python-pkcs11 gives sign() to CKA_SIGN keys only
+                raise UsageError(
+                    f"{self.ref.uri}: the token did not sign (the key's CKA_SIGN is false)",
+                    hint="sign with a key made for signing: `imagegate keygen --out pkcs11:...` makes one",
+                )
+            with _refused(self.ref, "sign"):
                 raw = private.sign(digest, mechanism=mod.Mechanism.ECDSA)
-            except mod.PKCS11Error as e:
-                raise UsageError(f"{self.ref.uri}: the token did not sign ({type(e).__name__})") from None
         signature: bytes = encode_ecdsa_signature(raw)
         # the public half was read from another object: a signature it does not verify names
         # a key nobody holds, so it is refused here rather than by every verifier later
@@ -351,12 +374,11 @@ def generate(uri: str, env: Mapping[str, str] | None = None) -> TokenKey:
         params = session.create_domain_parameters(
             mod.KeyType.EC, {mod.Attribute.EC_PARAMS: encode_named_curve_parameters("secp256r1")}, local=True
         )
-        try:
+        with _refused(ref, "create the key"):
             params.generate_keypair(
                 store=True,
                 label=ref.label,
                 id=key_id,
-                public_template={mod.Attribute.VERIFY: True},
                 private_template={
                     mod.Attribute.SIGN: True,
                     mod.Attribute.SENSITIVE: True,
@@ -364,7 +386,5 @@ def generate(uri: str, env: Mapping[str, str] | None = None) -> TokenKey:
                     mod.Attribute.PRIVATE: True,
                 },
             )
-        except mod.PKCS11Error as e:
-            raise UsageError(f"{ref.uri}: the token did not create the key ({type(e).__name__})") from None
         made = dataclasses.replace(ref, key_id=key_id)
         return TokenKey(made, _public(session, made))
