@@ -6,6 +6,13 @@
 // which only holds in its repository: each is replaced here by the release its go.mod requires.
 // The other two replace lines are Vault's own, which a wrapper module must repeat.
 // Change the versions together.
+//
+// It does not build yet: Vault 1.21.4's code needs its own tree's sdk, which no sdk release
+// served matches. With sdk v0.21.0 (what its go.mod requires) vault/identity_store.go's
+// ActivationFunc has one argument too few (sdk v0.21.0 added a string to framework.Backend's
+// ActivationFunc) and builtin/logical/transit/path_restore.go wants two results from
+// keysutil.LockManager.RestorePolicy, which returns them only from sdk v0.24.0; v0.20.0 has the
+// old ActivationFunc but the one-result RestorePolicy, v0.24.0 and later the reverse.
 module imagegate.test/consumers/vault
 
 go 1.25.3
