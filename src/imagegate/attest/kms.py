@@ -49,8 +49,10 @@ SCHEME = "hashivault://"
 DEFAULT_MOUNT = "transit"
 # The key names sigstore's hashivault client accepts (its referenceRegex): a word character at
 # each end, word characters, dots and dashes between; nothing that could leave the key's path.
-_NAME = re.compile(r"\w(?:[\w.-]*\w)?", re.ASCII)
-_MOUNT = re.compile(r"[\w.-]+(?:/[\w.-]+)*", re.ASCII)
+_SEGMENT = r"\w(?:[\w.-]*\w)?"
+_NAME = re.compile(_SEGMENT, re.ASCII)
+# a mount's path: such names, one or more, by slashes (never `.` or `..`: no way out of /v1/)
+_MOUNT = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*", re.ASCII)
 # Vault's key types for the two algorithms imagegate signs with
 _TYPES: dict[str, Algorithm] = {"ecdsa-p256": "ecdsa-p256", "ed25519": "ed25519"}
 TIMEOUT_S = 30.0  # one request; each read also ends by the command's deadline
