@@ -11,8 +11,11 @@
 // served matches. With sdk v0.21.0 (what its go.mod requires) vault/identity_store.go's
 // ActivationFunc has one argument too few (sdk v0.21.0 added a string to framework.Backend's
 // ActivationFunc) and builtin/logical/transit/path_restore.go wants two results from
-// keysutil.LockManager.RestorePolicy, which returns them only from sdk v0.24.0; v0.20.0 has the
-// old ActivationFunc but the one-result RestorePolicy, v0.24.0 and later the reverse.
+// keysutil.LockManager.RestorePolicy, which returns them only from sdk v0.24.0. Tried: v0.20.0
+// has the old ActivationFunc but not that RestorePolicy (nor the transit backend's
+// TryRecordObservationWithRequest); with v0.24.0 the transit engine compiles, but Vault's core
+// does not: the new ActivationFunc, and no logical.PkiCertificateCounter (nor
+// PkiCertificateCountSystemView, NewNullPkiCertificateCounter) in it.
 module imagegate.test/consumers/vault
 
 go 1.25.3
