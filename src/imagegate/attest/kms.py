@@ -149,8 +149,11 @@ class _Vault:
         )
         deadline_net.install(self._http)  # every socket wait ends by the command's deadline
 
-    def call(self, method: str, route: str, body: dict[str, object] | None = None) -> dict[str, object]:
-        """`route` under /v1/; 404: an empty object (the caller says what is missing)."""
+    def call(
+        self, method: str, route: str, body: dict[str, object] | None = None, absent: str = ""
+    ) -> dict[str, object]:
+        """`route` under /v1/; 404, or a 400 whose errors say `absent` (the transit engine's
+        answer to a sign with no such key): an empty object (the caller says what is missing)."""
         what = f"{method} /v1/{route}"
         try:
             with self._http.stream(method, route, json=body) as resp:
@@ -171,8 +174,8 @@ class _Vault:
             answer = {}  # an error page of a proxy in front of it: its status says enough
         if status < 300:
             return answer
-        said = "; ".join(strings(answer.get("errors")))[:300] or resp.reason_phrase
-        if status == 404:
+        said = _said(strings(answer.get("errors")))[:300] or resp.reason_phrase
+        if status == 404 or (status == 400 and absent and absent in said):
             return {}
         if status == 403:
             raise UsageError(
@@ -190,6 +193,21 @@ class _Vault:
 
     def close(self) -> None:
         self._http.close()
+
+
+# Vault joins a request's errors with go-multierror: "2 errors occurred:\n\t* permission
+# denied\n\t* invalid token\n\n" (an unknown token), one line each item here.
+_MULTIERROR = re.compile(r"\A\d+ errors? occurred:\s*")
+
+
+def _said(errors: list[str]) -> str:
+    items = [
+        line.strip().removeprefix("* ").strip()
+        for e in errors
+        for line in _MULTIERROR.sub("", e).splitlines()
+        if line.strip()
+    ]
+    return "".join(c if c.isprintable() else " " for c in "; ".join(items))  # the server's words
 
 
 @contextmanager
@@ -290,7 +308,9 @@ class TransitKey:
                 "marshaling_algorithm": "asn1",
             }
         with _vault(self.server, self.name) as v:
-            answer = v.call("POST", f"{self.server.mount}/sign/{self.name}", body)
+            answer = v.call(
+                "POST", f"{self.server.mount}/sign/{self.name}", body, absent="signing key not found"
+            )
             if not answer:
                 raise UsageError(
                     f"{v.where}: no such key any more", hint="was it deleted since the run began?"

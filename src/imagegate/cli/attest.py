@@ -131,14 +131,19 @@ def public_key(
     """Print or write the public half of a signing key."""
     from imagegate.attest import keys
 
-    signer = keys.resolve_signing_key(key, create_default=False)
+    named = key or os.environ.get(KEY_ENV)
+    # a transit key's public half needs only `read` on it: a token that may not sign reads it too
+    if named and named.startswith("hashivault://"):
+        from imagegate.attest import kms
+
+        public = kms.public_key(named, os.environ)
+    else:
+        public = keys.resolve_signing_key(key, create_default=False).public
     if out is None:
-        sys.stdout.write(signer.public.pem.decode())
+        sys.stdout.write(public.pem.decode())
         return
-    keys.write_public(out, signer.public)
-    print(
-        f"public key:  {out}\nfingerprint: {signer.public.fingerprint} ({signer.algorithm})", file=sys.stderr
-    )
+    keys.write_public(out, public)
+    print(f"public key:  {out}\nfingerprint: {public.fingerprint} ({public.algorithm})", file=sys.stderr)
 
 
 @dataclass(frozen=True)
