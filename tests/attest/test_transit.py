@@ -1,12 +1,20 @@
-"""Keys kept by a KMS: a real HashiCorp Vault (`vault server -dev`, built from the Go module proxy
-by scripts/consumers.py) holds the key `keygen --out hashivault://NAME` makes in its transit
-engine, not exportable; `run --key hashivault://NAME` signs through it, and the statement
-verifies with the public half alone. The token is never printed, and a wrong token, an absent
-key or a token that may not sign fails before the run, naming the key and the server."""
+"""Keys kept by a KMS: Vault's real transit engine (github.com/hashicorp/vault/builtin/logical/transit
+of Vault 1.21.4, built from the Go module proxy by scripts/consumers.py into the harness of
+tests/consumers/vault) holds the key `keygen --out hashivault://NAME` makes, not exportable;
+`run --key hashivault://NAME` signs through it, and the statement verifies with the public half
+alone. The token is never printed, and a wrong token, an absent key or a token that may not sign
+fails before the run, naming the key and the server.
+
+What answers is the engine itself, behind an HTTP front that maps requests and answers as
+Vault's does. A STAND-IN, not Vault: the core around it (Vault's core does not build from the
+served modules, tests/consumers/vault/go.mod says why): the tokens (a root token and one that
+may only read transit/keys/*), their ACL, sys/capabilities-self and sys/health."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
 import json
 import os
 import shutil
@@ -22,6 +30,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from imagegate.attest import kms
 from imagegate.errors import UsageError
@@ -30,13 +42,15 @@ from tests.helpers import go_tools
 from tests.run.test_here_key import plant_thief, thief_lines
 
 ROOT_TOKEN = "root-7f3c-never-printed"
+# the harness's stand-in for a token whose policy is `path "transit/keys/*" { capabilities = ["read"] }`
+READ_TOKEN = "reader-51d0-never-printed"
 
 
 @dataclass(frozen=True)
 class Vault:
     address: str
     folder: Path
-    ca: Path | None = None  # -dev-tls: the CA of the server's certificate
+    ca: Path | None = None  # HTTPS: the CA of the server's certificate
 
     def env(self, token: str = ROOT_TOKEN) -> dict[str, str]:
         return {"VAULT_ADDR": self.address, "VAULT_TOKEN": token}
@@ -52,39 +66,76 @@ class Vault:
         )
 
 
+def _write_tls(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA of the test's own and a certificate it signs for 127.0.0.1: (CA, cert, key) files."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(
+        subject: str,
+        key: ec.EllipticCurvePrivateKey,
+        issuer: str,
+        signer: ec.EllipticCurvePrivateKey,
+        ca: bool,
+    ) -> x509.Certificate:
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+            b = b.add_extension(san, critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("imagegate test Vault CA", ca_key, "imagegate test Vault CA", ca_key, True)
+    server = cert("127.0.0.1", key, "imagegate test Vault CA", ca_key, False)
+    paths = (folder / "vault-ca.pem", folder / "vault-cert.pem", folder / "vault-key.pem")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return paths
+
+
 @contextlib.contextmanager
 def vault_server(*, tls: bool = False) -> Iterator[Vault]:
-    """Vault in dev mode (in memory, unsealed, a root token of ours) on a free port of 127.0.0.1,
-    with the transit engine enabled; its process group killed and its folder removed at the end.
-    `tls`: HTTPS, with a CA of its own (-dev-tls writes it to the folder)."""
+    """Vault's transit engine (in memory, mounted at transit/, a root token and a read-only one of
+    ours) on a free port of 127.0.0.1; its process group killed and its folder removed at the end.
+    `tls`: HTTPS, its certificate signed by a CA of the test's own (written to the folder)."""
     script = go_tools("vault")
     exe = script.exe(script.named("vault"))
     folder = Path(tempfile.mkdtemp(prefix="imagegate-vault-"))
     port = free_port()
     log = (folder / "vault.log").open("wb")
-    https = ["-dev-tls", f"-dev-tls-cert-dir={folder}"] if tls else []
+    https: list[str] = []
+    ca = None
+    if tls:
+        ca, cert, key = _write_tls(folder)
+        https = ["-tls-cert", str(cert), "-tls-key", str(key)]
+    argv = [exe, "-listen", f"127.0.0.1:{port}", "-root-token", ROOT_TOKEN, "-read-token", READ_TOKEN, *https]
     proc = subprocess.Popen(
-        [exe, "server", "-dev", f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}", *https],
-        # HOME: dev mode writes its root token to ~/.vault-token; the user's own stays untouched
-        env={"PATH": os.environ.get("PATH", ""), "HOME": str(folder)},
+        argv, env={"PATH": os.environ.get("PATH", ""), "HOME": str(folder)},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        v = Vault(
-            f"{'https' if tls else 'http'}://127.0.0.1:{port}",
-            folder,
-            folder / "vault-ca.pem" if tls else None,
-        )
+        v = Vault(f"{'https' if tls else 'http'}://127.0.0.1:{port}", folder, ca)
         end = time.monotonic() + 60
         while True:
-            with contextlib.suppress(httpx.TransportError, OSError):  # the CA not written yet
+            with contextlib.suppress(httpx.TransportError, OSError):
                 if v.call("GET", "sys/health").status_code == 200:
                     break
             if proc.poll() is not None or time.monotonic() > end:
-                pytest.fail("vault did not start: " + (folder / "vault.log").read_text()[-2000:])
+                pytest.fail("vault-transit did not start: " + (folder / "vault.log").read_text()[-2000:])
             time.sleep(0.2)
-        enabled = v.call("POST", "sys/mounts/transit", {"type": "transit"})
-        assert enabled.status_code == 204, enabled.text
         yield v
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -196,7 +247,9 @@ def test_a_wrong_token_or_an_absent_key_stops_before_the_run(tmp_path: Path, vau
     wrong = cli(*argv, "--key", "hashivault://gate", env=vault.env("hvs.not-a-token-4711"), cwd=tmp_path)
     assert wrong.returncode == 3, _printed(wrong)
     assert "hashivault://gate" in wrong.stderr and vault.address in wrong.stderr
-    assert "permission denied" in wrong.stderr and "VAULT_TOKEN" in wrong.stderr
+    # Vault's two errors for an unknown token, one line (it answers them as one multierror text)
+    assert "(permission denied; invalid token)" in wrong.stderr and "VAULT_TOKEN" in wrong.stderr
+    assert "\t" not in wrong.stderr and "errors occurred" not in wrong.stderr
     assert "not-a-token-4711" not in _printed(wrong) and ROOT_TOKEN not in _printed(wrong)
     absent = cli(*argv, "--key", "hashivault://absent", env=vault.env(), cwd=tmp_path)
     assert (
@@ -207,32 +260,38 @@ def test_a_wrong_token_or_an_absent_key_stops_before_the_run(tmp_path: Path, vau
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+def test_a_key_deleted_after_it_was_opened_is_named(tmp_path: Path, vault: Vault) -> None:
+    """The engine answers a sign with no such key 400 "signing key not found", not 404."""
+    assert _keygen(tmp_path, vault, "deleted").returncode == 0
+    key = kms.open_key("hashivault://deleted", vault.env())
+    assert len(key.sign(b"before")) > 0
+    allowed = vault.call("POST", "transit/keys/deleted/config", {"deletion_allowed": True})
+    assert allowed.status_code == 200, allowed.text
+    assert vault.call("DELETE", "transit/keys/deleted").status_code == 204
+    with pytest.raises(UsageError, match=r"hashivault://deleted .*: no such key any more"):
+        key.sign(b"after")
+
+
 def test_a_token_that_may_only_read_the_key_cannot_sign(tmp_path: Path, vault: Vault) -> None:
     assert _keygen(tmp_path, vault, "guarded").returncode == 0
-    policy = 'path "transit/keys/guarded" { capabilities = ["read"] }'
-    assert vault.call("PUT", "sys/policies/acl/read-only", {"policy": policy}).status_code == 204
-    made = vault.call("POST", "auth/token/create", {"policies": ["read-only"], "no_default_policy": False})
-    reader = made.json()["auth"]["client_token"]
-    # Vault itself refuses it the signature
+    reader = READ_TOKEN
+    # the engine is refused the signature for it
     refused = vault.call("POST", "transit/sign/guarded", {"input": "aGk="}, token=reader)
-    assert refused.status_code == 403, refused.text
+    assert refused.status_code == 403 and "permission denied" in refused.text, refused.text
     # it may read the public half
     p = cli("public-key", "--key", "hashivault://guarded", env=vault.env(reader))
     assert p.returncode == 0 and p.stdout == (tmp_path / "guarded.pub").read_text(), p.stderr
     r = cli(*HERE_RUN, "-o", "runs", "--key", "hashivault://guarded", env=vault.env(reader), cwd=tmp_path)
     assert r.returncode == 3, _printed(r)
-    assert "the token may not sign with the key" in r.stderr and "transit/sign/guarded: read" in r.stderr
+    # Vault's ACL answers "deny" for a path no policy grants
+    assert "the token may not sign with the key" in r.stderr and "transit/sign/guarded: deny" in r.stderr
     assert "hashivault://guarded" in r.stderr and vault.address in r.stderr and reader not in _printed(r)
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_sealed_or_absent_vault_is_named(tmp_path: Path) -> None:
+def test_a_vault_that_has_stopped_is_named(tmp_path: Path) -> None:
     with vault_server() as v:
         assert _keygen(tmp_path, v, "gate").returncode == 0
-        assert v.call("PUT", "sys/seal").status_code == 204
-        sealed = cli("public-key", "--key", "hashivault://gate", env=v.env())
-        assert sealed.returncode == 3 and "Vault is sealed" in sealed.stderr, sealed.stderr
-        assert "hashivault://gate" in sealed.stderr and v.address in sealed.stderr
     gone = cli("public-key", "--key", "hashivault://gate", env=v.env())  # the server has stopped
     assert gone.returncode == 3 and "Vault cannot be reached" in gone.stderr and v.address in gone.stderr
 
