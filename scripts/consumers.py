@@ -12,7 +12,8 @@ theirs, which is why `go install module@version` cannot build them). A build goe
 ${XDG_CACHE_HOME:-~/.cache}/imagegate/consumers/TOOL-VERSION/ (bin/ and build.json), so a second
 run, from any clone on the machine, builds nothing; every tool shares one Go module and build
 cache (consumers/go/), since their modules overlap. act (nektos/act, GitHub Actions' runner,
-which tests/install runs the Action with) is built the same way; Kyverno's build also writes its
+which tests/install runs the Action with) and HashiCorp Vault's transit engine (in a harness
+of its wrapper module's own, which tests/attest/test_transit.py signs with) are built the same way; Kyverno's build also writes its
 admission controller (cmd/kyverno), which tests/kube/kyverno.py runs as a webhook, and
 policy-controller's build its webhook (cmd/webhook), which tests/kube/policy_controller.py runs.
 
@@ -20,7 +21,7 @@ Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FIL
   build             build (or find) the three tools; print each one's path, build time and size;
                     after a build, the shared Go caches over 10 GB lose their build cache
   --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube, kwok,
-                    kubelet, cni; repeatable)
+                    kubelet, cni, vault; repeatable)
   run               build, then run every case and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of the shipped
                     data/policies/kyverno-clusterpolicy.yaml
@@ -86,9 +87,13 @@ class Tool:
     name: str
     module: str  # the Go module the tool comes from, whose version tests/consumers/NAME/go.mod pins
     exe: str  # the binary `go install tool` writes (the first, where it writes several)
-    # e.g. the version a wrapper module's build cannot know by itself; {version} is the pinned one
+    # e.g. the version a wrapper module's build cannot know by itself; {version} is the pinned one,
+    # {number} the same without its leading v
     ldflags: str = ""
     others: tuple[str, ...] = ()  # the other binaries the build writes that a caller runs
+    # What `go install` builds: the go.mod's tool lines, or "." for the wrapper module's own main
+    # package (a harness around the pinned module's packages), whose .go files join the stamp
+    package: str = "tool"
 
     @property
     def folder(self) -> Path:
@@ -108,7 +113,10 @@ class Tool:
 
     @property
     def flags(self) -> str:
-        return self.ldflags.replace("{version}", self.version)
+        # {number}: the version without its v, for a tool whose own build gives it so
+        return self.ldflags.replace("{version}", self.version).replace(
+            "{number}", self.version.removeprefix("v")
+        )
 
     @property
     def cache(self) -> Path:
@@ -119,6 +127,9 @@ class Tool:
         h = hashlib.sha256((TOOLCHAIN + self.flags).encode())
         for name in ("go.mod", "go.sum"):
             h.update((self.folder / name).read_bytes())
+        if self.package != "tool":
+            for source in sorted((self.folder / self.package).glob("*.go")):
+                h.update(source.name.encode() + b"\0" + source.read_bytes())
         return h.hexdigest()
 
 
@@ -176,8 +187,14 @@ KWOK = Tool("kwok", "sigs.k8s.io/kwok", "kwok")
 # containerd networks each Pod with (bridge, host-local, loopback).
 KUBELET = Tool("kubelet", "k8s.io/kubernetes", "kubelet", ldflags=KUBE.ldflags)
 CNI = Tool("cni", "github.com/containernetworking/plugins", "bridge", others=("host-local", "loopback"))
+# Not a consumer: the KMS whose transit engine the `hashivault://` signer's tests sign with
+# (tests/attest/test_transit.py). Vault's core does not build from the served modules
+# (tests/consumers/vault/go.mod says why), so what is built is the wrapper module's own harness:
+# Vault's real transit engine behind an HTTP front, with stand-ins for the token check, the ACL,
+# sys/capabilities-self and sys/health (main.go beside the go.mod).
+VAULT = Tool("vault", "github.com/hashicorp/vault", "vault-transit", package=".")
 # Built only when named with --tool.
-EXTRA = (ACT, KUBE, KWOK, KUBELET, CNI)
+EXTRA = (ACT, KUBE, KWOK, KUBELET, CNI, VAULT)
 
 
 def _size(path: Path) -> int:
@@ -214,7 +231,7 @@ def build(tool: Tool) -> dict[str, Any]:
     start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     flags = ["-ldflags", tool.flags] if tool.flags else []
     p = subprocess.run(
-        [go, "install", *flags, "tool"], cwd=tool.folder, env=env, capture_output=True, text=True
+        [go, "install", *flags, tool.package], cwd=tool.folder, env=env, capture_output=True, text=True
     )
     seconds = round(time.monotonic() - start, 1)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -245,7 +262,8 @@ def _go_env(tool: Tool) -> dict[str, str]:
         "GOMODCACHE": str(GO_CACHE / "mod"),
         "GOCACHE": str(GO_CACHE / "build"),
         "GOTOOLCHAIN": TOOLCHAIN,
-        "GOFLAGS": "-buildvcs=false -mod=readonly",
+        # The caller's own GOFLAGS kept after these: -p=1 lets a build yield on a shared machine.
+        "GOFLAGS": " ".join(("-buildvcs=false -mod=readonly", os.environ.get("GOFLAGS", ""))).strip(),
     }
 
 

@@ -1,9 +1,11 @@
 """scripts/consumers.py's own promises: a test whose Go tool is not built skips under
 IMAGEGATE_TEST_BUILD_TOOLS=0 instead of building it, and the shared Go caches over their budget
-lose the build cache, never the modules (the tests read CRDs from them) or the binaries."""
+lose the build cache, never the modules (the tests read CRDs from them) or the binaries; a tool
+built from its wrapper module's own main package is built again when that package changes."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,16 @@ def test_a_tool_not_built_skips_when_building_is_off(tmp_path: Path, monkeypatch
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: nothing built
     with pytest.raises(pytest.skip.Exception, match=r"kwok v\S+: not built yet .*--tool kwok"):
         go_tools("kwok")
+
+
+def test_a_harness_of_the_wrapper_modules_own_is_stamped_with_its_source(tmp_path: Path) -> None:
+    script = load_script(ROOT / "scripts" / "consumers.py")
+    vault = script.named("vault")
+    assert (vault.package, vault.exe, vault.version) == (".", "vault-transit", "v1.21.4")
+    script.ROOT = tmp_path  # a copy of the module, in a repository of its own
+    shutil.copytree(ROOT / "tests" / "consumers" / "vault", vault.folder)
+    before = vault.stamp()
+    main = vault.folder / "main.go"
+    main.write_text(main.read_text() + "\n// changed\n")
+    assert vault.stamp() != before  # a changed harness is built again
+    assert script.named("cosign").package == "tool"  # the others build their go.mod's tool lines

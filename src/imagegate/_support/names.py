@@ -11,3 +11,10 @@ PASSWORD_ENV = "IMAGEGATE_KEY_PASSWORD"
 # a pkcs11: key's module and user PIN, where its URI names neither (attest/hsm.py)
 PKCS11_MODULE_ENV = "IMAGEGATE_PKCS11_MODULE"
 PKCS11_PIN_ENV = "IMAGEGATE_PKCS11_PIN"
+# a hashivault:// key's server, token, transit mount and CA: the names cosign and Vault's own CLI
+# read (attest/kms.py); VAULT_SKIP_VERIFY is read only to refuse it
+VAULT_ADDR_ENV = "VAULT_ADDR"
+VAULT_TOKEN_ENV = "VAULT_TOKEN"
+VAULT_TRANSIT_ENV = "TRANSIT_SECRET_ENGINE_PATH"
+VAULT_CACERT_ENV = "VAULT_CACERT"
+VAULT_SKIP_VERIFY_ENV = "VAULT_SKIP_VERIFY"

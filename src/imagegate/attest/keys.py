@@ -1,8 +1,9 @@
 """Signing keys: ECDSA P-256 (the default, what cosign generates) and ed25519, stored as PEM
 (PKCS#8 private keys, optionally passphrase-protected; SubjectPublicKeyInfo public keys, the form
 `cosign verify-* --key` reads), or kept in a token and named by a `pkcs11:` URI (attest/hsm.py:
-the key never leaves it). Keys stay in the runner: nothing here logs key material, and errors
-name the file or the URI (its PIN left out), never key contents."""
+the key never leaves it), or kept by Vault's transit engine and named `hashivault://NAME`
+(attest/kms.py). Keys stay in the runner: nothing here logs key material, and errors name the
+file or the URI (its PIN or token left out), never key contents."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
 
 
 class SigningKey(Protocol):
-    """What signs: a PEM key file (FileKey) or a key that stays in its store (hsm.TokenKey)."""
+    """What signs: a PEM key file (FileKey) or a key that stays in its store (hsm.TokenKey,
+    kms.TransitKey)."""
 
     @property
     def public(self) -> PublicKey: ...
@@ -246,6 +248,10 @@ def resolve_signing_key(
         from imagegate.attest import hsm  # python-pkcs11 loads only for a key in a token
 
         return hsm.open_key(named, env)
+    if named and named.startswith("hashivault://"):
+        from imagegate.attest import kms  # its HTTP client loads only for a key in Vault
+
+        return kms.open_key(named, env)
     if named:
         return load_signing_key(Path(named).expanduser(), password)
     path = default_key_path()
@@ -306,6 +312,10 @@ def runs_public_key(env: Mapping[str, str] | None = None) -> RunsKey | Path:
 
         ref = hsm.parse(named, env)
         return RunsKey(hsm.public_key(named, env), ref.uri, origin)
+    if named and named.startswith("hashivault://"):
+        from imagegate.attest import kms
+
+        return RunsKey(kms.public_key(named, env), kms.SCHEME + kms.key_name(named), origin)
     path = Path(named).expanduser() if named else default_key_path()
     pub = path.with_suffix(".pub")
     if pub.is_file():

@@ -317,9 +317,10 @@ def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[st
 
     statement = pasteable(done.signed.dsse_path)
     pub = keys.public_key_file(key)
-    if pub is None and key.path is None:  # a key in a token: its public half is read from it
+    if pub is None and key.path is None:  # a key in a token or Vault: its public half is read from it
+        store = "Vault" if key.where.startswith("hashivault://") else "the token"
         return [
-            f"public key: in the token (fingerprint {done.signed.fingerprint}); "
+            f"public key: in {store} (fingerprint {done.signed.fingerprint}); "
             f"write it with: imagegate public-key --key '{key.where}' --out signer.pub",
             f"to verify: imagegate verify {statement} --key signer.pub",
         ]

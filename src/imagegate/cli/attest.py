@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 import typer
 from typer import Argument
 
-from imagegate._support.names import KEY_ENV, PASSWORD_ENV, PKCS11_PIN_ENV, PREDICATE_TYPE
+from imagegate._support.names import (
+    KEY_ENV,
+    PASSWORD_ENV,
+    PKCS11_PIN_ENV,
+    PREDICATE_TYPE,
+    VAULT_ADDR_ENV,
+    VAULT_TOKEN_ENV,
+    VAULT_TRANSIT_ENV,
+)
 from imagegate.cli import _app
 from imagegate.cli._accept import grouped
 from imagegate.cli._app import Option, app
@@ -31,12 +39,15 @@ class KeyAlgorithm(str, enum.Enum):
     "  IMAGEGATE_KEY_PASSWORD=... imagegate keygen --out ci/gate\n\n"
     "  imagegate keygen --algorithm ed25519 --out ~/.keys/gate\n\n"
     "  IMAGEGATE_PKCS11_PIN=... imagegate keygen --out 'pkcs11:token=ci;object=gate?module-path=/usr/lib/softhsm/libsofthsm2.so'\n\n"
+    "  VAULT_ADDR=https://vault:8200 VAULT_TOKEN=... imagegate keygen --out hashivault://gate\n\n"
     f"The passphrase, if any, comes from ${PASSWORD_ENV}; sign with it by passing "
     f"--key PREFIX.key to run or setting ${KEY_ENV}. The .pub file is what verifiers "
     "(imagegate verify, cosign verify-attestation --key) need. A pkcs11: URI (RFC 7512, as cosign "
     "names keys) makes an ECDSA P-256 key inside the token, sensitive and not extractable, and "
     f"writes only its public half; sign with --key URI (the user PIN from ${PKCS11_PIN_ENV} or "
-    "pin-source=FILE)."
+    "pin-source=FILE). hashivault://NAME (as cosign names it) makes the key in Vault's transit "
+    f"engine, not exportable (the server from ${VAULT_ADDR_ENV}, the token from ${VAULT_TOKEN_ENV}, "
+    f"the engine's mount from ${VAULT_TRANSIT_ENV}, default transit), and writes its public half."
 )
 def keygen(
     out: str = Option(
@@ -44,16 +55,19 @@ def keygen(
         "--out",
         "-o",
         metavar="PREFIX|URI",
-        help="Prefix: writes PREFIX.key (mode 0600) and PREFIX.pub; or a pkcs11: URI: the key is made in the token.",
+        help="Prefix: writes PREFIX.key (mode 0600) and PREFIX.pub; or a pkcs11: URI or hashivault://NAME: "
+        "the key is made in the token or in Vault.",
     ),
     algorithm: KeyAlgorithm = Option(
         KeyAlgorithm.ecdsa_p256, "--algorithm", help="ecdsa-p256 (cosign's default) or ed25519."
     ),
     pub: Path | None = Option(
-        None, "--pub", help="With a pkcs11: --out: where to write the public key (default: LABEL.pub here)."
+        None,
+        "--pub",
+        help="With a pkcs11: or hashivault:// --out: where to write the public key (default: LABEL.pub or NAME.pub here).",
     ),
 ) -> None:
-    """Make a signing key pair: a PKCS#8 PEM private key and its PEM public key, or a key in a token."""
+    """Make a signing key pair: a PKCS#8 PEM private key and its PEM public key, or a key in a token or Vault."""
     # Here, as every layer below and the views: `--help` and completion load none of them.
     from imagegate.attest import keys
     from imagegate.report import console_attest
@@ -71,9 +85,20 @@ def keygen(
         keys.write_public(target, made.public)
         console_attest.render_token_key(made.where, target, made)
         return
+    if out.startswith("hashivault://"):
+        from imagegate.attest import kms
+
+        transit = kms.generate(out, os.environ, algorithm.value)
+        target = pub or Path(f"{transit.name}.pub")
+        keys.write_public(target, transit.public)
+        console_attest.render_token_key(
+            transit.where, target, transit, f"in Vault's transit engine at {transit.server.address}"
+        )
+        return
     if pub is not None:
         raise UsageError(
-            "--pub goes with a pkcs11: --out", hint="a PEM key pair is PREFIX.key and PREFIX.pub"
+            "--pub goes with a pkcs11: or hashivault:// --out",
+            hint="a PEM key pair is PREFIX.key and PREFIX.pub",
         )
     key = keys.generate(algorithm.value)
     password = keys.password_from_env(os.environ)
@@ -86,8 +111,10 @@ def keygen(
     epilog="Examples:\n\n"
     "  imagegate public-key --key ci.key --out ci.pub\n\n"
     "  imagegate public-key --key 'pkcs11:token=ci;object=gate?module-path=...' > gate.pub\n\n"
+    "  imagegate public-key --key hashivault://gate --out gate.pub\n\n"
     "As cosign public-key: the PEM public key verifiers are given, read from the key (a token's "
-    "public key object; its PIN from the URI or the environment).",
+    "public key object, its PIN from the URI or the environment; a transit key's newest version, "
+    "the server and token from VAULT_ADDR and VAULT_TOKEN).",
 )
 def public_key(
     key: str | None = Option(
@@ -95,7 +122,7 @@ def public_key(
         "--key",
         "-k",
         metavar="KEY|URI",
-        help=f"The signing key: a PEM file or a pkcs11: URI (default: ${KEY_ENV}, else the user's key).",
+        help=f"The signing key: a PEM file, a pkcs11: URI or hashivault://NAME (default: ${KEY_ENV}, else the user's key).",
     ),
     out: Path | None = Option(
         None, "--out", "-o", help="Write it here (never over a file) instead of stdout."
@@ -104,14 +131,19 @@ def public_key(
     """Print or write the public half of a signing key."""
     from imagegate.attest import keys
 
-    signer = keys.resolve_signing_key(key, create_default=False)
+    named = key or os.environ.get(KEY_ENV)
+    # a transit key's public half needs only `read` on it: a token that may not sign reads it too
+    if named and named.startswith("hashivault://"):
+        from imagegate.attest import kms
+
+        public = kms.public_key(named, os.environ)
+    else:
+        public = keys.resolve_signing_key(key, create_default=False).public
     if out is None:
-        sys.stdout.write(signer.public.pem.decode())
+        sys.stdout.write(public.pem.decode())
         return
-    keys.write_public(out, signer.public)
-    print(
-        f"public key:  {out}\nfingerprint: {signer.public.fingerprint} ({signer.algorithm})", file=sys.stderr
-    )
+    keys.write_public(out, public)
+    print(f"public key:  {out}\nfingerprint: {public.fingerprint} ({public.algorithm})", file=sys.stderr)
 
 
 @dataclass(frozen=True)

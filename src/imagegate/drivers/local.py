@@ -5,8 +5,9 @@ The environment under test runs as the runner's user, beside the runner, which h
 key. So the probes (and the fingerprint's interpreter) run under bubblewrap (`KeyIsolation`): the
 host's root read-only, a new pid namespace with its own /proc (the runner's environ, fds and
 memory out of sight), a private /tmp, a minimal /dev (GPUs added when --gpus asks), every known
-key file and the default key's folder masked, the engines' sockets masked; and their environment
-never holds a variable of the runner's IMAGEGATE_* (the key's name, its passphrase). Where
+key file, the default key's folder and Vault's token file masked, the engines' sockets masked; and
+their environment never holds a variable of the runner's IMAGEGATE_* (the key's name, its
+passphrase), nor VAULT_TOKEN (a hashivault:// key's token). Where
 bubblewrap cannot run, signing is refused unless the user accepts it (--sign-unisolated), and the
 statement says so (keyIsolation: none)."""
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagegate._support.jsontypes import JsonObject
+from imagegate._support.names import VAULT_TOKEN_ENV
 from imagegate.attest.keys import KEY_ENV, default_key_path
 from imagegate.domain.gpus import HIDING_ENV, GpuRequest, nodes_grant
 from imagegate.domain.results import ImageFacts
@@ -39,6 +41,9 @@ from imagegate.errors import UsageError
 KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from this descriptor
 STAGES_ENV = "IMAGEGATE_STAGES"  # the stage ids this controller runs
 RUNNER_PREFIX = "IMAGEGATE_"  # the runner's own variables (the key's path, its passphrase): never passed on
+# A hashivault:// key's token: whoever holds it signs with the key in Vault, so the code under
+# test never does (the server's address is no secret, and passes on as any variable)
+SIGNER_SECRETS = (VAULT_TOKEN_ENV,)
 SIGN_UNISOLATED = "--sign-unisolated"
 
 SANDBOX_TMP = "/tmp"
@@ -167,6 +172,8 @@ def _key_places(key: Path | None) -> tuple[tuple[str, str], ...]:
         ("the signing key", key),
         (f"the key {KEY_ENV} names", Path(named).expanduser() if named else None),
         ("the default key's folder", default_key_path().parent),
+        # where Vault's CLI keeps the token of `vault login`: a key of Vault's for whoever reads it
+        ("Vault's token file", Path("~/.vault-token").expanduser()),
     ]
     engine = [os.environ.get("DOCKER_HOST", ""), os.environ.get("CONTAINER_HOST", ""), *ENGINE_SOCKETS]
     if runtime := os.environ.get("XDG_RUNTIME_DIR"):
@@ -206,8 +213,8 @@ def _gpu_devices() -> list[str]:
 
 
 def probe_env(base: Mapping[str, str]) -> dict[str, str]:
-    """The runner's environment without its own IMAGEGATE_* variables."""
-    return {k: v for k, v in base.items() if not k.startswith(RUNNER_PREFIX)}
+    """The runner's environment without its own IMAGEGATE_* variables and a signer's token."""
+    return {k: v for k, v in base.items() if not k.startswith(RUNNER_PREFIX) and k not in SIGNER_SECRETS}
 
 
 class LocalDriver(DriverBase):

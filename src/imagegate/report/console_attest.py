@@ -26,8 +26,9 @@ def render_keypair(private: Path, public: Path, key: SigningKey, *, passphrase: 
     print(f"fingerprint: {key.public.fingerprint} ({key.algorithm})")
 
 
-def render_token_key(uri: str, public: Path, key: SigningKey) -> None:
-    print(f"private key: {uri} (in the token: sensitive, not extractable)")
+def render_token_key(uri: str, public: Path, key: SigningKey, kept: str = "in the token: sensitive") -> None:
+    """`kept`: where the private half stays, and how."""
+    print(f"private key: {uri} ({kept}, not extractable)")
     print(f"public key:  {public}")
     print(f"fingerprint: {key.public.fingerprint} ({key.algorithm})")
 
