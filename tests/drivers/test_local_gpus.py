@@ -37,7 +37,13 @@ def seen(
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
-RUNNER = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "NVIDIA_VISIBLE_DEVICES": "all", "IMAGEGATE_KEY_PASSWORD": "x"}
+RUNNER = {
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "IMAGEGATE_KEY_PASSWORD": "x",
+    "VAULT_TOKEN": "hvs.whoever-holds-it-signs",  # a hashivault:// key's token
+    "VAULT_ADDR": "http://127.0.0.1:8200",  # no secret: passed on as any variable
+}
 
 
 def gpu_vars(env: dict[str, str]) -> tuple[str | None, str | None]:
@@ -61,6 +67,7 @@ def test_here_gpus_gives_the_probes_exactly_those_gpus(
     env = seen(monkeypatch, RUNNER, parse(gpus))
     assert gpu_vars(env) == (cuda, "all")  # `all`: the runner's own choice stands
     assert not [k for k in env if k.startswith("IMAGEGATE_")]
+    assert "VAULT_TOKEN" not in env and env["VAULT_ADDR"] == RUNNER["VAULT_ADDR"]
     assert env["TMPDIR"] == "/tmp"  # the sandbox's own /tmp, the host's is read-only there
 
 
