@@ -127,6 +127,16 @@ BARE_TOOLS = ["kube", "kwok"]
 
 
 def test(from_nothing: bool) -> int:
+    # the tree as it is when the run starts: what the tests import and build
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "src", "tests", "scripts"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     cold = bare() if from_nothing else None
     built = builds()
     with tempfile.TemporaryDirectory(prefix="imagegate-cluster-") as tmp:
@@ -152,15 +162,6 @@ def test(from_nothing: bool) -> int:
             }
             for c in ET.parse(junit).getroot().iter("testcase")
         ]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    )
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "src", "tests", "scripts"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
     now = dt.datetime.now(dt.timezone.utc)
     record = {
         "date": now.isoformat(timespec="seconds"),
