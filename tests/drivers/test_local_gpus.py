@@ -43,7 +43,17 @@ RUNNER = {
     "IMAGEGATE_KEY_PASSWORD": "x",
     "VAULT_TOKEN": "hvs.whoever-holds-it-signs",  # a hashivault:// key's token
     "VAULT_ADDR": "http://127.0.0.1:8200",  # no secret: passed on as any variable
+    "SIGSTORE_ID_TOKEN": "eyJ.whoever-holds-it-signs-keyless",  # an identity token
+    "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "asks-github-for-one",  # GitHub's, with id-token: write
+    "ACTIONS_ID_TOKEN_REQUEST_URL": "https://pipelines.example/token",
+    "GITHUB_REPOSITORY": "org/repo",  # no secret: passed on
 }
+SECRETS = (
+    "VAULT_TOKEN",
+    "SIGSTORE_ID_TOKEN",
+    "ACTIONS_ID_TOKEN_REQUEST_TOKEN",
+    "ACTIONS_ID_TOKEN_REQUEST_URL",
+)
 
 
 def gpu_vars(env: dict[str, str]) -> tuple[str | None, str | None]:
@@ -67,7 +77,8 @@ def test_here_gpus_gives_the_probes_exactly_those_gpus(
     env = seen(monkeypatch, RUNNER, parse(gpus))
     assert gpu_vars(env) == (cuda, "all")  # `all`: the runner's own choice stands
     assert not [k for k in env if k.startswith("IMAGEGATE_")]
-    assert "VAULT_TOKEN" not in env and env["VAULT_ADDR"] == RUNNER["VAULT_ADDR"]
+    assert not [k for k in SECRETS if k in env]
+    assert (env["VAULT_ADDR"], env["GITHUB_REPOSITORY"]) == (RUNNER["VAULT_ADDR"], "org/repo")
     assert env["TMPDIR"] == "/tmp"  # the sandbox's own /tmp, the host's is read-only there
 
 

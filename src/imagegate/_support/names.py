@@ -18,3 +18,8 @@ VAULT_TOKEN_ENV = "VAULT_TOKEN"
 VAULT_TRANSIT_ENV = "TRANSIT_SECRET_ENGINE_PATH"
 VAULT_CACERT_ENV = "VAULT_CACERT"
 VAULT_SKIP_VERIFY_ENV = "VAULT_SKIP_VERIFY"
+# Keyless signing's identity token (attest/keyless.py; cosign's name, GitLab's id_tokens set it),
+# and what GitHub Actions gives a job with `id-token: write` to ask for one: whoever holds either
+# signs as the CI's workflow
+SIGSTORE_TOKEN_ENV = "SIGSTORE_ID_TOKEN"
+GITHUB_TOKEN_REQUEST_ENVS = ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_URL")

@@ -52,7 +52,11 @@ def wrap(envelope: dsse.Envelope, material: JsonObject) -> JsonObject:
 
 
 def to_json(envelope: dsse.Envelope, key: PublicKey) -> bytes:
-    return json.dumps(to_bundle(envelope, key), indent=2).encode() + b"\n"
+    return json_of(envelope, verification_material(key))
+
+
+def json_of(envelope: dsse.Envelope, material: JsonObject) -> bytes:
+    return json.dumps(wrap(envelope, material), indent=2).encode() + b"\n"
 
 
 def material_of(obj: JsonMapping) -> JsonObject | None:

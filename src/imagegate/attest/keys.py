@@ -33,8 +33,8 @@ PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
 
 
 class SigningKey(Protocol):
-    """What signs: a PEM key file (FileKey) or a key that stays in its store (hsm.TokenKey,
-    kms.TransitKey)."""
+    """What signs: a PEM key file (FileKey), a key that stays in its store (hsm.TokenKey,
+    kms.TransitKey), or a key made for one run and certified by Fulcio (keyless.KeylessKey)."""
 
     @property
     def public(self) -> PublicKey: ...
@@ -252,6 +252,10 @@ def resolve_signing_key(
         from imagegate.attest import kms  # its HTTP client loads only for a key in Vault
 
         return kms.open_key(named, env)
+    if named and named.startswith("sigstore:"):
+        from imagegate.attest import keyless  # sigstore-python loads only to sign keyless
+
+        return keyless.open_key(named, env)
     if named:
         return load_signing_key(Path(named).expanduser(), password)
     path = default_key_path()
@@ -316,6 +320,11 @@ def runs_public_key(env: Mapping[str, str] | None = None) -> RunsKey | Path:
         from imagegate.attest import kms
 
         return RunsKey(kms.public_key(named, env), kms.SCHEME + kms.key_name(named), origin)
+    if named and named.startswith("sigstore:"):
+        raise UsageError(
+            f"{origin} signs keyless ({named}): its statements are verified by who signed, not by a key",
+            hint="imagegate verify BUNDLE --identity ID --issuer URL --trusted-root FILE",
+        )
     path = Path(named).expanduser() if named else default_key_path()
     pub = path.with_suffix(".pub")
     if pub.is_file():

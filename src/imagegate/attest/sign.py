@@ -6,10 +6,10 @@ attestation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from imagegate._support.jsontypes import JsonMapping, JsonObject, canonical_json
+from imagegate._support.jsontypes import JsonMapping, JsonObject, canonical_json, freeze_object, obj
 from imagegate.attest import bundle, dsse
 from imagegate.attest.keys import PublicKey, SigningKey
 from imagegate.attest.vsa import standard
@@ -42,9 +42,16 @@ class Signed:
     fingerprint: str
     # The standard statements' envelopes (VSA, test-result): attached beside the acceptance.
     standard: tuple[dsse.Envelope, ...] = ()
-    # The Sigstore bundles' verificationMaterial (the key's hint): the referrer carries it.
-    material: JsonObject = field(default_factory=dict)
+    # The Sigstore bundles' verificationMaterial (the key's hint; keyless: the certificate, the
+    # log entry and the timestamps), the acceptance's then the standard statements': the
+    # referrer of each carries its own.
+    materials: tuple[JsonObject, ...] = ()
     public: PublicKey | None = None  # the signing key's public half: what an attach verifies with
+    signer: str = ""  # who signed, as messages name it: "key FINGERPRINT", or the keyless identity
+
+    @property
+    def material(self) -> JsonObject:
+        return self.materials[0] if self.materials else {}
 
     @property
     def dsse_path(self) -> Path:
@@ -81,32 +88,55 @@ def _standard(said: JsonMapping, dsse_bytes: bytes) -> tuple[Statement[Vsa], Sta
     return standard(said, DSSE_FILE, dsse_bytes)
 
 
+def seal(payload: bytes, key: SigningKey) -> tuple[dsse.Envelope, JsonObject]:
+    """`payload` signed in a DSSE envelope, and its Sigstore bundle's verificationMaterial: the
+    key's hint, or for a keyless signer its certificate, log entry and timestamps (made with
+    the signature, one per statement)."""
+    from imagegate.attest import keyless
+
+    if isinstance(key, keyless.KeylessKey):
+        made = key.seal(payload)
+        envelope = bundle.envelope_of(made)
+        if (envelope.payload_type, envelope.payload) != (dsse.INTOTO_PAYLOAD_TYPE, payload):
+            raise UsageError(f"{key.uri}: the bundle signs other bytes than the statement")
+        return envelope, freeze_object(obj(made.get("verificationMaterial")))
+    return dsse.sign(payload, key), bundle.verification_material(key.public)
+
+
+def signer_of(key: SigningKey) -> str:
+    from imagegate.attest import keyless
+
+    return keyless.describe(key) if isinstance(key, keyless.KeylessKey) else f"key {key.public.fingerprint}"
+
+
 def sign_attempt(attempt_dir: Path, statement: Statement[Predicate] | JsonMapping, key: SigningKey) -> Signed:
     """`statement`: a value, or JSON signed as it is (a statement read back: a test's, or one
     written by another tool)."""
     said = statement.to_json() if isinstance(statement, Statement) else statement
-    envelope = dsse.sign(serialize(said), key)
+    envelope, material = seal(serialize(said), key)
     dsse_bytes = envelope.to_json()
     files = [
         _create(attempt_dir / DSSE_FILE, dsse_bytes),
         _create(attempt_dir / INTOTO_FILE, envelope.to_json(indent=None)),
-        _create(attempt_dir / BUNDLE_FILE, bundle.to_json(envelope, key.public)),
+        _create(attempt_dir / BUNDLE_FILE, bundle.json_of(envelope, material)),
     ]
-    standard = []
+    standard, materials = [], [material]
     vsa, test_result = _standard(said, dsse_bytes)
     for made, name, bundle_name in (
         (vsa, VSA_FILE, VSA_BUNDLE_FILE),
         (test_result, TEST_RESULT_FILE, TEST_RESULT_BUNDLE_FILE),
     ):
-        signed = dsse.sign(serialize(made), key)
+        signed, its = seal(serialize(made), key)
         files.append(_create(attempt_dir / name, signed.to_json()))
-        files.append(_create(attempt_dir / bundle_name, bundle.to_json(signed, key.public)))
+        files.append(_create(attempt_dir / bundle_name, bundle.json_of(signed, its)))
         standard.append(signed)
+        materials.append(its)
     return Signed(
         envelope,
         files,
         key.public.fingerprint,
         tuple(standard),
-        bundle.verification_material(key.public),
+        tuple(materials),
         key.public,
+        signer_of(key),
     )

@@ -13,8 +13,14 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from imagegate._support.jsontypes import JsonMapping, items, obj, objects, path
-from imagegate.attest import dsse
-from imagegate.attest.envelopes import MAX_ATTESTATION_BYTES, one_envelope, read_bounded, read_envelopes
+from imagegate.attest import bundle, dsse
+from imagegate.attest.envelopes import (
+    MAX_ATTESTATION_BYTES,
+    bundle_material,
+    one_envelope,
+    read_bounded,
+    read_envelopes,
+)
 from imagegate.attest.keys import PublicKey
 from imagegate.attest.statement import (
     PREDICATE_TYPE,
@@ -29,6 +35,7 @@ from imagegate.oci import untrusted_json
 
 if TYPE_CHECKING:  # imported where used: verifying a file never loads the registry layers
     from imagegate.attest import attach
+    from imagegate.attest.keyless import Expected
     from imagegate.attest.word import Scope
     from imagegate.oci.reference import Reference
 
@@ -455,16 +462,24 @@ def verify_file(
     evidence: bool = True,
     expect_verdict: str | None = None,
     predicate_type: str = PREDICATE_TYPE,
+    keyless: Expected | None = None,
 ) -> Report:
     """Verify an attestation file. The evidence the statement lists is checked in
     `evidence_dir`, else in the attestation's own folder; a listed file that is not there fails.
-    `evidence=False` (signature only, asked for explicitly) records the evidence as skipped."""
+    `evidence=False` (signature only, asked for explicitly) records the evidence as skipped.
+    `keyless`: who must have signed; each envelope's certificate is read from its bundle (the
+    file, or the .sigstore.json beside it), and the keys in `trusted` count too."""
     reports = []
     envelopes = read_envelopes(path)
     for n, env in enumerate(envelopes, 1):
+        ring, said = keyring(trusted), ""
+        if keyless is not None:
+            material = bundle_material(path, env) or {}
+            certified, said = keyless.verified_key(bundle.wrap(env, material), env.payload_type, env.payload)
+            ring = (*ring, certified) if certified is not None else ring
         rep = verify_in_folder(
             env,
-            trusted,
+            ring,
             source=str(path) if len(envelopes) == 1 else f"{path} line {n}",
             root=evidence_dir or path.parent,
             evidence=evidence,
@@ -473,10 +488,22 @@ def verify_file(
             image_name=image_name,
             expect_verdict=expect_verdict,
         )
+        if keyless is not None:
+            _say_keyless(rep, said)
         reports.append(rep)
     chosen = choose(reports, predicate_type)
     assert chosen is not None  # read_envelopes never returns an empty list
     return chosen
+
+
+def _say_keyless(rep: Report, said: str) -> None:
+    """The signature check of a keyless envelope names who signed (its key was made for one
+    run), or why its certificate did not prove it."""
+    for n, c in enumerate(rep.checks):
+        if c.name == "signature":
+            keyed = c.ok and not said.startswith("keyless")
+            detail = c.detail if keyed else (said if c.ok else f"{c.detail}; keyless: {said}")
+            rep.checks[n] = Check(c.name, c.outcome, detail)
 
 
 def attestation_in(path: Path) -> Path:
@@ -513,12 +540,18 @@ def verify(
     predicate_type: str = PREDICATE_TYPE,
     insecure: bool = False,
     scope: Scope | None = None,
+    keyless: Expected | None = None,
 ) -> Report:
     """`imagegate verify`: the attestation file (its subject against `image` when given), or
     without a file the attestations attached to `image` in its registry, read in `scope`."""
     if attestation is None:
         if image is None:
             raise UsageError("nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it")
+        if keyless is not None:
+            raise UsageError(
+                "--identity verifies a bundle file; the statements attached to an image are verified by key",
+                hint="pass the run's attestation.sigstore.json, or verify the image's statements with --key",
+            )
         return verify_image(
             image,
             trusted,
@@ -538,6 +571,7 @@ def verify(
         evidence=evidence,
         expect_verdict=expect_verdict,
         predicate_type=predicate_type,
+        keyless=keyless,
     )
 
 

@@ -296,7 +296,7 @@ def done_lines(done: "accept.Accepted") -> list[str]:
     """What the run did after its verdict, as the use case returned it: signing, attaching."""
     lines = []
     if done.signed is not None:
-        lines.append(f"signed {done.signed.dsse_path} with key {done.signed.fingerprint}")
+        lines.append(f"signed {done.signed.dsse_path} {_with(done.signed.signer)}")
     a = done.attached
     if a is not None:
         lines.append(f"attached to {a.reference} ({a.tag}, {a.layers} attestation(s); referrers via {a.via})")
@@ -313,9 +313,19 @@ def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[st
     checks this run's statement, as the user can paste it (paths relative under the cwd)."""
     if done.signed is None or key is None:
         return []
-    from imagegate.attest import keys
+    from imagegate.attest import keyless, keys, sign
 
     statement = pasteable(done.signed.dsse_path)
+    if keyless.is_uri(key.where):  # who signed is the certificate's identity, not a key
+        assert isinstance(key, keyless.KeylessKey)
+        who = key.identity
+        bundle = pasteable(done.signed.dsse_path.with_name(sign.BUNDLE_FILE))
+        return [
+            f"signed keyless: identity {who.identity}, issuer {who.issuer}; the bundle carries the "
+            "certificate, the log entry and the timestamps",
+            f"to verify: imagegate verify {bundle} --identity {shlex.quote(who.identity)} "
+            f"--issuer {shlex.quote(who.issuer)} --trusted-root TRUSTED_ROOT.json",
+        ]
     pub = keys.public_key_file(key)
     if pub is None and key.path is None:  # a key in a token or Vault: its public half is read from it
         store = "Vault" if key.where.startswith("hashivault://") else "the token"
@@ -333,6 +343,11 @@ def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[st
         f"public key: {pasteable(pub)}",
         f"to verify: imagegate verify {statement} --key {pasteable(pub)}",
     ]
+
+
+def _with(signer: str) -> str:
+    """'with key FINGERPRINT', or 'keyless, as IDENTITY (issuer ISSUER)'."""
+    return signer if signer.startswith("keyless") else f"with {signer}"
 
 
 def pasteable(path: Path) -> str:

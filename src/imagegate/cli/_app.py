@@ -105,8 +105,8 @@ SIGNING_KEY = Option(
     [],
     "--key",
     metavar="PATH|URI",
-    help="Signing key (a PEM file, a pkcs11: URI of a key in a token, or hashivault://NAME, a key in "
-    "Vault's transit engine; once); default "
+    help="Signing key (a PEM file, a pkcs11: URI of a key in a token, hashivault://NAME, a key in "
+    "Vault's transit engine, or sigstore:TRUST to sign keyless with the CI's identity; once); default "
     "$IMAGEGATE_SIGNING_KEY, else the user's key, created on first use.",
 )
 # The root cache (`cache …`, and `run --driver rootfs`).

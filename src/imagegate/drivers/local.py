@@ -7,7 +7,8 @@ host's root read-only, a new pid namespace with its own /proc (the runner's envi
 memory out of sight), a private /tmp, a minimal /dev (GPUs added when --gpus asks), every known
 key file, the default key's folder and Vault's token file masked, the engines' sockets masked; and
 their environment never holds a variable of the runner's IMAGEGATE_* (the key's name, its
-passphrase), nor VAULT_TOKEN (a hashivault:// key's token). Where
+passphrase), nor VAULT_TOKEN (a hashivault:// key's token), nor an identity token or what asks
+for one (SIGSTORE_ID_TOKEN, GitHub's ACTIONS_ID_TOKEN_REQUEST_*: keyless signing's). Where
 bubblewrap cannot run, signing is refused unless the user accepts it (--sign-unisolated), and the
 statement says so (keyIsolation: none)."""
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagegate._support.jsontypes import JsonObject
-from imagegate._support.names import VAULT_TOKEN_ENV
+from imagegate._support.names import GITHUB_TOKEN_REQUEST_ENVS, SIGSTORE_TOKEN_ENV, VAULT_TOKEN_ENV
 from imagegate.attest.keys import KEY_ENV, default_key_path
 from imagegate.domain.gpus import HIDING_ENV, GpuRequest, nodes_grant
 from imagegate.domain.results import ImageFacts
@@ -42,8 +43,10 @@ KEY_FD_ENV = "IMAGEGATE_EVENT_KEY_FD"  # probes/controller.py reads the key from
 STAGES_ENV = "IMAGEGATE_STAGES"  # the stage ids this controller runs
 RUNNER_PREFIX = "IMAGEGATE_"  # the runner's own variables (the key's path, its passphrase): never passed on
 # A hashivault:// key's token: whoever holds it signs with the key in Vault, so the code under
-# test never does (the server's address is no secret, and passes on as any variable)
-SIGNER_SECRETS = (VAULT_TOKEN_ENV,)
+# test never does (the server's address is no secret, and passes on as any variable); an
+# identity token, or GitHub's means to ask for one, signs keyless as the CI's workflow: never
+# passed on either, whatever key this run signs with
+SIGNER_SECRETS = (VAULT_TOKEN_ENV, SIGSTORE_TOKEN_ENV, *GITHUB_TOKEN_REQUEST_ENVS)
 SIGN_UNISOLATED = "--sign-unisolated"
 
 SANDBOX_TMP = "/tmp"

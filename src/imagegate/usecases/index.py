@@ -127,7 +127,9 @@ def judge_index(
     pred, said = statement.predicate.to_json(), statement.to_json()
     attempt.write_json("statement.json", said)
     signed = sign_attempt(attempt.dir, statement, key)
-    notify(f"signed {signed.dsse_path} with key {signed.fingerprint}")
+    notify(
+        f"signed {signed.dsse_path} {'' if signed.signer.startswith('keyless') else 'with '}{signed.signer}"
+    )
     verdict = str(pred["verdict"])
     # No level, no acceptance: a deferred index whose platforms reached none is rejected, as verify rejects it.
     code = accepted(verdict, plat.index_levels(said), require_complete=require_complete)
@@ -137,7 +139,7 @@ def judge_index(
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)
         with attach.client_for(pinned, insecure=insecure) as client:
-            todo = [(env, signed.material) for env in (signed.envelope, *signed.standard)]
+            todo = list(zip((signed.envelope, *signed.standard), signed.materials, strict=True))
             pairs = tuple(
                 referrers.attach_and_refer(client, pinned, todo, (key.public,), str(signed.dsse_path))
             )
