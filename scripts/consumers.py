@@ -46,6 +46,7 @@ import os
 import re
 import resource
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -208,7 +209,15 @@ EXTRA = (ACT, KUBE, KWOK, KUBELET, CNI, VAULT, SIGSTORE, TESSERACT)
 
 
 def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    """The bytes of the plain files under `path`. The cache is shared: another build may remove a
+    file (a download's temporary one) or a folder while this walks it, which counts as gone."""
+    total = 0
+    for folder, _, files in os.walk(path):  # os.walk skips a folder that vanished
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(os.path.join(folder, name))
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total
 
 
 def cached(tool: Tool) -> dict[str, Any] | None:
