@@ -68,10 +68,12 @@ TRUSTED_ROOT_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
 SIGNING_CONFIG_TYPE = "application/vnd.dev.sigstore.signingconfig.v0.2+json"
 CLIENT_TRUST_CONFIG_TYPE = "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json"
 OPERATOR = "imagegate-tests"
-# The logs' checkpoint origins: names, not URLs (TesseraCT refuses a host:port; it only warns when
-# a submission's URL does not start with its origin).
+# The logs' checkpoint origins. TesseraCT's is a name, not a URL (it refuses a host:port, and only
+# warns when a submission's URL does not start with its origin). Rekor's is the host of its URL in
+# the trusted root: sigstore-go (cosign) checks a Rekor v2 checkpoint's note under that name
+# (pkg/verify/tlog.go, v1.2.2); sigstore-python does not.
 CT_ORIGIN = "ct.imagegate.test"
-REKOR_ORIGIN = "rekor.imagegate.test"
+REKOR_ORIGIN = "127.0.0.1"
 
 
 class StartError(RuntimeError):
@@ -496,7 +498,7 @@ def local_sigstore(script: ModuleType) -> Iterator[LocalSigstore]:
                 p, script.exe(tesseract), ct_port, fulcio_chain[-1:], root / "ct-log.pem"
             )
             rekor, rekor_key, seconds["rekor"] = _start_rekor(
-                p, script.exe(sigstore, "posix"), "rekor.imagegate.test"
+                p, script.exe(sigstore, "posix"), REKOR_ORIGIN
             )
             tsa, tsa_chain, seconds["tsa"] = _start_tsa(p, script.exe(sigstore, "timestamp-server"))
             trust = p.folder("trust")

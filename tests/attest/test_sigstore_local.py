@@ -153,18 +153,21 @@ def test_cosign_verifies_the_bundle(local: LocalSigstore, tmp_path: Path) -> Non
     (tmp_path / "bundle.json").write_text(b.to_json())
     (tmp_path / "blob").write_text(name)  # the statement's subject is this blob's sha256
 
-    def verify(identity: str) -> subprocess.CompletedProcess[str]:
+    def verify(identity: str, issuer: str) -> subprocess.CompletedProcess[str]:
+        # The bundle format is v3's only one: --new-bundle-format is deprecated in v3.1.3 (it says so).
         return subprocess.run(
             [
                 cosign, "verify-blob-attestation", "--bundle", str(tmp_path / "bundle.json"),
-                "--new-bundle-format", "--trusted-root", str(local.trusted_root),
-                "--certificate-identity", identity, "--certificate-oidc-issuer", local.issuer("github"),
-                "--type", PREDICATE_TYPE, str(tmp_path / "blob"),
+                "--trusted-root", str(local.trusted_root), "--certificate-identity", identity,
+                "--certificate-oidc-issuer", issuer, "--type", PREDICATE_TYPE, str(tmp_path / "blob"),
             ],
             capture_output=True, text=True, timeout=120, cwd=tmp_path,
         )  # fmt: skip
 
-    ok = verify(local.identity("imagegate-test/app"))
-    assert ok.returncode == 0, ok.stderr
-    wrong = verify(local.identity("imagegate-test/other"))
-    assert wrong.returncode != 0 and "none of the expected identities matched" in wrong.stderr, wrong.stderr
+    identity, issuer = local.identity("imagegate-test/app"), local.issuer("github")
+    ok = verify(identity, issuer)
+    assert ok.returncode == 0 and "Verified OK" in ok.stderr, ok.stderr
+    other = verify(local.identity("imagegate-test/other"), issuer)
+    assert other.returncode != 0 and "no matching CertificateIdentity found" in other.stderr, other.stderr
+    gitlab = verify(identity, local.issuer("gitlab"))
+    assert gitlab.returncode != 0 and "no matching CertificateIdentity found" in gitlab.stderr, gitlab.stderr
