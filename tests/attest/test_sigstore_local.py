@@ -25,7 +25,15 @@ from sigstore.models import Bundle, ClientTrustConfig
 from sigstore.oidc import IdentityError, IdentityToken
 from sigstore.sign import SigningContext
 from sigstore.verify import Verifier
-from sigstore.verify.policy import Identity
+from sigstore.verify.policy import (
+    AllOf,
+    GitHubWorkflowRef,
+    GitHubWorkflowRepository,
+    Identity,
+    OIDCBuildSignerURI,
+    OIDCRunnerEnvironment,
+    OIDCSourceRepositoryURI,
+)
 
 from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
 from tests.helpers import go_tools
@@ -95,6 +103,18 @@ def test_a_github_token_signs_a_statement_that_verifies_for_its_identity_only(lo
     assert payload_type == "application/vnd.in-toto+json"
     assert json.loads(payload)["predicateType"] == PREDICATE_TYPE
     print(f"signed in {signed:.2f} s, verified in {verified:.2f} s")
+    # The CI's claims, in the extensions Fulcio's templates fill (as a policy would pin them)
+    claims = AllOf(
+        [
+            Identity(identity=identity, issuer=issuer),
+            GitHubWorkflowRepository("imagegate-test/app"),
+            GitHubWorkflowRef("refs/heads/main"),
+            OIDCSourceRepositoryURI("https://github.com/imagegate-test/app"),
+            OIDCBuildSignerURI(identity),
+            OIDCRunnerEnvironment("github-hosted"),
+        ]
+    )
+    _verifier(local).verify_dsse(b, claims)
 
     for wrong in (
         Identity(identity=local.identity("imagegate-test/other"), issuer=issuer),
@@ -108,7 +128,14 @@ def test_a_github_token_signs_a_statement_that_verifies_for_its_identity_only(lo
 def test_a_gitlab_token_signs_too(local: LocalSigstore) -> None:
     b = _sign(local, local.token("imagegate-test/app", "gitlab"), _statement())
     identity = local.identity("imagegate-test/app", "gitlab")
-    _verifier(local).verify_dsse(b, Identity(identity=identity, issuer=local.issuer("gitlab")))
+    claims = AllOf(
+        [
+            Identity(identity=identity, issuer=local.issuer("gitlab")),
+            OIDCSourceRepositoryURI("https://gitlab.com/imagegate-test/app"),
+            OIDCRunnerEnvironment("gitlab-hosted"),
+        ]
+    )
+    _verifier(local).verify_dsse(b, claims)
     issuer = b.signing_certificate.extensions.get_extension_for_oid(FULCIO_ISSUER_V2).value
     assert isinstance(issuer, x509.UnrecognizedExtension)
     assert local.issuer("gitlab").encode() in issuer.value
