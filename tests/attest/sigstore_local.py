@@ -497,9 +497,7 @@ def local_sigstore(script: ModuleType) -> Iterator[LocalSigstore]:
             seconds["ct-log"] = _start_ct_log(
                 p, script.exe(tesseract), ct_port, fulcio_chain[-1:], root / "ct-log.pem"
             )
-            rekor, rekor_key, seconds["rekor"] = _start_rekor(
-                p, script.exe(sigstore, "posix"), REKOR_ORIGIN
-            )
+            rekor, rekor_key, seconds["rekor"] = _start_rekor(p, script.exe(sigstore, "posix"), REKOR_ORIGIN)
             tsa, tsa_chain, seconds["tsa"] = _start_tsa(p, script.exe(sigstore, "timestamp-server"))
             trust = p.folder("trust")
             s = LocalSigstore(trust, issuers, fulcio, ct_url, rekor, tsa, seconds)
