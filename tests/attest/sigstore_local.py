@@ -68,12 +68,11 @@ TRUSTED_ROOT_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
 SIGNING_CONFIG_TYPE = "application/vnd.dev.sigstore.signingconfig.v0.2+json"
 CLIENT_TRUST_CONFIG_TYPE = "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json"
 OPERATOR = "imagegate-tests"
-# The logs' checkpoint origins. TesseraCT's is a name, not a URL (it refuses a host:port, and only
-# warns when a submission's URL does not start with its origin). Rekor's is the host of its URL in
-# the trusted root: sigstore-go (cosign) checks a Rekor v2 checkpoint's note under that name
-# (pkg/verify/tlog.go, v1.2.2); sigstore-python does not.
-CT_ORIGIN = "ct.imagegate.test"
-REKOR_ORIGIN = "127.0.0.1"
+# The logs' checkpoint origins: the host of each one's URL. TesseraCT takes no host:port (it must
+# parse as a URL without a scheme) and warns of a submission whose URL, less its port, does not
+# start with its origin; sigstore-go (cosign) checks a Rekor v2 checkpoint's note under the host of
+# the log's URL in the trusted root (pkg/verify/tlog.go, v1.2.2); sigstore-python does not.
+CT_ORIGIN = REKOR_ORIGIN = "127.0.0.1"
 
 
 class StartError(RuntimeError):
@@ -340,7 +339,7 @@ def _start_ct_log(p: _Processes, exe: str, port: int, roots: list[x509.Certifica
         exe, "--http_endpoint", f"127.0.0.1:{port}", "--origin", CT_ORIGIN,
         "--storage_dir", str(folder / "storage"), "--private_key", str(key),
         "--roots_pem_file", str(folder / "roots.pem"), "--ext_key_usages", "CodeSigning",
-        "--checkpoint_interval", "500ms",
+        "--checkpoint_interval", "500ms", "--accept_sha1_signing_algorithms=false",
     ], env={"OTEL_METRIC_EXPORT_INTERVAL": str(24 * 3600 * 1000)})  # fmt: skip
     return p.wait("ct-log", _get_ok(f"http://127.0.0.1:{port}/healthz"))
 
