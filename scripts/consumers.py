@@ -13,7 +13,9 @@ ${XDG_CACHE_HOME:-~/.cache}/imagegate/consumers/TOOL-VERSION/ (bin/ and build.js
 run, from any clone on the machine, builds nothing; every tool shares one Go module and build
 cache (consumers/go/), since their modules overlap. act (nektos/act, GitHub Actions' runner,
 which tests/install runs the Action with) and HashiCorp Vault's transit engine (in a harness
-of its wrapper module's own, which tests/attest/test_transit.py signs with) are built the same way; Kyverno's build also writes its
+of its wrapper module's own, which tests/attest/test_transit.py signs with) are built the same way, and
+so is the tests' own Sigstore (Fulcio, Rekor v2, the timestamp authority, and TesseraCT as its CT log:
+tests/attest/sigstore_local.py); Kyverno's build also writes its
 admission controller (cmd/kyverno), which tests/kube/kyverno.py runs as a webhook, and
 policy-controller's build its webhook (cmd/webhook), which tests/kube/policy_controller.py runs.
 
@@ -21,7 +23,7 @@ Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FIL
   build             build (or find) the three tools; print each one's path, build time and size;
                     after a build, the shared Go caches over 10 GB lose their build cache
   --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube, kwok,
-                    kubelet, cni, vault; repeatable)
+                    kubelet, cni, vault, sigstore, tesseract; repeatable)
   run               build, then run every case and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of the shipped
                     data/policies/kyverno-clusterpolicy.yaml
@@ -44,6 +46,7 @@ import os
 import re
 import resource
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -193,12 +196,28 @@ CNI = Tool("cni", "github.com/containernetworking/plugins", "bridge", others=("h
 # Vault's real transit engine behind an HTTP front, with stand-ins for the token check, the ACL,
 # sys/capabilities-self and sys/health (main.go beside the go.mod).
 VAULT = Tool("vault", "github.com/hashicorp/vault", "vault-transit", package=".")
+# Not a consumer: the Sigstore the keyless signer's tests sign through (tests/attest/sigstore_local.py):
+# Fulcio (`fulcio`, its ephemeral CA), Rekor v2 on POSIX storage (rekor-tiles' cmd/rekor-server/posix,
+# written as `posix`) and the timestamp authority (`timestamp-server`).
+SIGSTORE = Tool("sigstore", "github.com/sigstore/fulcio", "fulcio", others=("posix", "timestamp-server"))
+# Not a consumer: the CT log Fulcio submits its precertificates to, a static-CT log on POSIX storage.
+# A module of its own: its command is also written as `posix`, which would overwrite Rekor's in one
+# bin/, and it keeps the libraries its release pins (Tessera v1.0.1; Rekor's is v1.0.2).
+TESSERACT = Tool("tesseract", "github.com/transparency-dev/tesseract", "posix")
 # Built only when named with --tool.
-EXTRA = (ACT, KUBE, KWOK, KUBELET, CNI, VAULT)
+EXTRA = (ACT, KUBE, KWOK, KUBELET, CNI, VAULT, SIGSTORE, TESSERACT)
 
 
 def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    """The bytes of the plain files under `path`. The cache is shared: another build may remove a
+    file (a download's temporary one) or a folder while this walks it, which counts as gone."""
+    total = 0
+    for folder, _, files in os.walk(path):  # os.walk skips a folder that vanished
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(os.path.join(folder, name))
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total
 
 
 def cached(tool: Tool) -> dict[str, Any] | None:

@@ -125,7 +125,7 @@ def controller_output(prep: Any, key: bytes, image: str | None = None, noise: by
 
 def go_tools(*names: str) -> ModuleType:
     """scripts/consumers.py, with these tools (cosign, kyverno, policy-controller, act, kube, kwok,
-    kubelet, cni, vault) built or found in its cache; with IMAGEGATE_TEST_BUILD_TOOLS=0 a tool not built
+    kubelet, cni, vault, sigstore, tesseract) built or found in its cache; with IMAGEGATE_TEST_BUILD_TOOLS=0 a tool not built
     yet skips the test that needs it, saying which and how to build it."""
     import pytest
 
