@@ -129,5 +129,8 @@ def test_verify_names_who_must_have_signed_whole(tmp_path: Path, options: list[s
 def test_a_keyless_signer_has_no_public_key_to_keep(tmp_path: Path) -> None:
     r = cli("public-key", "--key", "sigstore:public-good", cwd=tmp_path)
     assert r.returncode == 3 and "signs keyless" in r.stderr
+    made = cli("keygen", "--out", "sigstore:public-good", cwd=tmp_path)
+    assert made.returncode == 3 and "has no key to make" in made.stderr
+    assert list(tmp_path.iterdir()) == []
     v = cli("verify", "x.dsse.json", env={"IMAGEGATE_SIGNING_KEY": "sigstore:trust.json"}, cwd=tmp_path)
     assert v.returncode == 3 and "--identity ID --issuer URL --trusted-root FILE" in v.stderr

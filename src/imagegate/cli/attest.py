@@ -72,6 +72,30 @@ def keygen(
     from imagegate.attest import keys
     from imagegate.report import console_attest
 
+    if _keygen_in_store(out, algorithm, pub):
+        return
+    if pub is not None:
+        raise UsageError(
+            "--pub goes with a pkcs11: or hashivault:// --out",
+            hint="a PEM key pair is PREFIX.key and PREFIX.pub",
+        )
+    key = keys.generate(algorithm.value)
+    password = keys.password_from_env(os.environ)
+    private, public = keys.write_keypair(Path(out), key, password)
+    console_attest.render_keypair(private, public, key, passphrase=bool(password))
+
+
+def _keygen_in_store(out: str, algorithm: KeyAlgorithm, pub: Path | None) -> bool:
+    """keygen --out pkcs11:… or hashivault://…: the key made in its store, its public half
+    written; False for a PEM key pair's prefix."""
+    from imagegate.attest import keys
+    from imagegate.report import console_attest
+
+    if out.startswith("sigstore:"):
+        raise UsageError(
+            f"{out}: a keyless signer has no key to make (each run's is made for it and certified by Fulcio)",
+            hint=f"sign with --key {out}",
+        )
     if out.startswith("pkcs11:"):
         from imagegate.attest import hsm
 
@@ -84,7 +108,7 @@ def keygen(
         target = pub or Path(f"{made.ref.label}.pub")
         keys.write_public(target, made.public)
         console_attest.render_token_key(made.where, target, made)
-        return
+        return True
     if out.startswith("hashivault://"):
         from imagegate.attest import kms
 
@@ -94,16 +118,8 @@ def keygen(
         console_attest.render_token_key(
             transit.where, target, transit, f"in Vault's transit engine at {transit.server.address}"
         )
-        return
-    if pub is not None:
-        raise UsageError(
-            "--pub goes with a pkcs11: or hashivault:// --out",
-            hint="a PEM key pair is PREFIX.key and PREFIX.pub",
-        )
-    key = keys.generate(algorithm.value)
-    password = keys.password_from_env(os.environ)
-    private, public = keys.write_keypair(Path(out), key, password)
-    console_attest.render_keypair(private, public, key, passphrase=bool(password))
+        return True
+    return False
 
 
 @app.command(

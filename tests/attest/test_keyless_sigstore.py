@@ -1,0 +1,175 @@
+"""A keyless run, end to end, against the tests' own Sigstore (tests/attest/sigstore_local.py:
+Fulcio, a CT log, Rekor v2 and a timestamp authority built from their Go modules, and an OIDC
+issuer that is a STAND-IN for GitHub's and GitLab's): `run --key sigstore:TRUST` with a
+GitHub-shaped token signs each statement with a certificate for the workflow; `verify` accepts
+it for that identity and issuer under that trusted root alone, and cosign v3 verifies the same
+bundle as an admission controller would."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from imagegate.attest import sign
+from tests.attest.conftest import HERE_RUN, Result, cli
+from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
+from tests.helpers import go_tools
+
+REPO = "org/gate"
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[LocalSigstore]:
+    with local_sigstore(go_tools("sigstore", "tesseract")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def signed(local: LocalSigstore, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One attempt folder, signed keyless as REPO's release workflow."""
+    where = tmp_path_factory.mktemp("keyless")
+    r = _run(local, where, local.token(REPO))
+    assert r.returncode == 0, r.stderr
+    assert "signed keyless" in r.stdout and local.identity(REPO) in r.stdout, r.stdout
+    (attempt,) = (where / "runs").glob("*/*/")
+    return attempt
+
+
+def _run(local: LocalSigstore, cwd: Path, token: str, *extra: str) -> Result:
+    env = {"SIGSTORE_ID_TOKEN": token, "XDG_CONFIG_HOME": str(cwd / "cfg")}
+    trust = f"sigstore:{local.client_trust_config}"
+    return cli(*HERE_RUN, "-o", "runs", "--key", trust, *extra, env=env, cwd=cwd)
+
+
+def _verify(local: LocalSigstore, target: Path, *options: str, root: Path | None = None) -> Result:
+    return cli(
+        "verify", str(target), "--trusted-root", str(root or local.trusted_root), *options,
+        env={"IMAGEGATE_SIGNING_KEY": "", "XDG_CONFIG_HOME": str(target.parent / "no-config")},
+    )  # fmt: skip
+
+
+def _who(local: LocalSigstore) -> tuple[str, ...]:
+    return ("--identity", local.identity(REPO), "--issuer", local.issuer("github"))
+
+
+def test_every_statement_is_signed_as_the_workflow_and_logged(local: LocalSigstore, signed: Path) -> None:
+    for name in (sign.BUNDLE_FILE, sign.VSA_BUNDLE_FILE, sign.TEST_RESULT_BUNDLE_FILE):
+        bundle = json.loads((signed / name).read_text())
+        material = bundle["verificationMaterial"]
+        cert = x509.load_der_x509_certificate(base64.b64decode(material["certificate"]["rawBytes"]))
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.UniformResourceIdentifier) == [local.identity(REPO)]
+        (entry,) = material["tlogEntries"]
+        assert entry["kindVersion"] == {"kind": "hashedrekord", "version": "0.0.2"}  # Rekor v2's
+        assert material["timestampVerificationData"]["rfc3161Timestamps"], name
+    # the DSSE file is the envelope the bundle carries, byte for byte in its payload
+    dsse = json.loads((signed / sign.DSSE_FILE).read_text())
+    assert dsse["payload"] == json.loads((signed / sign.BUNDLE_FILE).read_text())["dsseEnvelope"]["payload"]
+
+
+def test_verify_accepts_the_workflow_it_names_and_no_other(local: LocalSigstore, signed: Path) -> None:
+    ok = _verify(local, signed / sign.BUNDLE_FILE, *_who(local))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "verified: verdict PASS" in ok.stdout and f"keyless, as {local.identity(REPO)}" in ok.stdout
+    beside = _verify(local, signed / sign.DSSE_FILE, *_who(local))  # the .sigstore.json beside it
+    assert beside.returncode == 0, beside.stdout + beside.stderr
+    vsa = _verify(local, signed / sign.VSA_BUNDLE_FILE, *_who(local), "--type", "vsa")
+    assert vsa.returncode == 0, vsa.stdout + vsa.stderr
+    regexp = (
+        "--identity-regexp",
+        f"^https://github\\.com/{REPO}/",
+        "--issuer-regexp",
+        "^http://127\\.0\\.0\\.1:",
+    )
+    assert _verify(local, signed / sign.BUNDLE_FILE, *regexp).returncode == 0
+    for options, said in [
+        (
+            ("--identity", local.identity("org/other"), "--issuer", local.issuer("github")),
+            "not https://github.com/org/other",
+        ),
+        (
+            ("--identity", local.identity(REPO), "--issuer", local.issuer("gitlab")),
+            "not " + local.identity(REPO),
+        ),
+        (("--identity-regexp", "^org/gate", "--issuer", local.issuer("github")), "matching /^org/gate/"),
+    ]:
+        refused = _verify(local, signed / sign.BUNDLE_FILE, *options)
+        assert refused.returncode == 1 and said in refused.stdout, refused.stdout + refused.stderr
+
+
+def _another_root(local: LocalSigstore, folder: Path) -> Path:
+    """The same logs and TSA, another Fulcio CA: a certificate of ours does not chain to it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "another Fulcio")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    root = json.loads(local.trusted_root.read_text())
+    der = base64.b64encode(ca.public_bytes(serialization.Encoding.DER)).decode()
+    for authority in root["certificateAuthorities"]:
+        authority["certChain"] = {"certificates": [{"rawBytes": der}]}
+    (folder / "another_root.json").write_text(json.dumps(root))
+    return folder / "another_root.json"
+
+
+def test_a_bundle_from_another_trust_root_is_refused(
+    local: LocalSigstore, signed: Path, tmp_path: Path
+) -> None:
+    other = _verify(local, signed / sign.BUNDLE_FILE, *_who(local), root=_another_root(local, tmp_path))
+    assert other.returncode == 1 and "keyless:" in other.stdout, other.stdout + other.stderr
+    # a key-signed statement's bundle names no certificate: refused for want of one
+    garbage = tmp_path / "root.json"
+    garbage.write_text('{"mediaType": "nothing"}')
+    bad = _verify(local, signed / sign.BUNDLE_FILE, *_who(local), root=garbage)
+    assert bad.returncode == 3 and "not a Sigstore trusted root" in bad.stderr
+
+
+def test_a_certificate_used_outside_its_validity_is_refused(local: LocalSigstore, signed: Path) -> None:
+    """A signature the TSA stamped before Fulcio issued its certificate: the time a verifier may
+    trust is outside the certificate's validity."""
+    from sigstore.dsse import Statement
+
+    payload = base64.b64decode(json.loads((signed / sign.DSSE_FILE).read_text())["payload"])
+    early = bundle_stamped_before_its_certificate(local, local.token(REPO), Statement(payload))
+    target = signed.parent / "early" / sign.BUNDLE_FILE
+    target.parent.mkdir(exist_ok=True)
+    target.write_text(early.to_json())
+    r = _verify(local, target, *_who(local), "--signature-only")
+    assert r.returncode == 1 and "not valid at validation time" in r.stdout, r.stdout + r.stderr
+
+
+def test_cosign_verifies_imagegates_keyless_bundle(local: LocalSigstore, signed: Path) -> None:
+    script = go_tools("cosign")
+    cosign = script.exe(script.named("cosign"))
+    statement = json.loads((signed / "statement.json").read_text())
+    r = subprocess.run(
+        [cosign, "verify-blob-attestation", "--bundle", str(signed / sign.BUNDLE_FILE),
+         "--trusted-root", str(local.trusted_root), "--certificate-identity", local.identity(REPO),
+         "--certificate-oidc-issuer", local.issuer("github"), "--type", statement["predicateType"],
+         "--check-claims=false"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0 and "Verified OK" in r.stderr, r.stderr
+
+
+def test_a_refused_token_or_attach_stops_before_the_run(local: LocalSigstore, tmp_path: Path) -> None:
+    expired = _run(local, tmp_path, local.token(REPO, expires_in=-60))
+    assert expired.returncode == 3 and "identity token from $SIGSTORE_ID_TOKEN is refused" in expired.stderr
+    attach = _run(local, tmp_path, local.token(REPO), "--attach", "127.0.0.1:9/team/app:1")
+    assert attach.returncode == 3 and "not supported yet" in attach.stderr, attach.stderr
+    assert not (tmp_path / "runs").exists()  # nothing ran
