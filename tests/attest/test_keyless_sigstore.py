@@ -8,10 +8,14 @@ bundle as an admission controller would."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
+import http.server
 import json
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -173,3 +177,73 @@ def test_a_refused_token_or_attach_stops_before_the_run(local: LocalSigstore, tm
     attach = _run(local, tmp_path, local.token(REPO), "--attach", "127.0.0.1:9/team/app:1")
     assert attach.returncode == 3 and "not supported yet" in attach.stderr, attach.stderr
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+@contextlib.contextmanager
+def _fulcio_that(answer: Callable[[http.server.BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    """A server in Fulcio's place that answers as `answer` does: its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))  # read whole: no reset
+            answer(self)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _flood(h: http.server.BaseHTTPRequestHandler) -> None:
+    h.send_response(201)
+    h.send_header("Content-Type", "application/json")
+    h.end_headers()
+    with contextlib.suppress(OSError):
+        for _ in range(80):  # 5 MiB and more, never a whole answer
+            h.wfile.write(b" " * (1 << 16))
+
+
+def _stall(h: http.server.BaseHTTPRequestHandler) -> None:
+    h.send_response(201)
+    h.send_header("Content-Length", "1000")
+    h.end_headers()
+    with contextlib.suppress(OSError):
+        for _ in range(600):  # a byte a second: each read is answered, the whole never
+            h.wfile.write(b" ")
+            h.wfile.flush()
+            time.sleep(1)
+
+
+def _trust_with_fulcio(local: LocalSigstore, folder: Path, url: str) -> Path:
+    config = json.loads(local.client_trust_config.read_text())
+    config["signingConfig"]["caUrls"][0]["url"] = url
+    (folder / "trust.json").write_text(json.dumps(config))
+    return folder / "trust.json"
+
+
+def test_a_fulcio_that_floods_or_trickles_is_cut(local: LocalSigstore, tmp_path: Path) -> None:
+    env = {"SIGSTORE_ID_TOKEN": local.token(REPO), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    with _fulcio_that(_flood) as url:
+        trust = _trust_with_fulcio(local, tmp_path, url)
+        r = cli(*HERE_RUN, "-o", "runs", "--key", f"sigstore:{trust}", env=env, cwd=tmp_path)
+    assert r.returncode == 3 and "Fulcio's certificate: " in r.stderr and "answered over 4 MiB" in r.stderr, (
+        r.stderr
+    )
+    assert local.token(REPO)[:20] not in r.stderr
+    with _fulcio_that(_stall) as url:
+        trust = _trust_with_fulcio(local, tmp_path, url)
+        began = time.monotonic()
+        r = cli(
+            *HERE_RUN, "-o", "runs", "--timeout", "5", "--key", f"sigstore:{trust}", env=env, cwd=tmp_path
+        )
+        took = time.monotonic() - began
+    assert r.returncode == 2 and "Fulcio's certificate" in r.stderr, r.stderr
+    assert took < 5 + 2 + 10, took  # the deadline, its 2 s, and the interpreter's start-up under load
+    assert not (tmp_path / "runs").exists()

@@ -31,6 +31,7 @@ import importlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -385,14 +386,28 @@ def _bounded(what: str) -> Iterator[None]:
         ) -> requests.Response:
             if getattr(_BOUND, "what", None) is None:
                 return original(self, request, *args, **kwargs)  # type: ignore[arg-type]
-            kwargs["timeout"] = (deadline.cap(CONNECT_S), deadline.cap(TIMEOUT_S))
+            whole = deadline.cap(TIMEOUT_S) or TIMEOUT_S  # the request, its answer read whole
+            end = time.monotonic() + whole
+            kwargs["timeout"] = (deadline.cap(CONNECT_S), whole)
             kwargs["stream"] = True
             resp = original(self, request, *args, **kwargs)  # type: ignore[arg-type]
-            body = resp.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
-            resp.close()
-            if len(body) > MAX_ANSWER_BYTES:
-                raise UsageError(f"{_BOUND.what}: {request.url} answered over {MAX_ANSWER_BYTES >> 20} MiB")
-            resp._content, resp._content_consumed = body, True
+            body = bytearray()
+            try:
+                # chunk by chunk, as they come: a server that trickles is cut at the deadline
+                while chunk := resp.raw.read1(1 << 16, decode_content=True):
+                    body += chunk
+                    deadline.check(f"{_BOUND.what}: the answer of {request.url}")
+                    if time.monotonic() > end:
+                        raise UsageError(
+                            f"{_BOUND.what}: {request.url} did not answer whole within {whole:.0f} s"
+                        )
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise UsageError(
+                            f"{_BOUND.what}: {request.url} answered over {MAX_ANSWER_BYTES >> 20} MiB"
+                        )
+            finally:
+                resp.close()
+            resp._content, resp._content_consumed = bytes(body), True
             return resp
 
         send._imagegate_bounded = True  # type: ignore[attr-defined]

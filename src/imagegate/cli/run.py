@@ -143,8 +143,8 @@ def run(
         _checks.check_stage_inputs(prep, p.expect_config, rootfs=name is DriverName.rootfs)
         if p.all_platforms:
             _all_platforms(image, a, p, name, gpu, model, opts, prep, notify)
-        outputs = a.outputs(image, notify)
-        with accept.within(prep, p.timeout):  # the engine is asked from here on
+        with accept.within(prep, p.timeout):  # a signer's server (Vault, Fulcio) too: by the deadline
+            outputs = a.outputs(image, notify)
             driver = p.make_driver(name, gpu, outputs, a, notify, model)
             _checks.check_rootfs_reference(image, name)
             with run_shown(a.silent) as display:
