@@ -278,6 +278,8 @@ def _go_env(tool: Tool) -> dict[str, str]:
     return {
         **os.environ,
         "GOBIN": str(tool.cache / "bin"),
+        # the checksum database's cache too, which go keeps under GOPATH (else ~/go)
+        "GOPATH": str(GO_CACHE / "path"),
         "GOMODCACHE": str(GO_CACHE / "mod"),
         "GOCACHE": str(GO_CACHE / "build"),
         "GOTOOLCHAIN": TOOLCHAIN,

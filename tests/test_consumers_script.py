@@ -46,3 +46,20 @@ def test_a_harness_of_the_wrapper_modules_own_is_stamped_with_its_source(tmp_pat
     main.write_text(main.read_text() + "\n// changed\n")
     assert vault.stamp() != before  # a changed harness is built again
     assert script.named("cosign").package == "tool"  # the others build their go.mod's tool lines
+
+
+def test_go_keeps_everything_it_writes_in_the_shared_cache() -> None:
+    """Modules, builds, the checksum database's cache (GOPATH's pkg/sumdb, else ~/go): all in
+    the one cache the budget trims, nothing in the user's home."""
+    import subprocess
+
+    script = load_script(ROOT / "scripts" / "consumers.py")
+    env = {**script._go_env(script.named("cosign")), "GOTOOLCHAIN": "local"}
+    said = subprocess.run(
+        [script._go(), "env", "GOPATH", "GOMODCACHE", "GOCACHE"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(said) == 3 and all(Path(p).is_relative_to(script.GO_CACHE) for p in said), said
