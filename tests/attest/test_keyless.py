@@ -134,3 +134,27 @@ def test_a_keyless_signer_has_no_public_key_to_keep(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     v = cli("verify", "x.dsse.json", env={"IMAGEGATE_SIGNING_KEY": "sigstore:trust.json"}, cwd=tmp_path)
     assert v.returncode == 3 and "--identity ID --issuer URL --trusted-root FILE" in v.stderr
+
+
+def test_an_issuer_longer_than_a_short_der_length_is_read_whole() -> None:
+    """Fulcio's v2 issuer extension is a DER UTF8String: past 127 bytes its length takes bytes of
+    its own (0x81 n, 0x82 n n)."""
+    for issuer in ("https://issuer.example/" + "a" * 150, "https://issuer.example/" + "b" * 300):
+        raw = issuer.encode()
+        width = (len(raw).bit_length() + 7) // 8
+        der = bytes([0x0C, 0x80 | width]) + len(raw).to_bytes(width, "big") + raw
+        assert keyless._utf8_string(der) == issuer
+        assert keyless._utf8_string(der + b"trailing") == issuer  # its length, not the rest
+    assert keyless._utf8_string(b"\x04\x03abc") == ""  # an OCTET STRING is not one
+    assert keyless._utf8_string(b"\x0c") == ""
+    assert keyless._utf8_string(b"\x0c\x03abc") == "abc"
+    assert keyless._utf8_string(b"\x0c\x03abcdef") == "abc"  # a short length, bytes after it
+
+
+def test_a_ci_that_cannot_give_a_token_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GitHub Actions without `id-token: write`: the job is GitHub's, its means to ask is not there."""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    for name in ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(UsageError, match="the CI's identity token could not be had"):
+        keyless.identity_token({})
