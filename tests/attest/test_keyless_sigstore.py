@@ -247,3 +247,18 @@ def test_a_fulcio_that_floods_or_trickles_is_cut(local: LocalSigstore, tmp_path:
     assert r.returncode == 2 and "Fulcio's certificate" in r.stderr, r.stderr
     assert took < 5 + 2 + 10, took  # the deadline, its 2 s, and the interpreter's start-up under load
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["caUrls", "rekorTlogUrls", "tsaUrls"])
+def test_a_service_over_plain_http_elsewhere_is_refused(
+    local: LocalSigstore, tmp_path: Path, kind: str
+) -> None:
+    config = json.loads(local.client_trust_config.read_text())
+    config["signingConfig"][kind][0]["url"] = "http://sigstore.example"
+    (tmp_path / "trust.json").write_text(json.dumps(config))
+    env = {"SIGSTORE_ID_TOKEN": local.token(REPO), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    r = cli(*HERE_RUN, "-o", "runs", "--key", f"sigstore:{tmp_path / 'trust.json'}", env=env, cwd=tmp_path)
+    assert (
+        r.returncode == 3 and f"{kind} names 'http://sigstore.example'" in r.stderr and "in clear" in r.stderr
+    )
+    assert not (tmp_path / "runs").exists()

@@ -32,6 +32,7 @@ import json
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -44,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from imagegate._support import deadline
 from imagegate._support.files import read_named
-from imagegate._support.jsontypes import JsonObject, freeze_object, obj
+from imagegate._support.jsontypes import JsonObject, freeze_object, items, obj, text
 from imagegate._support.names import SIGSTORE_TOKEN_ENV
 from imagegate.attest.publickeys import Algorithm, PublicKey
 from imagegate.errors import UsageError, describe_exception
@@ -105,7 +106,7 @@ def trust_config(uri: str) -> ClientTrustConfig:
     path = Path(name).expanduser()
     data = read_named(path, what="Sigstore trust config", max_bytes=MAX_TRUST_BYTES)
     try:
-        untrusted_json.loads(data, max_bytes=MAX_TRUST_BYTES)  # nesting and size before a parser
+        doc = untrusted_json.loads(data, max_bytes=MAX_TRUST_BYTES)  # nesting and size before a parser
         parsed: ClientTrustConfig = models.ClientTrustConfig.from_json(data.decode())
         parsed.trusted_root  # noqa: B018 — its media type and form are checked when it is read
         parsed.signing_config  # noqa: B018
@@ -115,7 +116,26 @@ def trust_config(uri: str) -> ClientTrustConfig:
             hint="a ClientTrustConfig JSON (mediaType application/vnd.dev.sigstore.clienttrustconfig.v0.1+json) "
             "holding trustedRoot and signingConfig",
         ) from None
+    _check_services(path, doc)
     return parsed
+
+
+def _check_services(path: Path, doc: object) -> None:
+    """The identity token goes to Fulcio, the statements to the log and the TSA: over TLS, or
+    plain HTTP to this machine only (elsewhere the token would cross the network in clear)."""
+    from imagegate.oci.reference import is_loopback_registry
+
+    config = obj(obj(doc).get("signingConfig"))
+    for kind in ("caUrls", "oidcUrls", "rekorTlogUrls", "tsaUrls"):
+        for service in items(config.get(kind)):
+            url = urllib.parse.urlsplit(text(obj(service).get("url")) or "")
+            if url.scheme == "https" or (url.scheme == "http" and is_loopback_registry(url.hostname or "")):
+                continue
+            raise UsageError(
+                f"Sigstore trust config {path}: {kind} names {url.geturl()!r}: plain HTTP to another machine "
+                "would send the identity token and the statements in clear",
+                hint="https:// for every service; http:// is for 127.0.0.1 or localhost",
+            )
 
 
 def trusted_root(path: Path) -> TrustedRoot:
