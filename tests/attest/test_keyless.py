@@ -158,3 +158,33 @@ def test_a_ci_that_cannot_give_a_token_is_named(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(UsageError, match="the CI's identity token could not be had"):
         keyless.identity_token({})
+
+
+def test_the_cis_ambient_token_is_taken_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No $SIGSTORE_ID_TOKEN: the token the CI gives (sigstore-python's detection, GitHub's
+    ACTIONS_ID_TOKEN_REQUEST_*), read as given."""
+    import time
+
+    import jwt
+    import sigstore.oidc
+
+    now = int(time.time())
+    claims = {
+        "iss": "https://ci.example",
+        "sub": "repo:org/gate",
+        "aud": "sigstore",
+        "iat": now,
+        "exp": now + 300,
+    }
+    ambient = jwt.encode(claims, "not checked here: Fulcio checks it", algorithm="HS256")
+    monkeypatch.setattr(sigstore.oidc, "detect_credential", lambda: ambient)
+    token = keyless.identity_token({})
+    assert (token.identity, token.issuer, str(token)) == ("repo:org/gate", "https://ci.example", ambient)
+
+
+def test_a_certificate_is_read_only_where_fulcio_writes_who_signed() -> None:
+    both = certificate([x509.UniformResourceIdentifier(WORKFLOW)], ACTIONS, "https://v1.example")
+    assert keyless.identity_of(both).issuer == ACTIONS  # the v2 extension first
+    with pytest.raises(UsageError, match="does not name one identity"):
+        keyless.identity_of(certificate([x509.DNSName("host.example")]))  # no identity among its SANs
+    assert keyless._utf8_string(b"\x13\x03abc") == ""  # a PrintableString is not one either
