@@ -215,6 +215,9 @@ def test_an_https_vault_elsewhere_is_accepted_and_a_bad_ca_file_named(tmp_path: 
     env = {"VAULT_ADDR": "https://vault.example:8200", "VAULT_TOKEN": "t"}
     assert kms.server(env).address == "https://vault.example:8200"
     assert kms._verify(kms.server(env)) is True  # the system's CAs
+    for bad in ("ftp://vault.example:8200", "https://vault.example/v1", "https://:8200"):
+        with pytest.raises(UsageError, match="not a Vault address"):
+            kms.server({**env, "VAULT_ADDR": bad})
     assert isinstance(
         kms._verify(kms.server({**env, "VAULT_CACERT": str(_ca_file(tmp_path))})), ssl.SSLContext
     )
