@@ -109,6 +109,7 @@ def test_a_signature_that_is_not_the_keys_is_never_handed_on() -> None:
     cases: list[tuple[str, Callable[[bytes], str]]] = [
         ("", lambda d: "vault:v1:" + _der(mine, d)),  # the honest answer
         ("not base64", lambda d: "vault:v1:!!not base64!!"),
+        ("not base64", lambda d: "vault:v1:!" + _der(mine, d)),  # the key's, with a character that is none
         ("not one of key version 1", lambda d: "vault:v2:" + _der(mine, d)),
         ("not one of key version 1", lambda d: _der(mine, d)),
         ("does not verify with the key's public key", lambda d: "vault:v1:" + _der(other, d)),
