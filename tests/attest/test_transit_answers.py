@@ -125,21 +125,26 @@ def test_a_signature_that_is_not_the_keys_is_never_handed_on() -> None:
             assert "hashivault://k (Vault at http://127.0.0.1:" in str(e.value) and TOKEN not in str(e.value)
 
 
-def test_keygen_refuses_a_key_of_another_kind_than_it_asked_for() -> None:
-    made: list[object] = []
+@pytest.mark.parametrize(
+    ("asked", "made", "said"),
+    [("ecdsa-p256", "ed25519", "Vault made a ed25519 key, not ecdsa-p256"),
+     ("ed25519", "ecdsa-p256", "Vault made a ecdsa-p256 key, not ed25519")],
+)  # fmt: skip
+def test_keygen_refuses_a_key_of_another_kind_than_it_asked_for(asked: str, made: str, said: str) -> None:
+    created: list[object] = []
 
     def create(body: object) -> Answer:
-        made.append(body)
+        created.append(body)
         return 204, b"", {}
 
-    answers = iter([_json(404, {"errors": []}), _ed25519()])  # none yet, then what it "made"
+    given = (
+        _ed25519() if made == "ed25519" else _key("ecdsa-p256", _pem(ec.generate_private_key(ec.SECP256R1())))
+    )
+    answers = iter([_json(404, {"errors": []}), given])  # none yet, then what it "made"
     routes: Routes = {"GET transit/keys/k": lambda _: next(answers), "POST transit/keys/k": create}
-    with (
-        fake_vault(routes) as env,
-        pytest.raises(UsageError, match="Vault made a ed25519 key, not ecdsa-p256"),
-    ):
-        kms.generate("hashivault://k", env)
-    assert made == [{"type": "ecdsa-p256", "exportable": False}]
+    with fake_vault(routes) as env, pytest.raises(UsageError, match=said):
+        kms.generate("hashivault://k", env, asked)  # type: ignore[arg-type]
+    assert created == [{"type": asked, "exportable": False}]
 
 
 @pytest.mark.parametrize(
