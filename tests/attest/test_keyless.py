@@ -188,3 +188,13 @@ def test_a_certificate_is_read_only_where_fulcio_writes_who_signed() -> None:
     with pytest.raises(UsageError, match="does not name one identity"):
         keyless.identity_of(certificate([x509.DNSName("host.example")]))  # no identity among its SANs
     assert keyless._utf8_string(b"\x13\x03abc") == ""  # a PrintableString is not one either
+
+
+@pytest.mark.parametrize("command", ["run", "collect"])
+def test_a_fleet_is_not_signed_keyless_and_says_so_before_the_work(tmp_path: Path, command: str) -> None:
+    """A node's statement is a bare DSSE file: a keyless signature would be unverifiable there."""
+    (tmp_path / "nodes.json").write_text('{"items": []}')
+    image = "registry.example/torch@sha256:" + "a" * 64
+    r = cli("fleet", command, image, "--nodes", "nodes.json", "--key", "sigstore:trust.json", cwd=tmp_path)
+    assert r.returncode == 3 and f"fleet {command} cannot sign keyless" in r.stderr, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["nodes.json"]  # nothing made

@@ -187,6 +187,7 @@ def run_cmd(
 
     notify = o.notifier(fmt is Format.json)
     with o.interrupts():
+        _checks.refuse_keyless(o.signing_key(key), "fleet run")
         node_jobs = _node_jobs(image, nodes, pods, namespace, kube_version)
         outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
 
@@ -249,6 +250,7 @@ def collect_cmd(
     from imagegate.kube.collect import PodObserver
 
     notify = o.notifier(fmt is Format.json)
+    _checks.refuse_keyless(o.signing_key(key), "fleet collect")
     outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
     cluster = kubectl.KubectlCluster(context=context)
 
