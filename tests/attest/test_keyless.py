@@ -30,7 +30,10 @@ def _utf8(text: str) -> bytes:
 
 
 def certificate(
-    sans: list[x509.GeneralName], issuer_v2: str | None = ACTIONS, issuer_v1: str | None = None
+    sans: list[x509.GeneralName],
+    issuer_v2: str | None = ACTIONS,
+    issuer_v1: str | None = None,
+    lifetime: datetime.timedelta = datetime.timedelta(minutes=10),
 ) -> x509.Certificate:
     """A certificate shaped as Fulcio's: the identity in its SAN, the issuer in Sigstore's OIDs."""
     key = ec.generate_private_key(ec.SECP256R1())
@@ -42,7 +45,7 @@ def certificate(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(minutes=10))
+        .not_valid_after(now + lifetime)
     )
     if sans:
         b = b.add_extension(x509.SubjectAlternativeName(sans), critical=True)
@@ -198,3 +201,28 @@ def test_a_fleet_is_not_signed_keyless_and_says_so_before_the_work(tmp_path: Pat
     r = cli("fleet", command, image, "--nodes", "nodes.json", "--key", "sigstore:trust.json", cwd=tmp_path)
     assert r.returncode == 3 and f"fleet {command} cannot sign keyless" in r.stderr, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["nodes.json"]  # nothing made
+
+
+def test_a_certificate_that_ends_during_a_long_run_is_asked_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fulcio's certificates live 10 minutes, a run of a real image longer: one within a minute of
+    its end is never signed with; a new one is asked for, with a token read again. (Fulcio is
+    not asked here: what it would answer is a certificate of the test's own.)"""
+    lifetimes = iter([datetime.timedelta(seconds=30), datetime.timedelta(minutes=10)])
+    asked: list[x509.Certificate] = []
+
+    def new_signer(self: keyless.KeylessKey) -> tuple[object, x509.Certificate]:
+        self.token()  # as the real one does: a token read again for each certificate
+        asked.append(certificate([x509.UniformResourceIdentifier(WORKFLOW)], lifetime=next(lifetimes)))
+        return object(), asked[-1]
+
+    tokens: list[int] = []
+    monkeypatch.setattr(keyless.KeylessKey, "_new_signer", new_signer)
+    key = keyless.KeylessKey("sigstore:trust.json", None, lambda: tokens.append(1))  # type: ignore[arg-type]
+    assert key.certify() == keyless.Identity(WORKFLOW, ACTIONS)
+    assert len(asked) == 1
+    key.public  # noqa: B018 — 30 s left: under RENEW_BEFORE, a new certificate
+    assert len(asked) == 2 and len(tokens) == 2
+    key.public  # noqa: B018 — 10 minutes left: the same one
+    assert len(asked) == 2 and key.public.fingerprint != keyless.PublicKey(asked[0].public_key()).fingerprint  # type: ignore[arg-type]
