@@ -17,8 +17,10 @@ from collections.abc import Iterator
 import pytest
 
 from imagegate._support import deadline, interrupts
+from imagegate.errors import EngineError
 from imagegate.oci.hashing import digest_blob
 from imagegate.oci.readahead import ThreadedReader
+from imagegate.oci.sources.daemon import EngineStream
 
 SOON_S = 1.0  # a stopped reader ends within this (its polls are 0.2 s)
 
@@ -72,6 +74,53 @@ def test_hashing_a_layer_stops_too(pipeline: bool) -> None:
     _stop_in(0.3)
     with pytest.raises(interrupts.Stopped):
         digest_blob(Endless(), pipeline=pipeline)
+
+
+class _Flowing(io.RawIOBase):
+    """Zeros as fast as they are read, for `seconds`: a stream that never waits."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+        if time.monotonic() > self.end:
+            return 0
+        b[:] = bytes(len(b))
+        return len(b)
+
+
+@pytest.mark.parametrize(("layer", "pipeline"), [(False, None), (True, True), (True, False)])
+def test_the_commands_deadline_ends_the_hashing_of_a_stream_that_never_waits(
+    layer: bool, pipeline: bool | None
+) -> None:
+    """A stream that flows never waits long enough for a reader's timeout to see the deadline:
+    the hashing itself checks it (a 3 GiB export went on 14 s past a 24 s --timeout, to a PASS)."""
+    deadline._current = deadline.Deadline(0.3)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(deadline.DeadlineReached, match="waiting for the blob sha256:feed"):
+            digest_blob(_Flowing(5.0), layer=layer, pipeline=pipeline, what="the blob sha256:feed")
+    finally:
+        deadline._current = None
+    assert time.monotonic() - t0 < 0.3 + SOON_S
+
+
+def test_an_engine_export_that_flows_ends_at_its_own_timeout() -> None:
+    """The export's own timeout (the layers stage's) holds while chunks come, not only while the
+    engine is silent."""
+
+    def produce() -> Iterator[bytes]:
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:
+            yield bytes(1 << 16)
+
+    stream = EngineStream(produce, lambda e, n, s: RuntimeError(e), what="an export", timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="gave up after 0 s: the engine had not sent the whole export"):
+        while stream.read(1 << 16):
+            pass
+    assert time.monotonic() - t0 < 0.3 + SOON_S
+    stream.close()
 
 
 def test_a_reader_waiting_for_a_silent_producer_stops() -> None:

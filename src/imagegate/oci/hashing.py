@@ -26,7 +26,7 @@ from typing import Protocol
 import zstandard
 from isal import igzip_lib
 
-from imagegate._support import interrupts
+from imagegate._support import deadline, interrupts
 from imagegate.domain.digest import new_hasher
 from imagegate.oci.zstdframes import ZstdFrameWalker
 
@@ -136,9 +136,9 @@ class _Beside:
     Reads stop at `limit` bytes, like the reader they feed. An error in reading is raised in
     the consumer's read(); one in hashing, at its next update() or hexdigest()."""
 
-    def __init__(self, src: Reader, limit: int | None, blob_hasher: hashlib._Hash):
+    def __init__(self, src: Reader, limit: int | None, blob_hasher: hashlib._Hash, what: str):
         self.blob_hasher, self._diff_hasher = blob_hasher, hashlib.sha256()
-        self._chunks = _read_chunks(src, limit, blob_hasher)
+        self._chunks = _read_chunks(src, limit, blob_hasher, what)
         self._cv = threading.Condition()
         self._read: collections.deque[bytes] = collections.deque()  # read, not yet inflated
         self._inflated: collections.deque[bytes] = collections.deque()  # not yet hashed
@@ -330,11 +330,18 @@ class _DiffIdHash:
         return self._beside.diffid_hexdigest()
 
 
-def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash) -> Iterator[bytes]:
+def _check_stop(what: str) -> None:
+    """Between chunks: a signal, the hard deadline or the command's deadline ends the hashing.
+    A stream that flows never waits long enough for a reader's timeout to see the deadline."""
+    interrupts.check_stop(what)
+    deadline.check(what)
+
+
+def _read_chunks(src: Reader, limit: int | None, hasher: hashlib._Hash, what: str) -> Iterator[bytes]:
     count = 0
     while True:
         n = READ_CHUNK if limit is None else min(READ_CHUNK, limit - count)
-        interrupts.check_stop("a blob")
+        _check_stop(what)
         data = src.read(n) if n > 0 else b""
         if not data:
             return
@@ -347,8 +354,10 @@ class _Tee:
     """Reads from the source, hashing and counting every byte; stops at `limit` bytes so that a
     source longer than declared cannot make us read forever."""
 
-    def __init__(self, src: Reader, hasher: _Sink, limit: int | None, on_bytes: Callable[[int], None]):
-        self.src, self.hasher, self.limit, self.on_bytes = src, hasher, limit, on_bytes
+    def __init__(
+        self, src: Reader, hasher: _Sink, limit: int | None, on_bytes: Callable[[int], None], what: str
+    ):
+        self.src, self.hasher, self.limit, self.on_bytes, self.what = src, hasher, limit, on_bytes, what
         self.count = 0
         self.hit_limit = False
         self.observer: Callable[[bytes], None] | None = None
@@ -359,7 +368,7 @@ class _Tee:
             if n <= 0:
                 self.hit_limit = True
                 return b""
-        interrupts.check_stop("a blob")  # a signal or the hard deadline: no more hashing
+        _check_stop(self.what)
         data = self.src.read(n)
         if data:
             self.hasher.update(data)
@@ -447,46 +456,46 @@ def digest_blob(
     on_bytes: Callable[[int], None] = lambda n: None,
     pipeline: bool | None = None,
     tap: Callable[[bytes], None] | None = None,
+    what: str = "a blob",
 ) -> BlobDigests:
     """Hash `src` once: the blob digest, and for a layer the diffID, in the same pass.
     `pipeline`: read and hash in threads (see the module); by default for blobs of unknown size
     or of PIPELINE_MIN bytes and more. `tap`: called with each piece of a layer's decompressed
-    stream, in order (unpacking in the same pass); an exception it raises stops the pass."""
+    stream, in order (unpacking in the same pass); an exception it raises stops the pass.
+    `what`: the blob, as a signal or the deadline that ends its reading names it."""
     if pipeline is None:
         pipeline = declared_size is None or declared_size >= PIPELINE_MIN
     limit = None if declared_size is None else declared_size + 1
     if not pipeline:
+        outer = new_hasher(algorithm)
         return _digest(
-            src, new_hasher(algorithm), hashlib.sha256, limit, layer, max_uncompressed, on_bytes, tap
-        )
-    _keep_chunks_in_heap()
-    beside = _Beside(src, limit, new_hasher(algorithm))
-    try:
-        return _digest(
-            beside,
-            _BlobHash(beside),
-            lambda: _DiffIdHash(beside),
+            _Tee(src, outer, limit, on_bytes, what),
+            outer,
+            hashlib.sha256,
             limit,
             layer,
             max_uncompressed,
-            on_bytes,
             tap,
         )
+    _keep_chunks_in_heap()
+    beside = _Beside(src, limit, new_hasher(algorithm), what)
+    try:
+        blob = _BlobHash(beside)
+        tee = _Tee(beside, blob, limit, on_bytes, what)
+        return _digest(tee, blob, lambda: _DiffIdHash(beside), limit, layer, max_uncompressed, tap)
     finally:
         beside.close()
 
 
 def _digest(
-    src: Reader,
-    outer: _NamedHasher,  # a hashlib hasher, or a _BlobHash standing in for one
+    tee: _Tee,
+    outer: _NamedHasher,  # tee's: a hashlib hasher, or a _BlobHash standing in for one
     new_inner: Callable[[], _Hasher],
     limit: int | None,
     layer: bool,
     max_uncompressed: int,
-    on_bytes: Callable[[int], None],
     tap: Callable[[bytes], None] | None = None,
 ) -> BlobDigests:
-    tee = _Tee(src, outer, limit, on_bytes)
     head = _read_head(tee)
     kind = sniff_compression(head) if layer else "none"
     diff_id = uncompressed = error = None

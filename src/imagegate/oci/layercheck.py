@@ -395,6 +395,7 @@ def _verify_random(
                     declared_size=desc.size,
                     max_uncompressed=max_uncompressed,
                     on_bytes=lambda n: progress.advanced(i, n),
+                    what=f"{source.description}: the blob {desc.digest or desc.locator}",
                 )
             known = getattr(r, "size", None)
         except BlobNotFound:
@@ -489,6 +490,7 @@ def _hash_members(archive: ArchiveStream, max_uncompressed: int, progress: Progr
                 algorithm=algorithm,
                 max_uncompressed=max_uncompressed,
                 on_bytes=lambda n, k=k: progress.advanced(k, n),  # type: ignore[misc]
+                what=f"{archive.description}: {m.name}",
             )
             progress.finished(k, "hashed")
     return got

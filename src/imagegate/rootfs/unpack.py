@@ -246,6 +246,7 @@ def _read_layer(
                 max_uncompressed=limits.max_layer_bytes + _VERIFIER_SLACK,
                 on_bytes=on_bytes,
                 tap=feed.put,
+                what=f"{source.description}: the blob {desc.digest or desc.locator}",
             )
             known = getattr(r, "size", None)
     except BlobNotFound:

@@ -61,9 +61,11 @@ class EngineStream(ThreadedReader):
         now = time.monotonic()
         if not self._first and self._waiting is not None:
             self._waiting(now - self._t0, False)
+        self._check_deadline(now, "prepared no byte of the export" if not self._first else "stopped sending")
+
+    def _check_deadline(self, now: float, stage: str) -> None:
         if self._deadline is not None and now > self._deadline:
             self.close()
-            stage = "prepared no byte of the export" if not self._first else "stopped sending"
             raise EngineError(
                 f"{self._what}: gave up after {self._timeout:.0f} s: the engine {stage} "
                 f"({self.count} bytes received)",
@@ -72,6 +74,8 @@ class EngineStream(ThreadedReader):
             ) from None
 
     def on_chunk(self, chunk: bytes) -> None:
+        # A flowing export never ticks: its deadline is checked as each chunk comes too.
+        self._check_deadline(time.monotonic(), "had not sent the whole export")
         if not self._first:
             self._first = True
             self.first_byte_s = time.monotonic() - self._t0
