@@ -220,7 +220,7 @@ def test_a_certificate_that_ends_during_a_long_run_is_asked_for_again(
     tokens: list[int] = []
     monkeypatch.setattr(keyless.KeylessKey, "_new_signer", new_signer)
     key = keyless.KeylessKey("sigstore:trust.json", None, lambda: tokens.append(1))  # type: ignore[arg-type]
-    assert key.certify() == keyless.Identity(WORKFLOW, ACTIONS)
+    assert key.identity == keyless.Identity(WORKFLOW, ACTIONS)
     assert len(asked) == 1
     key.public  # noqa: B018 — 30 s left: under RENEW_BEFORE, a new certificate
     assert len(asked) == 2 and len(tokens) == 2

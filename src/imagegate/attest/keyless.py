@@ -282,10 +282,7 @@ class KeylessKey:
 
     @property
     def identity(self) -> Identity:
-        return identity_of(self._certificate())
-
-    def certify(self) -> Identity:
-        """Ask Fulcio for a certificate now: a refused identity fails before the work."""
+        """Who the current certificate names (the first read asks Fulcio for it)."""
         return identity_of(self._certificate())
 
     def _certificate(self) -> x509.Certificate:
@@ -321,9 +318,7 @@ class KeylessKey:
     def seal(self, payload: bytes) -> JsonObject:
         """`payload` (an in-toto statement's bytes, signed as they are) in a DSSE envelope,
         as the Sigstore bundle that carries it (its JSON)."""
-        models, verify, sdsse = (
-            _sigstore(m) for m in ("sigstore.models", "sigstore.verify", "sigstore.dsse")
-        )
+        sdsse = _sigstore("sigstore.dsse")
         self._certificate()  # a fresh one when the run outlived the last
         assert self._signer is not None
         with (
@@ -333,14 +328,13 @@ class KeylessKey:
             made = self._signer.sign_dsse(sdsse.Statement(payload))
         written = freeze_object(obj(json.loads(made.to_json())))
         who = identity_of(made.signing_certificate)
-        # Checked as a verifier will: the trust root, the log entry, a time from the TSA or the
-        # log, the certificate's identity; a bundle that fails this is never written.
-        with _failing(f"{self.uri}: the signed statement does not verify with its trust root"):
-            checked = models.Bundle.from_json(json.dumps(written))
-            policy = verify.policy.Identity(identity=who.identity, issuer=who.issuer)
-            _, signed = verify.Verifier(trusted_root=self.config.trusted_root).verify_dsse(checked, policy)
-        if signed != payload:
-            raise UsageError(f"{self.uri}: the bundle signs other bytes than the statement")
+        # Checked as `verify` checks it (the trust root, the log entry, a time from the TSA or
+        # the log, the certificate's identity, the bytes signed): a bundle that fails is never written.
+        expected = Expected(self.config.trusted_root, identity=who.identity, issuer=who.issuer)
+        ptype = text(obj(written.get("dsseEnvelope")).get("payloadType")) or ""
+        certified, why = expected.verified_key(written, ptype, payload)
+        if certified is None:
+            raise UsageError(f"{self.uri}: the signed statement does not verify with its trust root ({why})")
         return written
 
     def __repr__(self) -> str:
@@ -351,9 +345,8 @@ def open_key(uri: str, env: Mapping[str, str]) -> KeylessKey:
     """The keyless signer a `sigstore:` reference names, with a certificate for the identity
     the token proves: a bad trust config, no token or a refused one fail now."""
     config = trust_config(uri)
-    identity_token(env)  # now, so that a missing token fails before the work
     key = KeylessKey(str(uri), config, lambda: identity_token(env))
-    key.certify()
+    key.identity  # noqa: B018 — the token read and Fulcio asked now: a refusal comes before the work
     return key
 
 

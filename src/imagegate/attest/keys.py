@@ -231,6 +231,13 @@ def password_from_env(env: Mapping[str, str]) -> bytes | None:
     return value.encode() if value else None
 
 
+def named_signer(key: str | Path | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The signer a command was given: `key` (--key), else $IMAGEGATE_SIGNING_KEY; None when
+    neither names one (the user's default key then)."""
+    env = os.environ if env is None else env
+    return str(key) if key else env.get(KEY_ENV)
+
+
 def resolve_signing_key(
     key: str | Path | None = None,
     *,
@@ -243,7 +250,7 @@ def resolve_signing_key(
     own). Call it before the run, so that a bad key or passphrase fails before the work."""
     env = os.environ if env is None else env
     password = password_from_env(env)
-    named = str(key) if key else env.get(KEY_ENV)
+    named = named_signer(key, env)
     if named and named.startswith("pkcs11:"):
         from imagegate.attest import hsm  # python-pkcs11 loads only for a key in a token
 

@@ -66,7 +66,7 @@ def _signing_key(key: str | None, notify: Notify, warn: Notify, *, attaching: bo
     --attach, whose statements could be neither signed nor attached: refused before the run."""
     from imagegate.attest import keyless, keys
 
-    if attaching and keyless.is_uri(key or os.environ.get(keys.KEY_ENV)):
+    if attaching and keyless.is_uri(keys.named_signer(key)):
         # each keyless statement has a log entry and a certificate of its own, and who may
         # replace a keyless statement in the registry is its identity, not a key: not yet
         raise UsageError(
@@ -92,7 +92,7 @@ def refuse_keyless(key: str | None, command: str) -> None:
     a keyless signature is good only with its certificate and log entry. Said before the work."""
     from imagegate.attest import keyless, keys
 
-    named = key or os.environ.get(keys.KEY_ENV)
+    named = keys.named_signer(key)
     if keyless.is_uri(named):
         raise UsageError(
             f"{command} cannot sign keyless ({named}) yet: its node statements carry no certificate",

@@ -147,7 +147,7 @@ def public_key(
     """Print or write the public half of a signing key."""
     from imagegate.attest import keys
 
-    named = key or os.environ.get(KEY_ENV)
+    named = keys.named_signer(key)
     # a transit key's public half needs only `read` on it: a token that may not sign reads it too
     if named and named.startswith("hashivault://"):
         from imagegate.attest import kms
