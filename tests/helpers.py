@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import importlib.util
 import json
 import os
@@ -9,7 +11,9 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -193,3 +197,17 @@ def image_of_its_own(base: str, name: str, folder: Path) -> str:
     (folder / "ctx" / "Dockerfile").write_text(f"FROM {base}\nLABEL imagegate.test={token}\n")
     subprocess.run(["docker", "build", "-q", "-t", tag, str(folder / "ctx")], check=True, capture_output=True)
     return tag
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A server of the test's own on a free port of 127.0.0.1, each request answered by
+    `handler` in a thread of its own: its base URL (http://127.0.0.1:PORT). Shut down at the end."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True  # a handler still writing (a flood, a trickle) never holds the end
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

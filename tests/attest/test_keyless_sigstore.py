@@ -13,7 +13,6 @@ import datetime
 import http.server
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from cryptography.x509.oid import NameOID
 from imagegate.attest import sign
 from tests.attest.conftest import HERE_RUN, Result, cli
 from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
-from tests.helpers import go_tools
+from tests.helpers import go_tools, serving
 
 REPO = "org/gate"
 
@@ -191,14 +190,8 @@ def _fulcio_that(answer: Callable[[http.server.BaseHTTPRequestHandler], None]) -
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 def _flood(h: http.server.BaseHTTPRequestHandler) -> None:

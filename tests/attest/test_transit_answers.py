@@ -11,7 +11,6 @@ import contextlib
 import http.server
 import json
 import ssl
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 
 from imagegate.attest import kms
 from imagegate.errors import UsageError
+from tests.helpers import serving
 from tests.oci.token_server import SigningKey
 
 # what the server answers a route under /v1/: (status, body, headers), or a function of the request's JSON
@@ -58,14 +58,8 @@ def fake_vault(routes: Routes) -> Iterator[dict[str, str]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield {"VAULT_ADDR": f"http://127.0.0.1:{server.server_address[1]}", "VAULT_TOKEN": TOKEN}
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield {"VAULT_ADDR": url, "VAULT_TOKEN": TOKEN}
 
 
 def _pem(key: ec.EllipticCurvePrivateKey) -> str:
