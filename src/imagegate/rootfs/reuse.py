@@ -138,7 +138,7 @@ def read_layer(
                 declared_size=desc.size,
                 max_uncompressed=limits.max_layer_bytes,
                 on_bytes=lambda k: progress.advanced(i, k),
-                what=f"{source.description}: the blob {desc.digest or desc.locator}",
+                what=f"{source.description}: {layer_label(i, len(image.layers), desc.digest)}",
             )
             known = getattr(r, "size", None)
     except BlobNotFound:
