@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -23,8 +24,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from imagegate.attest import sign
-from tests.attest.conftest import HERE_RUN, Result, cli
+from imagegate.attest import attach, referrers, sign
+from imagegate.oci.registry import NotFound
+from tests.attest.conftest import HERE_RUN, Result, cli, docker
 from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
 from tests.helpers import go_tools, serving
 
@@ -48,10 +50,11 @@ def signed(local: LocalSigstore, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return attempt
 
 
-def _run(local: LocalSigstore, cwd: Path, token: str, *extra: str) -> Result:
+def _run(local: LocalSigstore, cwd: Path, token: str, *extra: str, run: tuple[str, ...] = HERE_RUN) -> Result:
+    cwd.mkdir(parents=True, exist_ok=True)
     env = {"SIGSTORE_ID_TOKEN": token, "XDG_CONFIG_HOME": str(cwd / "cfg")}
     trust = f"sigstore:{local.client_trust_config}"
-    return cli(*HERE_RUN, "-o", "runs", "--key", trust, *extra, env=env, cwd=cwd)
+    return cli(*run, "-o", "runs", "--key", trust, *extra, env=env, cwd=cwd)
 
 
 def _verify(local: LocalSigstore, target: Path, *options: str, root: Path | None = None) -> Result:
@@ -170,12 +173,91 @@ def test_cosign_verifies_imagegates_keyless_bundle(local: LocalSigstore, signed:
     assert r.returncode == 0 and "Verified OK" in r.stderr, r.stderr
 
 
-def test_a_refused_token_or_attach_stops_before_the_run(local: LocalSigstore, tmp_path: Path) -> None:
+def test_a_refused_token_stops_before_the_run(local: LocalSigstore, tmp_path: Path) -> None:
     expired = _run(local, tmp_path, local.token(REPO, expires_in=-60))
     assert expired.returncode == 3 and "identity token from $SIGSTORE_ID_TOKEN is refused" in expired.stderr
-    attach = _run(local, tmp_path, local.token(REPO), "--attach", "127.0.0.1:9/team/app:1")
-    assert attach.returncode == 3 and "not supported yet" in attach.stderr, attach.stderr
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def _referrers(image: str) -> list[dict[str, Any]]:
+    """The referrers listed for `image`, as readers find them (the API or the fallback tag)."""
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        digest = attach.resolve(client, parsed).digests[0]
+        return referrers._listed(client, parsed.repository, digest)[0]
+
+
+def _verify_image(local: LocalSigstore, image: str, cwd: Path, *who: str) -> Result:
+    return cli(
+        "verify", "--image", image, "--trusted-root", str(local.trusted_root), *who,
+        env={"IMAGEGATE_SIGNING_KEY": "", "XDG_CONFIG_HOME": str(cwd / "no-config")},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pushed_python(images: dict[str, str], registry: str) -> Iterator[str]:
+    """The python test image, pushed to the tests' registry: a run of it can be attached."""
+    ref = f"{registry}/keyless/python:1"
+    docker("tag", images["python"], ref)
+    docker("push", "-q", ref)
+    try:
+        yield ref
+    finally:
+        subprocess.run(["docker", "rmi", ref], capture_output=True)
+
+
+def _in(image: str) -> tuple[str, ...]:
+    """`run IMAGE` in the engine: the manifest that ran is the one --attach pushes to."""
+    return ("run", image, "-p", "python", "-m", "json")
+
+
+@pytest.mark.engine
+def test_a_keyless_attach_supersedes_only_its_own_identitys_word(
+    local: LocalSigstore, pushed_python: str, tmp_path: Path
+) -> None:
+    """`run --attach` keyless pushes each statement as a Sigstore bundle referrer (no `.att`
+    tag: its form has no place for Rekor v2's proof). A later run of the same identity replaces
+    them, proven by each earlier bundle; another workflow's run keeps them; `verify --image`
+    reads them for the identity it is given, and cosign finds and verifies them as an admission
+    controller does."""
+    image = pushed_python
+    first = _run(local, tmp_path / "a", local.token(REPO), "--attach", run=_in(image))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "as 3 Sigstore bundle referrer(s)" in first.stderr, first.stderr
+    listed = _referrers(image)
+    assert len(listed) == 3 and {m["artifactType"] for m in listed} == {
+        "application/vnd.dev.sigstore.bundle.v0.3+json"
+    }
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        digest = attach.resolve(client, parsed).digests[0]
+        with pytest.raises(NotFound):  # no .att tag
+            client.get_manifest(parsed.repository, attach.attestation_tag(digest))
+    ok = _verify_image(local, image, tmp_path, *_who(local))
+    assert ok.returncode == 0 and "verified: verdict PASS" in ok.stdout, ok.stdout + ok.stderr
+    other = ("--identity", local.identity("org/other"), "--issuer", local.issuer("github"))
+    refused = _verify_image(local, image, tmp_path, *other)
+    assert refused.returncode == 1 and "not https://github.com/org/other" in refused.stdout, refused.stdout
+
+    script = go_tools("cosign")
+    statement = json.loads(next((tmp_path / "a" / "runs").glob("*/*/statement.json")).read_text())
+    r = subprocess.run(
+        [script.exe(script.named("cosign")), "verify-attestation", f"{parsed.registry}/{parsed.repository}@{digest}",
+         "--trusted-root", str(local.trusted_root), "--certificate-identity", local.identity(REPO),
+         "--certificate-oidc-issuer", local.issuer("github"), "--type", statement["predicateType"],
+         "--allow-http-registry"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+    again = _run(local, tmp_path / "b", local.token(REPO), "--attach", run=_in(image))
+    assert again.returncode == 0 and "replaced referrer" in again.stderr, again.stdout + again.stderr
+    assert {m["digest"] for m in _referrers(image)}.isdisjoint(m["digest"] for m in listed)
+    assert len(_referrers(image)) == 3
+    theirs = _run(local, tmp_path / "c", local.token("org/other"), "--attach", run=_in(image))
+    assert theirs.returncode == 0, theirs.stdout + theirs.stderr
+    assert f"not signed by identity {local.identity('org/other')}" in theirs.stderr, theirs.stderr
+    assert len(_referrers(image)) == 6  # another workflow's word never erases this one's
 
 
 @contextlib.contextmanager
@@ -255,3 +337,23 @@ def test_a_service_over_plain_http_elsewhere_is_refused(
         r.returncode == 3 and f"{kind} names 'http://sigstore.example'" in r.stderr and "in clear" in r.stderr
     )
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_attach_proves_each_bundle_for_the_identity_and_an_earlier_one_only_by_its_own(
+    local: LocalSigstore, signed: Path
+) -> None:
+    """What `run --attach` writes keyless must prove the signer's identity, and an earlier
+    envelope is that identity's only with a bundle that proves it (a bare one never is)."""
+    from imagegate.attest import bundle, keyless
+    from imagegate.errors import NotVerified
+
+    made = json.loads((signed / sign.BUNDLE_FILE).read_text())
+    envelope, material = bundle.envelope_of(made), made["verificationMaterial"]
+    root = keyless.trusted_root(local.trusted_root)
+    ours = keyless.Expected(root, identity=local.identity(REPO), issuer=local.issuer("github"))
+    new = referrers.keyless_verified(envelope, material, ours, "the attestation")
+    assert new.named() == f"identity {ours}"
+    assert new.made(envelope, material) and not new.made(envelope, None) and not new.made(envelope, {})
+    theirs = keyless.Expected(root, identity=local.identity("org/other"), issuer=local.issuer("github"))
+    with pytest.raises(NotVerified, match="does not prove"):
+        referrers.keyless_verified(envelope, material, theirs, "the attestation")

@@ -142,6 +142,7 @@ def matching_subject(subjects: Sequence[str], image_digests: Sequence[str]) -> s
 class FetchedEnvelope:
     source: str  # REPO:TAG layer N
     envelope: dsse.Envelope
+    material: dict[str, Any] | None = None  # a referrer bundle's verificationMaterial
 
 
 def parse_image(text: str) -> Reference:
@@ -433,9 +434,15 @@ def layer_envelope(client: RegistryClient, repo: str, layer: Any, budget: ReadBu
         return None
 
 
-def judge(new: Signed, envelope: dsse.Envelope | None, image: RemoteImage, where: str) -> Decision | None:
+def judge(
+    new: Signed,
+    envelope: dsse.Envelope | None,
+    image: RemoteImage,
+    where: str,
+    material: Mapping[str, Any] | None = None,
+) -> Decision | None:
     """What `new` does to an earlier `envelope` of `image` (attest/replace.py `decide`)."""
-    return decide(new, envelope, image.digests[0], where)
+    return decide(new, envelope, image.digests[0], where, material)
 
 
 def _judge(

@@ -337,6 +337,11 @@ class KeylessKey:
             raise UsageError(f"{self.uri}: the signed statement does not verify with its trust root ({why})")
         return written
 
+    def expected(self) -> Expected:
+        """Who signs, as a reader checks it: an attach supersedes only what this proves."""
+        who = self.identity
+        return Expected(self.config.trusted_root, identity=who.identity, issuer=who.issuer)
+
     def __repr__(self) -> str:
         return f"KeylessKey({self.uri})"
 

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from imagegate._support.jsontypes import JsonMapping, freeze_object
 from imagegate.attest import attach, bundle, dsse
 from imagegate.attest.attach import (
     DSSE_LAYER_MEDIA_TYPE,
@@ -25,13 +26,27 @@ from imagegate.attest.attach import (
 )
 from imagegate.attest.envelopes import bundle_material, read_envelopes
 from imagegate.attest.keys import PublicKey
-from imagegate.attest.replace import Decision, Kept, Replaced, Signed, locked, refuse_if_newer, verified
+from imagegate.attest.replace import (
+    Decision,
+    Kept,
+    Replaced,
+    Signed,
+    locked,
+    refuse_if_newer,
+    verified,
+)
+from imagegate.attest.replace import statement_of as statement_of_envelope
 from imagegate.domain.digest import digest_of, is_digest, split_digest
-from imagegate.errors import UsageError
+from imagegate.errors import NotVerified, UsageError
 from imagegate.oci import untrusted_json
 from imagegate.oci.manifest import OCI_INDEX, OCI_MANIFEST
 from imagegate.oci.reference import Reference
 from imagegate.oci.registry import NotFound, ReferrersPage, RegistryClient, RegistryError
+
+if TYPE_CHECKING:
+    from imagegate.attest import sign
+    from imagegate.attest.keyless import Expected  # typing only: sigstore is an extra
+    from imagegate.attest.keys import SigningKey
 
 ARTIFACT_TYPE = bundle.BUNDLE_MEDIA_TYPE  # what is written
 BUNDLE_TYPES = "application/vnd.dev.sigstore.bundle"  # any bundle version, as cosign and Kyverno match
@@ -67,6 +82,7 @@ class _Found:
     envelope: dsse.Envelope
     layer_digest: str
     is_bundle: bool  # the Sigstore bundle form (else imagegate's earlier bare envelope)
+    material: dict[str, Any] | None = None  # the bundle's verificationMaterial
 
     @property
     def digest(self) -> str:
@@ -134,7 +150,8 @@ def bundle_layer(envelope: dsse.Envelope, material: dict[str, Any]) -> bytes:
 def judged(client: RegistryClient, image: RemoteImage, new: Signed) -> list[tuple[_Found, Decision | None]]:
     """The image's referrers, each with what `new` does to it (attest/replace.py; nothing written)."""
     return [
-        (f, attach.judge(new, f.envelope, image, f"referrer {f.digest}")) for f in _referred(client, image)
+        (f, attach.judge(new, f.envelope, image, f"referrer {f.digest}", f.material))
+        for f in _referred(client, image)
     ]
 
 
@@ -313,8 +330,9 @@ def _entries(raw: bytes, repo: str, digest: str, via: str) -> list[dict[str, Any
 
 def _envelope(
     client: RegistryClient, repo: str, layer: dict[str, Any], budget: ReadBudget
-) -> tuple[dsse.Envelope, bool] | None:
-    """The DSSE envelope a referrer's one layer holds, and whether in a Sigstore bundle; None for
+) -> tuple[dsse.Envelope, dict[str, Any] | None] | None:
+    """The DSSE envelope a referrer's one layer holds, and its Sigstore bundle's
+    verificationMaterial ({} for a bundle without one; None: a bare envelope); None for
     a layer that is neither (a message-signature bundle signs a blob: another tool's), or one too
     large or not what its digest says (read_blob's cap and check)."""
     media_type, digest = str(layer.get("mediaType")), str(layer.get("digest"))
@@ -325,9 +343,11 @@ def _envelope(
     try:
         data = budget.blob(client, repo, digest)
         if media_type == DSSE_LAYER_MEDIA_TYPE:
-            return dsse.from_json(data), False
+            return dsse.from_json(data), None
         obj = untrusted_json.loads(data, max_bytes=MAX_ENVELOPE_BYTES)
-        return (bundle.envelope_of(obj), True) if bundle.is_bundle(obj) else None
+        if not bundle.is_bundle(obj):
+            return None
+        return bundle.envelope_of(obj), dict(bundle.material_of(obj) or {})
     except (UsageError, RegistryError, untrusted_json.UntrustedJSONError):
         return None
 
@@ -353,7 +373,7 @@ def _referred(client: RegistryClient, image: RemoteImage, budget: ReadBudget | N
         layers = [x for x in manifest.get("layers") or [] if isinstance(x, dict)]
         read = _envelope(client, repo, layers[0], budget) if len(layers) == 1 else None
         if read is not None:
-            out.append(_Found(d, via, read[0], str(layers[0]["digest"]), read[1]))
+            out.append(_Found(d, via, read[0], str(layers[0]["digest"]), read[1] is not None, read[1]))
     return out
 
 
@@ -363,7 +383,7 @@ def fetch(
     """Every DSSE envelope referring to the image, through the API or the fallback tag."""
     where = f"{image.reference.registry}/{image.reference.repository}"
     return [
-        FetchedEnvelope(f"{where} referrer {f.digest} ({f.via})", f.envelope)
+        FetchedEnvelope(f"{where} referrer {f.digest} ({f.via})", f.envelope, f.material)
         for f in _referred(client, image, budget)
     ]
 
@@ -374,29 +394,78 @@ def attach_and_refer(
     todo: Sequence[tuple[dsse.Envelope, dict[str, Any]]],
     trusted: Sequence[PublicKey],
     source: str = "the attestation",
-) -> list[tuple[Attached, Referred]]:
+    keyless: Expected | None = None,
+) -> list[tuple[Attached | None, Referred]]:
     """Both places admission controllers look, for each envelope of `todo` (an acceptance and the
     statements signed beside it, each with the `material` naming its key): the `.att` tag
     (cosign's legacy form, read by policy-controller's key authorities and Kyverno's default
     verifier) and a referrer of the same manifest digest in cosign v3's bundle form. The tag is
     resolved once (a moved tag cannot split them); each envelope must verify with `trusted`
     (NotVerified) and none may be older than its signer's word there (NewerThere): both checked
-    for all before anything is written. Read, changed and written back under the image's lock."""
-    news = [(verified(env, trusted, source), material) for env, material in todo]
+    for all before anything is written. Read, changed and written back under the image's lock.
+
+    `keyless`: each envelope's bundle must prove that identity (its certificate, log entry and
+    timestamps, against the trusted root), and only the referrer is written (None in the pair's
+    place of the tag): cosign's legacy tag would carry a keyless signature's proof in annotations
+    made for Rekor v1, which Rekor v2 and a timestamp authority's proof do not fill."""
+    if keyless is None:
+        news = [(verified(env, trusted, source), material) for env, material in todo]
+    else:
+        news = [(keyless_verified(env, material, keyless, source), material) for env, material in todo]
     image = attach.resolve(client, ref)
     with locked(str(image.reference)):
         for new, _ in news:
             attach.check_subject(image, ref, new.statement)
-            refuse_if_newer(new, attach.read_layers(client, image, new).decisions(), source)
+            if keyless is None:
+                refuse_if_newer(new, attach.read_layers(client, image, new).decisions(), source)
             refuse_if_newer(new, [d for _, d in judged(client, image, new) if d is not None], source)
         return [
-            (attach.attach(client, image, new), refer(client, image, new, material)) for new, material in news
+            (None if keyless else attach.attach(client, image, new), refer(client, image, new, material))
+            for new, material in news
         ]
+
+
+def attach_signed(
+    client: RegistryClient, ref: Reference, signed: sign.Signed, key: SigningKey | None
+) -> list[tuple[Attached | None, Referred]]:
+    """A signed attempt's statements (a run's acceptance or an index statement, then the VSA and
+    the test-result), each with its own bundle's material, attached as `attach_and_refer` does:
+    verified with the signing key, or keyless for the identity its certificate names."""
+    from imagegate.attest import keyless
+
+    todo = list(zip((signed.envelope, *signed.standard), signed.materials, strict=True))
+    trusted = (signed.public,) if signed.public is not None else ()
+    expected = key.expected() if isinstance(key, keyless.KeylessKey) else None
+    return attach_and_refer(client, ref, todo, trusted, str(signed.dsse_path), expected)
+
+
+def keyless_verified(
+    envelope: dsse.Envelope, material: dict[str, Any], expected: Expected, source: str
+) -> Signed:
+    """The new statement, its bundle proving `expected` (NotVerified otherwise, nothing
+    written); the signer whose earlier word it supersedes is that identity: an earlier bundle
+    that proves it too."""
+    key, said = expected.verified_key(
+        bundle.wrap(envelope, material), envelope.payload_type, envelope.payload
+    )
+    if key is None:
+        raise NotVerified(f"{source}: its bundle does not prove {expected}: {said}; nothing attached")
+    statement = statement_of_envelope(envelope)
+    if statement is None or envelope.payload_type != dsse.INTOTO_PAYLOAD_TYPE:
+        raise NotVerified(f"{source}: not an in-toto statement; nothing attached")
+
+    def proves(old: dsse.Envelope, old_material: JsonMapping | None) -> bool:
+        if not old_material:  # a bare envelope, or a bundle with no certificate: not this identity's
+            return False
+        proof = bundle.wrap(old, freeze_object(old_material))
+        return expected.verified_key(proof, old.payload_type, old.payload)[0] is not None
+
+    return Signed(envelope, statement, key, proves, f"identity {expected}")
 
 
 def attach_file(
     path: Path, image: str, trusted: Sequence[PublicKey], *, insecure: bool = False
-) -> list[tuple[Attached, Referred]]:
+) -> list[tuple[Attached | None, Referred]]:
     """Attach the attestation in `path` (any form `verify` reads) to `image` in its registry; an
     attempt's acceptance brings the VSA and test-result signed beside it (`standard_beside`).
     Each referrer is a Sigstore bundle, whose verificationMaterial comes from the bundle that
@@ -464,9 +533,9 @@ def fetch_all(client: RegistryClient, image: RemoteImage) -> list[FetchedEnvelop
 # -- what an attach did, in words (the CLI and the use cases' callers say it) --------------
 
 
-def kept(pairs: Sequence[tuple[Attached, Referred]]) -> list[str]:
+def kept(pairs: Sequence[tuple[Attached | None, Referred]]) -> list[str]:
     """Each earlier statement of a new one's type that an attach left there, and why."""
-    return [k.describe() for done, referred in pairs for k in (*done.kept, *referred.kept)]
+    return [k.describe() for done, referred in pairs for k in (*(done.kept if done else ()), *referred.kept)]
 
 
 REPLACED_KEPT = (
@@ -475,7 +544,7 @@ REPLACED_KEPT = (
 )
 
 
-def remaining(pairs: Sequence[tuple[Attached, Referred]], repository: str) -> str | None:
+def remaining(pairs: Sequence[tuple[Attached | None, Referred]], repository: str) -> str | None:
     """What an attach leaves that it should have replaced (a registry that refuses deletion), as
     the message that goes with exit 1; None when nothing is left."""
     left = [gone for _, referred in pairs for gone in referred.remaining]

@@ -10,7 +10,7 @@ import fcntl
 import hashlib
 import os
 import posixpath
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
@@ -57,11 +57,23 @@ class Kept:
 @dataclass(frozen=True)
 class Signed:
     """A statement whose envelope verified with a trusted key: the only kind written, and the
-    signer whose earlier word it may supersede."""
+    signer whose earlier word it may supersede. Keyless, the key is the certificate's, made for
+    one run: the signer is the certificate's identity, `proves` tells whether an earlier
+    envelope with its bundle's verificationMaterial is that identity's (the bundle verified
+    against the trusted root), and `who` names it."""
 
     envelope: dsse.Envelope
     statement: dict[str, object]
     signer: PublicKey
+    proves: Callable[[dsse.Envelope, JsonMapping | None], bool] | None = None
+    who: str = ""
+
+    def named(self) -> str:
+        return self.who or f"key {self.signer.fingerprint}"
+
+    def made(self, old: dsse.Envelope, material: JsonMapping | None) -> bool:
+        """`old` is this signer's word (a keyless one: only with a bundle that proves it)."""
+        return self.proves(old, material) if self.proves is not None else old.verified_by(self.signer)
 
 
 class NewerThere(NotVerified):
@@ -208,16 +220,19 @@ class Decision:
     why: str = ""
 
 
-def decide(new: Signed, old: dsse.Envelope | None, subject: str, where: str) -> Decision | None:
-    """What `new` (about `subject`) does to an earlier `old` envelope found at `where`: None
-    when it is no statement of `new`'s predicate type (not ours to judge, nothing to say)."""
+def decide(
+    new: Signed, old: dsse.Envelope | None, subject: str, where: str, material: JsonMapping | None = None
+) -> Decision | None:
+    """What `new` (about `subject`) does to an earlier `old` envelope found at `where` (with its
+    bundle's verificationMaterial, where it came in one): None when it is no statement of
+    `new`'s predicate type (not ours to judge, nothing to say)."""
     earlier = statement_of(old) if old is not None else None
     kind = new.statement.get("predicateType")
     if earlier is None or earlier.get("predicateType") != kind:
         return None
     assert old is not None
     entry = Replaced(where, str(kind), outcome(earlier))
-    keep = _kept_because(new, old, earlier, subject)
+    keep = _kept_because(new, old, earlier, subject, material)
     if keep is not None:
         return Decision("keep", entry, keep)
     if old.payload == new.envelope.payload:
@@ -238,7 +253,9 @@ def _on_older_runs(new: JsonMapping, old: JsonMapping) -> bool:
     return theirs is not None and (mine is None or mine < theirs)
 
 
-def _kept_because(new: Signed, old: dsse.Envelope, earlier: JsonMapping, subject: str) -> str | None:
+def _kept_because(
+    new: Signed, old: dsse.Envelope, earlier: JsonMapping, subject: str, material: JsonMapping | None
+) -> str | None:
     """Why an earlier statement of the same predicate type is not `new`'s to supersede, or None."""
     pipeline = pipeline_of(earlier)
     if pipeline is None:
@@ -247,8 +264,8 @@ def _kept_because(new: Signed, old: dsse.Envelope, earlier: JsonMapping, subject
         return "about another image"
     if pipeline != pipeline_of(new.statement):
         return f"another pipeline's ({pipeline})"
-    if not old.verified_by(new.signer):
-        return f"not signed by key {new.signer.fingerprint}: another signer's word, or changed after signing"
+    if not new.made(old, material):
+        return f"not signed by {new.named()}: another signer's word, or changed after signing"
     return None
 
 
@@ -264,7 +281,7 @@ def refuse_if_newer(new: Signed, decisions: Sequence[Decision], source: str) -> 
         named = ", ".join(f"{d.entry.describe()}, {d.why}" for d in newer)
         raise NewerThere(
             f"{source} ({_short(str(new.statement.get('predicateType')))} {outcome(new.statement)}, "
-            f"{_said_when(said)}) is not newer than what key {new.signer.fingerprint} already "
+            f"{_said_when(said)}) is not newer than what {new.named()} already "
             f"attached for pipeline {pipeline_of(new.statement)}: {named}; nothing attached",
             hint="an earlier verdict never replaces a later one: attach the latest attempt",
         )

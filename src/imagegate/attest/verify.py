@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
-from imagegate._support.jsontypes import JsonMapping, items, obj, objects, path
+from imagegate._support.jsontypes import JsonMapping, freeze_object, items, obj, objects, path
 from imagegate.attest import bundle, dsse
 from imagegate.attest.envelopes import (
     MAX_ATTESTATION_BYTES,
@@ -547,11 +547,6 @@ def verify(
     if attestation is None:
         if image is None:
             raise UsageError("nothing to verify", hint="pass an ATTESTATION file, or --image REF to fetch it")
-        if keyless is not None:
-            raise UsageError(
-                "--identity verifies a bundle file; the statements attached to an image are verified by key",
-                hint="pass the run's attestation.sigstore.json, or verify the image's statements with --key",
-            )
         return verify_image(
             image,
             trusted,
@@ -559,6 +554,7 @@ def verify(
             predicate_type=predicate_type,
             insecure=insecure,
             scope=scope,
+            keyless=keyless,
         )
     attestation = attestation_in(attestation)
     name, digests = image_digests(image, insecure=insecure) if image else (None, [])
@@ -608,10 +604,12 @@ def verify_image(
     predicate_type: str = PREDICATE_TYPE,
     insecure: bool = False,
     scope: Scope | None = None,
+    keyless: Expected | None = None,
 ) -> Report:
     """Fetch the attestations attached to `image` in its registry and verify them: the word is
     the one `attest/word.py` takes (only trusted statements; by default as strict as the shipped
-    ClusterPolicy), or, when none verifies, the one whose failures explain why."""
+    ClusterPolicy), or, when none verifies, the one whose failures explain why. `keyless`: who
+    must have signed; a referrer's bundle proves it (a `.att` layer carries no certificate)."""
     from imagegate.attest import attach, referrers
     from imagegate.attest.word import Scope, the_word
     from imagegate.oci.registry import RegistryError
@@ -637,20 +635,9 @@ def verify_image(
         raise attach.not_found_anywhere(image, e) from e
     if not fetched:
         return _none_attached(image, ref, remote)
-    once = {f.envelope.payload: f for f in reversed(fetched)}  # one statement, in both places: once
-    reports = [
-        verify_envelope(
-            f.envelope,
-            trusted,
-            source=f.source,
-            predicate_type=predicate_type,
-            image_digests=remote.subject_digests,
-            image_name=str(ref),
-            expect_verdict=expect_verdict,
-        )
-        for f in fetched
-        if once[f.envelope.payload] is f
-    ]
+    reports = _reports(
+        fetched, trusted, keyless, remote.subject_digests, str(ref), predicate_type, expect_verdict
+    )
     scope = scope or Scope()
     chosen = the_word(reports, scope)
     if chosen is None and scope.pipeline is not None:
@@ -658,6 +645,43 @@ def verify_image(
     chosen = chosen or choose(reports, predicate_type)
     assert chosen is not None
     return chosen
+
+
+def _reports(
+    fetched: Sequence[attach.FetchedEnvelope],
+    trusted: Trusted,
+    keyless: Expected | None,
+    digests: Sequence[str],
+    name: str,
+    predicate_type: str,
+    expect_verdict: str | None,
+) -> list[Report]:
+    """Each statement read from the registry, once (the same one in both places is one), checked
+    with `trusted` and, keyless, the key its referrer bundle certifies for the identity."""
+    once = {f.envelope.payload: f for f in reversed(fetched)}
+    reports = []
+    for f in fetched:
+        if once[f.envelope.payload] is not f:
+            continue
+        ring, said = keyring(trusted), ""
+        if keyless is not None:
+            env = f.envelope
+            material = freeze_object(f.material or {})
+            certified, said = keyless.verified_key(bundle.wrap(env, material), env.payload_type, env.payload)
+            ring = (*ring, certified) if certified is not None else ring
+        rep = verify_envelope(
+            f.envelope,
+            ring,
+            source=f.source,
+            predicate_type=predicate_type,
+            image_digests=digests,
+            image_name=name,
+            expect_verdict=expect_verdict,
+        )
+        if keyless is not None:
+            _say_keyless(rep, said)
+        reports.append(rep)
+    return reports
 
 
 def _none_of_pipeline(pinned: str, scope: Scope, read: int) -> Report:

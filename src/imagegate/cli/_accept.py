@@ -299,7 +299,12 @@ def done_lines(done: "accept.Accepted") -> list[str]:
         lines.append(f"signed {done.signed.dsse_path} {_with(done.signed.signer)}")
     a = done.attached
     if a is not None:
-        lines.append(f"attached to {a.reference} ({a.tag}, {a.layers} attestation(s); referrers via {a.via})")
+        if a.tag:
+            lines.append(
+                f"attached to {a.reference} ({a.tag}, {a.layers} attestation(s); referrers via {a.via})"
+            )
+        else:  # keyless: the referrers alone (attest/referrers.py attach_and_refer says why)
+            lines.append(f"attached to {a.reference} as {a.layers} Sigstore bundle referrer(s), via {a.via}")
         if a.replaced:
             from imagegate.attest.referrers import REPLACED_KEPT
 

@@ -64,15 +64,8 @@ def _signing_key(key: str | None, notify: Notify, warn: Notify, *, attaching: bo
     """With no key named and no default key possible (a read-only home), the run goes on
     unsigned and says so (`warn`): the verdict and its evidence are still written. Not with
     --attach, whose statements could be neither signed nor attached: refused before the run."""
-    from imagegate.attest import keyless, keys
+    from imagegate.attest import keys
 
-    if attaching and keyless.is_uri(keys.named_signer(key)):
-        # each keyless statement has a log entry and a certificate of its own, and who may
-        # replace a keyless statement in the registry is its identity, not a key: not yet
-        raise UsageError(
-            "--attach with a keyless signer (sigstore:) is not supported yet",
-            hint="sign keyless without --attach, or attach statements signed with a key",
-        )
     try:
         found = keys.resolve_signing_key(key, notify=notify)
     except keys.DefaultKeyUnavailable as e:

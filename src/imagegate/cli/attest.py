@@ -419,7 +419,7 @@ def attach(
     pairs = attach_file(attestation, image, trusted, insecure=insecure)
     for done, referred in pairs:
         console_attest.render_attached(done, referred)
-    if any(done.replaced or referred.replaced for done, referred in pairs):
+    if any((done and done.replaced) or referred.replaced for done, referred in pairs):
         print(referrers.REPLACED_KEPT)
     left = referrers.remaining(pairs, parse_image(image).repository)
     if left is not None:

@@ -41,19 +41,22 @@ def render_verify(report: Report, conclusion: str) -> None:
     print(conclusion)
 
 
-def render_attached(done: Attached, referred: Referred) -> None:
-    if done.already:
+def render_attached(done: Attached | None, referred: Referred) -> None:
+    """`done`: the `.att` tag as written; None where only the referrer was (keyless)."""
+    if done is None:
+        pass
+    elif done.already:
         print(f"already attached: {done.reference} ({done.tag}, layer {done.layer_digest})")
     else:
         print(f"attached to {done.reference}: {done.tag} now holds {done.layers} attestation(s)")
         print(f"  layer {done.layer_digest}, manifest {done.manifest_digest}")
     said = "already a referrer" if referred.already else "referrer"
     print(f"{said} {referred.manifest_digest}, listed by {referred.via}")
-    for gone in (*done.replaced, *referred.replaced):
+    for gone in (*(done.replaced if done else ()), *referred.replaced):
         print(f"  replaced {gone.describe()}")
-    for kept in (*done.kept, *referred.kept):
+    for kept in (*(done.kept if done else ()), *referred.kept):
         print(f"  kept {kept.describe()}")
-    for dropped in done.dropped:
+    for dropped in done.dropped if done else ():
         print(f"  dropped {dropped}")
 
 

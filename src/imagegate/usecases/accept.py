@@ -171,9 +171,7 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
         from imagegate.attest.sign import sign_attempt
 
         signed = sign_attempt(attempt.dir, statement, outputs.key)
-    attached = (
-        _attach(signed, pinned, outputs.insecure) if signed is not None and pinned is not None else None
-    )
+    attached = _attach(signed, pinned, outputs) if signed is not None and pinned is not None else None
     left = attached.left if attached is not None else None
     used_stdout = False
     if outputs.write_reports is not None:  # also with no --report: a CI's own summary
@@ -235,23 +233,23 @@ def _not_attachable(reference: str, now: str, image: ImageFacts) -> NotAttachabl
     )
 
 
-def _attach(signed: Signed, ref: Reference, insecure: bool) -> Attachment:
+def _attach(signed: Signed, ref: Reference, outputs: Outputs) -> Attachment:
     """Attach the acceptance, the VSA and the test-result to `ref` (pinned by `_pinned`); each
-    replaces the earlier ones of its type and pipeline that the same signer made."""
+    replaces the earlier ones of its type and pipeline that the same signer made (keyless: the
+    same identity, proven by each earlier bundle)."""
     from imagegate.attest import attach, referrers
 
-    with attach.client_for(ref, insecure=insecure) as client:
+    with attach.client_for(ref, insecure=outputs.insecure) as client:
         # The standard statements too: admission policies are written against them.
-        todo = [(envelope, signed.material) for envelope in (signed.envelope, *signed.standard)]
-        trusted = (signed.public,) if signed.public is not None else ()
-        pairs = referrers.attach_and_refer(client, ref, todo, trusted, str(signed.dsse_path))
+        pairs = referrers.attach_signed(client, ref, signed, outputs.key)
     done, referred = pairs[-1]
+    replaced = [g.describe() for d, r in pairs for g in (*(d.replaced if d else ()), *r.replaced)]
     return Attachment(
-        done.reference,
-        done.tag,
-        done.layers,
+        done.reference if done else f"{ref.registry}/{ref.repository}@{ref.digest}",
+        done.tag if done else "",
+        done.layers if done else len(pairs),
         referred.via,
-        tuple(g.describe() for d, r in pairs for g in (*d.replaced, *r.replaced)),
+        tuple(replaced),
         tuple(referrers.kept(pairs)),
         referrers.remaining(pairs, ref.repository),
     )

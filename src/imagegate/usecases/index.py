@@ -42,7 +42,7 @@ class IndexJudged:
     statement: Statement[RawPredicate]
     signed: Signed
     code: int
-    attached: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
+    attached: tuple[tuple[attach.Attached | None, referrers.Referred], ...] = ()
 
 
 def read_runs(folders: Sequence[Path], trusted: Sequence[keys.PublicKey]) -> list[plat.PlatformRun]:
@@ -135,14 +135,11 @@ def judge_index(
     code = accepted(verdict, plat.index_levels(said), require_complete=require_complete)
     if code != exit_code(verdict, require_complete=require_complete):
         alert(_no_level(verdict, said))
-    pairs: tuple[tuple[attach.Attached, referrers.Referred], ...] = ()
+    pairs: tuple[tuple[attach.Attached | None, referrers.Referred], ...] = ()
     if attach_it:
         pinned = attach.parse_image(reference).with_digest(digest)
         with attach.client_for(pinned, insecure=insecure) as client:
-            todo = list(zip((signed.envelope, *signed.standard), signed.materials, strict=True))
-            pairs = tuple(
-                referrers.attach_and_refer(client, pinned, todo, (key.public,), str(signed.dsse_path))
-            )
+            pairs = tuple(referrers.attach_signed(client, pinned, signed, key))
         left = referrers.remaining(list(pairs), pinned.repository)
         if left is not None:
             alert(left)
