@@ -258,6 +258,10 @@ def test_a_keyless_attach_supersedes_only_its_own_identitys_word(
     assert theirs.returncode == 0, theirs.stdout + theirs.stderr
     assert f"not signed by identity {local.identity('org/other')}" in theirs.stderr, theirs.stderr
     assert len(_referrers(image)) == 6  # another workflow's word never erases this one's
+    assert cli("keygen", "--out", str(tmp_path / "team")).returncode == 0
+    keyed = cli(*_in(image), "-o", "runs", "--key", str(tmp_path / "team.key"), "--attach", cwd=tmp_path)
+    assert keyed.returncode == 0, keyed.stdout + keyed.stderr
+    assert "not signed by key " in keyed.stderr and len(_referrers(image)) == 9, keyed.stderr  # nor a key's
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,6 @@ from imagegate.attest.replace import (
     refuse_if_newer,
     verified,
 )
-from imagegate.attest.replace import statement_of as statement_of_envelope
 from imagegate.domain.digest import digest_of, is_digest, split_digest
 from imagegate.errors import NotVerified, UsageError
 from imagegate.oci import untrusted_json
@@ -450,9 +449,6 @@ def keyless_verified(
     )
     if key is None:
         raise NotVerified(f"{source}: its bundle does not prove {expected}: {said}; nothing attached")
-    statement = statement_of_envelope(envelope)
-    if statement is None or envelope.payload_type != dsse.INTOTO_PAYLOAD_TYPE:
-        raise NotVerified(f"{source}: not an in-toto statement; nothing attached")
 
     def proves(old: dsse.Envelope, old_material: JsonMapping | None) -> bool:
         if not old_material:  # a bare envelope, or a bundle with no certificate: not this identity's
@@ -460,7 +456,8 @@ def keyless_verified(
         proof = bundle.wrap(old, freeze_object(old_material))
         return expected.verified_key(proof, old.payload_type, old.payload)[0] is not None
 
-    return Signed(envelope, statement, key, proves, f"identity {expected}")
+    # The statement's form checked as for a key (the certificate's key signed it: proven above).
+    return replace(verified(envelope, [key], source), proves=proves, who=f"identity {expected}")
 
 
 def attach_file(
