@@ -415,8 +415,8 @@ def attach_and_refer(
     with locked(str(image.reference)):
         for new, _ in news:
             attach.check_subject(image, ref, new.statement)
-            if keyless is None:
-                refuse_if_newer(new, attach.read_layers(client, image, new).decisions(), source)
+            # The tag holds no bundle to prove a keyless signer by: its layers are kept, never newer.
+            refuse_if_newer(new, attach.read_layers(client, image, new).decisions(), source)
             refuse_if_newer(new, [d for _, d in judged(client, image, new) if d is not None], source)
         return [
             (None if keyless else attach.attach(client, image, new), refer(client, image, new, material))
