@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from imagegate.attest import attach, bundle, dsse, keys, sign
+from imagegate.attest import attach, bundle, dsse, keys, referrers, sign
 from imagegate.attest import statement as st
 from imagegate.oci.registry import RegistryClient
 from tests.attest.conftest import cli, docker, one_file_image
@@ -88,6 +88,13 @@ def test_the_registry_has_no_referrers_api_and_attach_keeps_the_fallback_tag(
     again = cli("attach", str(signed), image, "--key", str(pub))
     assert again.returncode == 0 and "already a referrer" in again.stdout
     assert _get(registry, "attest/app", fallback, INDEX).json() == index  # listed once
+    # Readers get each referrer's bundle material (a keyless one's certificate proves its signer
+    # by it), and none for the bare .att layer.
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        found = referrers.fetch_all(client, attach.resolve(client, parsed))
+    materials = [f.material for f in found if f.envelope == attach_envelope(signed)]
+    assert sorted(materials, key=lambda m: m is None) == [json.loads(blob)["verificationMaterial"], None]
 
     # verify --image through the referrer alone: the .att tag removed
     _delete_tag(registry, "attest/app", attach.attestation_tag(digest))

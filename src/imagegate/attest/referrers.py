@@ -372,7 +372,8 @@ def _referred(client: RegistryClient, image: RemoteImage, budget: ReadBudget | N
         layers = [x for x in manifest.get("layers") or [] if isinstance(x, dict)]
         read = _envelope(client, repo, layers[0], budget) if len(layers) == 1 else None
         if read is not None:
-            out.append(_Found(d, via, read[0], str(layers[0]["digest"]), read[1] is not None, read[1]))
+            envelope, material = read
+            out.append(_Found(d, via, envelope, str(layers[0]["digest"]), material is not None, material))
     return out
 
 
