@@ -472,11 +472,8 @@ def verify_file(
     reports = []
     envelopes = read_envelopes(path)
     for n, env in enumerate(envelopes, 1):
-        ring, said = keyring(trusted), ""
-        if keyless is not None:
-            material = bundle_material(path, env) or {}
-            certified, said = keyless.verified_key(bundle.wrap(env, material), env.payload_type, env.payload)
-            ring = (*ring, certified) if certified is not None else ring
+        material = bundle_material(path, env) if keyless is not None else None  # read only to be used
+        ring, said = _ring(env, trusted, keyless, material)
         rep = verify_in_folder(
             env,
             ring,
@@ -494,6 +491,23 @@ def verify_file(
     chosen = choose(reports, predicate_type)
     assert chosen is not None  # read_envelopes never returns an empty list
     return chosen
+
+
+def _ring(
+    env: dsse.Envelope,
+    trusted: Trusted,
+    keyless: Expected | None,
+    material: JsonMapping | None,
+) -> tuple[tuple[PublicKey, ...], str]:
+    """The keys `env` may verify with: `trusted`, and keyless, the key its bundle's certificate
+    (in `material`, the bundle's verificationMaterial) certifies for the identity; with what
+    the keyless check said."""
+    ring = keyring(trusted)
+    if keyless is None:
+        return ring, ""
+    proof = bundle.wrap(env, freeze_object(material or {}))
+    certified, said = keyless.verified_key(proof, env.payload_type, env.payload)
+    return ((*ring, certified) if certified is not None else ring), said
 
 
 def _say_keyless(rep: Report, said: str) -> None:
@@ -663,12 +677,7 @@ def _reports(
     for f in fetched:
         if once[f.envelope.payload] is not f:
             continue
-        ring, said = keyring(trusted), ""
-        if keyless is not None:
-            env = f.envelope
-            material = freeze_object(f.material or {})
-            certified, said = keyless.verified_key(bundle.wrap(env, material), env.payload_type, env.payload)
-            ring = (*ring, certified) if certified is not None else ring
+        ring, said = _ring(f.envelope, trusted, keyless, f.material)
         rep = verify_envelope(
             f.envelope,
             ring,
