@@ -403,9 +403,15 @@ class Answer:
         return {"admitted": self.admitted, "said": self.said}
 
 
-def _run(argv: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: list[str], timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, "NO_COLOR": "1"}
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
     )
 
 
@@ -459,11 +465,13 @@ def kyverno_answer(s: Setting, policy: Path, pod: dict[str, Any], d: Path) -> An
     return kyverno_apply(s.kyverno_policy(policy, d), resource)
 
 
-def kyverno_apply(policy: Path, resource: Path) -> Answer:
+def kyverno_apply(policy: Path, resource: Path, env: dict[str, str] | None = None) -> Answer:
     """Kyverno's CLI on one policy file (filled in) and one resource, the images read from their
-    registry: admitted when every rule that applied passed; None when none applied."""
+    registry (`env`: added to its environment, e.g. where its TUF caches live): admitted when
+    every rule that applied passed; None when none applied."""
     p = _run(
-        [exe(TOOLS[1]), "apply", str(policy), "--resource", str(resource), "--registry", "--remove-color"]
+        [exe(TOOLS[1]), "apply", str(policy), "--resource", str(resource), "--registry", "--remove-color"],
+        env=env,
     )
     out = p.stdout + p.stderr
     summary = re.search(r"pass: (\d+), fail: (\d+), warn: (\d+), error: (\d+), skip: (\d+)", out)
@@ -481,10 +489,12 @@ def policy_controller_answer(s: Setting, image: str, pod: dict[str, Any], d: Pat
     return policy_controller_test(s.cip(d, floor), image, resource)
 
 
-def policy_controller_test(cip: Path, image: str, resource: Path) -> Answer:
+def policy_controller_test(cip: Path, image: str, resource: Path, trust_root: Path | None = None) -> Answer:
     """policy-controller's tester on one ClusterImagePolicy (filled in), `image` and the resource
-    running it: admitted on exit 0; None when it failed to judge."""
+    running it (and the TrustRoot its keyless authorities name): admitted on exit 0; None when
+    it failed to judge."""
     argv = [exe(TOOLS[2]), "--policy", str(cip), "--image", image, "--resource", str(resource)]
+    argv += ["--trustroot", str(trust_root)] if trust_root is not None else []
     p = _run([*argv, "--log-level", "error"])
     if p.returncode == 0:
         return Answer(True, _tail(p.stdout + p.stderr))

@@ -4,12 +4,18 @@ test_written_policies.py), and bad input refused with one line, exit 3."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 import imagegate
 from imagegate.attest import keys
@@ -94,3 +100,126 @@ def test_write_refuses_bad_input_with_one_line(pub: Path, tmp_path: Path) -> Non
     assert "no shipped policy 'kyverno'" in _refused("kyverno", *ok)
     assert "a policy needs a bound" in _refused(*ok, "--max-age", "0")
     assert "not a duration" in _refused(*ok, "--max-age", "a week")
+
+
+def _trusted_root(folder: Path) -> tuple[Path, x509.Certificate, bytes]:
+    """A trusted_root.json with one CA (a self-signed certificate) and one log: the file, the
+    CA's certificate, the log's key (SubjectPublicKeyInfo, DER)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "test"), x509.NameAttribute(NameOID.COMMON_NAME, "ca")]
+    )
+    now = dt.datetime.now(dt.timezone.utc)
+    ca = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    log = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    root = {
+        "mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
+        "certificateAuthorities": [{
+            "subject": {"organization": "test", "commonName": "ca"}, "uri": "https://ca.example",
+            "certChain": {"certificates": [{"rawBytes": b64(ca.public_bytes(serialization.Encoding.DER))}]},
+        }],
+        "tlogs": [{"baseUrl": "https://log.example", "hashAlgorithm": "SHA2_256", "publicKey": {"rawBytes": b64(log)}}],
+    }  # fmt: skip
+    (folder / "trusted_root.json").write_text(json.dumps(root))
+    return folder / "trusted_root.json", ca, log
+
+
+WHO = "https://github.com/org/repo/.github/workflows/gate.yml@refs/heads/main"
+ISSUER = "https://token.actions.githubusercontent.com"
+
+
+def test_write_keyless_names_the_signer_in_each_policy_and_the_trust_beside_it(tmp_path: Path) -> None:
+    """Keyless: each policy's key attestor becomes one for the identity and issuer, reading the
+    Sigstore bundle referrers keyless statements are attached as; the trusted root goes inline
+    to the ImageValidatingPolicy (with the TUF repository named) and into a TrustRoot beside the
+    ClusterImagePolicy. What the real controllers make of them: tests/attest/test_keyless_sigstore.py."""
+    root, ca, log = _trusted_root(tmp_path)
+    (tmp_path / "tuf-root.json").write_bytes(b'{"signed": {}}')
+    done = cli(
+        "policies", "write", "--identity", WHO, "--issuer-regexp", "^https://token\\.actions\\.", "--trusted-root",
+        str(root), "--tuf-mirror", "https://tuf.example", "--tuf-root", str(tmp_path / "tuf-root.json"),
+        "--image", "r.example/*", "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = {n: (tmp_path / "out" / f"{n}.yaml").read_text() for n in NAMES}
+    assert all(
+        "PUBLIC KEY" not in t and PLACEHOLDER not in t and "keyless" in t.splitlines()[0]
+        for t in text.values()
+    )
+    cpol = yaml.safe_load(text["kyverno-clusterpolicy"])
+    for rule in cpol["spec"]["rules"]:
+        (verify,) = rule["verifyImages"]
+        assert verify["type"] == "SigstoreBundle" and verify["useCache"] is False
+        (entry,) = verify["attestations"][0]["attestors"][0]["entries"]
+        assert entry == {
+            "keyless": {
+                "subject": WHO,
+                "issuerRegExp": "^https://token\\.actions\\.",
+                "rekor": {"url": "https://log.example"},
+            }
+        }
+    cosign = yaml.safe_load(text["kyverno-imagevalidatingpolicy"])["spec"]["attestors"][0]["cosign"]
+    assert cosign["keyless"] == {
+        "identities": [{"subject": WHO, "issuerRegExp": "^https://token\\.actions\\."}]
+    }
+    assert json.loads(cosign["trustedRoot"]["value"]) == json.loads(root.read_text())
+    assert cosign["tuf"] == {
+        "mirror": "https://tuf.example",
+        "root": {"data": base64.b64encode(b'{"signed": {}}').decode()},
+    }
+    cip, trust = yaml.safe_load_all(text["policy-controller-clusterimagepolicy"])
+    for authority in cip["spec"]["authorities"]:
+        assert authority["signatureFormat"] == "bundle" and "key" not in authority
+        assert authority["keyless"] == {
+            "identities": [{"subject": WHO, "issuerRegExp": "^https://token\\.actions\\."}],
+            "trustRootRef": trust["metadata"]["name"],
+        }
+    keys_ = trust["spec"]["sigstoreKeys"]
+    (authority,) = keys_["certificateAuthorities"]
+    assert x509.load_pem_x509_certificates(base64.b64decode(authority["certChain"])) == [ca]
+    assert (
+        authority["subject"] == {"organization": "test", "commonName": "ca"}
+        and authority["uri"] == "https://ca.example"
+    )
+    (tlog,) = keys_["tLogs"]
+    pem = serialization.load_pem_public_key(base64.b64decode(tlog["publicKey"]))
+    assert (
+        pem.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == log
+    )
+    assert tlog["baseURL"] == "https://log.example" and tlog["hashAlgorithm"] == "sha-256"
+
+
+def test_write_keyless_refuses_a_signer_it_cannot_name_with_one_line(pub: Path, tmp_path: Path) -> None:
+    root, _, _ = _trusted_root(tmp_path)
+    who = ("--identity", WHO, "--issuer", ISSUER, "--image", "r.example/*")
+    assert "needs --key PUB or a keyless signer" in _refused(
+        *who, "--trusted-root", str(root), "--key", str(pub)
+    )
+    assert "needs --key PUB or a keyless signer" in _refused("--image", "r.example/*")
+    assert "one of --issuer/--issuer-regexp" in _refused(
+        "--identity", WHO, "--trusted-root", str(root), "--image", "r"
+    )
+    assert "one of --identity/--identity-regexp" in _refused(
+        *who, "--identity-regexp", "x", "--trusted-root", str(root)
+    )
+    assert "needs --trusted-root FILE" in _refused(*who)
+    assert "--tuf-root needs --tuf-mirror" in _refused(
+        *who, "--trusted-root", str(root), "--tuf-root", str(root)
+    )
+    assert "not a regexp" in _refused(
+        "--identity-regexp", "(", "--issuer", ISSUER, "--trusted-root", str(root), "--image", "r"
+    )
+    (tmp_path / "bad.json").write_text(
+        '{"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1"}'
+    )
+    assert "not a Sigstore trusted root" in _refused(*who, "--trusted-root", str(tmp_path / "bad.json"))
+    assert "cannot read it" in _refused(*who, "--trusted-root", str(tmp_path / "absent.json"))

@@ -22,6 +22,7 @@ from imagegate._support.names import (
 from imagegate.cli import _app
 from imagegate.cli._accept import grouped
 from imagegate.cli._app import Option, app
+from imagegate.cli._identity import Identity
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `--help` loads no key code
@@ -180,33 +181,6 @@ class Verifying:
         f"Default: the public half of the key run signs with (${KEY_ENV}, else the user's key).",
     )
     trusted_keys: list[Path] = _app.TRUSTED_KEYS
-    identity: str | None = Option(
-        None,
-        "--identity",
-        metavar="ID",
-        help="Keyless: who must have signed, as the certificate names it (a CI workflow's URI, an email); needs --issuer and --trusted-root.",
-    )
-    identity_regexp: str | None = Option(
-        None,
-        "--identity-regexp",
-        metavar="RE",
-        help="Keyless: a regexp the certificate's identity must match (anywhere, as cosign's; anchor it with ^…$).",
-    )
-    issuer: str | None = Option(
-        None, "--issuer", metavar="URL", help="Keyless: the OIDC issuer the certificate must name."
-    )
-    issuer_regexp: str | None = Option(
-        None,
-        "--issuer-regexp",
-        metavar="RE",
-        help="Keyless: a regexp the certificate's OIDC issuer must match.",
-    )
-    trusted_root: Path | None = Option(
-        None,
-        "--trusted-root",
-        metavar="FILE",
-        help="Keyless: the Sigstore whose CA, logs and timestamp authorities are trusted (trusted_root.json, or a client trust config).",
-    )
     image: str | None = Option(
         None, "--image", help="The image the subject must be: a registry reference or a sha256: digest."
     )
@@ -275,6 +249,7 @@ def verify(
         help="attestation.dsse.json, .intoto.jsonl or .sigstore.json, or a run's attempt folder; omit with --image to fetch from the registry.",
     ),
     v: Verifying = Verifying(),
+    who: Identity = Identity(),
 ) -> None:
     """Verify a signed acceptance attestation: signature, subject, evidence, verdict."""
     from imagegate.attest import keys
@@ -287,7 +262,7 @@ def verify(
 
     if attestation is not None:  # an unsigned run needs no key to be told so
         attestation = attestation_in(attestation)
-    keyless = _expected(v)
+    keyless = _expected(who)
     trusted = keys.trusted_keys(v.key, v.trusted_keys) or (() if keyless else _runs_key())
     if (v.pipeline or v.max_age) and (attestation is not None or v.image is None):
         raise UsageError(
@@ -313,41 +288,16 @@ def verify(
     raise typer.Exit(EXIT_ACCEPTED if ok else EXIT_REJECTED)
 
 
-def _expected(v: Verifying) -> "keyless.Expected | None":
+def _expected(who: Identity) -> "keyless.Expected | None":
     """Who must have signed, from --identity/--issuer (or their regexps) and --trusted-root:
     all three or none."""
-    named = {
-        "--identity": v.identity,
-        "--identity-regexp": v.identity_regexp,
-        "--issuer": v.issuer,
-        "--issuer-regexp": v.issuer_regexp,
-        "--trusted-root": v.trusted_root,
-    }
-    given = [k for k, value in named.items() if value is not None]
-    if not given:
+    path = who.named("keyless verification")
+    if path is None:
         return None
-    if (v.identity is None) == (v.identity_regexp is None) or (v.issuer is None) == (v.issuer_regexp is None):
-        raise UsageError(
-            f"keyless verification ({', '.join(given)}) needs one of --identity/--identity-regexp "
-            "and one of --issuer/--issuer-regexp",
-            hint="name who must have signed and who vouched for them, as cosign's --certificate-identity and --certificate-oidc-issuer",
-        )
-    if v.trusted_root is None:
-        raise UsageError(
-            "keyless verification needs --trusted-root FILE",
-            hint="the trusted_root.json of the Sigstore that signed (never a default: name the one you trust)",
-        )
-    import re
-
     from imagegate.attest import keyless
 
-    for option, pattern in (("--identity-regexp", v.identity_regexp), ("--issuer-regexp", v.issuer_regexp)):
-        try:
-            re.compile(pattern or "")
-        except re.error as e:
-            raise UsageError(f"{option} {pattern!r}: not a regexp ({e})") from None
-    root = keyless.trusted_root(v.trusted_root)
-    return keyless.Expected(root, v.identity, v.identity_regexp, v.issuer, v.issuer_regexp)
+    root = keyless.trusted_root(path)
+    return keyless.Expected(root, who.identity, who.identity_regexp, who.issuer, who.issuer_regexp)
 
 
 def _runs_key() -> "tuple[keys.PublicKey, ...]":

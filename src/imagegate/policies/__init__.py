@@ -17,6 +17,13 @@ from pathlib import Path
 
 from imagegate._support import resources
 from imagegate.errors import InternalError, UsageError
+from imagegate.policies.keyless import (
+    Signer,
+    cluster_image_policy,
+    cluster_policy,
+    describe,
+    image_validating_policy,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,12 @@ ENFORCES = (
     "file (NOT_BEFORE): write that policy again each day."
 )
 NAMES = tuple(p.name for p in POLICIES)
+# Each policy's key attestor rewritten as a keyless one (policies/keyless.py).
+_KEYLESS = {
+    "kyverno-clusterpolicy": cluster_policy,
+    "kyverno-imagevalidatingpolicy": image_validating_policy,
+    "policy-controller-clusterimagepolicy": cluster_image_policy,
+}
 
 PLACEHOLDER = "REPLACE WITH THE CONTENTS OF imagegate.pub"
 _KEY_BLOCK = re.compile(
@@ -96,11 +109,12 @@ def go_duration(age: timedelta) -> str:
 class Filling:
     """What a written policy says in place of the shipped placeholders."""
 
-    pem: str  # the public key, PEM (SubjectPublicKeyInfo)
+    pem: str | None  # the public key, PEM (SubjectPublicKeyInfo); None when keyless
     pattern: str  # checked by check_pattern
     max_age: timedelta
     now: datetime  # UTC: policy-controller's NOT_BEFORE is now - max_age
     version: str
+    keyless: Signer | None = None  # who must have signed, instead of a key
 
     @property
     def floor(self) -> str:
@@ -114,10 +128,17 @@ def _replace(text: str, old: str, new: str, name: str) -> str:
 
 
 def _header(name: str, f: Filling, age: str) -> str:
+    whose = "your key" if f.keyless is None else "keyless"
     lines = [
-        f"# written by imagegate {f.version} (imagegate policies write {name}): your key, the images",
+        f"# written by imagegate {f.version} (imagegate policies write {name}): {whose}, the images",
         f"# {f.pattern}, VSAs verified within {age}.",
     ]
+    if f.keyless is not None:
+        lines.append(f"# Signed by {describe(f.keyless)}.")
+        if name == "kyverno-clusterpolicy":
+            lines.append(
+                "# Its trusted root: the one Kyverno's TUF serves (the controller's --tufMirror, --tufRoot)."
+            )
     if name.startswith("policy-controller"):
         lines.append(f"# NOT_BEFORE is rendered to {f.floor} (now - {age}): write this file again each day.")
     return "\n".join(lines) + "\n"
@@ -128,8 +149,11 @@ def fill(name: str, f: Filling) -> str:
     body = text(name)
     if not _KEY_BLOCK.search(body):
         raise InternalError(f"shipped policy {name}: no public-key placeholder to fill in")
-    key_lines = f.pem.strip().splitlines()
-    body = _KEY_BLOCK.sub(lambda m: "\n".join(m.group(1) + line for line in key_lines), body)
+    if f.keyless is not None:
+        body = _KEYLESS[name](body, f.keyless, name)
+    else:
+        key_lines = (f.pem or "").strip().splitlines()
+        body = _KEY_BLOCK.sub(lambda m: "\n".join(m.group(1) + line for line in key_lines), body)
     age = go_duration(f.max_age)
     if name.startswith("policy-controller"):
         pc_pattern = json.dumps(f.pattern.replace("*", "**"))
