@@ -13,8 +13,11 @@ import dataclasses
 import datetime
 import http.server
 import json
+import secrets
+import shutil
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,9 @@ from imagegate.oci.registry import NotFound
 from tests.attest import tuf_repo
 from tests.attest.conftest import HERE_RUN, Result, cli, docker
 from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
-from tests.helpers import go_tools, serving
+from tests.helpers import DOCKER_SOCK, go_tools, serving
+from tests.install import test_ci_steps as ci
+from tests.install.ci_runners import run_act, run_gitlab_job
 
 REPO = "org/gate"
 
@@ -484,3 +489,113 @@ def test_policy_controller_admits_on_the_identity_its_policy_names(judging: Judg
     if "no valid bundles exist in registry" in pc.said:
         raise ReadsNoRekorV2(pc.said)
     assert pc.admitted is True, pc.said
+
+
+# ---- the CI steps, keyless as the job's identity -----------------------------------------------
+
+
+@contextlib.contextmanager
+def _github_token_request(local: LocalSigstore, sub: str) -> Iterator[dict[str, str]]:
+    """GitHub's ID-token request for a job with `id-token: write`, a STAND-IN (GitHub's cannot
+    run here): GET ACTIONS_ID_TOKEN_REQUEST_URL&audience=AUD with the bearer
+    ACTIONS_ID_TOKEN_REQUEST_TOKEN answers {"value": JWT}, the JWT minted by the tests' issuer
+    for `sub`'s workflow. The variables a runner sets for such a job."""
+    bearer = secrets.token_hex(16)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            ok = self.headers.get("Authorization", "").lower() == f"bearer {bearer}" and "audience" in query
+            body = json.dumps(
+                {"value": local.token(sub, audience=query["audience"][0])} if ok else {}
+            ).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with serving(Handler) as url:
+        yield {
+            "ACTIONS_ID_TOKEN_REQUEST_URL": f"{url}/token?api-version=2.0",
+            "ACTIONS_ID_TOKEN_REQUEST_TOKEN": bearer,
+        }
+
+
+@pytest.mark.engine
+def test_the_action_and_the_gitlab_job_sign_keyless_as_the_jobs_identity(
+    local: LocalSigstore, images: dict[str, str], tmp_path: Path
+) -> None:
+    """With no key and an identity (GitHub: `id-token: write`, the runner's token request;
+    GitLab: `id_tokens` SIGSTORE_ID_TOKEN), the Action and the GitLab job sign keyless through
+    the Sigstore named (`sigstore`, IMAGEGATE_SIGSTORE), as that workflow or project; naming
+    none stops the step before anything runs: the public instance is never a default."""
+    trust = str(local.client_trust_config)
+    common = {"image": images["python"], "imagegate": str(ci.IMAGEGATE)}
+    with _github_token_request(local, REPO) as runner:
+        env = {**ci._env(), **runner}
+        unnamed, workspace = ci._action(tmp_path / "unnamed", env, **common)
+        assert unnamed.outcome == "failure" and unnamed.outputs["exit-code"] == "3", unnamed.log
+        assert (
+            "set input sigstore" in unnamed.steps["check"]["stdout"]
+            and not (workspace / "imagegate-runs").exists()
+        )
+        run, workspace = ci._action(tmp_path / "github", env, **common, sigstore=trust)
+    assert run.outcome == "success" and run.outputs["signed"] == "true", run.log
+    ok = _verify(local, workspace / run.outputs["attempt"], *_who(local))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    project = tmp_path / "project"
+    project.mkdir()
+    job = {"extends": ".imagegate", "variables": {
+        "DOCKER_HOST": DOCKER_SOCK, "IMAGEGATE_DRIVER": "docker", "IMAGEGATE_IMAGE": images["python"],
+        "IMAGEGATE_BIN": str(ci.IMAGEGATE), "IMAGEGATE_SIGSTORE": trust}}  # fmt: skip
+    token = {"SIGSTORE_ID_TOKEN": local.token("group/app", kind="gitlab")}  # what id_tokens sets
+    done = run_gitlab_job(ci.GITLAB, job, project, {**ci._env(), **token})
+    assert done.returncode == 0 and "(signed)" in done.output, done.output
+    attempt = project / ci._dotenv(project / "imagegate.env")["IMAGEGATE_ATTEMPT"]
+    gitlab = ("--identity", local.identity("group/app", kind="gitlab"), "--issuer", local.issuer("gitlab"))
+    ok = _verify(local, attempt, *gitlab)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+@pytest.mark.engine
+def test_the_action_through_act_signs_keyless_with_the_jobs_token(
+    local: LocalSigstore, images: dict[str, str], tmp_path: Path
+) -> None:
+    """GitHub's runner as nektos/act runs it (on this machine's shell), the runner's ID-token
+    request a stand-in given to act as the runner's variables: the job with `id-token: write`
+    and `sigstore` signs keyless as REPO's workflow, and its artifact's attestation verifies for
+    that identity alone."""
+    action = tmp_path / "action"
+    (action / "ci").mkdir(parents=True)
+    shutil.copy(ci.ACTION, action / "action.yml")
+    shutil.copy(ci.CONSTRAINTS, action / "ci" / "constraints.txt")
+    results, artifacts = tmp_path / "results", tmp_path / "artifacts"
+    results.mkdir()
+    job = ci._act_job(
+        "keyless",
+        images["python"],
+        {"imagegate": str(ci.IMAGEGATE), "sigstore": str(local.client_trust_config)},
+    )
+    workflow = {
+        "on": "push",
+        "env": {"IMAGEGATE_TEST_RESULTS": str(results), "IMAGEGATE_TEST_ARTIFACTS": str(artifacts)},
+        "jobs": {"keyless": {**job, "permissions": {"contents": "read", "id-token": "write"}}},
+    }
+    upload = next(s["uses"] for s in yaml.safe_load(ci.ACTION.read_text())["runs"]["steps"] if "uses" in s)
+    act = go_tools("act")
+    with _github_token_request(local, REPO) as runner:
+        run = run_act(
+            str(act.exe(act.ACT)), yaml.safe_dump(workflow), tmp_path / "act",
+            {"imagegate/imagegate@v1": action, upload: ci.UPLOAD_STAND_IN}, {}, runner,
+        )  # fmt: skip
+    assert run.returncode == 0 and "[test.yml/keyless] 🏁  Job succeeded" in run.log, run.log[-5000:]
+    got = json.loads((results / "keyless.json").read_text())
+    assert got["OUTCOME"] == "success" and got["SIGNED"] == "true", got
+    attempt = artifacts / "imagegate" / got["ATTEMPT"]
+    ok = _verify(local, attempt, *_who(local))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    other = ("--identity", local.identity("org/other"), "--issuer", local.issuer("github"))
+    assert _verify(local, attempt, *other).returncode == 1

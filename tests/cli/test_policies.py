@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,7 +20,8 @@ from cryptography.x509.oid import NameOID
 
 import imagegate
 from imagegate.attest import keys
-from imagegate.policies import NAMES, PLACEHOLDER
+from imagegate.errors import InternalError
+from imagegate.policies import NAMES, PLACEHOLDER, keyless
 from tests.helpers import imagegate as cli
 
 
@@ -127,7 +129,8 @@ def _trusted_root(folder: Path) -> tuple[Path, x509.Certificate, bytes]:
             "subject": {"organization": "test", "commonName": "ca"}, "uri": "https://ca.example",
             "certChain": {"certificates": [{"rawBytes": b64(ca.public_bytes(serialization.Encoding.DER))}]},
         }],
-        "tlogs": [{"baseUrl": "https://log.example", "hashAlgorithm": "SHA2_256", "publicKey": {"rawBytes": b64(log)}}],
+        "tlogs": [{"baseUrl": "https://log.example", "hashAlgorithm": "SHA2_256", "publicKey": {"rawBytes": b64(log)}},
+                  {"baseUrl": "https://log2.example", "hashAlgorithm": "SHA2_384", "publicKey": {"rawBytes": b64(log)}}],
     }  # fmt: skip
     (folder / "trusted_root.json").write_text(json.dumps(root))
     return folder / "trusted_root.json", ca, log
@@ -190,12 +193,29 @@ def test_write_keyless_names_the_signer_in_each_policy_and_the_trust_beside_it(t
         authority["subject"] == {"organization": "test", "commonName": "ca"}
         and authority["uri"] == "https://ca.example"
     )
-    (tlog,) = keys_["tLogs"]
+    tlog, second = keys_["tLogs"]
     pem = serialization.load_pem_public_key(base64.b64decode(tlog["publicKey"]))
-    assert (
-        pem.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == log
-    )
-    assert tlog["baseURL"] == "https://log.example" and tlog["hashAlgorithm"] == "sha-256"
+    spki = pem.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert spki == log and tlog["baseURL"] == "https://log.example" and tlog["hashAlgorithm"] == "sha-256"
+    assert second["baseURL"] == "https://log2.example" and second["hashAlgorithm"] == "sha-384"
+    # Each signer field written once per attestor: no key twice in a mapping (kubectl refuses it).
+    attestors = {
+        "kyverno-clusterpolicy": 2,
+        "kyverno-imagevalidatingpolicy": 1,
+        "policy-controller-clusterimagepolicy": 2,
+    }
+    for name, n in attestors.items():
+        assert text[name].count(f'subject: "{WHO}"') == n and text[name].count("issuerRegExp:") == n, name
+
+
+def test_a_shipped_policy_without_its_key_attestor_is_refused_not_written(tmp_path: Path) -> None:
+    """A policy edited without policies/keyless.py (no key attestor to replace) is an internal
+    error, never a file written with the key's place left empty."""
+    root, _, _ = _trusted_root(tmp_path)
+    signer = keyless.Signer(WHO, None, ISSUER, None, keyless.read_trust(root))
+    for rewrite in (keyless.cluster_policy, keyless.image_validating_policy, keyless.cluster_image_policy):
+        with pytest.raises(InternalError, match="no key attestor"):
+            rewrite("spec: {}\n", signer, "edited")
 
 
 def test_write_keyless_refuses_a_signer_it_cannot_name_with_one_line(pub: Path, tmp_path: Path) -> None:
@@ -222,4 +242,26 @@ def test_write_keyless_refuses_a_signer_it_cannot_name_with_one_line(pub: Path, 
         '{"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1"}'
     )
     assert "not a Sigstore trusted root" in _refused(*who, "--trusted-root", str(tmp_path / "bad.json"))
+    good = json.loads(root.read_text())
+    for name, broken in (
+        ("no-log", {**good, "tlogs": []}),
+        ("ca-b64", {**good, "certificateAuthorities": [_b64_spoiled(good["certificateAuthorities"][0], "certChain", "certificates")]}),
+        ("log-b64", {**good, "tlogs": [_b64_spoiled(good["tlogs"][0], "publicKey")]}),
+    ):  # fmt: skip
+        (tmp_path / f"{name}.json").write_text(json.dumps(broken))
+        assert "not a Sigstore trusted root" in _refused(
+            *who, "--trusted-root", str(tmp_path / f"{name}.json")
+        ), name
     assert "cannot read it" in _refused(*who, "--trusted-root", str(tmp_path / "absent.json"))
+
+
+def _b64_spoiled(entry: dict[str, Any], *path: str) -> dict[str, Any]:
+    """`entry` with the rawBytes under `path` given two characters base64 does not have (a
+    lenient decoder drops them and reads the same bytes)."""
+    spoiled: dict[str, Any] = json.loads(json.dumps(entry))
+    at: Any = spoiled
+    for key in path:
+        at = at[key]
+    (inner,) = at if isinstance(at, list) else [at]
+    inner["rawBytes"] += "$$"
+    return spoiled

@@ -240,12 +240,18 @@ class ActRun:
 
 
 def run_act(
-    act: str, workflow: str, work: Path, local: Mapping[str, Path], secrets: Mapping[str, str]
+    act: str,
+    workflow: str,
+    work: Path,
+    local: Mapping[str, Path],
+    secrets: Mapping[str, str],
+    env: Mapping[str, str] | None = None,
 ) -> ActRun:
     """Run `workflow` (a workflow's YAML, on push) with nektos/act in `work`, every job on this
     machine's own shell (`-P ubuntu-latest=-self-hosted`: no runner image to pull); each action
     `local` names (OWNER/NAME@REF) comes from its folder in place of github.com, and nothing is
-    fetched (--action-offline-mode)."""
+    fetched (--action-offline-mode). `env`: variables every job sees (act's --env), as a runner
+    sets its own (the ID-token request's)."""
     repo, home = work / "repo", work / "home"
     (repo / ".github" / "workflows").mkdir(parents=True)
     home.mkdir()
@@ -254,6 +260,7 @@ def run_act(
     argv = [act, "push", "-C", str(repo), "-P", "ubuntu-latest=-self-hosted", "--action-offline-mode"]
     argv += [a for name, folder in local.items() for a in ("--local-repository", f"{name}={folder}")]
     argv += [a for name, value in secrets.items() for a in ("-s", f"{name}={value}")]
+    argv += [a for name, value in (env or {}).items() for a in ("--env", f"{name}={value}")]
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "DOCKER_HOST": DOCKER_SOCK}
     p = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     return ActRun(p.returncode, p.stdout + p.stderr, home)

@@ -137,7 +137,7 @@ def read_trust(path: Path) -> Trust:
         keys.update({k: v for k, v in (("ctLogs", ctlogs), ("timestampAuthorities", tsas)) if v})
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(
-            f"--trusted-root {path}: not a Sigstore trusted root ({str(e)[:300]})",
+            f"--trusted-root {path}: not a Sigstore trusted root ({e})",
             hint="the trusted_root.json of the Sigstore that signs (cosign's --trusted-root file)",
         ) from None
     return Trust(json.dumps(root, separators=(",", ":")), str(tlogs[0]["baseURL"]), keys)
