@@ -16,6 +16,7 @@ import json
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its
 from tests.helpers import DOCKER_SOCK, go_tools, serving
 from tests.install import test_ci_steps as ci
 from tests.install.ci_runners import run_act, run_gitlab_job
+from tests.run import test_gpu as ci_gpu
 
 REPO = "org/gate"
 
@@ -599,3 +601,72 @@ def test_the_action_through_act_signs_keyless_with_the_jobs_token(
     assert ok.returncode == 0, ok.stdout + ok.stderr
     other = ("--identity", local.identity("org/other"), "--issuer", local.issuer("github"))
     assert _verify(local, attempt, *other).returncode == 1
+
+
+# ---- complete: a GPU node completes what the CI signed keyless ---------------------------------
+
+
+def test_complete_verifies_a_keyless_attempt_by_its_identity_and_the_chain_verifies(
+    local: LocalSigstore, tmp_path: Path
+) -> None:
+    """A CI's deferred attempt signed keyless as REPO's workflow: `complete` on the GPU node
+    verifies it for that identity (--identity, --issuer, --trusted-root), not for another or
+    without one, and signs the completion with its own key; `verify` of the completion checks
+    the link with the key and the identity, from the earlier folder beside or, with it gone, the
+    copy the completion keeps (envelope and bundle)."""
+    pipeline = tmp_path / "gpu.yaml"
+    pipeline.write_text(ci_gpu.GPU_PIPELINE.format(python=sys.executable))
+    deferred = _run(
+        local,
+        tmp_path / "ci",
+        local.token(REPO),
+        run=("run", "--here", "--python", sys.executable, "-p", str(pipeline)),
+    )
+    assert deferred.returncode == 0 and "DEFERRED" in deferred.stdout + deferred.stderr, (
+        deferred.stdout + deferred.stderr
+    )
+    (earlier,) = [p.parent for p in (tmp_path / "ci" / "runs").glob("*/*/statement.json")]
+    assert cli("keygen", "--out", str(tmp_path / "gpu")).returncode == 0
+    node = (
+        "complete",
+        str(earlier),
+        "--here",
+        "--python",
+        sys.executable,
+        "--key",
+        str(tmp_path / "gpu.key"),
+        "-q",
+    )
+    no_config = {"XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+    unnamed = cli(*node, env=no_config)
+    assert unnamed.returncode == 1 and "does not verify" in unnamed.stderr, unnamed.stderr
+    other = (
+        "--identity",
+        local.identity("org/other"),
+        "--issuer",
+        local.issuer("github"),
+        "--trusted-root",
+        str(local.trusted_root),
+    )
+    refused = cli(*node, *other, env=no_config)
+    assert refused.returncode == 1 and "not signed by https://github.com/org/other" in refused.stderr, (
+        refused.stderr
+    )
+    done = cli(*node, *_who(local), "--trusted-root", str(local.trusted_root), env=no_config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (completion,) = [
+        p.parent for p in (tmp_path / "ci" / "runs").glob("*/*/statement.json") if p.parent != earlier
+    ]
+    assert (completion / "completes" / "attestation.sigstore.json").read_bytes() == (
+        earlier / sign.BUNDLE_FILE
+    ).read_bytes()
+    key = ("--key", str(tmp_path / "gpu.pub"))
+    ok = _verify(local, completion, *key, *_who(local))
+    assert ok.returncode == 0 and "link" in ok.stdout, ok.stdout + ok.stderr
+    keyed_only = cli("verify", str(completion), *key, env=no_config)
+    assert keyed_only.returncode == 1 and "the earlier attestation does not verify" in keyed_only.stdout, (
+        keyed_only.stdout
+    )
+    shutil.move(earlier, tmp_path / "elsewhere")  # only the completion's copy is left
+    ok = _verify(local, completion, *key, *_who(local))
+    assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 import imagegate
 from imagegate.attest import keys
 from imagegate.errors import InternalError
-from imagegate.policies import NAMES, PLACEHOLDER, keyless
+from imagegate.policies import NAMES, PLACEHOLDER, attestors
 from tests.helpers import imagegate as cli
 
 
@@ -199,21 +199,25 @@ def test_write_keyless_names_the_signer_in_each_policy_and_the_trust_beside_it(t
     assert spki == log and tlog["baseURL"] == "https://log.example" and tlog["hashAlgorithm"] == "sha-256"
     assert second["baseURL"] == "https://log2.example" and second["hashAlgorithm"] == "sha-384"
     # Each signer field written once per attestor: no key twice in a mapping (kubectl refuses it).
-    attestors = {
+    counts = {
         "kyverno-clusterpolicy": 2,
         "kyverno-imagevalidatingpolicy": 1,
         "policy-controller-clusterimagepolicy": 2,
     }
-    for name, n in attestors.items():
+    for name, n in counts.items():
         assert text[name].count(f'subject: "{WHO}"') == n and text[name].count("issuerRegExp:") == n, name
 
 
 def test_a_shipped_policy_without_its_key_attestor_is_refused_not_written(tmp_path: Path) -> None:
-    """A policy edited without policies/keyless.py (no key attestor to replace) is an internal
+    """A policy edited without policies/attestors.py (no key attestor to replace) is an internal
     error, never a file written with the key's place left empty."""
     root, _, _ = _trusted_root(tmp_path)
-    signer = keyless.Signer(WHO, None, ISSUER, None, keyless.read_trust(root))
-    for rewrite in (keyless.cluster_policy, keyless.image_validating_policy, keyless.cluster_image_policy):
+    signer = attestors.Signer(WHO, None, ISSUER, None, attestors.read_trust(root))
+    for rewrite in (
+        attestors.cluster_policy,
+        attestors.image_validating_policy,
+        attestors.cluster_image_policy,
+    ):
         with pytest.raises(InternalError, match="no key attestor"):
             rewrite("spec: {}\n", signer, "edited")
 

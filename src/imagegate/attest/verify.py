@@ -474,6 +474,8 @@ def verify_file(
     for n, env in enumerate(envelopes, 1):
         material = bundle_material(path, env) if keyless is not None else None  # read only to be used
         ring, said = _ring(env, trusted, keyless, material)
+        if keyless is not None:  # a completion's earlier envelopes may be the identity's too
+            ring = (*ring, *linked_keys(env, evidence_dir or path.parent, keyless))
         rep = verify_in_folder(
             env,
             ring,
@@ -506,8 +508,45 @@ def _ring(
     if keyless is None:
         return ring, ""
     proof = bundle.wrap(env, freeze_object(material or {}))
-    certified, said = keyless.verified_key(proof, env.payload_type, env.payload)
-    return ((*ring, certified) if certified is not None else ring), said
+    key, said = keyless.verified_key(proof, env.payload_type, env.payload)
+    return ((*ring, key) if key is not None else ring), said
+
+
+def certified(place: Path, env: dsse.Envelope, keyless: Expected) -> tuple[PublicKey | None, str]:
+    """The key the certificate in the bundle beside `place` (the envelope's file) proves was the
+    identity's, and what the check said."""
+    proof = bundle.wrap(env, freeze_object(bundle_material(place, env) or {}))
+    return keyless.verified_key(proof, env.payload_type, env.payload)
+
+
+def linked_keys(env: dsse.Envelope, root: Path, keyless: Expected) -> tuple[PublicKey, ...]:
+    """Keyless: the keys that the certificates of a completion's earlier envelopes prove were
+    the identity's (each bundle beside its envelope, or copied beside the completion's copy), so
+    that check_link can verify a chain the identity signed. Found by following the links, read
+    unverified: check_link verifies every envelope of the chain with them."""
+    found: list[PublicKey] = []
+    try:
+        statement = obj(untrusted_json.loads(env.payload, max_bytes=MAX_ATTESTATION_BYTES))
+    except ValueError:
+        return ()
+    for _ in range(MAX_CHAIN):
+        link = obj(path(statement, "predicate", "completes"))
+        if not link:
+            break
+        place = _linked_envelope(link.get("attempt"), str(link.get("envelopeSha256") or ""), root)
+        if isinstance(place, str):
+            break
+        try:
+            earlier = one_envelope(place[1], place[0])
+            statement = obj(untrusted_json.loads(earlier.payload, max_bytes=MAX_ATTESTATION_BYTES))
+        except (UsageError, ValueError):
+            break
+        key = certified(place[0], earlier, keyless)[0]
+        found += [key] if key is not None else []
+        if place[0] == root / LINK_COPY:
+            break
+        root = place[0].parent
+    return tuple(found)
 
 
 def _say_keyless(rep: Report, said: str) -> None:
@@ -737,6 +776,27 @@ class SignedAttempt:
     statement: dict[str, object]
     envelope: bytes
     signer: str  # the fingerprint of the trusted key its signature verified with
+
+
+def certified_attempt(target: Path, keyless: Expected, *, use: str) -> PublicKey | None:
+    """The key the certificate of an attempt's envelope (its bundle beside it) proves was the
+    identity's: what `complete` verifies a keyless-signed earlier attempt with. None when the
+    folder holds no envelope (load_attempt says so); refused (NotVerified, exit 1) when the
+    certificate does not prove it, naming why."""
+    from imagegate.attest.sign import DSSE_FILE
+    from imagegate.errors import NotVerified
+
+    envelope_path = (target if target.is_dir() else target.parent) / DSSE_FILE
+    if not envelope_path.is_file():
+        return None
+    env = one_envelope(read_bounded(envelope_path), envelope_path)
+    key, said = certified(envelope_path, env, keyless)
+    if key is None:
+        raise NotVerified(
+            f"{envelope_path}: not signed by {keyless}, {use}: {said}",
+            hint=f"check it with: imagegate verify {envelope_path} --identity … --issuer … --trusted-root …",
+        )
+    return key
 
 
 def load_attempt(target: Path, trusted: Trusted, *, use: str, hint: str) -> SignedAttempt:

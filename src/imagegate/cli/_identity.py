@@ -3,9 +3,13 @@
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imagegate.cli._app import Option
 from imagegate.errors import UsageError
+
+if TYPE_CHECKING:
+    from imagegate.attest import keyless
 
 
 @dataclass(frozen=True)
@@ -78,3 +82,13 @@ class Identity:
             except re.error as e:
                 raise UsageError(f"{option} {pattern!r}: not a regexp ({e})") from None
         return self.trusted_root
+
+    def expected(self, what: str) -> "keyless.Expected | None":
+        """Who must have signed, under the trusted root read (`named`); None when none is named."""
+        path = self.named(what)
+        if path is None:
+            return None
+        from imagegate.attest import keyless
+
+        root = keyless.trusted_root(path)
+        return keyless.Expected(root, self.identity, self.identity_regexp, self.issuer, self.issuer_regexp)

@@ -26,7 +26,7 @@ from imagegate.cli._identity import Identity
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `--help` loads no key code
-    from imagegate.attest import keyless, keys
+    from imagegate.attest import keys
 
 
 class KeyAlgorithm(str, enum.Enum):
@@ -262,7 +262,7 @@ def verify(
 
     if attestation is not None:  # an unsigned run needs no key to be told so
         attestation = attestation_in(attestation)
-    keyless = _expected(who)
+    keyless = who.expected("keyless verification")
     trusted = keys.trusted_keys(v.key, v.trusted_keys) or (() if keyless else _runs_key())
     if (v.pipeline or v.max_age) and (attestation is not None or v.image is None):
         raise UsageError(
@@ -286,18 +286,6 @@ def verify(
     ok, conclusion = accepts(report, expect_verdict=v.expect_verdict, require_complete=v.require_complete)
     console_attest.render_verify(report, conclusion)
     raise typer.Exit(EXIT_ACCEPTED if ok else EXIT_REJECTED)
-
-
-def _expected(who: Identity) -> "keyless.Expected | None":
-    """Who must have signed, from --identity/--issuer (or their regexps) and --trusted-root:
-    all three or none."""
-    path = who.named("keyless verification")
-    if path is None:
-        return None
-    from imagegate.attest import keyless
-
-    root = keyless.trusted_root(path)
-    return keyless.Expected(root, who.identity, who.identity_regexp, who.issuer, who.issuer_regexp)
 
 
 def _runs_key() -> "tuple[keys.PublicKey, ...]":

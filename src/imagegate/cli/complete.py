@@ -10,6 +10,7 @@ import typer
 from imagegate._support.sizes import parse_memory
 from imagegate.cli import _accept as o
 from imagegate.cli._app import EVIDENCE_HELP, INSECURE, TRUST, TRUSTED_KEYS, Format, Option, app
+from imagegate.cli._identity import Identity
 from imagegate.domain import servemodel as modelpath
 from imagegate.domain.gpus import parse as gpus_parse
 from imagegate.errors import UsageError
@@ -100,8 +101,12 @@ class Completing:
     "  imagegate complete runs/ref-local/20260101T000000.000Z-1a2b3c --here --gpus all\n\n"
     "  imagegate complete runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --driver rootfs --gpus all\n\n"
     "  imagegate complete runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --gpus all --key gpu.key --trust ci.pub\n\n"
+    "  imagegate complete runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --gpus all --key gpu.key "
+    "--identity https://github.com/org/repo/.github/workflows/gate.yml@refs/heads/main "
+    "--issuer https://token.actions.githubusercontent.com --trusted-root trusted_root.json   # a CI that signed keyless\n\n"
     "First verifies ATTEMPT as verify does (the signature with a trusted key: --trust, "
-    "--trusted-keys, else the public half of the signing key; the statement; every evidence file; "
+    "--trusted-keys, the key its certificate proves was the identity's (--identity, --issuer, "
+    "--trusted-root), else the public half of the signing key; the statement; every evidence file; "
     "its own link): one that does not verify is refused (exit 1) before anything is written. "
     "Then runs exactly the stages ATTEMPT deferred (after the GPU node check when --gpus is given), "
     "with its own pipeline and plan, against the same image (refused, exit 3, when its ID or "
@@ -115,6 +120,7 @@ class Completing:
 def complete(
     attempt: Path = typer.Argument(..., help="The earlier attempt folder, or its attestation file."),
     c: Completing = Completing(),
+    who: Identity = Identity(),
 ) -> None:
     """Complete an attempt's deferred stages in a new, linked attempt: on a GPU host, say."""
     from imagegate.drivers.select import DriverName, driver_name
@@ -125,7 +131,7 @@ def complete(
     with o.interrupts():
         outputs = c.outputs(notify)
         mounted = modelpath.check(str(c.model)) if c.model else None
-        trusted = _trusted(c.trust, c.trusted_keys, outputs.key)
+        trusted = _trusted(c.trust, c.trusted_keys, outputs.key, _certified(attempt, who))
         gpu = gpus_parse(c.gpus)
         name = driver_name(c.driver, c.here)
         here = name is DriverName.here
@@ -144,14 +150,29 @@ def complete(
     o.finish(done, c.fmt, c.quiet, outputs.key)
 
 
+def _certified(attempt: Path, who: Identity) -> "keys.PublicKey | None":
+    """Keyless (--identity, --issuer, --trusted-root): the key the earlier attempt's certificate
+    proves was that identity's (a CI that signed keyless); None when no identity is named."""
+    expected = who.expected("keyless verification of the earlier attempt")
+    if expected is None:
+        return None
+    from imagegate.attest import verify
+
+    return verify.certified_attempt(attempt, expected, use="so it is not completed")
+
+
 def _trusted(
-    trust: list[Path], lists: list[Path], signing: "keys.SigningKey | None"
+    trust: list[Path],
+    lists: list[Path],
+    signing: "keys.SigningKey | None",
+    certified: "keys.PublicKey | None",
 ) -> "tuple[keys.PublicKey, ...]":
-    """The keys the earlier attempt may be signed with: those named, else the signing key's own
-    public key (one machine signs the whole chain)."""
+    """The keys the earlier attempt may be signed with: those named and the one its certificate
+    proves was the identity's, else the signing key's own public key (one machine signs the
+    whole chain)."""
     from imagegate.attest import keys
 
-    named = keys.trusted_keys(trust, lists)
+    named = keys.trusted_keys(trust, lists) + ((certified,) if certified is not None else ())
     if named:
         return named
     if signing is None:

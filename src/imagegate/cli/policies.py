@@ -13,7 +13,7 @@ from imagegate.errors import UsageError
 
 if TYPE_CHECKING:
     from imagegate.policies import Filling
-    from imagegate.policies.keyless import Signer
+    from imagegate.policies.attestors import Signer
 
 policies_app = typer.Typer(
     help="The admission policies of this version (Kyverno, Sigstore policy-controller), filled in "
@@ -147,7 +147,7 @@ def _filling(key: Path | None, image: str, max_age: str, who: Identity, tuf: Tuf
 def _keyless(who: Identity, tuf: "Tuf") -> "Signer | None":
     """The keyless signer the options name (Identity.named: all of it or none); None when none."""
     from imagegate._support.files import read_named
-    from imagegate.policies.keyless import MAX_TRUST_BYTES, Signer, read_trust
+    from imagegate.policies.attestors import MAX_TRUST_BYTES, Signer, read_trust
 
     tuf_mirror, tuf_root = tuf.tuf_mirror, tuf.tuf_root
     path = who.named("a keyless policy")

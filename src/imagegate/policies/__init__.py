@@ -17,7 +17,7 @@ from pathlib import Path
 
 from imagegate._support import resources
 from imagegate.errors import InternalError, UsageError
-from imagegate.policies.keyless import (
+from imagegate.policies.attestors import (
     Signer,
     cluster_image_policy,
     cluster_policy,
@@ -46,7 +46,7 @@ ENFORCES = (
     "file (NOT_BEFORE): write that policy again each day."
 )
 NAMES = tuple(p.name for p in POLICIES)
-# Each policy's key attestor rewritten as a keyless one (policies/keyless.py).
+# Each policy's key attestor rewritten as a keyless one (policies/attestors.py).
 _KEYLESS = {
     "kyverno-clusterpolicy": cluster_policy,
     "kyverno-imagevalidatingpolicy": image_validating_policy,

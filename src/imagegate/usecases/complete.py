@@ -17,8 +17,9 @@ from imagegate import pipeline
 from imagegate._support import jsontypes as j
 from imagegate._support.jsontypes import JsonMapping
 from imagegate.attest import verify as verifying
+from imagegate.attest.envelopes import read_bounded
 from imagegate.attest.keys import PublicKey
-from imagegate.attest.sign import DSSE_FILE
+from imagegate.attest.sign import BUNDLE_FILE, DSSE_FILE
 from imagegate.attest.statement import evidence_files, stage_result
 from imagegate.domain import plan as planning
 from imagegate.domain.evidence import Attempt
@@ -31,6 +32,7 @@ from imagegate.pipeline.params import ServeParams
 from imagegate.usecases import runner
 
 LINK_COPY = "completes/" + DSSE_FILE  # the earlier envelope, kept as evidence of the completion
+LINK_PROOF = "completes/" + BUNDLE_FILE  # its Sigstore bundle, when it has one (keyless: its certificate)
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,9 @@ class CompletionObserver:
     def observe(self, prep: runner.Prepared, attempt: Attempt) -> runner.Observation:
         earlier = self.earlier
         attempt.write(LINK_COPY, earlier.envelope)
+        proof = earlier.dir / BUNDLE_FILE  # a keyless signer is proven by its certificate: kept too
+        if proof.is_file():
+            attempt.write(LINK_PROOF, read_bounded(proof))
         self.notify(f"completing {earlier.attempt_id} ({', '.join(earlier.to_run)})")
         obs = self.inner.observe(prep, attempt)
         obs.image = self.image or obs.image
