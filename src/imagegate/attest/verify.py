@@ -525,28 +525,28 @@ def linked_keys(env: dsse.Envelope, root: Path, keyless: Expected) -> tuple[Publ
     that check_link can verify a chain the identity signed. Found by following the links, read
     unverified: check_link verifies every envelope of the chain with them."""
     found: list[PublicKey] = []
-    try:
-        statement = obj(untrusted_json.loads(env.payload, max_bytes=MAX_ATTESTATION_BYTES))
-    except ValueError:
-        return ()
     for _ in range(MAX_CHAIN):
-        link = obj(path(statement, "predicate", "completes"))
-        if not link:
-            break
-        place = _linked_envelope(link.get("attempt"), str(link.get("envelopeSha256") or ""), root)
-        if isinstance(place, str):
-            break
-        try:
-            earlier = one_envelope(place[1], place[0])
-            statement = obj(untrusted_json.loads(earlier.payload, max_bytes=MAX_ATTESTATION_BYTES))
-        except (UsageError, ValueError):
-            break
-        key = certified(place[0], earlier, keyless)[0]
+        earlier = _earlier(env, root)
+        if earlier is None:
+            return tuple(found)
+        place, env = earlier
+        key = certified(place, env, keyless)[0]
         found += [key] if key is not None else []
-        if place[0] == root / LINK_COPY:
-            break
-        root = place[0].parent
+        root = place.parent
     return tuple(found)
+
+
+def _earlier(env: dsse.Envelope, root: Path) -> tuple[Path, dsse.Envelope] | None:
+    """The envelope `env` (in folder `root`) links as the one it completes, and where it lies;
+    None when it links none, or that one is not there or not readable."""
+    try:
+        link = obj(
+            path(untrusted_json.loads(env.payload, max_bytes=MAX_ATTESTATION_BYTES), "predicate", "completes")
+        )
+        found = _linked_envelope(link.get("attempt"), str(link.get("envelopeSha256") or ""), root)
+        return None if isinstance(found, str) else (found[0], one_envelope(found[1], found[0]))
+    except (UsageError, ValueError):
+        return None
 
 
 def _say_keyless(rep: Report, said: str) -> None:
