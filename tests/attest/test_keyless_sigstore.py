@@ -11,6 +11,7 @@ import base64
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import http.server
 import json
 import secrets
@@ -30,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from imagegate.attest import attach, referrers, sign
+from imagegate.attest import attach, dsse, keys, referrers, sign
 from imagegate.oci.registry import NotFound
 from tests.attest import tuf_repo
 from tests.attest.conftest import HERE_RUN, Result, cli, docker
@@ -670,3 +671,21 @@ def test_complete_verifies_a_keyless_attempt_by_its_identity_and_the_chain_verif
     shutil.move(earlier, tmp_path / "elsewhere")  # only the completion's copy is left
     ok = _verify(local, completion, *key, *_who(local))
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_a_hostile_link_never_breaks_a_keyless_verify(local: LocalSigstore, tmp_path: Path) -> None:
+    """A statement read unverified for the keys of its chain (keyless) may say anything: a
+    payload that is not JSON, or a link to a file whose sha256 it names but that is no envelope.
+    Either is refused as not verifying (exit 1), named, never an error of imagegate's own."""
+    key = keys.generate()
+    _, pub = keys.write_keypair(tmp_path / "k", key, None)
+    junk = b"not an envelope, but the bytes the link names"
+    (tmp_path / "X").mkdir()
+    (tmp_path / "X" / "attestation.dsse.json").write_bytes(junk)
+    link = {"predicate": {"completes": {"attempt": "X", "envelopeSha256": hashlib.sha256(junk).hexdigest()}}}
+    for name, payload in (("not-json", b"{not json"), ("linked", json.dumps(link).encode())):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "attestation.dsse.json").write_bytes(dsse.sign(payload, key).to_json())
+        said = _verify(local, folder / "attestation.dsse.json", "--key", str(pub), *_who(local))
+        assert said.returncode == 1 and "Traceback" not in said.stderr, (name, said.stdout + said.stderr)

@@ -544,8 +544,11 @@ def _earlier(env: dsse.Envelope, root: Path) -> tuple[Path, dsse.Envelope] | Non
             path(untrusted_json.loads(env.payload, max_bytes=MAX_ATTESTATION_BYTES), "predicate", "completes")
         )
         found = _linked_envelope(link.get("attempt"), str(link.get("envelopeSha256") or ""), root)
-        return None if isinstance(found, str) else (found[0], one_envelope(found[1], found[0]))
-    except (UsageError, ValueError):
+        if isinstance(found, str):
+            return None
+        place, data = found
+        return place, one_envelope(data, place)
+    except (UsageError, ValueError):  # not JSON, not an envelope: no key from it
         return None
 
 
