@@ -39,6 +39,7 @@ from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its
 from tests.helpers import DOCKER_SOCK, go_tools, serving
 from tests.install import test_ci_steps as ci
 from tests.install.ci_runners import run_act, run_gitlab_job
+from tests.oci.infra import skopeo
 from tests.run import test_gpu as ci_gpu
 
 REPO = "org/gate"
@@ -425,9 +426,11 @@ def judging(
 ) -> Judging:
     where = tmp_path_factory.mktemp("keyless-policies")
     ref = f"{registry}/keyless-policies/python:1"
-    docker("tag", images["python"], ref)
-    docker("push", "-q", ref)
-    r = _run(local, where / "run", local.token(REPO), "--attach", run=_in(ref))
+    # Copied and run without the engine: a tag or a pull would give the shared test image a
+    # repository digest, which other tests (an image never pushed) must not see.
+    skopeo("copy", "-q", "--dest-tls-verify=false", f"docker-daemon:{images['python']}", f"docker://{ref}")
+    rootfs = ("run", ref, "--driver", "rootfs", "-p", "python", "-m", "json")
+    r = _run(local, where / "run", local.token(REPO), "--attach", run=rootfs)
     assert r.returncode == 0, r.stdout + r.stderr
     parsed = attach.parse_image(ref)
     with attach.client_for(parsed) as client:
