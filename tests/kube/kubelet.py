@@ -255,7 +255,7 @@ def _node_ready(api: ApiServer) -> bool:
     node = json.loads(got.stdout)
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
-        for c in node.get("status", {}).get("conditions", [])
+        for c in (node.get("status") or {}).get("conditions") or []
     )
     # The node-lifecycle controller lifts the not-ready taint once the node says Ready.
     tainted = any(

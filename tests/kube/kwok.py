@@ -104,7 +104,7 @@ class Kwok:
                 for n in json.loads(got.stdout)["items"]
                 if any(
                     c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in n.get("status", {}).get("conditions", [])
+                    for c in (n.get("status") or {}).get("conditions") or []
                 )
             }
             if set(names) <= ready:

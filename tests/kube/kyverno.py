@@ -168,7 +168,7 @@ def _established(api: ApiServer) -> set[str]:
         for c in json.loads(got.stdout)["items"]
         if any(
             x["type"] == "Established" and x["status"] == "True"
-            for x in c.get("status", {}).get("conditions", [])
+            for x in (c.get("status") or {}).get("conditions") or []
         )
     }
 

@@ -193,7 +193,7 @@ def _established(api: ApiServer, names: set[str]) -> None:
             for c in json.loads(got.stdout)["items"]
             if any(
                 x["type"] == "Established" and x["status"] == "True"
-                for x in c.get("status", {}).get("conditions", [])
+                for x in (c.get("status") or {}).get("conditions") or []  # null while just made
             )
         }
         if not (missing := names - done):
