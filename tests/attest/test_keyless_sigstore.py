@@ -32,7 +32,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from imagegate.attest import attach, dsse, keys, referrers, sign
-from imagegate.oci.registry import NotFound
 from tests.attest import tuf_repo
 from tests.attest.conftest import HERE_RUN, Result, cli
 from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
@@ -221,57 +220,127 @@ def _in(image: str) -> tuple[str, ...]:
     return ("run", image, "--driver", "rootfs", "-p", "python", "-m", "json")
 
 
+def _att(image: str) -> list[dict[str, Any]]:
+    """The `.att` tag's layers of `image` ([] without the tag)."""
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        digest = attach.resolve(client, parsed).digests[0]
+        found = attach._existing(client, parsed.repository, attach.attestation_tag(digest))
+    return list(found["layers"]) if found else []
+
+
+def _cosign_verifies(local: LocalSigstore, image: str, predicate_type: str, *form: str) -> Result:
+    """`cosign verify-attestation` for REPO's workflow, as an admission controller checks it."""
+    script = go_tools("cosign")
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        digest = attach.resolve(client, parsed).digests[0]
+    return subprocess.run(
+        [script.exe(script.named("cosign")), "verify-attestation", f"{parsed.registry}/{parsed.repository}@{digest}",
+         "--trusted-root", str(local.trusted_root), "--certificate-identity", local.identity(REPO),
+         "--certificate-oidc-issuer", local.issuer("github"), "--type", predicate_type,
+         "--allow-http-registry", *form],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _replaced(said: str) -> dict[str, int]:
+    """How many `.att` layers and referrers the attach's "replaced …" line names."""
+    line = next((x for x in said.splitlines() if referrers.REPLACED_KEPT in x), "")
+    return {w: line.count(f"{w} sha256:") for w in ("layer", "referrer")}
+
+
+CLASSIC = ("--new-bundle-format=false", "--use-signed-timestamps", "--insecure-ignore-tlog")
+
+
 @pytest.mark.engine
 def test_a_keyless_attach_supersedes_only_its_own_identitys_word(
     local: LocalSigstore, pushed_python: str, tmp_path: Path
 ) -> None:
-    """`run --attach` keyless pushes each statement as a Sigstore bundle referrer (no `.att`
-    tag: its form has no place for Rekor v2's proof). A later run of the same identity replaces
-    them, proven by each earlier bundle; another workflow's run keeps them; `verify --image`
-    reads them for the identity it is given, and cosign finds and verifies them as an admission
-    controller does."""
+    """`run --attach` keyless pushes each statement as a Sigstore bundle referrer and as an `.att`
+    layer in cosign's classic keyless form (the certificate, a timestamp over the layer, the
+    bundle material beside them). A later run of the same identity replaces both, proven by each
+    earlier bundle; another workflow's run or a key's keeps them; `verify --image` reads them for
+    the identity it is given, and cosign verifies both forms as an admission controller does."""
+    from imagegate.attest import keyless
+
     image = pushed_python
     first = _run(local, tmp_path / "a", local.token(REPO), "--attach", run=_in(image))
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "as 3 Sigstore bundle referrer(s)" in first.stderr, first.stderr
-    listed = _referrers(image)
+    assert "3 attestation(s); referrers via" in first.stderr, first.stderr
+    listed, layers = _referrers(image), _att(image)
     assert len(listed) == 3 and {m["artifactType"] for m in listed} == {
         "application/vnd.dev.sigstore.bundle.v0.3+json"
     }
-    parsed = attach.parse_image(image)
-    with attach.client_for(parsed) as client:
-        digest = attach.resolve(client, parsed).digests[0]
-        with pytest.raises(NotFound):  # no .att tag
-            client.get_manifest(parsed.repository, attach.attestation_tag(digest))
+    assert len(layers) == 3 and all(
+        {keyless.CERTIFICATE_ANNOTATION, keyless.RFC3161_ANNOTATION, attach.MATERIAL_ANNOTATION}
+        <= set(x["annotations"])
+        for x in layers
+    ), layers
     ok = _verify_image(local, image, tmp_path, *_who(local))
     assert ok.returncode == 0 and "verified: verdict PASS" in ok.stdout, ok.stdout + ok.stderr
     other = ("--identity", local.identity("org/other"), "--issuer", local.issuer("github"))
     refused = _verify_image(local, image, tmp_path, *other)
     assert refused.returncode == 1 and "not https://github.com/org/other" in refused.stdout, refused.stdout
 
-    script = go_tools("cosign")
     statement = json.loads(next((tmp_path / "a" / "runs").glob("*/*/statement.json")).read_text())
-    r = subprocess.run(
-        [script.exe(script.named("cosign")), "verify-attestation", f"{parsed.registry}/{parsed.repository}@{digest}",
-         "--trusted-root", str(local.trusted_root), "--certificate-identity", local.identity(REPO),
-         "--certificate-oidc-issuer", local.issuer("github"), "--type", statement["predicateType"],
-         "--allow-http-registry"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    for form in ((), CLASSIC):  # the referrer's bundle, then the .att layer's classic form
+        r = _cosign_verifies(local, image, statement["predicateType"], *form)
+        assert r.returncode == 0, (form, r.stderr)
 
     again = _run(local, tmp_path / "b", local.token(REPO), "--attach", run=_in(image))
-    assert again.returncode == 0 and "replaced referrer" in again.stderr, again.stdout + again.stderr
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _replaced(again.stderr) == {"layer": 3, "referrer": 3}, again.stderr
     assert {m["digest"] for m in _referrers(image)}.isdisjoint(m["digest"] for m in listed)
+    assert len(_att(image)) == 3
+    assert {x["digest"] for x in _att(image)}.isdisjoint(x["digest"] for x in layers)
     assert len(_referrers(image)) == 3
     theirs = _run(local, tmp_path / "c", local.token("org/other"), "--attach", run=_in(image))
     assert theirs.returncode == 0, theirs.stdout + theirs.stderr
     assert f"not signed by identity {local.identity('org/other')}" in theirs.stderr, theirs.stderr
-    assert len(_referrers(image)) == 6  # another workflow's word never erases this one's
+    # another workflow's word never erases this one's
+    assert len(_referrers(image)) == 6 and len(_att(image)) == 6
     assert cli("keygen", "--out", str(tmp_path / "team")).returncode == 0
     keyed = cli(*_in(image), "-o", "runs", "--key", str(tmp_path / "team.key"), "--attach", cwd=tmp_path)
     assert keyed.returncode == 0, keyed.stdout + keyed.stderr
-    assert "not signed by key " in keyed.stderr and len(_referrers(image)) == 9, keyed.stderr  # nor a key's
+    assert "not signed by key " in keyed.stderr, keyed.stderr  # nor a key's
+    assert len(_referrers(image)) == 9 and len(_att(image)) == 9
+
+
+@pytest.mark.engine
+def test_a_stripped_or_forged_proof_on_a_layer_hides_no_copy_and_proves_nothing(
+    local: LocalSigstore, registry: str, images: dict[str, str], tmp_path: Path
+) -> None:
+    """Anyone who can push may rewrite the `.att` tag's annotations: with each layer's bundle
+    material stripped or swapped for another identity's, `verify --image` still takes the
+    statement from its referrer copy, and a later attach of the same identity keeps those
+    layers (nothing proves them its own) while it replaces the referrers."""
+    image = f"{registry}/keyless-forged/python:1"
+    skopeo("copy", "-q", "--dest-tls-verify=false", f"docker-daemon:{images['python']}", f"docker://{image}")
+    first = _run(local, tmp_path / "a", local.token(REPO), "--attach", run=_in(image))
+    assert first.returncode == 0, first.stdout + first.stderr
+    theirs = _run(local, tmp_path / "b", local.token("org/other"), "--attach", run=_in(image))
+    assert theirs.returncode == 0, theirs.stdout + theirs.stderr
+    parsed = attach.parse_image(image)
+    with attach.client_for(parsed) as client:
+        remote = attach.resolve(client, parsed)
+        tag = attach.attestation_tag(remote.digests[0])
+        manifest = attach._existing(client, parsed.repository, tag)
+        assert manifest is not None and len(manifest["layers"]) == 6
+        ours, others = manifest["layers"][:3], manifest["layers"][3:]
+        for n, (x, y) in enumerate(zip(ours, others, strict=True)):
+            notes = x["annotations"]
+            notes[attach.MATERIAL_ANNOTATION] = (
+                "{" if n == 0 else y["annotations"][attach.MATERIAL_ANNOTATION]
+            )
+        raw = json.dumps(manifest).encode()
+        client.put_manifest(parsed.repository, tag, raw, manifest["mediaType"])
+    ok = _verify_image(local, image, tmp_path, *_who(local))
+    assert ok.returncode == 0 and "verified: verdict PASS" in ok.stdout, ok.stdout + ok.stderr
+    again = _run(local, tmp_path / "c", local.token(REPO), "--attach", run=_in(image))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _replaced(again.stderr) == {"layer": 0, "referrer": 3}, again.stderr
+    assert len(_att(image)) == 9 and len(_referrers(image)) == 6
 
 
 @contextlib.contextmanager
@@ -351,6 +420,66 @@ def test_a_service_over_plain_http_elsewhere_is_refused(
         r.returncode == 3 and f"{kind} names 'http://sigstore.example'" in r.stderr and "in clear" in r.stderr
     )
     assert not (tmp_path / "runs").exists()
+
+
+def _cert(days: tuple[int, int]) -> dict[str, dict[str, str]]:
+    """A bundle's certificate material: a self-signed certificate valid `days` from today."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "signer")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(1).not_valid_before(now + datetime.timedelta(days=days[0]))
+        .not_valid_after(now + datetime.timedelta(days=days[1])).sign(key, hashes.SHA256())
+    )  # fmt: skip
+    return {
+        "certificate": {"rawBytes": base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()}
+    }
+
+
+def test_an_att_layers_classic_proof_is_a_checked_timestamp_over_its_bytes(local: LocalSigstore) -> None:
+    """What a keyless `.att` layer carries for policy-controller (KeylessKey.stamp): the signing
+    certificate, and the timestamp authority's answer over exactly the layer's bytes, checked
+    against the trusted root. An answer over other bytes (a STAND-IN client in front of the
+    real TSA), a certificate not valid at the stamped time, are refused before anything is
+    written; a signing config with no timestamp authority gives no proof (no `.att` layer)."""
+    from rfc3161_client import decode_timestamp_response
+
+    from imagegate.attest import bundle, keyless
+    from imagegate.errors import UsageError
+
+    key = keyless.open_key(f"sigstore:{local.client_trust_config}", {"SIGSTORE_ID_TOKEN": local.token(REPO)})
+    statement = {"_type": "https://in-toto.io/Statement/v1", "predicateType": "https://example/p",
+                 "subject": [{"name": "x", "digest": {"sha256": "0" * 64}}], "predicate": {}}  # fmt: skip
+    made = key.seal(json.dumps(statement).encode())
+    layer, material = attach.layer_bytes(bundle.envelope_of(made)), bundle.material_of(made) or {}
+    notes = key.stamp(layer, material)
+    assert notes is not None
+    cert = x509.load_pem_x509_certificate(notes[keyless.CERTIFICATE_ANNOTATION].encode())
+    assert cert.public_bytes(serialization.Encoding.DER) == base64.b64decode(
+        material["certificate"]["rawBytes"]
+    )
+    said = json.loads(notes[keyless.RFC3161_ANNOTATION])
+    answer = decode_timestamp_response(base64.b64decode(said["SignedRFC3161Timestamp"]))
+    assert answer.tst_info.message_imprint.message == hashlib.sha256(layer).digest()
+    for when in ((-2, -1), (1, 2)):  # expired, not yet valid
+        with pytest.raises(UsageError, match="inside the signing certificate's validity"):
+            key.stamp(layer, _cert(when))
+    assert key.stamp(layer, _cert((-1, 1))) is not None
+    clients = key._signer._signing_ctx._tsa_clients  # type: ignore[union-attr]
+    real = clients[0]
+
+    class OtherBytes:
+        url = real.url
+
+        def request_timestamp(self, data: bytes) -> Any:
+            return real.request_timestamp(data + b"\n")
+
+    clients[0] = OtherBytes()
+    with pytest.raises(UsageError, match="does not verify with the trusted root"):
+        key.stamp(layer, material)
+    clients.clear()
+    assert key.stamp(layer, material) is None
 
 
 def test_an_attach_proves_each_bundle_for_the_identity_and_an_earlier_one_only_by_its_own(
@@ -470,28 +599,19 @@ def test_kyverno_admits_on_the_identity_its_policies_name_and_refuses_another(ju
     assert pc.admitted is False, pc.said
 
 
-class ReadsNoRekorV2(Exception):
-    """policy-controller found no bundle it could read: the known cause, named in the xfail."""
-
-
 @pytest.mark.engine
-@pytest.mark.xfail(
-    strict=True,
-    raises=ReadsNoRekorV2,
-    reason="policy-controller v0.13.1 (the newest release) reads bundles with sigstore-go v0.7.2, "
-    "which refuses a Rekor v2 entry ('nil value in transaction log entry') and so finds 'no valid "
-    "bundles'. Strict: when a release reads them, this passes and the xfail must go.",
-)
 def test_policy_controller_admits_on_the_identity_its_policy_names(judging: Judging) -> None:
-    """The ClusterImagePolicy written keyless and its TrustRoot, in policy-controller's tester,
-    on the image REPO's workflow attested. Only this cause is expected: any other refusal fails."""
+    """The ClusterImagePolicy written keyless and its TrustRoot, in policy-controller's tester, on
+    the image REPO's workflow attested: it reads the `.att` layers `run --attach` wrote in cosign's
+    classic keyless form (the certificate, a timestamp over the layer; its sigstore-go reads no
+    Rekor v2 bundle) and admits; the policy written for another workflow refuses (above)."""
     consumers = go_tools("policy-controller")
     files = judging.policies[REPO]
+    cip = yaml.safe_load(files["policy-controller-clusterimagepolicy"].read_text())
+    assert all("rfc3161timestamp" in a for a in cip["spec"]["authorities"]), cip
     pc = consumers.policy_controller_test(
         files["policy-controller-clusterimagepolicy"], judging.pinned, judging.pod, files["trustroot"]
     )
-    if "no valid bundles exist in registry" in pc.said:
-        raise ReadsNoRekorV2(pc.said)
     assert pc.admitted is True, pc.said
 
 

@@ -208,6 +208,39 @@ def test_write_keyless_names_the_signer_in_each_policy_and_the_trust_beside_it(t
         assert text[name].count(f'subject: "{WHO}"') == n and text[name].count("issuerRegExp:") == n, name
 
 
+def test_write_keyless_with_a_timestamp_authority_reads_the_classic_att_layers(tmp_path: Path) -> None:
+    """A trusted root with a timestamp authority: the ClusterImagePolicy's authorities read the
+    `.att` layers in cosign's classic keyless form (policy-controller's sigstore-go reads no
+    Rekor v2 bundle): the keyless `url` set (without one it reads no keyless attestation), the
+    timestamp authority in the TrustRoot, no bundle format. Admission by the real tester:
+    tests/attest/test_keyless_sigstore.py."""
+    root, ca, _ = _trusted_root(tmp_path)
+    doc = json.loads(root.read_text())
+    doc["timestampAuthorities"] = [{**doc["certificateAuthorities"][0], "uri": "https://tsa.example"}]
+    root.write_text(json.dumps(doc))
+    done = cli(
+        "policies", "write", "--identity", WHO, "--issuer", ISSUER, "--trusted-root", str(root),
+        "--image", "r.example/*", "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cip, trust = yaml.safe_load_all(
+        (tmp_path / "out" / "policy-controller-clusterimagepolicy.yaml").read_text()
+    )
+    name = trust["metadata"]["name"]
+    assert len(cip["spec"]["authorities"]) == 2
+    for authority in cip["spec"]["authorities"]:
+        assert "signatureFormat" not in authority and "key" not in authority
+        assert authority["keyless"] == {
+            "url": "https://ca.example",
+            "identities": [{"subject": WHO, "issuer": ISSUER}],
+            "trustRootRef": name,
+        }
+        assert authority["rfc3161timestamp"] == {"trustRootRef": name}
+    (tsa,) = trust["spec"]["sigstoreKeys"]["timestampAuthorities"]
+    assert tsa["uri"] == "https://tsa.example"
+    assert x509.load_pem_x509_certificates(base64.b64decode(tsa["certChain"])) == [ca]
+
+
 def test_a_shipped_policy_without_its_key_attestor_is_refused_not_written(tmp_path: Path) -> None:
     """A policy edited without policies/attestors.py (no key attestor to replace) is an internal
     error, never a file written with the key's place left empty."""

@@ -37,6 +37,10 @@ GONE = "its blob is gone from the registry (no reader can read it, and the regis
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"  # empty for attestations: the signature is inside
 PREDICATE_TYPE_ANNOTATION = "predicateType"  # what cosign writes and filters on
 INTOTO_PREDICATE_TYPE_ANNOTATION = "in-toto.io/predicate-type"  # what other scanners filter on
+# A keyless layer's Sigstore bundle verificationMaterial (certificate, log entry, timestamps over
+# the signature): the proof of its signer that `verify` and a later attach read; cosign's own
+# annotations beside it (certificate, a timestamp over the layer) are what policy-controller reads.
+MATERIAL_ANNOTATION = "dev.imagegate/verification-material"
 MAX_ENVELOPE_BYTES = 16 << 20  # an attestation layer is a JSON document; refuse anything larger
 MAX_PLATFORMS_NAMED = 16  # an index's platforms named in a message: bounded, however many it lists
 # What is read for one image, its `.att` tag and its referrers together (a registry may list any
@@ -343,14 +347,22 @@ def read_layers(client: RegistryClient, image: RemoteImage, new: Signed) -> Laye
     return Layers(old, judged)
 
 
-def attach(client: RegistryClient, image: RemoteImage, new: Signed) -> Attached:
+def layer_bytes(envelope: dsse.Envelope) -> bytes:
+    """An `.att` layer: the envelope, compact, as cosign writes it."""
+    return envelope.to_json(indent=None).rstrip(b"\n")
+
+
+def attach(
+    client: RegistryClient, image: RemoteImage, new: Signed, proof: Mapping[str, str] | None = None
+) -> Attached:
     """Add `new` to the image's `.att` tag, dropping the earlier layers it supersedes; refused
-    (NewerThere, nothing written) when the same signer already said something later."""
+    (NewerThere, nothing written) when the same signer already said something later. `proof`:
+    a keyless layer's annotations (its certificate, timestamp and bundle material)."""
     check_subject(image, image.reference, new.statement)
     found = read_layers(client, image, new)
     refuse_if_newer(new, found.decisions(), "the attestation")
     repo, tag = image.reference.repository, attestation_tag(image.digests[0])
-    layer = new.envelope.to_json(indent=None).rstrip(b"\n")  # compact, as cosign writes it
+    layer = layer_bytes(new.envelope)
     layer_digest = digest_of(layer)
     layers = [x for x, d in found.judged if d is None or d.action not in ("replace", "gone")]
     replaced = tuple(d.entry for d in found.decisions() if d.action == "replace")
@@ -364,7 +376,8 @@ def attach(client: RegistryClient, image: RemoteImage, new: Signed) -> Attached:
         return Attached(pinned, tag, "", layer_digest, len(layers), True, (), kept, dropped)
     if not there:
         client.upload_blob(repo, layer, layer_digest)
-        layers.append(_layer_descriptor(layer, layer_digest, str(new.statement.get("predicateType", ""))))
+        predicate_type = str(new.statement.get("predicateType", ""))
+        layers.append(_layer_descriptor(layer, layer_digest, predicate_type, proof))
     pushed = _put_tag(client, repo, tag, found.old, layers)
     return Attached(pinned, tag, pushed, layer_digest, len(layers), False, replaced, kept, dropped)
 
@@ -375,14 +388,16 @@ def append(client: RegistryClient, image: RemoteImage, envelope: dsse.Envelope) 
     (the tests put it there to show what every reader then makes of it)."""
     repo, tag = image.reference.repository, attestation_tag(image.digests[0])
     old = _existing(client, repo, tag)
-    layer = envelope.to_json(indent=None).rstrip(b"\n")
+    layer = layer_bytes(envelope)
     statement = statement_of(envelope)
     client.upload_blob(repo, layer, digest_of(layer))
     added = _layer_descriptor(layer, digest_of(layer), str(statement.get("predicateType", "")))
     return _put_tag(client, repo, tag, old, [*(old["layers"] if old else []), added])
 
 
-def _layer_descriptor(layer: bytes, layer_digest: str, predicate_type: str) -> dict[str, Any]:
+def _layer_descriptor(
+    layer: bytes, layer_digest: str, predicate_type: str, proof: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "mediaType": DSSE_LAYER_MEDIA_TYPE,
         "size": len(layer),
@@ -391,8 +406,23 @@ def _layer_descriptor(layer: bytes, layer_digest: str, predicate_type: str) -> d
             SIGNATURE_ANNOTATION: "",
             PREDICATE_TYPE_ANNOTATION: predicate_type,
             INTOTO_PREDICATE_TYPE_ANNOTATION: predicate_type,
+            **(proof or {}),
         },
     }
+
+
+def layer_material(layer: Any) -> dict[str, Any] | None:
+    """The bundle verificationMaterial a keyless `.att` layer carries in its annotations (None:
+    none, or not a JSON object): untrusted, proven only by verifying it with its envelope."""
+    notes = layer.get("annotations") if isinstance(layer, dict) else None
+    said = notes.get(MATERIAL_ANNOTATION) if isinstance(notes, dict) else None
+    if not isinstance(said, str):
+        return None
+    try:
+        found = untrusted_json.loads(said.encode(), max_bytes=MAX_ENVELOPE_BYTES)
+    except untrusted_json.UntrustedJSONError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _put_tag(
@@ -455,7 +485,7 @@ def _judge(
         return Decision("gone", Replaced(f"layer {layer.get('digest')}", "?", "?"), GONE)
     except RegistryError:
         return None  # a layer that cannot be read is kept: only what is read as ours is replaced
-    return judge(new, envelope, image, f"layer {layer.get('digest')}")
+    return judge(new, envelope, image, f"layer {layer.get('digest')}", layer_material(layer))
 
 
 def statement_of(envelope: dsse.Envelope) -> dict[str, Any]:
@@ -483,5 +513,6 @@ def fetch(
     for n, layer in enumerate(doc["layers"], 1):
         env = layer_envelope(client, repo, layer, budget)
         if env is not None:
-            out.append(FetchedEnvelope(f"{image.reference.registry}/{repo}:{tag} layer {n}", env))
+            where = f"{image.reference.registry}/{repo}:{tag} layer {n}"
+            out.append(FetchedEnvelope(where, env, layer_material(layer)))
     return out

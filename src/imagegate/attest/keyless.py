@@ -26,6 +26,7 @@ through `requests` is bounded here: by the command's deadline and a size cap."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib
 import json
@@ -41,11 +42,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from imagegate._support import deadline
 from imagegate._support.files import read_named
-from imagegate._support.jsontypes import JsonObject, freeze_object, items, obj, text
+from imagegate._support.jsontypes import JsonMapping, JsonObject, freeze_object, items, obj, text
 from imagegate._support.names import SIGSTORE_TOKEN_ENV
 from imagegate.attest.publickeys import Algorithm, PublicKey
 from imagegate.errors import UsageError, describe_exception
@@ -69,6 +71,9 @@ RENEW_BEFORE = timedelta(seconds=60)  # a certificate this close to its end is n
 _ISSUER_V2 = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.8")
 _ISSUER_V1 = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.1")
 _OTHERNAME_SAN = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.7")
+# cosign's classic keyless proof on an `.att` layer (pkg/oci/static/signature.go)
+CERTIFICATE_ANNOTATION = "dev.sigstore.cosign/certificate"
+RFC3161_ANNOTATION = "dev.sigstore.cosign/rfc3161timestamp"
 
 
 def is_uri(value: str | os.PathLike[str] | None) -> bool:
@@ -249,6 +254,19 @@ def _utf8_string(der: bytes) -> str:
     return der[at : at + n].decode(errors="replace")
 
 
+def certificate_of(material: JsonMapping) -> x509.Certificate | None:
+    """The signing certificate of a bundle's verificationMaterial (v0.3's `certificate`, or
+    the first of an earlier version's chain); None when it holds none that parses."""
+    chain = items(obj(material.get("x509CertificateChain")).get("certificates"))
+    raw = text(obj(material.get("certificate")).get("rawBytes")) or text(
+        obj(chain[0] if chain else None).get("rawBytes")
+    )
+    try:
+        return x509.load_der_x509_certificate(base64.b64decode(raw or "", validate=True))
+    except ValueError:
+        return None
+
+
 @dataclass
 class KeylessKey:
     """A signer of the SigningKey kind whose key lives as long as its certificate: `seal` signs a
@@ -336,6 +354,39 @@ class KeylessKey:
         if certified is None:
             raise UsageError(f"{self.uri}: the signed statement does not verify with its trust root ({why})")
         return written
+
+    def stamp(self, data: bytes, material: JsonMapping) -> dict[str, str] | None:
+        """cosign's classic keyless proof for an `.att` layer of bytes `data` whose bundle's
+        verificationMaterial is `material`: the signing certificate (PEM) and an RFC 3161
+        timestamp over the layer's bytes (for an attestation cosign timestamps the payload it
+        reads, the whole envelope: verify.go, VerifyRFC3161Timestamp), checked against the
+        trusted root and inside the certificate's validity. None when the signing config names
+        no timestamp authority: the classic form then has no proof a reader without the log
+        takes."""
+        cert = certificate_of(material)
+        self._certificate()
+        assert self._signer is not None
+        tsas = self._signer._signing_ctx._tsa_clients  # a private attribute: sigstore is pinned
+        if cert is None or not tsas:
+            return None
+        verify = _sigstore("sigstore.verify")
+        with _failing(f"{self.uri}: the timestamp authority {tsas[0].url}"), _bounded("the TSA"):
+            answer = tsas[0].request_timestamp(data)
+            checked = verify.Verifier(trusted_root=self.config.trusted_root)._verify_signed_timestamp(
+                answer, data
+            )
+        if checked is None or not cert.not_valid_before_utc <= checked.time <= cert.not_valid_after_utc:
+            raise UsageError(
+                f"{self.uri}: the timestamp authority's answer does not verify with the trusted root "
+                "inside the signing certificate's validity; nothing attached"
+            )
+        return {
+            CERTIFICATE_ANNOTATION: cert.public_bytes(serialization.Encoding.PEM).decode(),
+            RFC3161_ANNOTATION: json.dumps(
+                {"SignedRFC3161Timestamp": base64.b64encode(answer.as_bytes()).decode()},
+                separators=(",", ":"),
+            ),
+        }
 
     def expected(self) -> Expected:
         """Who signs, as a reader checks it: an attach supersedes only what this proves."""

@@ -5,7 +5,7 @@ field is as it is: docs/attestations.md, "How the referrers are written and read
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -388,6 +388,10 @@ def fetch(
     ]
 
 
+# keyless.KeylessKey.stamp: an `.att` layer's bytes and bundle material -> cosign's annotations
+Stamp = Callable[[bytes, JsonMapping], "dict[str, str] | None"]
+
+
 def attach_and_refer(
     client: RegistryClient,
     ref: Reference,
@@ -395,34 +399,48 @@ def attach_and_refer(
     trusted: Sequence[PublicKey],
     source: str = "the attestation",
     keyless: Expected | None = None,
+    stamp: Stamp | None = None,
 ) -> list[tuple[Attached | None, Referred]]:
     """Both places admission controllers look, for each envelope of `todo` (an acceptance and the
     statements signed beside it, each with the `material` naming its key): the `.att` tag
-    (cosign's legacy form, read by policy-controller's key authorities and Kyverno's default
+    (cosign's legacy form, read by policy-controller's authorities and Kyverno's default
     verifier) and a referrer of the same manifest digest in cosign v3's bundle form. The tag is
     resolved once (a moved tag cannot split them); each envelope must verify with `trusted`
     (NotVerified) and none may be older than its signer's word there (NewerThere): both checked
     for all before anything is written. Read, changed and written back under the image's lock.
 
     `keyless`: each envelope's bundle must prove that identity (its certificate, log entry and
-    timestamps, against the trusted root), and only the referrer is written (None in the pair's
-    place of the tag): cosign's legacy tag would carry a keyless signature's proof in annotations
-    made for Rekor v1, which Rekor v2 and a timestamp authority's proof do not fill."""
+    timestamps, against the trusted root). Its `.att` layer is written only with the proof cosign's
+    classic form takes without a Rekor v1 entry, which `stamp` makes (the certificate and a
+    timestamp over the layer: keyless.KeylessKey.stamp), the bundle material beside them for
+    later readers; without one, None in the pair's place of the tag."""
     if keyless is None:
         news = [(verified(env, trusted, source), material) for env, material in todo]
     else:
         news = [(keyless_verified(env, material, keyless, source), material) for env, material in todo]
+    # asked before the lock: a timestamp authority's answer is a network wait
+    proofs = [_proof(new, material, stamp) if keyless else {} for new, material in news]
     image = attach.resolve(client, ref)
     with locked(str(image.reference)):
         for new, _ in news:
             attach.check_subject(image, ref, new.statement)
-            # The tag holds no bundle to prove a keyless signer by: its layers are kept, never newer.
             refuse_if_newer(new, attach.read_layers(client, image, new).decisions(), source)
             refuse_if_newer(new, [d for _, d in judged(client, image, new) if d is not None], source)
         return [
-            (None if keyless else attach.attach(client, image, new), refer(client, image, new, material))
-            for new, material in news
+            (
+                None if proof is None else attach.attach(client, image, new, proof),
+                refer(client, image, new, material),
+            )
+            for (new, material), proof in zip(news, proofs, strict=True)
         ]
+
+
+def _proof(new: Signed, material: JsonMapping, stamp: Stamp | None) -> dict[str, str] | None:
+    """A keyless `.att` layer's annotations: `stamp`'s (None: no `.att` layer) and the material."""
+    made = stamp(attach.layer_bytes(new.envelope), material) if stamp is not None else None
+    if made is None:
+        return None
+    return {**made, attach.MATERIAL_ANNOTATION: json.dumps(material, separators=(",", ":"))}
 
 
 def attach_signed(
@@ -430,13 +448,15 @@ def attach_signed(
 ) -> list[tuple[Attached | None, Referred]]:
     """A signed attempt's statements (a run's acceptance or an index statement, then the VSA and
     the test-result), each with its own bundle's material, attached as `attach_and_refer` does:
-    verified with the signing key, or keyless for the identity its certificate names."""
+    verified with the signing key, or keyless for the identity its certificate names, the
+    `.att` layers with the proof `key` stamps."""
     from imagegate.attest import keyless
 
     todo = list(zip((signed.envelope, *signed.standard), signed.materials, strict=True))
     trusted = (signed.public,) if signed.public is not None else ()
-    expected = key.expected() if isinstance(key, keyless.KeylessKey) else None
-    return attach_and_refer(client, ref, todo, trusted, str(signed.dsse_path), expected)
+    if isinstance(key, keyless.KeylessKey):
+        return attach_and_refer(client, ref, todo, trusted, str(signed.dsse_path), key.expected(), key.stamp)
+    return attach_and_refer(client, ref, todo, trusted, str(signed.dsse_path))
 
 
 def keyless_verified(

@@ -512,6 +512,21 @@ def _ring(
     return ((*ring, key) if key is not None else ring), said
 
 
+def _proving(
+    copies: Sequence[attach.FetchedEnvelope], trusted: Trusted, keyless: Expected | None
+) -> tuple[attach.FetchedEnvelope, tuple[PublicKey, ...], str]:
+    """Of one statement's copies, the first whose material proves the identity (keyless), else
+    the first; with its keys and what the check said."""
+    first = None
+    for f in copies:
+        ring, said = _ring(f.envelope, trusted, keyless, f.material)
+        if keyless is None or len(ring) > len(keyring(trusted)):
+            return f, ring, said
+        first = first or (f, ring, said)
+    assert first is not None
+    return first
+
+
 def certified(place: Path, env: dsse.Envelope, keyless: Expected) -> tuple[PublicKey | None, str]:
     """The key the certificate in the bundle beside `place` (the envelope's file) proves was the
     identity's, and what the check said."""
@@ -713,13 +728,15 @@ def _reports(
     expect_verdict: str | None,
 ) -> list[Report]:
     """Each statement read from the registry, once (the same one in both places is one), checked
-    with `trusted` and, keyless, the key its referrer bundle certifies for the identity."""
-    once = {f.envelope.payload: f for f in reversed(fetched)}
-    reports = []
+    with `trusted` and, keyless, the key its bundle material (a referrer's, an `.att` layer's
+    annotation) certifies for the identity: of the copies, the first whose material proves it,
+    so a copy with its proof stripped or forged hides no other."""
+    copies: dict[bytes, list[attach.FetchedEnvelope]] = {}
     for f in fetched:
-        if once[f.envelope.payload] is not f:
-            continue
-        ring, said = _ring(f.envelope, trusted, keyless, f.material)
+        copies.setdefault(f.envelope.payload, []).append(f)
+    reports = []
+    for same in copies.values():
+        f, ring, said = _proving(same, trusted, keyless)
         rep = verify_envelope(
             f.envelope,
             ring,

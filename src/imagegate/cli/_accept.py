@@ -303,7 +303,7 @@ def done_lines(done: "accept.Accepted") -> list[str]:
             lines.append(
                 f"attached to {a.reference} ({a.tag}, {a.layers} attestation(s); referrers via {a.via})"
             )
-        else:  # keyless: the referrers alone (attest/referrers.py attach_and_refer says why)
+        else:  # keyless, no timestamp authority: the referrers alone (referrers.attach_and_refer)
             lines.append(f"attached to {a.reference} as {a.layers} Sigstore bundle referrer(s), via {a.via}")
         if a.replaced:
             from imagegate.attest.referrers import REPLACED_KEPT

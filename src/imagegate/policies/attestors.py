@@ -1,6 +1,7 @@
 """`imagegate policies write --identity/--issuer --trusted-root`: the shipped policies with a
 keyless attestor in place of the key, for statements `run --attach` signed keyless (Sigstore
-bundle referrers, each with a Fulcio certificate naming the signer).
+bundle referrers, and `.att` layers in cosign's classic keyless form, each with a Fulcio
+certificate naming the signer).
 
 How each controller is told whom to trust, from its source at the versions the tests run:
 - Kyverno's ClusterPolicy reads bundle referrers with `type: SigstoreBundle` and takes its
@@ -11,10 +12,13 @@ How each controller is told whom to trust, from its source at the versions the t
 - Kyverno's ImageValidatingPolicy carries the trusted root inline (`cosign.trustedRoot`), and
   initialises TUF all the same (pkg/image/verifiers/ivpol/cosign/opts.go, initTUFAndFetch):
   `--tuf-mirror`/`--tuf-root` name the TUF repository it reads, else the public one.
-- policy-controller's ClusterImagePolicy reads bundles with `signatureFormat: bundle` under a
-  keyless authority whose `trustRootRef` names a TrustRoot (pkg/webhook/validator.go,
-  checkOptsFromAuthority); the TrustRoot is written beside it, its `sigstoreKeys` converted from
-  the trusted root (pkg/apis/config/sigstore_keys.go reads PEM, base64 in the resource)."""
+- policy-controller's ClusterImagePolicy: a keyless authority whose `trustRootRef` names a
+  TrustRoot (pkg/webhook/validator.go, checkOptsFromAuthority), written beside it, its
+  `sigstoreKeys` converted from the trusted root (pkg/apis/config/sigstore_keys.go reads PEM,
+  base64 in the resource). It reads the `.att` layers in cosign's classic keyless form with
+  `rfc3161timestamp` (the certificate and a timestamp over the layer; no log then, and the
+  keyless `url` must be set for it to read them at all) when the trusted root has a timestamp
+  authority, else bundle referrers (`signatureFormat: bundle`)."""
 
 from __future__ import annotations
 
@@ -44,6 +48,8 @@ class Trust:
     document: str  # the trusted root, compact JSON (Kyverno's inline trustedRoot)
     rekor_url: str  # its first transparency log's base URL
     sigstore_keys: dict[str, object]  # policy-controller's TrustRoot spec.sigstoreKeys
+    fulcio_url: str = ""  # its first certificate authority's URI
+    timestamped: bool = False  # it names a timestamp authority
 
 
 @dataclass(frozen=True)
@@ -69,12 +75,6 @@ class Signer:
         return [(k, v) for k, v in pairs if v is not None]
 
 
-def _pem(kind: str, der: bytes) -> str:
-    lines = base64.encodebytes(der).decode().replace("\n", "")
-    body = "\n".join(lines[i : i + 64] for i in range(0, len(lines), 64))
-    return f"-----BEGIN {kind}-----\n{body}\n-----END {kind}-----\n"
-
-
 def _b64(data: str) -> str:
     return base64.b64encode(data.encode()).decode()
 
@@ -86,8 +86,8 @@ def _authority(a: dict[str, object], where: str) -> dict[str, object]:
     chain = ""
     for c in certs:
         der = base64.b64decode(text(c.get("rawBytes")) or "", validate=True)
-        x509.load_der_x509_certificate(der)  # a certificate, or the file is refused
-        chain += _pem("CERTIFICATE", der)
+        cert = x509.load_der_x509_certificate(der)  # a certificate, or the file is refused
+        chain += cert.public_bytes(serialization.Encoding.PEM).decode()
     subject = obj(a.get("subject"))
     return {
         "subject": {
@@ -102,12 +102,14 @@ def _authority(a: dict[str, object], where: str) -> dict[str, object]:
 def _log(log: dict[str, object], where: str) -> dict[str, object]:
     key = obj(log.get("publicKey"))
     der = base64.b64decode(text(key.get("rawBytes")) or "", validate=True)
-    serialization.load_der_public_key(der)  # a public key, or the file is refused
+    pem = serialization.load_der_public_key(der).public_bytes(  # a public key, or refused
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     url = text(log.get("baseUrl"))
     if not url:
         raise ValueError(f"{where}: no baseUrl")
     algorithm = _HASHES.get(text(log.get("hashAlgorithm")) or "", "sha-256")
-    return {"baseURL": url, "hashAlgorithm": algorithm, "publicKey": _b64(_pem("PUBLIC KEY", der))}
+    return {"baseURL": url, "hashAlgorithm": algorithm, "publicKey": _b64(pem.decode())}
 
 
 def read_trust(path: Path) -> Trust:
@@ -140,7 +142,8 @@ def read_trust(path: Path) -> Trust:
             f"--trusted-root {path}: not a Sigstore trusted root ({e})",
             hint="the trusted_root.json of the Sigstore that signs (cosign's --trusted-root file)",
         ) from None
-    return Trust(json.dumps(root, separators=(",", ":")), str(tlogs[0]["baseURL"]), keys)
+    document = json.dumps(root, separators=(",", ":"))
+    return Trust(document, str(tlogs[0]["baseURL"]), keys, str(cas[0]["uri"]), bool(tsas))
 
 
 def _q(value: str) -> str:
@@ -194,11 +197,20 @@ def image_validating_policy(body: str, s: Signer, name: str) -> str:
 
 
 def cluster_image_policy(body: str, s: Signer, name: str) -> str:
-    """policy-controller's ClusterImagePolicy: each key authority a keyless one reading bundles,
-    and the TrustRoot it names after it."""
-    new = f"{_I}signatureFormat: bundle  # keyless statements are Sigstore bundle referrers\n"
-    new += f"{_I}keyless:\n{_I}  identities:\n" + _lines(s.fields(), _I + "    - ", _I + "      ")
-    new += f"\n{_I}  trustRootRef: {TRUST_ROOT_NAME}"
+    """policy-controller's ClusterImagePolicy: each key authority a keyless one, and the
+    TrustRoot it names after it. With a timestamp authority in the trusted root, the authority
+    reads the `.att` layers in cosign's classic keyless form (the certificate, a timestamp over the
+    layer): policy-controller v0.13.1 reads bundles with sigstore-go v0.7.2, which refuses a Rekor
+    v2 entry. Without one, it reads the bundle referrers (`signatureFormat: bundle`), which
+    that version verifies only for a Rekor v1 log."""
+    who = f"{_I}  identities:\n" + _lines(s.fields(), _I + "    - ", _I + "      ")
+    ref = f"{_I}  trustRootRef: {TRUST_ROOT_NAME}"
+    if s.trust.timestamped:
+        new = f"{_I}keyless:\n{_I}  url: {_q(s.trust.fulcio_url)}\n{who}\n{ref}\n"
+        new += f"{_I}rfc3161timestamp:  # the .att layers' timestamps: cosign's classic keyless form\n{ref}"
+    else:
+        new = f"{_I}signatureFormat: bundle  # keyless statements are Sigstore bundle referrers\n"
+        new += f"{_I}keyless:\n{who}\n{ref}"
     pattern = rf"^(?P<i> *)key:\n *hashAlgorithm: sha256\n *data: \|\n *{_KEY}$"
     body = _sub(pattern, body, new, name)
     return body + "---\n" + trust_root(s.trust)
