@@ -194,12 +194,16 @@ def test_a_certificate_is_read_only_where_fulcio_writes_who_signed() -> None:
 
 
 @pytest.mark.parametrize("command", ["run", "collect"])
-def test_a_fleet_is_not_signed_keyless_and_says_so_before_the_work(tmp_path: Path, command: str) -> None:
-    """A node's statement is a bare DSSE file: a keyless signature would be unverifiable there."""
-    (tmp_path / "nodes.json").write_text('{"items": []}')
+def test_a_fleet_signer_that_cannot_sign_keyless_stops_before_the_work(tmp_path: Path, command: str) -> None:
+    """`fleet run`/`fleet collect` sign keyless as `run` does (each node's statement with its
+    bundle beside it: tests/attest/test_keyless_sigstore.py); a `sigstore:` signer whose trust
+    config cannot be read stops the command before any Job is made or read, naming it."""
+    from tests.fleet.test_judge import _k8s_node
+
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": [_k8s_node("gpu-1")]}))
     image = "registry.example/torch@sha256:" + "a" * 64
     r = cli("fleet", command, image, "--nodes", "nodes.json", "--key", "sigstore:trust.json", cwd=tmp_path)
-    assert r.returncode == 3 and f"fleet {command} cannot sign keyless" in r.stderr, r.stderr
+    assert r.returncode == 3 and "trust.json" in r.stderr, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["nodes.json"]  # nothing made
 
 

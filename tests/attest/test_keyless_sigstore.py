@@ -422,15 +422,13 @@ def test_a_service_over_plain_http_elsewhere_is_refused(
     assert not (tmp_path / "runs").exists()
 
 
-def _cert(days: tuple[int, int]) -> dict[str, dict[str, str]]:
-    """A bundle's certificate material: a self-signed certificate valid `days` from today."""
+def _cert(start: datetime.datetime, end: datetime.datetime) -> dict[str, dict[str, str]]:
+    """A bundle's certificate material: a self-signed certificate valid from `start` to `end`."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "signer")])
-    now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(1).not_valid_before(now + datetime.timedelta(days=days[0]))
-        .not_valid_after(now + datetime.timedelta(days=days[1])).sign(key, hashes.SHA256())
+        .serial_number(1).not_valid_before(start).not_valid_after(end).sign(key, hashes.SHA256())
     )  # fmt: skip
     return {
         "certificate": {"rawBytes": base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()}
@@ -462,20 +460,31 @@ def test_an_att_layers_classic_proof_is_a_checked_timestamp_over_its_bytes(local
     said = json.loads(notes[keyless.RFC3161_ANNOTATION])
     answer = decode_timestamp_response(base64.b64decode(said["SignedRFC3161Timestamp"]))
     assert answer.tst_info.message_imprint.message == hashlib.sha256(layer).digest()
-    for when in ((-2, -1), (1, 2)):  # expired, not yet valid
-        with pytest.raises(UsageError, match="inside the signing certificate's validity"):
-            key.stamp(layer, _cert(when))
-    assert key.stamp(layer, _cert((-1, 1))) is not None
+    for none in ({}, {"certificate": {"rawBytes": "bm90IGEgY2VydGlmaWNhdGU="}}):  # no certificate
+        assert key.stamp(layer, none) is None
     clients = key._signer._signing_ctx._tsa_clients  # type: ignore[union-attr]
     real = clients[0]
 
-    class OtherBytes:
+    class Answers:
+        """STAND-IN in front of the real TSA: its one answer over `over`, whatever it is asked."""
+
         url = real.url
 
-        def request_timestamp(self, data: bytes) -> Any:
-            return real.request_timestamp(data + b"\n")
+        def __init__(self, over: bytes) -> None:
+            self.answer = real.request_timestamp(over)
 
-    clients[0] = OtherBytes()
+        def request_timestamp(self, data: bytes) -> Any:
+            return self.answer
+
+    clients[0] = same = Answers(layer)
+    at, day = same.answer.tst_info.gen_time, datetime.timedelta(days=1)  # whole seconds, as X.509's
+    for start, end in ((at, at + day), (at - day, at)):  # valid from, or until, that very second
+        assert key.stamp(layer, _cert(start, end)) is not None
+    second = datetime.timedelta(seconds=1)
+    for start, end in ((at - day, at - second), (at + second, at + day)):  # expired, not yet valid
+        with pytest.raises(UsageError, match="inside the signing certificate's validity"):
+            key.stamp(layer, _cert(start, end))
+    clients[0] = Answers(layer + b"\n")  # an answer over other bytes
     with pytest.raises(UsageError, match="does not verify with the trusted root"):
         key.stamp(layer, material)
     clients.clear()
@@ -613,6 +622,67 @@ def test_policy_controller_admits_on_the_identity_its_policy_names(judging: Judg
         files["policy-controller-clusterimagepolicy"], judging.pinned, judging.pod, files["trustroot"]
     )
     assert pc.admitted is True, pc.said
+
+
+def test_a_fleet_signed_keyless_is_verified_by_the_identity_each_statement_proves(
+    local: LocalSigstore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleet run --key sigstore:…` (FleetCluster standing in for the API server, as in
+    tests/fleet/test_run.py: each Pod's log is the real controller running the real node check
+    bundle here, with no GPU, so every node is unfit) signs each node's attempt and its node
+    statement keyless, each with its bundle beside it. `fleet report --identity --issuer
+    --trusted-root` verifies both by the identity they prove; it refuses every node for another
+    identity, and the one node whose statement another workflow signed in its place."""
+    from typer.testing import CliRunner
+
+    from imagegate.attest import keyless
+    from imagegate.cli import app
+    from imagegate.fleet import node_statement as nodecheck
+    from imagegate.usecases import runner
+    from tests.fleet.test_judge import _k8s_node
+    from tests.fleet.test_run import FleetCluster
+    from tests.helpers import controller_output
+    from tests.kube.test_podrun import DIGEST
+
+    gpu_prep = runner.prepare(runner.RunOptions(pipeline="gpu", gpus="8"))  # as fleet run plans it
+    cluster = FleetCluster(lambda k: controller_output(gpu_prep, k), pending=0)
+    monkeypatch.setattr("imagegate.kube.kubectl.KubectlCluster", lambda context=None: cluster)
+    monkeypatch.setenv("SIGSTORE_ID_TOKEN", local.token(REPO))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": [_k8s_node(n) for n in ("gpu-1", "gpu-2")]}))
+    trust = f"sigstore:{local.client_trust_config}"
+    args = ["fleet", "run", f"myorg/torch@{DIGEST}", "--nodes", str(tmp_path / "nodes.json"),
+            "-o", str(tmp_path / "runs"), "--key", trust, "--format", "json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output  # unfit: no GPU here
+    attempts = json.loads(result.stdout)["attempts"]
+    assert all((Path(a) / nodecheck.NODE_BUNDLE_FILE).is_file() for a in attempts.values())
+    given = [f"{n}={a}" for n, a in attempts.items()]
+    root = ("--trusted-root", str(local.trusted_root), "--format", "json")
+
+    def report(*who: str) -> dict[str, dict[str, Any]]:
+        done = CliRunner().invoke(app, ["fleet", "report", *given, *who, *root])
+        assert done.exit_code == 1, done.output
+        return {n["name"]: n for n in json.loads(done.stdout)["nodes"]}
+
+    assert {n["evidence"] for n in report(*_who(local)).values()} == {"verified"}
+    other = ("--identity", local.identity("org/other"), "--issuer", local.issuer("github"))
+    theirs = report(*other)
+    assert {n["evidence"] for n in theirs.values()} == {"refused"}, theirs
+    assert all("not signed by" in " ".join(n["why"]) for n in theirs.values()), theirs
+    # gpu-1's node statement, the same statement, signed by another workflow and put in its place
+    folder = Path(attempts["gpu-1"])
+    statement = json.loads(dsse.from_json((folder / nodecheck.NODE_FILE).read_bytes()).payload)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other_key = keyless.open_key(trust, {"SIGSTORE_ID_TOKEN": local.token("org/other")})
+    nodecheck.sign_node(elsewhere, statement, other_key)
+    for name in (nodecheck.NODE_FILE, nodecheck.NODE_BUNDLE_FILE):
+        shutil.copyfile(elsewhere / name, folder / name)
+    swapped = report(*_who(local))
+    assert swapped["gpu-2"]["evidence"] == "verified"
+    assert swapped["gpu-1"]["evidence"] == "refused", swapped
+    assert f"node statement: not signed by {local.identity(REPO)}" in " ".join(swapped["gpu-1"]["why"])
 
 
 # ---- the CI steps, keyless as the job's identity -----------------------------------------------

@@ -264,6 +264,7 @@ def test_a_node_statement_of_another_attempt_or_key_or_a_run_on_another_node_is_
     elsewhere = _gpu_node(unsigned, work / "elsewhere" / "gpu-2", "gpu-2", UUIDS[2], ran_on="gpu-9")
     other_key = _gpu_node(unsigned, work / "other-key" / "gpu-4", "gpu-4", UUIDS[4])
     (other_key / nodecheck.NODE_FILE).unlink()
+    (other_key / nodecheck.NODE_BUNDLE_FILE).unlink()
     nodecheck.sign_attempt("gpu-4", read_attempt(other_key).record, keys.load_signing_key(work / "other.key"))
     nodes = {"gpu-1": swapped, "gpu-2": elsewhere, "gpu-4": other_key}
     done = _report(work, nodes, "--key", "ci.pub", "--format", "json")
@@ -284,14 +285,14 @@ def test_without_a_key_every_node_is_unverified_and_only_unsigned_accepts(
     assert done.returncode == 1, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("gpu-")]
     assert len(rows) == 3 and all(" fit " in r and " unverified " in r for r in rows), rows
-    assert "give --key PUB to check them, or --unsigned" in done.stderr
+    assert "to check them, or --unsigned to judge them at their word" in done.stderr
     taken = _report(work, fit, "--unsigned", "--format", "json")
     assert taken.returncode == 0, taken.stdout + taken.stderr
     doc = json.loads(taken.stdout)
     assert {n["evidence"] for n in doc["nodes"]} == {"unverified"} and doc["unsigned"] is True
     assert doc["unverified"] == ["gpu-1", "gpu-2", "gpu-4"] and doc["signaturesChecked"] is False
     both = _report(work, fit, "--unsigned", "--key", "ci.pub")
-    assert both.returncode == 3 and "--key and --unsigned" in both.stderr
+    assert both.returncode == 3 and "check the signatures one way, or not" in both.stderr
 
 
 def test_unsigned_still_refuses_a_copy_its_statement_names_otherwise(

@@ -217,6 +217,7 @@ def test_write_keyless_with_a_timestamp_authority_reads_the_classic_att_layers(t
     root, ca, _ = _trusted_root(tmp_path)
     doc = json.loads(root.read_text())
     doc["timestampAuthorities"] = [{**doc["certificateAuthorities"][0], "uri": "https://tsa.example"}]
+    doc["certificateAuthorities"].append({**doc["certificateAuthorities"][0], "uri": "https://ca2.example"})
     root.write_text(json.dumps(doc))
     done = cli(
         "policies", "write", "--identity", WHO, "--issuer", ISSUER, "--trusted-root", str(root),
@@ -231,7 +232,7 @@ def test_write_keyless_with_a_timestamp_authority_reads_the_classic_att_layers(t
     for authority in cip["spec"]["authorities"]:
         assert "signatureFormat" not in authority and "key" not in authority
         assert authority["keyless"] == {
-            "url": "https://ca.example",
+            "url": "https://ca.example",  # the first certificate authority's
             "identities": [{"subject": WHO, "issuer": ISSUER}],
             "trustRootRef": name,
         }

@@ -255,14 +255,11 @@ def _utf8_string(der: bytes) -> str:
 
 
 def certificate_of(material: JsonMapping) -> x509.Certificate | None:
-    """The signing certificate of a bundle's verificationMaterial (v0.3's `certificate`, or
-    the first of an earlier version's chain); None when it holds none that parses."""
-    chain = items(obj(material.get("x509CertificateChain")).get("certificates"))
-    raw = text(obj(material.get("certificate")).get("rawBytes")) or text(
-        obj(chain[0] if chain else None).get("rawBytes")
-    )
+    """The signing certificate of a bundle's verificationMaterial (v0.3's `certificate`, the
+    form signing writes); None when it holds none that parses."""
+    raw = text(obj(material.get("certificate")).get("rawBytes")) or ""
     try:
-        return x509.load_der_x509_certificate(base64.b64decode(raw or "", validate=True))
+        return x509.load_der_x509_certificate(base64.b64decode(raw))
     except ValueError:
         return None
 
@@ -360,9 +357,10 @@ class KeylessKey:
         verificationMaterial is `material`: the signing certificate (PEM) and an RFC 3161
         timestamp over the layer's bytes (for an attestation cosign timestamps the payload it
         reads, the whole envelope: verify.go, VerifyRFC3161Timestamp), checked against the
-        trusted root and inside the certificate's validity. None when the signing config names
-        no timestamp authority: the classic form then has no proof a reader without the log
-        takes."""
+        trusted root and inside the certificate's validity. Asked of the signing config's first
+        timestamp authority (any serves: the answer is checked against the trusted root). None
+        when it names none, or `material` holds no certificate: the classic form then has no
+        proof a reader without the log takes."""
         cert = certificate_of(material)
         self._certificate()
         assert self._signer is not None
@@ -370,8 +368,9 @@ class KeylessKey:
         if cert is None or not tsas:
             return None
         verify = _sigstore("sigstore.verify")
-        with _failing(f"{self.uri}: the timestamp authority {tsas[0].url}"), _bounded("the TSA"):
-            answer = tsas[0].request_timestamp(data)
+        tsa = tsas[0]
+        with _failing(f"{self.uri}: the timestamp authority {tsa.url}"), _bounded("the TSA"):
+            answer = tsa.request_timestamp(data)
             checked = verify.Verifier(trusted_root=self.config.trusted_root)._verify_signed_timestamp(
                 answer, data
             )

@@ -24,6 +24,7 @@ from imagegate.attest.sign import (
     TEST_RESULT_FILE,
     VSA_BUNDLE_FILE,
     VSA_FILE,
+    create_once,
     serialize,
 )
 from imagegate.attest.vsa import build_test_result, build_vsa
@@ -130,15 +131,7 @@ def carried(
 
 
 def _write(out: Path, name: str, data: bytes) -> Path:
-    path = out / name
-    try:
-        with open(path, "xb") as f:
-            f.write(data)
-    except FileExistsError as e:
-        raise UsageError(
-            f"{path}: already exists; signing never replaces a file", hint="pass another --out"
-        ) from e
-    return path
+    return create_once(out / name, data, "signing never replaces a file", "pass another --out")
 
 
 def sign_equivalence(

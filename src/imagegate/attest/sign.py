@@ -63,15 +63,18 @@ def serialize(statement: Statement[Predicate] | JsonMapping) -> bytes:
     return canonical_json(statement.to_json() if isinstance(statement, Statement) else statement)
 
 
-def _create(path: Path, data: bytes) -> Path:
+def create_once(
+    path: Path,
+    data: bytes,
+    why: str = "an attempt is signed once",
+    hint: str = "run again for a new attempt, or verify the existing attestation",
+) -> Path:
+    """`data` written to `path`, which must not exist: signing never replaces a file."""
     try:
         with open(path, "xb") as f:
             f.write(data)
     except FileExistsError as e:
-        raise UsageError(
-            f"{path}: already exists; an attempt is signed once",
-            hint="run again for a new attempt, or verify the existing attestation",
-        ) from e
+        raise UsageError(f"{path}: already exists; {why}", hint=hint) from e
     return path
 
 
@@ -116,9 +119,9 @@ def sign_attempt(attempt_dir: Path, statement: Statement[Predicate] | JsonMappin
     envelope, material = seal(serialize(said), key)
     dsse_bytes = envelope.to_json()
     files = [
-        _create(attempt_dir / DSSE_FILE, dsse_bytes),
-        _create(attempt_dir / INTOTO_FILE, envelope.to_json(indent=None)),
-        _create(attempt_dir / BUNDLE_FILE, bundle.json_of(envelope, material)),
+        create_once(attempt_dir / DSSE_FILE, dsse_bytes),
+        create_once(attempt_dir / INTOTO_FILE, envelope.to_json(indent=None)),
+        create_once(attempt_dir / BUNDLE_FILE, bundle.json_of(envelope, material)),
     ]
     standard, materials = [], [material]
     vsa, test_result = _standard(said, dsse_bytes)
@@ -127,8 +130,8 @@ def sign_attempt(attempt_dir: Path, statement: Statement[Predicate] | JsonMappin
         (test_result, TEST_RESULT_FILE, TEST_RESULT_BUNDLE_FILE),
     ):
         signed, its = seal(serialize(made), key)
-        files.append(_create(attempt_dir / name, signed.to_json()))
-        files.append(_create(attempt_dir / bundle_name, bundle.json_of(signed, its)))
+        files.append(create_once(attempt_dir / name, signed.to_json()))
+        files.append(create_once(attempt_dir / bundle_name, bundle.json_of(signed, its)))
         standard.append(signed)
         materials.append(its)
     return Signed(

@@ -80,19 +80,6 @@ def _signing_key(key: str | None, notify: Notify, warn: Notify, *, attaching: bo
     return found
 
 
-def refuse_keyless(key: str | None, command: str) -> None:
-    """A command whose statements are bare DSSE files (a node's statement) cannot sign keyless:
-    a keyless signature is good only with its certificate and log entry. Said before the work."""
-    from imagegate.attest import keyless, keys
-
-    named = keys.named_signer(key)
-    if keyless.is_uri(named):
-        raise UsageError(
-            f"{command} cannot sign keyless ({named}) yet: its node statements carry no certificate",
-            hint="sign it with a key (a PEM file, pkcs11:, hashivault://)",
-        )
-
-
 def _non_dumpable() -> None:
     """While this process holds a private key, a process of the same user (a probe, whatever it
     started) cannot read its memory, descriptors or environment through /proc, nor ptrace it:

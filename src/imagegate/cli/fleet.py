@@ -7,7 +7,9 @@ import typer
 from typer import Argument
 
 from imagegate.cli import _app
+from imagegate.cli._accept import grouped
 from imagegate.cli._app import Format, Option, app
+from imagegate.cli._identity import Identity
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `fleet --help` loads none of the layers below
@@ -51,12 +53,17 @@ _UNSIGNED = Option(
     "run and fleet collect) names another node or attempt, or whose GPU UUID another node "
     "names too, is refused: unfit, and never a peer. With --key every attempt must verify with "
     "it (signature, every evidence file) and carry its node statement, verified too, else the "
-    "node is refused. Without --key every node is unverified and the report exits 1, unless "
-    "--unsigned is given. Exit 0 when every node is fit, 1 when one is suspect, unfit or "
+    "node is refused; keyless (--identity/--identity-regexp, --issuer/--issuer-regexp, "
+    "--trusted-root, for a fleet run signed with a sigstore: signer) the attempt and the node "
+    "statement must each prove that identity by its own bundle beside it. Without either every "
+    "node is unverified and the report exits 1, unless --unsigned is given. Exit 0 when every node is fit, 1 when one is suspect, unfit or "
     "refused (or nothing was verified), 3 for unreadable input.\n\nExamples:\n\n"
     "  imagegate fleet report gpu-1=runs/gpu-1/sha256-…/<attempt> gpu-2=runs/gpu-2/sha256-… gpu-3=… --key ci.pub\n\n"
-    "  imagegate fleet report gpu-1=… gpu-2=… gpu-3=… --key ci.pub --suspect-below 0.05 --format json",
+    "  imagegate fleet report gpu-1=… gpu-2=… gpu-3=… --key ci.pub --suspect-below 0.05 --format json\n\n"
+    "  imagegate fleet report gpu-1=… gpu-2=… --identity https://github.com/org/repo/.github/workflows/fleet.yml@refs/heads/main "
+    "--issuer https://token.actions.githubusercontent.com --trusted-root trusted_root.json",
 )
+@grouped
 def report(
     nodes: list[str] = Argument(..., metavar="NODE=ATTEMPT...", help="A node's name and its attempt folder."),
     key: Path | None = _app.ATTESTATION_KEY,
@@ -71,6 +78,7 @@ def report(
         3, "--min-peers", metavar="N", help="Passing nodes of one GPU model a median needs."
     ),
     fmt: Format = _app.FORMAT,
+    who: Identity = Identity(),
 ) -> None:
     """Judge every node's node check beside its peers; say which nodes to label or taint."""
     import sys
@@ -84,17 +92,23 @@ def report(
             "and 2 peers or more",
             hint="e.g. --suspect-below 0.1 --min-peers 3",
         )
-    if key is not None and unsigned:
-        raise UsageError("--key and --unsigned: check the signatures, or not", hint="give one of them")
-    judged = judge.judge(read.attempts(nodes, key), suspect_below=suspect_below, min_peers=min_peers)
-    _print(judged, fmt, {"signaturesChecked": key is not None, "unsigned": unsigned})
-    if key is None and not unsigned:
+    keyless = who.expected("keyless verification")
+    if [key is not None, keyless is not None, unsigned].count(True) > 1:
+        raise UsageError(
+            "--key, a keyless signer (--identity …) and --unsigned: check the signatures one way, or not",
+            hint="give one of them",
+        )
+    judged = judge.judge(read.attempts(nodes, key, keyless), suspect_below=suspect_below, min_peers=min_peers)
+    checked = key is not None or keyless is not None
+    _print(judged, fmt, {"signaturesChecked": checked, "unsigned": unsigned})
+    if not checked and not unsigned:
         print(
             "imagegate: not accepted: no --key, so no attempt is verified and every node is unverified; "
-            "give --key PUB to check them, or --unsigned to judge them at their word",
+            "give --key PUB (or the keyless signer: --identity, --issuer, --trusted-root) to check "
+            "them, or --unsigned to judge them at their word",
             file=sys.stderr,
         )
-    fit = all(j.verdict == "fit" for j in judged.nodes) and (key is not None or unsigned)
+    fit = all(j.verdict == "fit" for j in judged.nodes) and (checked or unsigned)
     raise typer.Exit(EXIT_ACCEPTED if fit else EXIT_REJECTED)
 
 
@@ -187,7 +201,6 @@ def run_cmd(
 
     notify = o.notifier(fmt is Format.json)
     with o.interrupts():
-        _checks.refuse_keyless(o.signing_key(key), "fleet run")
         node_jobs = _node_jobs(image, nodes, pods, namespace, kube_version)
         outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
 
@@ -250,7 +263,6 @@ def collect_cmd(
     from imagegate.kube.collect import PodObserver
 
     notify = o.notifier(fmt is Format.json)
-    _checks.refuse_keyless(o.signing_key(key), "fleet collect")
     outputs = _checks.outputs(key=o.signing_key(key), reference=image, notify=notify, warn=o.warn)
     cluster = kubectl.KubectlCluster(context=context)
 

@@ -22,19 +22,21 @@ from typing import TYPE_CHECKING
 from imagegate import __version__
 from imagegate._support.files import read_named
 from imagegate._support.jsontypes import JsonMapping, JsonObject, freeze_object, items, obj, path
-from imagegate.attest import dsse
+from imagegate.attest import bundle, dsse
 from imagegate.attest.keys import PublicKey, SigningKey
-from imagegate.attest.sign import serialize
-from imagegate.attest.verify import load_attempt
+from imagegate.attest.sign import create_once, seal, serialize
+from imagegate.attest.verify import certified, load_attempt
 from imagegate.domain.statements import NODE_PREDICATE_TYPE, NodeCheck, Statement, Subject
 from imagegate.errors import ImagegateError, UsageError
 from imagegate.fleet import judge as fleet  # the functions read `fleet.X`, as when it sat apart
 from imagegate.oci import untrusted_json
 
 if TYPE_CHECKING:
+    from imagegate.attest.keyless import Expected
     from imagegate.domain.results import RunRecord
 
 NODE_FILE = "node-check.dsse.json"
+NODE_BUNDLE_FILE = "node-check.sigstore.json"  # where verify's bundle_material looks beside it
 MAX_ENVELOPE_BYTES = 1 << 20  # a node's statement is a few KiB: anything far larger is not one
 _GPU_PREFIX = "GPU-"  # nvidia-smi writes the UUID with it, torch without: one spelling signed
 
@@ -90,15 +92,16 @@ def node_statement(
 
 
 def sign_node(folder: Path, statement: Statement[NodeCheck] | JsonMapping, key: SigningKey) -> Path:
-    """The DSSE envelope of `statement`, written once into `folder` (never replacing one)."""
+    """The DSSE envelope of `statement`, written once into `folder` (never replacing one), and
+    its Sigstore bundle beside it (NODE_BUNDLE_FILE): keyless, the bundle carries the certificate,
+    log entry and timestamps that prove who signed it."""
+    envelope, material = seal(serialize(statement), key)
     path = folder / NODE_FILE
-    try:
-        with open(path, "xb") as f:
-            f.write(dsse.sign(serialize(statement), key).to_json())
-    except FileExistsError as e:
-        raise UsageError(
-            f"{path}: already exists; a node's check is signed once", hint="check the node again"
-        ) from e
+    for where, data in (
+        (path, envelope.to_json()),
+        (folder / NODE_BUNDLE_FILE, bundle.json_of(envelope, material)),
+    ):
+        create_once(where, data, "a node's check is signed once", "check the node again")
     return path
 
 
@@ -150,18 +153,23 @@ def ran_elsewhere(node: str, record: RunRecord) -> list[str]:
     return []
 
 
-def problems(node: str, attempt: Path, record: RunRecord, key: PublicKey | None) -> list[str]:
+def problems(
+    node: str, attempt: Path, record: RunRecord, key: PublicKey | None, keyless: Expected | None = None
+) -> list[str]:
     """Why `attempt` (read as `record`) is not node `node`'s own node check: it ran on another
     node, or the node statement beside it names another node or another attempt. With `key`,
     also: the attempt does not verify as `imagegate verify` checks it (its signature, every
-    evidence file it lists), the node statement is missing, or does not verify. Without a key
+    evidence file it lists), the node statement is missing, or does not verify. `keyless`: `key`
+    is the one the attempt's certificate proved the identity's (None: it proved none, said by the
+    caller), and the node statement must prove that identity by its own bundle. Without either
     the node statement is read unverified, and an attempt without one is taken at its word."""
     found = ran_elsewhere(node, record)
+    checked = key is not None or keyless is not None
     if key is not None:
         found += _attempt_verifies(attempt, key)
     path = attempt / NODE_FILE
     if not path.is_file():
-        if key is not None:
+        if checked:
             found.append(
                 f"no {NODE_FILE} beside the attempt: nothing signed says which node it ran on "
                 "(fleet run and fleet collect sign one with --key)"
@@ -169,10 +177,21 @@ def problems(node: str, attempt: Path, record: RunRecord, key: PublicKey | None)
         return found
     try:
         raw = read_named(path, what="the node statement", max_bytes=MAX_ENVELOPE_BYTES)
-        statement = verify_node(raw, key) if key is not None else _unverified(raw)
+        statement = _verified(path, raw, key, keyless) if checked else _unverified(raw)
     except UsageError as e:
         return [*found, f"{NODE_FILE}: {e}"]
     return found + _names(statement, node, record.attempt_id)
+
+
+def _verified(path: Path, raw: bytes, key: PublicKey | None, keyless: Expected | None) -> dict[str, object]:
+    """The node statement verified with `key`, or keyless with the key its own bundle (beside it)
+    proves was the identity's."""
+    if keyless is not None:
+        key, said = certified(path, dsse.from_json(raw), keyless)
+        if key is None:
+            raise UsageError(f"node statement: not signed by {keyless}: {said}")
+    assert key is not None
+    return verify_node(raw, key)
 
 
 def _attempt_verifies(attempt: Path, key: PublicKey) -> list[str]:

@@ -15,6 +15,7 @@ from imagegate.fleet import judge, node_statement
 
 if TYPE_CHECKING:
     from imagegate.attest import keys
+    from imagegate.attest.keyless import Expected
     from imagegate.domain.results import StageResult
     from imagegate.fleet.jobs import NodeJob, NodeRun
 
@@ -28,9 +29,10 @@ def node(name: str, stage: StageResult, evidence: str, refused: Sequence[str]) -
     )  # fmt: skip
 
 
-def attempts(given: Sequence[str], key: Path | None) -> list[judge.Node]:
+def attempts(given: Sequence[str], key: Path | None, keyless: Expected | None = None) -> list[judge.Node]:
     """Each NODE=ATTEMPT as a judge.Node, from the attempt's signed statement and its node check's
-    evidence, with what says the attempt is not that node's own (node_statement.problems)."""
+    evidence, with what says the attempt is not that node's own (node_statement.problems). Keyless,
+    each attempt is read with the key its own certificate proves was the identity's."""
     from imagegate.attest import keys
     from imagegate.report.load import read_attempt
 
@@ -39,14 +41,28 @@ def attempts(given: Sequence[str], key: Path | None) -> list[judge.Node]:
     seen: set[object] = set()
     for item in given:
         name, attempt = node_attempt(item, seen)
-        record = read_attempt(attempt, public).record
+        attempt_key, refused = (public, []) if keyless is None else _certified(attempt, keyless)
+        record = read_attempt(attempt, attempt_key).record
         stage = judge.node_check(record)
         if stage is None:
             raise UsageError(f"{item}: this attempt ran no node check", hint="run -p gpu on the node")
-        refused = node_statement.problems(name, attempt, record, public)
-        evidence = "unverified" if public is None else "refused" if refused else "verified"
+        refused += node_statement.problems(name, attempt, record, attempt_key, keyless)
+        checked = public is not None or keyless is not None
+        evidence = "unverified" if not checked else "refused" if refused else "verified"
         read.append(node(name, stage, evidence, refused))
     return read
+
+
+def _certified(attempt: Path, keyless: Expected) -> tuple[keys.PublicKey | None, list[str]]:
+    """The key the attempt's certificate proves was the identity's, or None and why not."""
+    from imagegate.attest.verify import certified_attempt
+    from imagegate.errors import NotVerified
+
+    try:
+        found = certified_attempt(attempt, keyless, use="so it is no node's check")
+    except NotVerified as e:
+        return None, [str(e)]
+    return found, [] if found is not None else [f"{attempt}: no signed statement: nothing proves who made it"]
 
 
 def node_attempt(item: str, seen: set[object]) -> tuple[str, Path]:
