@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from imagegate.attest import attach, dsse, keys, referrers, sign
+from imagegate.oci.manifest import OCI_INDEX
 from tests.attest import tuf_repo
 from tests.attest.conftest import HERE_RUN, Result, cli
 from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
@@ -314,7 +315,8 @@ def test_a_stripped_or_forged_proof_on_a_layer_hides_no_copy_and_proves_nothing(
     """Anyone who can push may rewrite the `.att` tag's annotations: with each layer's bundle
     material stripped or swapped for another identity's, `verify --image` still takes the
     statement from its referrer copy, and a later attach of the same identity keeps those
-    layers (nothing proves them its own) while it replaces the referrers."""
+    layers (nothing proves them its own) while it replaces the referrers. With the referrers
+    gone, the `.att` layers whose material proves the identity give the word alone."""
     image = f"{registry}/keyless-forged/python:1"
     skopeo("copy", "-q", "--dest-tls-verify=false", f"docker-daemon:{images['python']}", f"docker://{image}")
     first = _run(local, tmp_path / "a", local.token(REPO), "--attach", run=_in(image))
@@ -341,6 +343,14 @@ def test_a_stripped_or_forged_proof_on_a_layer_hides_no_copy_and_proves_nothing(
     assert again.returncode == 0, again.stdout + again.stderr
     assert _replaced(again.stderr) == {"layer": 0, "referrer": 3}, again.stderr
     assert len(_att(image)) == 9 and len(_referrers(image)) == 6
+    # the referrers gone (their fallback index emptied): the `.att` layers alone give the word
+    empty = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+    with attach.client_for(parsed) as client:
+        where = referrers.fallback_tag(remote.digests[0])
+        client.put_manifest(parsed.repository, where, json.dumps(empty).encode(), OCI_INDEX)
+    assert _referrers(image) == []
+    alone = _verify_image(local, image, tmp_path, *_who(local))
+    assert alone.returncode == 0 and "verified: verdict PASS" in alone.stdout, alone.stdout + alone.stderr
 
 
 @contextlib.contextmanager
@@ -683,6 +693,58 @@ def test_a_fleet_signed_keyless_is_verified_by_the_identity_each_statement_prove
     assert swapped["gpu-2"]["evidence"] == "verified"
     assert swapped["gpu-1"]["evidence"] == "refused", swapped
     assert f"node statement: not signed by {local.identity(REPO)}" in " ".join(swapped["gpu-1"]["why"])
+
+
+@pytest.mark.engine
+def test_a_keyless_index_combines_the_runs_its_identity_signed(
+    local: LocalSigstore, images: dict[str, str], registry: str, tmp_path: Path
+) -> None:
+    """`run --all-platforms --key sigstore:… --attach` on an index of two platforms (each run here
+    with the rootfs driver): each platform's run signed keyless, the index statement combining
+    them by the identity each run's certificate proves, attached to the index digest in both
+    forms (the `.att` layers with their classic proof); `verify --image` of the tag reads it for
+    that identity. `index` over the same runs takes them for that identity, named, and refuses
+    them for another workflow's."""
+    from imagegate.attest import keyless
+    from tests.oci.infra import push_two_platforms
+
+    two = push_two_platforms(registry, images["python"], "keyless-index/multi")
+    token = local.token(REPO)
+    arm = f"docker://{registry}/keyless-index/multi@{two.arm64_digest}"  # its layers run here
+    arm_run = _run(local, tmp_path / "ci", token, run=("run", arm, "-p", "python", "--driver", "rootfs"))
+    assert arm_run.returncode == 0, arm_run.stdout + arm_run.stderr
+    run = ("run", f"docker://{two.ref}", "--all-platforms", "-p", "python", "--driver", "rootfs")
+    partial = _run(local, tmp_path / "ci", token, "--attach", run=run)  # amd64 alone runs here
+    assert partial.returncode == 1 and "not run: linux/arm64/v8" in partial.stderr, partial.stderr
+    assert len(_att(two.ref)) == 3 and len(_referrers(two.ref)) == 3  # attached all the same
+    runs = sorted(str(p.parent) for p in (tmp_path / "ci" / "runs").glob("sha256-*/*/attestation.dsse.json"))
+    assert len(runs) == 2, runs
+    done = _run(local, tmp_path / "ci", token, "--attach", run=("index", two.ref, *runs))
+    assert done.returncode == 0, done.stdout + done.stderr
+    replaced = [x for x in done.stdout.splitlines() if x.startswith("  replaced ")]
+    assert sum(" layer sha256:" in x for x in replaced) == 3 and len(replaced) == 6, done.stdout
+    layers = _att(two.ref)  # the tag names the index: what is attached to its digest
+    assert len(layers) == 3 and all(keyless.CERTIFICATE_ANNOTATION in x["annotations"] for x in layers)
+    ok = _verify_image(local, two.ref, tmp_path, *_who(local))
+    assert ok.returncode == 0 and "verified: verdict PASS" in ok.stdout, ok.stdout + ok.stderr
+    assert cli("keygen", "--out", str(tmp_path / "team")).returncode == 0
+    index = (
+        "index",
+        two.ref,
+        *runs,
+        "--key",
+        str(tmp_path / "team.key"),
+        "--trusted-root",
+        str(local.trusted_root),
+    )
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+    taken = cli(*index, *_who(local), "-o", str(tmp_path / "ours"), env=env)
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    other = ("--identity", local.identity("org/other"), "--issuer", local.issuer("github"))
+    refused = cli(*index, *other, "-o", str(tmp_path / "theirs"), env=env)
+    assert refused.returncode == 1 and "not signed by https://github.com/org/other" in refused.stderr, (
+        refused.stdout + refused.stderr
+    )
 
 
 # ---- the CI steps, keyless as the job's identity -----------------------------------------------

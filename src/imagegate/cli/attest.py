@@ -26,7 +26,7 @@ from imagegate.cli._identity import Identity
 from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: `--help` loads no key code
-    from imagegate.attest import keys
+    from imagegate.attest import keyless, keys
 
 
 class KeyAlgorithm(str, enum.Enum):
@@ -369,11 +369,16 @@ def attach(
     epilog="Examples:\n\n"
     "  imagegate index registry.example/team/app:1 runs/sha256-ab12…/20260101T000000.000Z-1a2b3c --key ci.key --attach\n\n"
     "  imagegate index registry.example/team/app:1 amd64-run/ arm64-run/ --key ci.key --trust arm-runner.pub\n\n"
+    "  imagegate index registry.example/team/app:1 amd64-run/ arm64-run/ --key sigstore:trust.json \\\n"
+    "    --identity https://github.com/org/app/.github/workflows/ci.yml@refs/heads/main \\\n"
+    "    --issuer https://token.actions.githubusercontent.com --trusted-root trusted_root.json\n\n"
     "Admission resolves a tag to the index digest, while a run judges one platform (its subject is "
     "that platform's manifest). This signs statements whose subject is the index: the index is read "
     "once, by the digest IMAGE names now; its platform images are listed (attestation manifests and "
     "other non-image entries are ignored, named); each RUN must verify as verify checks an attempt "
-    "(a trusted key: --trust, --trusted-keys, else the signing key's own; every evidence file), "
+    "(a trusted key: --trust, --trusted-keys, else the signing key's own; or keyless the identity "
+    "its certificate proves: --identity/--issuer/--trusted-root, else a keyless signer's own; "
+    "every evidence file), "
     "else exit 1, and must be a run of one of those platform manifests with the same pipeline as "
     "the others, else exit 3. The verdict is PASS only when every listed platform has a PASS "
     "run; FAIL or ERROR when a platform's run says so; otherwise "
@@ -383,6 +388,7 @@ def attach(
     "copied, the statement, the VSA and test-result); --attach pushes them to the index digest, "
     "replacing the earlier index statements of the pipeline there. Exit codes as for run."
 )
+@grouped
 def index(
     image: str = Argument(..., help="The multi-platform image in its registry: a tag or an index digest."),
     runs: list[Path] = Argument(
@@ -399,6 +405,7 @@ def index(
     insecure: bool = _app.INSECURE,
     timeout: float = _app.VERIFY_TIMEOUT,
     fmt: _app.Format = _app.FORMAT,
+    who: Identity = Identity(),
 ) -> None:
     """Sign the verdict about a multi-platform index from the runs of its platforms."""
     from imagegate.attest import keys
@@ -408,9 +415,8 @@ def index(
     from imagegate.report import console_attest
     from imagegate.usecases.index import judge_index
 
-    named = signing_key(key)
-    signer = keys.resolve_signing_key(named, notify=notifier(False))
-    trusted = keys.trusted_keys(trust, trusted_keys) or (signer.public,)
+    signer = keys.resolve_signing_key(signing_key(key), notify=notifier(False))
+    trusted, keyless = _runs_trust(signer, keys.trusted_keys(trust, trusted_keys), who)
     with _app.within(timeout):
         judged = judge_index(
             image,
@@ -423,6 +429,7 @@ def index(
             require_complete=require_complete,
             notify=notifier(fmt is _app.Format.json),
             alert=alert,
+            keyless=keyless,
         )
     if fmt is _app.Format.json:
         sys.stdout.write(serialize(judged.statement).decode() + "\n")
@@ -431,3 +438,18 @@ def index(
         for done, referred in judged.attached:
             console_attest.render_attached(done, referred)
     raise typer.Exit(judged.code)
+
+
+def _runs_trust(
+    signer: "keys.SigningKey", given: "tuple[keys.PublicKey, ...]", who: Identity
+) -> "tuple[tuple[keys.PublicKey, ...], keyless.Expected | None]":
+    """What the runs an index combines must verify with: the keys given, the identity named
+    (keyless), else the signer's own (a keyless signer: its identity, not this run's key)."""
+    from imagegate.attest.keyless import KeylessKey
+
+    named = who.expected("keyless verification of the runs")
+    if given or named:
+        return given, named
+    if isinstance(signer, KeylessKey):
+        return (), signer.expected()
+    return (signer.public,), None

@@ -26,11 +26,12 @@ from imagegate.domain.digest import short_digest, split_digest
 from imagegate.domain.evidence import Attempt
 from imagegate.domain.results import ImageFacts, accepted, exit_code
 from imagegate.domain.statements import RawPredicate, Statement
-from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, UsageError
+from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED, NotVerified, UsageError
 from imagegate.oci.manifest import parse_platform, platform_matches
 from imagegate.oci.registry import NotFound
 
 if TYPE_CHECKING:
+    from imagegate.attest.keyless import Expected
     from imagegate.usecases.accept import Accepted
 
 Notify = Callable[[str], None]
@@ -45,18 +46,42 @@ class IndexJudged:
     attached: tuple[tuple[attach.Attached | None, referrers.Referred], ...] = ()
 
 
-def read_runs(folders: Sequence[Path], trusted: Sequence[keys.PublicKey]) -> list[plat.PlatformRun]:
-    """Each run's signed statement, verified as `imagegate verify` checks an attempt."""
+def read_runs(
+    folders: Sequence[Path], trusted: Sequence[keys.PublicKey], keyless: Expected | None = None
+) -> list[plat.PlatformRun]:
+    """Each run's signed statement, verified as `imagegate verify` checks an attempt: with a key of
+    `trusted`, or keyless with the key its own certificate proves was `keyless`'s identity."""
     out = []
     for folder in folders:
         got = verifying.load_attempt(
             folder,
-            trusted,
-            use="so it is not combined into the index statement",
-            hint="a run signed on another host needs that host's public key (--trust PUB)",
+            _ring(folder, trusted, keyless),
+            use=_COMBINED,
+            hint="a run signed on another host needs that host's public key (--trust PUB), or "
+            "its signer's identity (--identity, --issuer, --trusted-root)",
         )
         out.append(plat.PlatformRun(got.statement, got.envelope, str(got.dir)))
     return out
+
+
+_COMBINED = "so it is not combined into the index statement"
+
+
+def _ring(
+    folder: Path, trusted: Sequence[keys.PublicKey], keyless: Expected | None
+) -> tuple[keys.PublicKey, ...]:
+    """The keys `folder`'s run may verify with: `trusted`, and keyless the one its certificate
+    proves was the identity's. A run whose certificate proves no such key is refused, naming why,
+    unless a key of `trusted` may still verify it (a keyed run among keyless ones)."""
+    if keyless is None:
+        return tuple(trusted)
+    try:
+        proven = verifying.certified_attempt(folder, keyless, use=_COMBINED)
+    except NotVerified:
+        if trusted:
+            return tuple(trusted)
+        raise
+    return (*trusted, proven) if proven is not None else tuple(trusted)
 
 
 def read_index(reference: str, insecure: bool) -> tuple[str, str, plat.IndexListing]:
@@ -106,10 +131,12 @@ def judge_index(
     notify: Notify = lambda _m: None,
     alert: Notify = lambda _m: None,
     index: tuple[str, str, plat.IndexListing] | None = None,
+    keyless: Expected | None = None,
 ) -> IndexJudged:
     """`index`: the index as `read_index` read it already (run --all-platforms), not read again.
-    `alert`: a line the caller shows whatever the format (the use case prints nothing)."""
-    verified = read_runs(runs, trusted)
+    `alert`: a line the caller shows whatever the format (the use case prints nothing). `keyless`:
+    runs signed keyless by that identity verify too (read_runs)."""
+    verified = read_runs(runs, trusted, keyless)
     repository, digest, listing = index or read_index(reference, insecure)
     now = dt.datetime.now(dt.timezone.utc)
     statement = plat.build_index_statement(
@@ -193,11 +220,16 @@ def run_platforms(
         notify(f"platform {p.platform}: {repository}@{p.digest}")
         done.append(run_one(f"{transport}{repository}@{p.digest}"))
     folders = [Path(d.record.attempt_dir) for d in done if d.signed is not None]
+    from imagegate.attest.keyless import KeylessKey
+
+    # Keyless, each run verifies by the identity its certificate proves (a long run may have
+    # been signed with an earlier certificate than the key's current one).
+    keyless = key.expected() if isinstance(key, KeylessKey) else None
     judged = judge_index(
         image,
         folders,
         key,
-        (key.public,),
+        () if keyless else (key.public,),
         out,
         attach_it=attach_it,
         insecure=insecure,
@@ -205,5 +237,6 @@ def run_platforms(
         notify=notify,
         alert=alert,
         index=read,
+        keyless=keyless,
     )
     return done, judged
