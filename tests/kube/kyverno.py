@@ -191,9 +191,11 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def started(api: ApiServer, folder: Path) -> Iterator[Kyverno]:
+def started(api: ApiServer, folder: Path, flags: dict[str, str] | None = None) -> Iterator[Kyverno]:
     """Kyverno's admission controller for `api`, ready: its webhook server answering and its
-    webhooks registered with the API server. Stopped, and its folder removed, at the end."""
+    webhooks registered with the API server. `flags`: more of its flags, as an install sets them
+    (--enableTuf, --tufMirror, --tufRoot for a Sigstore of one's own). Stopped, and its folder
+    removed, at the end."""
     exe, source = binary()
     folder.mkdir(parents=True, exist_ok=True)
     docs = _release(source)
@@ -203,7 +205,7 @@ def started(api: ApiServer, folder: Path) -> Iterator[Kyverno]:
     _install(api, source, docs, folder)
     port = free_port()
     url = f"https://127.0.0.1:{port}"
-    argv = _argv(exe, container["args"], _out_of_cluster(api, port))
+    argv = _argv(exe, container["args"], {**_out_of_cluster(api, port), **(flags or {})})
     (folder / "argv.json").write_text(json.dumps(argv, indent=1))
     proc = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=(folder / "kyverno.log").open("wb"),
