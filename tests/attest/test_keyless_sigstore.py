@@ -747,6 +747,29 @@ def test_a_keyless_index_combines_the_runs_its_identity_signed(
     )
 
 
+@pytest.mark.engine
+def test_pod_collect_signs_keyless_as_the_workflow(local: LocalSigstore, tmp_path: Path) -> None:
+    """`pod collect` of what a zero-GPU Pod left (its log, the Pod and the Secret it names, as
+    kubectl gives them: tests/kube/test_collect.py's real controller run) signs the collected
+    attempt keyless as `run` does: it verifies for the workflow's identity and not another's."""
+    from tests.kube.test_collect import log, pod, secret
+
+    (tmp_path / "pod.log").write_bytes(log("pass"))
+    (tmp_path / "pod.json").write_text(json.dumps(pod("pod-containerd-succeeded.json")))
+    (tmp_path / "secret.json").write_text(json.dumps(secret()))
+    collect = ("pod", "collect", "--logs", "pod.log", "--pod", "pod.json", "--secret", "secret.json",
+               "-p", "python", "-m", "json")  # fmt: skip
+    done = _run(local, tmp_path, local.token(REPO), run=collect)
+    assert done.returncode == 0 and "signed keyless" in done.stdout, done.stdout + done.stderr
+    (attempt,) = [p.parent for p in (tmp_path / "runs").glob("*/*/statement.json")]
+    ok = _verify(local, attempt, *_who(local))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    other = _verify(
+        local, attempt, "--identity", local.identity("org/other"), "--issuer", local.issuer("github")
+    )
+    assert other.returncode == 1, other.stdout
+
+
 # ---- the CI steps, keyless as the job's identity -----------------------------------------------
 
 
