@@ -160,17 +160,23 @@ GITLAB_EXTENSIONS = {
 }
 
 
-def fulcio_config(issuers: Issuers) -> dict[str, object]:
-    """Fulcio's config (its JSON form, pkg/config/config.go): the stand-in's issuers only."""
+def fulcio_config(issuers: Issuers, kubernetes: str | None = None) -> dict[str, object]:
+    """Fulcio's config (its JSON form, pkg/config/config.go): the stand-in's issuers, and a
+    cluster's service-account issuer (`kubernetes`, its URL) where one is given: Fulcio's
+    `kubernetes` type names a token's ServiceAccount (pkg/identity/kubernetes/principal.go)."""
+    cluster = {kubernetes: {"IssuerURL": kubernetes, "ClientID": AUDIENCE, "Type": "kubernetes"}}
     return {
         "OIDCIssuers": {
-            issuers.issuer(kind): {
-                "IssuerURL": issuers.issuer(kind),
-                "ClientID": AUDIENCE,
-                "Type": "ci-provider",
-                "CIProvider": f"{kind}-stand-in",
-            }
-            for kind in ("github", "gitlab")
+            **{
+                issuers.issuer(kind): {
+                    "IssuerURL": issuers.issuer(kind),
+                    "ClientID": AUDIENCE,
+                    "Type": "ci-provider",
+                    "CIProvider": f"{kind}-stand-in",
+                }
+                for kind in ("github", "gitlab")
+            },
+            **(cluster if kubernetes else {}),
         },
         "CIIssuerMetadata": {
             "github-stand-in": {
@@ -277,8 +283,11 @@ def _pem_chain(text: str) -> list[x509.Certificate]:
 
 
 @contextlib.contextmanager
-def _machine_lock(seconds: float = 300) -> Iterator[None]:
-    """One local Sigstore per machine at a time (the TSA's fixed metrics port); bounded wait."""
+def _machine_lock(seconds: float = 1800) -> Iterator[None]:
+    """One local Sigstore per machine at a time (the TSA's fixed metrics port); bounded wait. A
+    module holds it while its tests run (tests/attest/test_keyless_sigstore.py's take minutes on a
+    loaded 2-core machine; tests/kube/test_admission_keyless.py's and test_sigstore_local.py's
+    modules wait their turn in other workers), so the bound is a whole module's, not a start's."""
     with LOCK.open("a") as f:
         end = time.monotonic() + seconds
         while True:
@@ -305,10 +314,11 @@ def _port_free(port: int) -> bool:
 
 
 def _start_fulcio(
-    p: _Processes, exe: str, issuers: Issuers, ct_url: str, ct_pub: Path
+    p: _Processes, exe: str, issuers: Issuers, ct_url: str, ct_pub: Path, cluster: Cluster | None
 ) -> tuple[str, list[x509.Certificate], float]:
     folder = p.folder("fulcio")
-    (folder / "config.json").write_text(json.dumps(fulcio_config(issuers), indent=1))
+    config = fulcio_config(issuers, cluster.issuer if cluster else None)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     # Separate HTTP and gRPC ports, as Fulcio's docker-compose.yml runs it: on one port (its
     # "duplex" server) v1.8.8 panics at start, registering gRPC metrics twice (grpc_server_started_total).
     port, grpc, metrics = free_port(), free_port(), free_port()
@@ -317,7 +327,7 @@ def _start_fulcio(
         "--host", "127.0.0.1", "--port", str(port), "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc),
         "--metrics-port", str(metrics), "--legacy-unix-domain-socket", str(folder / "legacy.sock"),
         "--ct-log-url", ct_url, "--ct-log-public-key-path", str(ct_pub), "--log_type", "dev",
-    ])  # fmt: skip
+    ], env={"SSL_CERT_FILE": str(cluster.ca)} if cluster else None)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     chain: list[x509.Certificate] = []
 
@@ -470,10 +480,21 @@ def _sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """A Kubernetes API server as an OIDC issuer of service-account tokens: its issuer URL (its
+    discovery and keys served there) and the CA its TLS certificate chains to, which Fulcio is
+    given to trust (Go reads SSL_CERT_FILE)."""
+
+    issuer: str
+    ca: Path
+
+
 @contextlib.contextmanager
-def local_sigstore(script: ModuleType) -> Iterator[LocalSigstore]:
+def local_sigstore(script: ModuleType, cluster: Cluster | None = None) -> Iterator[LocalSigstore]:
     """The local Sigstore, from the binaries of scripts/consumers.py (`script`: the module
-    tests.helpers.go_tools("sigstore", "tesseract") returns), until the block ends."""
+    tests.helpers.go_tools("sigstore", "tesseract") returns), until the block ends. `cluster`:
+    Fulcio also takes that API server's service-account tokens."""
     sigstore, tesseract = script.named("sigstore"), script.named("tesseract")
     root = Path(tempfile.mkdtemp(prefix="imagegate-sigstore-"))
     p = _Processes(root)
@@ -491,7 +512,7 @@ def local_sigstore(script: ModuleType) -> Iterator[LocalSigstore]:
             ct_url = f"http://127.0.0.1:{ct_port}"
             seconds: dict[str, float] = {}
             fulcio, fulcio_chain, seconds["fulcio"] = _start_fulcio(
-                p, script.exe(sigstore), issuers, ct_url, root / "ct-log.pub"
+                p, script.exe(sigstore), issuers, ct_url, root / "ct-log.pub", cluster
             )
             seconds["ct-log"] = _start_ct_log(
                 p, script.exe(tesseract), ct_port, fulcio_chain[-1:], root / "ct-log.pem"

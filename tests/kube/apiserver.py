@@ -31,6 +31,7 @@ from tests.oci.infra import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 READY_S = 60.0  # etcd and the API server answer within seconds here; a minute is a broken start
+ISSUER = "https://kubernetes.default.svc.cluster.local"  # a cluster's usual service-account issuer
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class ApiServer:
     url: str
     kubeconfig: Path
     kubectl: str
+    issuer: str = ""  # of the service-account tokens it signs
+    ca: Path | None = None  # what its serving certificate chains to (its cert-dir's bundle)
 
     def env(self) -> dict[str, str]:
         """The environment a kubectl (imagegate's, the test's) reaches this server with: the
@@ -148,14 +151,18 @@ def _controllers(bin_dir: Path, folder: Path, logs: Path) -> list[subprocess.Pop
 
 @contextlib.contextmanager
 def started(
-    folder: Path, *, controllers: bool = False, aggregator_routing: bool = False
+    folder: Path, *, controllers: bool = False, aggregator_routing: bool = False, own_issuer: bool = False
 ) -> Iterator[ApiServer]:
     """etcd and kube-apiserver in `folder`, ready (and the controllers, when asked); stopped and
     their folder removed at the end. `aggregator_routing`: a webhook named by a Service is
     called at an address of the Service's Endpoints, not at its cluster IP, which nothing here
     routes (kube-apiserver's --enable-aggregator-routing: buildServiceResolver in
     cmd/kube-apiserver/app/server.go and ResolveEndpoint in k8s.io/apiserver's
-    pkg/util/proxy/proxy.go, v1.33.13, which reads core/v1 Endpoints)."""
+    pkg/util/proxy/proxy.go, v1.33.13, which reads core/v1 Endpoints). `own_issuer`: the
+    service-account tokens it signs name its own URL as their issuer, its OIDC discovery and keys
+    served there to anyone (as a cluster publishing them for an outside verifier, such as
+    Fulcio, is set up: the system:service-account-issuer-discovery role bound to
+    system:unauthenticated)."""
     bin_dir = binaries()
     folder.mkdir(parents=True, exist_ok=True)
     logs = folder / "logs"
@@ -206,7 +213,15 @@ def started(
                     f"--cert-dir={folder / 'certs'}",
                     f"--secure-port={port}",
                     "--bind-address=127.0.0.1",
-                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    # the first issuer signs new tokens; every one listed is accepted
+                    *([f"--service-account-issuer=https://127.0.0.1:{port}"] if own_issuer else []),
+                    # its keys where a verifier reaches them (else its advertised address is named)
+                    *(
+                        [f"--service-account-jwks-uri=https://127.0.0.1:{port}/openid/v1/jwks"]
+                        if own_issuer
+                        else []
+                    ),
+                    f"--service-account-issuer={ISSUER}",
                     f"--service-account-key-file={folder / 'sa.pub'}",
                     f"--service-account-signing-key-file={folder / 'sa.key'}",
                     "--service-cluster-ip-range=10.0.0.0/24",
@@ -234,7 +249,15 @@ def started(
         )
         if controllers:
             procs += _controllers(bin_dir, folder, logs)
-        yield ApiServer(url, kubeconfig, str(bin_dir / "kubectl"))
+        issuer, ca = url if own_issuer else ISSUER, folder / "certs" / "apiserver.crt"
+        api = ApiServer(url, kubeconfig, str(bin_dir / "kubectl"), issuer, ca)
+        if own_issuer:
+            bound = api.kubectl_run(
+                "create", "clusterrolebinding", "oidc-discovery-for-all",
+                "--clusterrole=system:service-account-issuer-discovery", "--group=system:unauthenticated",
+            )  # fmt: skip
+            assert bound.returncode == 0, bound.stderr
+        yield api
     finally:
         stop(procs)
         shutil.rmtree(folder, ignore_errors=True)  # etcd's data, the keys, the logs
