@@ -24,7 +24,8 @@ Usage: .venv/bin/python scripts/consumers.py [build | run] [--kyverno-policy FIL
                     after a build, the shared Go caches over 10 GB lose their build cache
   --tool NAME       with build: only this tool (cosign, kyverno, policy-controller, act, kube, kwok,
                     kubelet, cni, vault, sigstore, tesseract; repeatable)
-  run               build, then run every case and write the record (the default)
+  run               build (and the tests' own Sigstore), then run every case, and the keyless one,
+                    and write the record (the default)
   --kyverno-policy  a Kyverno policy to apply, instead of the shipped
                     data/policies/kyverno-clusterpolicy.yaml
                     (repeat for several; each is judged on its own); its placeholders are those
@@ -666,6 +667,92 @@ def other_image_case(s: Setting, image: str, other: str, runs: dict[str, Path]) 
     }
 
 
+KEYLESS_WORKFLOWS = ("org/gate", "org/other")  # who signs, then another workflow of the same issuer
+CLASSIC = ("--new-bundle-format=false", "--use-signed-timestamps", "--insecure-ignore-tlog")
+
+
+def keyless_case(tmp: Path, image: str, runs: dict[str, Path]) -> dict[str, Any]:
+    """The pass run's statement about `image` (the stand-in, re-addressed) signed keyless as the
+    first workflow by the tests' own Sigstore (tests/attest/sigstore_local.py: Fulcio, a CT log,
+    Rekor v2, a timestamp authority; the OIDC issuer a STAND-IN) and attached as `run --attach`
+    attaches it (bundle referrers, `.att` layers with cosign's classic keyless proof); then each
+    tool judges a plain Pod of it with what `policies write --identity --issuer --trusted-root`
+    writes for each workflow: Kyverno's CLI (the ImageValidatingPolicy, then the ClusterPolicy,
+    through a TUF repository of the run's own), policy-controller's tester, and cosign
+    verify-attestation for the identity (the bundle, then the classic form)."""
+    from imagegate.attest import keyless
+    from tests.attest import tuf_repo
+    from tests.attest.sigstore_local import local_sigstore
+    from tests.policies.sequences import readdressed
+
+    work = tmp / "keyless"
+    with local_sigstore(sys.modules[__name__]) as local:
+        key = keyless.open_key(
+            f"sigstore:{local.client_trust_config}", {"SIGSTORE_ID_TOKEN": local.token(KEYLESS_WORKFLOWS[0])}
+        )
+        signed = readdressed(runs["pass"], image, work / "signed", key)
+        ref = attach.parse_image(image)
+        with attach.client_for(ref) as client:
+            referrers.attach_signed(client, ref, signed, key)
+        (work / "tuf").mkdir()
+        (work / "tuf" / "root.json").write_bytes(
+            tuf_repo.build(work / "tuf" / "repo", {"trusted_root.json": local.trusted_root.read_bytes()})
+        )
+        pod = work / "pod.yaml"
+        pod.write_text(yaml.safe_dump(pod_of(CPU_POD, image)))
+        with tuf_repo.served(work / "tuf" / "repo") as mirror:
+            rows = [_keyless_row(local, sub, work, image, pod, mirror) for sub in KEYLESS_WORKFLOWS]
+    return {"case": "keyless", "signer": local.identity(KEYLESS_WORKFLOWS[0]), "rows": rows}
+
+
+def _keyless_row(local: Any, sub: str, work: Path, image: str, pod: Path, mirror: str) -> dict[str, Any]:
+    """Each tool's answer with the policies written for workflow `sub`."""
+    from tests.attest.conftest import cli
+
+    out = work / sub.replace("/", "-")
+    written = cli(
+        "policies", "write", "--identity", local.identity(sub), "--issuer", local.issuer("github"),
+        "--trusted-root", str(local.trusted_root), "--tuf-mirror", mirror,
+        "--tuf-root", str(work / "tuf" / "root.json"), "--image", f"{image.partition('@')[0].rpartition('/')[0]}/*",
+        "--out", str(out),
+    )  # fmt: skip
+    if written.returncode != 0:
+        raise SystemExit(f"consumers: policies write keyless: {written.stderr}")
+    cip, trust = yaml.safe_load_all((out / "policy-controller-clusterimagepolicy.yaml").read_text())
+    (out / "cip.yaml").write_text(yaml.safe_dump(cip))
+    (out / "trustroot.yaml").write_text(yaml.safe_dump(trust))
+    env = {"HOME": str(out / "home"), "TUF_ROOT": str(out / "tuf-cache")}  # Kyverno's TUF caches
+    answers = {
+        "kyverno-imagevalidatingpolicy": kyverno_apply(out / "kyverno-imagevalidatingpolicy.yaml", pod, env),
+        "kyverno-clusterpolicy": kyverno_apply(out / "kyverno-clusterpolicy.yaml", pod, env),
+        "policy-controller": policy_controller_test(out / "cip.yaml", image, pod, out / "trustroot.yaml"),
+    }
+    who = ["--certificate-identity", local.identity(sub), "--certificate-oidc-issuer", local.issuer("github")]
+    for form, extra in (("cosign bundle", ()), ("cosign classic", CLASSIC)):
+        argv = [exe(TOOLS[0]), "verify-attestation", "--trusted-root", str(local.trusted_root), *who,
+                "--type", VSA_PREDICATE_TYPE, "--allow-http-registry", *extra, image]  # fmt: skip
+        p = _run(argv)
+        answers[form] = Answer(p.returncode == 0, f"exit {p.returncode}: {_tail(p.stderr)}")
+    return {
+        "workflow": local.identity(sub),
+        "expected": sub == KEYLESS_WORKFLOWS[0],
+        "answers": {k: a.as_dict() for k, a in answers.items()},
+    }
+
+
+def keyless_disagreements(keyless: dict[str, Any] | None) -> list[str]:
+    """Each keyless answer that is not the one the docs give: admit for the workflow that signed,
+    refuse for another."""
+    out = []
+    for row in (keyless or {}).get("rows", []):
+        for tool, a in row["answers"].items():
+            if a["admitted"] is not row["expected"]:
+                out.append(
+                    f"keyless, policies for {row['workflow']}: {tool} {a['admitted']}, docs {row['expected']}"
+                )
+    return out
+
+
 def _brief(j: dict[str, Any]) -> str:
     def yn(v: Any) -> str:
         return {True: "admit", False: "refuse", None: "ERROR"}[v]
@@ -774,12 +861,37 @@ def markdown(r: dict[str, Any]) -> str:
                 f"| {case['case']} | {case['mode']} | {step} | {k} | {pc} | {yn(j['cosign']['admitted'])} | "
                 f"{finds['verified_vsas']}, {finds['downloaded']} downloaded |"
             )
+    lines += _keyless_markdown(r.get("keyless"), yn)
     lines += ["", "## Disagreements", ""]
     lines += [f"- {d}" for d in r["disagreements"]] or [
         "None: every real tool answered as the project's evaluator and the docs."
     ]
     lines.append("")
     return "\n".join(lines)
+
+
+def _keyless_markdown(keyless: dict[str, Any] | None, yn: Any) -> list[str]:
+    if not keyless:
+        return []
+    tools = list(keyless["rows"][0]["answers"])
+    lines = [
+        "",
+        "## Keyless",
+        "",
+        f"A VSA signed keyless as {keyless['signer']} by the tests' own Sigstore (Fulcio, a CT log, Rekor v2, a "
+        "timestamp authority; the OIDC issuer a stand-in) and attached as `run --attach` attaches it (bundle "
+        "referrers, `.att` layers with cosign's classic keyless proof); each tool judges a plain Pod of the image "
+        "with the files `policies write --identity --issuer --trusted-root` writes for each workflow (Kyverno "
+        "through a TUF repository of the run's own; cosign `verify-attestation --certificate-identity "
+        "--certificate-oidc-issuer`, the bundle then the classic form). Each answer, then (docs).",
+        "",
+        "| policies for | " + " | ".join(tools) + " |",
+        "|---|" + "---|" * len(tools),
+    ]
+    for row in keyless["rows"]:
+        said = " | ".join(f"{yn(row['answers'][t]['admitted'])} ({yn(row['expected'])})" for t in tools)
+        lines.append(f"| {row['workflow']} | {said} |")
+    return lines
 
 
 def main() -> int:
@@ -804,7 +916,9 @@ def main() -> int:
     commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain"))
     tools = {}
     for tool in (*TOOLS, *EXTRA):
-        if (args.tool and tool.name not in args.tool) or (tool in EXTRA and not args.tool):
+        # a run also needs the tests' own Sigstore (the keyless case)
+        wanted = args.what == "run" and tool in (SIGSTORE, TESSERACT)
+        if (args.tool and tool.name not in args.tool) or (tool in EXTRA and not args.tool and not wanted):
             continue
         tools[tool.name] = info = build(tool)
         also = "".join(f", {exe(tool, name)}" for name in tool.others)
@@ -835,6 +949,9 @@ def main() -> int:
                 for mode in ("replace", "append-only")
             ]
             cases.append(other_image_case(s, image, other, runs))
+            with one_file_image(f"{registry}/keyless/a:1", b"image K: signed keyless\n") as signed_keyless:
+                print("consumers: keyless (the tests' own Sigstore)", flush=True)
+                keyless = keyless_case(tmp, push(signed_keyless, "signed"), runs)
     record: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
         "commit": commit,
@@ -846,7 +963,8 @@ def main() -> int:
         "tools": tools,
         "kyverno_policies": [p.name for p in policies],
         "cases": cases,
-        "disagreements": disagreements(cases),
+        "keyless": keyless,
+        "disagreements": disagreements(cases) + keyless_disagreements(keyless),
     }
     path = write_record(record)
     print(

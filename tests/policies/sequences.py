@@ -44,6 +44,13 @@ def push(image: str, repo: str) -> str:
 
 def addressed(attempt: Path, ref: str, folder: Path, key: Path, finished: dt.datetime | None = None) -> Path:
     """The stand-in: the attempt's statement about `ref` (repo@digest), signed again."""
+    return readdressed(attempt, ref, folder, keys.load_signing_key(key), finished).dsse_path
+
+
+def readdressed(
+    attempt: Path, ref: str, folder: Path, signer: keys.SigningKey, finished: dt.datetime | None = None
+) -> sign.Signed:
+    """`addressed`, signed by `signer` (a keyless one too): the signed attempt."""
     statement = payload(attempt / sign.DSSE_FILE)
     repo, _, digest = ref.partition("@")
     statement["subject"] = [{"name": repo, "digest": {"sha256": digest.partition(":")[2]}}]
@@ -59,9 +66,8 @@ def addressed(attempt: Path, ref: str, folder: Path, key: Path, finished: dt.dat
         said.strftime("%Y-%m-%dT%H:%M:%S.") + f"{said.microsecond // 1000:03d}Z"
     )
     folder.mkdir(parents=True)
-    signer = keys.load_signing_key(key)
     (folder / SIGNER_PUB).write_bytes(signer.public.pem)
-    return sign.sign_attempt(folder, statement, signer).dsse_path
+    return sign.sign_attempt(folder, statement, signer)
 
 
 SIGNER_PUB = "signer.pub"  # beside each re-addressed statement: what attach verifies it with
