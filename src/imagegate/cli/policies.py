@@ -147,7 +147,8 @@ def _filling(key: Path | None, image: str, max_age: str, who: Identity, tuf: Tuf
 def _keyless(who: Identity, tuf: "Tuf") -> "Signer | None":
     """The keyless signer the options name (Identity.named: all of it or none); None when none."""
     from imagegate._support.files import read_named
-    from imagegate.policies.attestors import MAX_TRUST_BYTES, Signer, read_trust
+    from imagegate.attest.keyless import MAX_TRUST_BYTES
+    from imagegate.policies.attestors import Signer, read_trust
 
     tuf_mirror, tuf_root = tuf.tuf_mirror, tuf.tuf_root
     path = who.named("a keyless policy")

@@ -33,10 +33,10 @@ from cryptography.hazmat.primitives import serialization
 
 from imagegate._support.files import read_named
 from imagegate._support.jsontypes import obj, objects, text
+from imagegate.attest.keyless import MAX_TRUST_BYTES  # the bound of every trusted root read
 from imagegate.errors import InternalError, UsageError
 from imagegate.oci import untrusted_json
 
-MAX_TRUST_BYTES = 4 << 20  # a trusted root with its keys and chains: tens of KiB
 TRUST_ROOT_NAME = "imagegate-trust-root"
 _HASHES = {"SHA2_256": "sha-256", "SHA2_384": "sha-384", "SHA2_512": "sha-512"}
 
