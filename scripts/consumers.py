@@ -490,6 +490,16 @@ def policy_controller_answer(s: Setting, image: str, pod: dict[str, Any], d: Pat
     return policy_controller_test(s.cip(d, floor), image, resource)
 
 
+def split_trust_root(written: Path) -> tuple[Path, Path]:
+    """The ClusterImagePolicy file `policies write` writes keyless (the policy, then its
+    TrustRoot) as two files beside it, cip.yaml and trustroot.yaml: the tester reads one of each."""
+    cip, trust = yaml.safe_load_all(written.read_text())
+    paths = written.parent / "cip.yaml", written.parent / "trustroot.yaml"
+    for doc, to in zip((cip, trust), paths, strict=True):
+        to.write_text(yaml.safe_dump(doc))
+    return paths
+
+
 def policy_controller_test(cip: Path, image: str, resource: Path, trust_root: Path | None = None) -> Answer:
     """policy-controller's tester on one ClusterImagePolicy (filled in), `image` and the resource
     running it (and the TrustRoot its keyless authorities name): admitted on exit 0; None when
@@ -718,14 +728,12 @@ def _keyless_row(local: Any, sub: str, work: Path, image: str, pod: Path, mirror
     )  # fmt: skip
     if written.returncode != 0:
         raise SystemExit(f"consumers: policies write keyless: {written.stderr}")
-    cip, trust = yaml.safe_load_all((out / "policy-controller-clusterimagepolicy.yaml").read_text())
-    (out / "cip.yaml").write_text(yaml.safe_dump(cip))
-    (out / "trustroot.yaml").write_text(yaml.safe_dump(trust))
+    cip, trust = split_trust_root(out / "policy-controller-clusterimagepolicy.yaml")
     env = {"HOME": str(out / "home"), "TUF_ROOT": str(out / "tuf-cache")}  # Kyverno's TUF caches
     answers = {
         "kyverno-imagevalidatingpolicy": kyverno_apply(out / "kyverno-imagevalidatingpolicy.yaml", pod, env),
         "kyverno-clusterpolicy": kyverno_apply(out / "kyverno-clusterpolicy.yaml", pod, env),
-        "policy-controller": policy_controller_test(out / "cip.yaml", image, pod, out / "trustroot.yaml"),
+        "policy-controller": policy_controller_test(cip, image, pod, trust),
     }
     who = ["--certificate-identity", local.identity(sub), "--certificate-oidc-issuer", local.issuer("github")]
     for form, extra in (("cosign bundle", ()), ("cosign classic", CLASSIC)):

@@ -36,7 +36,7 @@ from imagegate.oci.manifest import OCI_INDEX
 from tests.attest import tuf_repo
 from tests.attest.conftest import HERE_RUN, Result, cli
 from tests.attest.sigstore_local import LocalSigstore, bundle_stamped_before_its_certificate, local_sigstore
-from tests.helpers import DOCKER_SOCK, go_tools, serving
+from tests.helpers import DOCKER_SOCK, ROOT, go_tools, load_script, serving
 from tests.install import test_ci_steps as ci
 from tests.install.ci_runners import run_act, run_gitlab_job
 from tests.oci.infra import skopeo
@@ -545,12 +545,15 @@ def _written(
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     files = {p.stem: p for p in out.glob("*.yaml")}
-    cip, trust = yaml.safe_load_all(files["policy-controller-clusterimagepolicy"].read_text())
+    consumers = load_script(ROOT / "scripts" / "consumers.py")
+    files["policy-controller-clusterimagepolicy"], files["trustroot"] = consumers.split_trust_root(
+        files["policy-controller-clusterimagepolicy"]
+    )
+    cip, trust = (
+        yaml.safe_load(files[n].read_text()) for n in ("policy-controller-clusterimagepolicy", "trustroot")
+    )
     assert trust["kind"] == "TrustRoot"
     assert {a["keyless"]["trustRootRef"] for a in cip["spec"]["authorities"]} == {trust["metadata"]["name"]}
-    files["policy-controller-clusterimagepolicy"].write_text(yaml.safe_dump(cip))
-    (out / "trustroot.yaml").write_text(yaml.safe_dump(trust))
-    files["trustroot"] = out / "trustroot.yaml"
     return files
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from imagegate.attest import attach
 from tests.attest import tuf_repo
@@ -37,7 +36,7 @@ from tests.kube.kyverno import Kyverno
 from tests.kube.kyverno import started as kyverno_started
 from tests.kube.policy_controller import PolicyController
 from tests.kube.policy_controller import started as policy_controller_started
-from tests.kube.workloads import has_default_account
+from tests.kube.workloads import has_default_account, pod
 from tests.oci.infra import skopeo, wait_for
 
 pytestmark = pytest.mark.engine
@@ -123,20 +122,13 @@ def _policies(m: Attested, sub: str) -> Path:
 def _written(s: Scene, sub: str) -> tuple[Path, Path]:
     """The ClusterImagePolicy written for `sub`'s workflow, and its TrustRoot split into a file of
     its own (the tester reads one of each)."""
-    out = _policies(s.made, sub)
-    cip, trust = yaml.safe_load_all((out / "policy-controller-clusterimagepolicy.yaml").read_text())
-    (out / "cip.yaml").write_text(yaml.safe_dump(cip))
-    (out / "trustroot.yaml").write_text(yaml.safe_dump(trust))
-    return out / "cip.yaml", out / "trustroot.yaml"
+    written = _policies(s.made, sub) / "policy-controller-clusterimagepolicy.yaml"
+    split: tuple[Path, Path] = load_script(ROOT / "scripts" / "consumers.py").split_trust_root(written)
+    return split
 
 
 def _pod(image: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "app"},
-        "spec": {"containers": [{"name": "app", "image": image}]},
-    }
+    return {**pod(image), "metadata": {"name": "app"}}  # applied with -n: the namespace kubectl is given
 
 
 def _admitted(s: Scene, image: str) -> tuple[bool, str]:
@@ -175,9 +167,9 @@ def test_the_webhook_admits_for_the_identity_its_policy_names_and_refuses_anothe
     assert admitted is (sub == REPO), said
     assert _admitted(scene, scene.made.bare)[0] is False
     consumers = load_script(ROOT / "scripts" / "consumers.py")
-    pod = scene.made.work / "pod.yaml"
-    pod.write_text(json.dumps(_pod(attested)))
-    tester = consumers.policy_controller_test(cip, attested, pod, trust)
+    resource = scene.made.work / "pod.yaml"
+    resource.write_text(json.dumps(_pod(attested)))
+    tester = consumers.policy_controller_test(cip, attested, resource, trust)
     assert tester.admitted is admitted, tester.said
 
 

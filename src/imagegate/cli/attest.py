@@ -445,11 +445,9 @@ def _runs_trust(
 ) -> "tuple[tuple[keys.PublicKey, ...], keyless.Expected | None]":
     """What the runs an index combines must verify with: the keys given, the identity named
     (keyless), else the signer's own (a keyless signer: its identity, not this run's key)."""
-    from imagegate.attest.keyless import KeylessKey
+    from imagegate.usecases.index import own_trust
 
     named = who.expected("keyless verification of the runs")
     if given or named:
         return given, named
-    if isinstance(signer, KeylessKey):
-        return (), signer.expected()
-    return (signer.public,), None
+    return own_trust(signer)

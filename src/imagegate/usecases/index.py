@@ -46,6 +46,9 @@ class IndexJudged:
     attached: tuple[tuple[attach.Attached | None, referrers.Referred], ...] = ()
 
 
+_COMBINED = "so it is not combined into the index statement"
+
+
 def read_runs(
     folders: Sequence[Path], trusted: Sequence[keys.PublicKey], keyless: Expected | None = None
 ) -> list[plat.PlatformRun]:
@@ -64,9 +67,6 @@ def read_runs(
     return out
 
 
-_COMBINED = "so it is not combined into the index statement"
-
-
 def _ring(
     folder: Path, trusted: Sequence[keys.PublicKey], keyless: Expected | None
 ) -> tuple[keys.PublicKey, ...]:
@@ -82,6 +82,16 @@ def _ring(
             return tuple(trusted)
         raise
     return (*trusted, proven) if proven is not None else tuple(trusted)
+
+
+def own_trust(key: keys.SigningKey) -> tuple[tuple[keys.PublicKey, ...], Expected | None]:
+    """What runs the signer made verify with: its public key, or a keyless signer's identity (its
+    key lives for one certificate: a long run may have renewed it between runs)."""
+    from imagegate.attest.keyless import KeylessKey
+
+    if isinstance(key, KeylessKey):
+        return (), key.expected()
+    return (key.public,), None
 
 
 def read_index(reference: str, insecure: bool) -> tuple[str, str, plat.IndexListing]:
@@ -220,16 +230,12 @@ def run_platforms(
         notify(f"platform {p.platform}: {repository}@{p.digest}")
         done.append(run_one(f"{transport}{repository}@{p.digest}"))
     folders = [Path(d.record.attempt_dir) for d in done if d.signed is not None]
-    from imagegate.attest.keyless import KeylessKey
-
-    # Keyless, each run verifies by the identity its certificate proves (a long run may have
-    # been signed with an earlier certificate than the key's current one).
-    keyless = key.expected() if isinstance(key, KeylessKey) else None
+    trusted, keyless = own_trust(key)
     judged = judge_index(
         image,
         folders,
         key,
-        () if keyless else (key.public,),
+        trusted,
         out,
         attach_it=attach_it,
         insecure=insecure,
