@@ -13,6 +13,16 @@ import pytest
 from tests.oci.infra import Layout, Registry, build_test_image, sh, skopeo, start_registry
 
 
+@pytest.fixture(autouse=True)
+def own_root_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test reads registries as a fresh machine would: its own root cache, so no verified pair
+    another test recorded stands in for a blob this one tampers in place (tests/oci/
+    test_known_blobs.py is where the pairs are the point)."""
+    folder = tmp_path / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    return folder / "imagegate" / "roots"
+
+
 @pytest.fixture(scope="session")
 def oci_image(engine: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_test_image(tmp_path_factory.mktemp("image"))

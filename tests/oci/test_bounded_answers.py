@@ -227,3 +227,52 @@ def test_a_connection_that_breaks_while_reading_is_named(served: tuple[str, Answ
         ):
             read_capped(resp, 4 * MIB, "the answer")
         assert resp.is_closed
+
+
+class Listing(http.server.BaseHTTPRequestHandler):
+    """A registry's tag list and catalog that never end: each page a full one and a `next` link."""
+
+    protocol_version = "HTTP/1.1"
+    names = 1000
+    pages: list[str]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.pages.append(self.path)
+        key = "repositories" if self.path.startswith("/v2/_catalog") else "tags"
+        body = json.dumps({key: [f"n{len(self.pages)}-{i}" for i in range(self.names)]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Link", f'<{self.path.split("?")[0]}?n=1000&last=x{len(self.pages)}>; rel="next"')
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+
+@pytest.mark.parametrize("names", [1000, 10])
+def test_a_listing_is_bounded_in_names_and_pages(names: int) -> None:
+    """10 000 names, or 100 pages: a listing past either is refused, named, never read further."""
+    pages: list[str] = []
+    handler = type("Handler", (Listing,), {"pages": pages, "names": names})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = _client(f"127.0.0.1:{server.server_address[1]}")
+        for listing in (lambda: client.list_tags("team/app"), client.catalog):
+            pages.clear()
+            with pytest.raises(RegistryError) as e:
+                listing()
+            if names == 1000:  # 10 000 names after the tenth page: the eleventh is refused
+                assert "lists more than 10000" in str(e.value) and len(pages) == 11
+            else:
+                assert "has more than 100 pages" in str(e.value) and len(pages) == registry.MAX_LIST_PAGES
+            assert "name the tags (or repositories) to audit in the inventory" in (e.value.hint or "")
+            assert pages[0].endswith("?n=1000")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -18,6 +18,8 @@ from imagegate.errors import ImagegateError, UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from imagegate.rootfs.known import Known
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -116,6 +118,13 @@ CACHE_DIR = Option(
     envvar="IMAGEGATE_CACHE",
     help="The root cache folder, yours alone (mode 0700) [$XDG_CACHE_HOME/imagegate/roots].",
 )
+# layers, compare, audit: verified pairs (blob digest -> size, diffID) kept in the root cache.
+NO_CACHE = Option(
+    False,
+    "--no-cache",
+    help="Read every blob, even one this machine verified before (its verified pair in the root "
+    "cache is neither used nor written); a blob shared by images of this run is still read once.",
+)
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
 # The Kubernetes objects: pod render/run/collect and fleet render
 KUBE_NAMESPACE = Option(
@@ -149,6 +158,20 @@ TRUST = Option(
     "signing key's own (compare --carry: --attest's).",
 )
 EVIDENCE_HELP = "Evidence folder; each run adds a new attempt (complete: by default the earlier attempt's)."
+
+
+@contextlib.contextmanager
+def known_blobs(cache_dir: str | None, no_cache: bool) -> "Iterator[Known]":
+    """The blobs a run need not read again: its own reads, and the root cache's verified pairs
+    unless `no_cache`."""
+    from imagegate.rootfs.cache import RootCache
+    from imagegate.rootfs.known import Known
+
+    if no_cache:
+        yield Known(None)
+        return
+    with RootCache(cache_dir) as cache:
+        yield Known(cache.pairs)
 
 
 @contextlib.contextmanager

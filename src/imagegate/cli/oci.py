@@ -13,6 +13,7 @@ from imagegate.errors import UsageError
 
 if TYPE_CHECKING:  # every layer below and the views are imported where used: `--help` loads none
     from imagegate.attest import keys
+    from imagegate.oci.compare import CompareResult
 
 
 @app.command(
@@ -35,6 +36,8 @@ def layers(
     max_layer_size: str = _app.MAX_LAYER,
     quiet: bool = _app.QUIET,
     timeout: float = _app.TIMEOUT,
+    cache_dir: str | None = _app.CACHE_DIR,
+    no_cache: bool = _app.NO_CACHE,
 ) -> None:
     """Verify an image's config digest, every layer's digest and size, and every diffID."""
     from imagegate._support.sizes import parse_size
@@ -51,10 +54,11 @@ def layers(
     with (
         _app.within(timeout),
         open_sources([source], platform=platform, insecure=insecure) as (src,),
+        _app.known_blobs(cache_dir, no_cache) as known,
         layer_progress(quiet) as sink,
     ):
         report = verify_source(
-            src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink
+            src, expect_config=expect_config, jobs=jobs, max_uncompressed=limit, progress=sink, known=known
         )
     show(fmt, report.to_dict, partial(console_oci.render_verify, report))
     raise typer.Exit(EXIT_ACCEPTED if report.ok else EXIT_REJECTED)
@@ -109,37 +113,50 @@ def compare_cmd(
     out: Path = Option(Path("."), "--out", "-o", help="With --attest: the folder the signed files go to."),
     carry: Path | None = CARRY,
     trust: list[Path] = TRUST,
+    cache_dir: str | None = _app.CACHE_DIR,
+    no_cache: bool = _app.NO_CACHE,
 ) -> None:
     """Is MIRROR the same content as OFFICIAL? Exact about what differs."""
     from imagegate._support.sizes import parse_size
-    from imagegate.errors import EXIT_ACCEPTED
     from imagegate.oci.compare import compare
     from imagegate.oci.transports import open_sources
     from imagegate.report import console_oci
     from imagegate.report.progress import layer_progress
 
-    limit = parse_size(max_layer_size)
-    key = _signing_key(attest, carry)
+    limit, key = parse_size(max_layer_size), _signing_key(attest, carry)
     with (
         _app.within(timeout),
         open_sources([official, mirror], platform=platform, insecure=insecure) as (a, b),
+        _app.known_blobs(cache_dir, no_cache) as known,
         layer_progress(quiet) as sink,
     ):
-        result = compare(a, b, deep=deep or key is not None, jobs=jobs, max_uncompressed=limit, progress=sink)
+        result = compare(
+            a, b, deep=deep or bool(key), jobs=jobs, max_uncompressed=limit, progress=sink, known=known
+        )
     show(fmt, result.to_dict, partial(console_oci.render_compare, result))
-    if key is not None and result.exit_code == EXIT_ACCEPTED:
-        from imagegate.attest import keys
-        from imagegate.attest import mirror as equivalence
-
-        carried = None
-        if carry is not None:
-            trusted = keys.trusted_keys(trust) or (key.public,)
-            carried = equivalence.verified_acceptance(carry, trusted, str(result.official.manifest_digest))
-        signed = equivalence.sign_equivalence(result, key, out, carried)
-        console_oci.render_equivalence(signed.files, key.public.fingerprint)
-    elif key is not None:
-        console_oci.render_not_signed(result)
+    if key is not None:
+        _sign(result, key, out, carry, trust)
     raise typer.Exit(result.exit_code)
+
+
+def _sign(
+    result: "CompareResult", key: "keys.SigningKey", out: Path, carry: Path | None, trust: list[Path]
+) -> None:
+    """compare --attest: same content signed (with what --carry carries over), else said unsigned."""
+    from imagegate.attest import keys
+    from imagegate.attest import mirror as equivalence
+    from imagegate.errors import EXIT_ACCEPTED
+    from imagegate.report import console_oci
+
+    if result.exit_code != EXIT_ACCEPTED:
+        console_oci.render_not_signed(result)
+        return
+    carried = None
+    if carry is not None:
+        trusted = keys.trusted_keys(trust) or (key.public,)
+        carried = equivalence.verified_acceptance(carry, trusted, str(result.official.manifest_digest))
+    signed = equivalence.sign_equivalence(result, key, out, carried)
+    console_oci.render_equivalence(signed.files, key.public.fingerprint)
 
 
 def _signing_key(attest: Path | None, carry: Path | None) -> "keys.SigningKey | None":

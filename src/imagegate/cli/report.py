@@ -78,6 +78,11 @@ def report(
     "  kind: Inventory\n\n"
     "  images: [{image: myorg/vllm:0.11, pipeline: vllm}, {image: app:latest, modules: [numpy]}]\n\n"
     "  mirrors: [{official: docker.io/vllm/vllm-openai:v0.11.0, mirror: mirror.example/vllm:0.11}]\n\n"
+    "  mirror_sets: [{mirror: mirror.example/vllm/*, official: docker.io/vllm/{repository}:{tag}}]\n\n"
+    "A mirror set is every tag of a repository (or of every repository the catalog lists under "
+    "NAMESPACE/*; `tags:` names or patterns them), each compared with its official image. A blob "
+    "several images share is read once; one this machine verified before is not read again "
+    "(--no-cache reads it), so an interrupted audit run again reads only what it had not read.\n\n"
     "Exit code: the worst item's: 3 input error, then 1 rejected or different, then 2 could not "
     "decide, else 0.",
 )
@@ -95,6 +100,8 @@ def audit(
     timeout: float = _app.TIMEOUT,
     key: list[str] = o.KEY,
     no_sign: bool = o.NO_SIGN,
+    cache_dir: str | None = _app.CACHE_DIR,
+    no_cache: bool = _app.NO_CACHE,
 ) -> None:
     """Audit many images and mirror copies at once: one table, one JSON report, the worst exit code."""
     from imagegate._support.sizes import parse_memory
@@ -111,12 +118,19 @@ def audit(
     outputs = _checks.outputs(key=o.signing_key(key), no_sign=no_sign, warn=o.warn)
     setup_logging(verbose, quiet)
     items = batch.load(inventory)
-    with _app.within(timeout), ItemsBar(len(items), "audit", quiet=quiet, console=err) as bar:
+    with (
+        _app.within(timeout),
+        _app.known_blobs(cache_dir, no_cache) as known,
+        ItemsBar(len(items), "audit", quiet=quiet, console=err) as bar,
+    ):
         result = batch.run_batch(
             items,
-            batch.BatchOptions(out=out, jobs=jobs, platform=platform, outputs=outputs),
+            batch.BatchOptions(
+                out=out, jobs=jobs, platform=platform, outputs=outputs, known=known, progress=bar
+            ),
             partial(DockerDriver, memory=memory),
             lambda r: bar.advance(f"{r.kind} {r.name}: {r.outcome}"),
+            bar.more,
         )
     # A machine format on stdout keeps stdout to itself: the table goes to stderr then.
     batch_view.render(result, err if batch_view.write_json(result, json_out) else make_console())

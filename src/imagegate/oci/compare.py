@@ -15,6 +15,7 @@ from imagegate._support.jsontypes import JsonMapping, JsonObject
 from imagegate.errors import EXIT_ACCEPTED, EXIT_REJECTED
 from imagegate.oci.hashing import DEFAULT_MAX_UNCOMPRESSED
 from imagegate.oci.layercheck import (
+    KnownBlobs,
     LayerStatus,
     Progress,
     VerifyReport,
@@ -164,6 +165,7 @@ class _VerifyOptions(TypedDict):
     jobs: int | None
     max_uncompressed: int
     progress: Progress | None
+    known: KnownBlobs | None
 
 
 def _side(source: Source, *, read_blobs: bool, **verify_kw: Unpack[_VerifyOptions]) -> ComparedImage:
@@ -205,12 +207,19 @@ def compare(
     jobs: int | None = None,
     max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
     progress: Progress | None = None,
+    known: KnownBlobs | None = None,
 ) -> CompareResult:
     """The verdict about the two images. Each source is resolved once (a registry tag to the
     digest it names then) and read by that digest after; the manifests named in the result are
     the ones whose bytes were compared. A tag that names another manifest when asked again at
-    the end raises ReferenceMoved (exit 2): the verdict would be about bytes it no longer names."""
-    kw: _VerifyOptions = {"jobs": jobs, "max_uncompressed": max_uncompressed, "progress": progress}
+    the end raises ReferenceMoved (exit 2): the verdict would be about bytes it no longer names.
+    `known`: blobs verified before stand in for reading them again (layercheck.KnownBlobs)."""
+    kw: _VerifyOptions = {
+        "jobs": jobs,
+        "max_uncompressed": max_uncompressed,
+        "progress": progress,
+        "known": known,
+    }
     result = _compare(official, mirror, deep, kw)
     for source in (official, mirror):
         if isinstance(source, ImageSource):

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, TypedDict
@@ -155,6 +156,17 @@ class NoProgress:
 
     def waiting(self, what: str, elapsed: float, done: bool) -> None:
         pass
+
+
+class KnownBlobs(Protocol):
+    """What this machine already knows of blobs by their digest (content, never a name): the
+    result of reading a layer, or of a verified pair standing in for the read. `once` returns
+    the layer's result, calling `read` only where no verified fact vouches for the manifest's
+    digest and size and the config's diffID; it records what `read` found OK."""
+
+    def once(
+        self, index: int, desc: Descriptor, expected_diff_id: str, read: Callable[[], LayerResult]
+    ) -> LayerResult: ...
 
 
 def default_jobs() -> int:
@@ -352,13 +364,17 @@ def verify_source(
     jobs: int | None = None,
     max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
     progress: Progress | None = None,
+    known: KnownBlobs | None = None,
 ) -> VerifyReport:
     """Verify every blob of the image `source` names. Raises SourceError (or another
-    ImagegateError) when the image cannot be read; mismatches are in the report."""
+    ImagegateError) when the image cannot be read; mismatches are in the report. With `known`,
+    a layer whose manifest digest and size and config diffID a verified fact vouches for is not
+    read again (an archive stream is read whole anyway)."""
     progress = progress or NoProgress()
     if isinstance(source, ArchiveStream):
         return _verify_stream(source, expect_config, max_uncompressed, progress)
-    return _verify_random(source, expect_config, jobs or default_jobs(), max_uncompressed, progress)
+    jobs = jobs or default_jobs()
+    return _verify_random(source, expect_config, jobs, max_uncompressed, progress, known)
 
 
 def read_config(source: ImageSource, desc: Descriptor) -> bytes | None:
@@ -376,7 +392,12 @@ def read_config(source: ImageSource, desc: Descriptor) -> bytes | None:
 
 
 def _verify_random(
-    source: ImageSource, expect: str | None, jobs: int, max_uncompressed: int, progress: Progress
+    source: ImageSource,
+    expect: str | None,
+    jobs: int,
+    max_uncompressed: int,
+    progress: Progress,
+    known: KnownBlobs | None = None,
 ) -> VerifyReport:
     image = source.resolve()
     config, doc, diff_ids, problems = check_config(image.config, read_config(source, image.config), expect)
@@ -384,6 +405,11 @@ def _verify_random(
 
     def one(i: int, desc: Descriptor) -> LayerResult:
         expected = diff_ids[i] if i < len(diff_ids) else None
+        if known is None or expected is None:
+            return read(i, desc, expected)
+        return known.once(i, desc, expected, lambda: read(i, desc, expected))
+
+    def read(i: int, desc: Descriptor, expected: str | None) -> LayerResult:
         label = f"layer {i + 1}/{len(image.layers)} {_clip(desc.digest or desc.locator)}"
         progress.started(i, label, desc.size if desc.size is not None else source.member_size(desc))
         log.debug("%s: reading %s", source.description, label)
@@ -397,11 +423,11 @@ def _verify_random(
                     on_bytes=lambda n: progress.advanced(i, n),
                     what=f"{source.description}: the blob {desc.digest or desc.locator}",
                 )
-            known = getattr(r, "size", None)
+            seen = getattr(r, "size", None)
         except BlobNotFound:
-            got, known = None, None
+            got, seen = None, None
         result = judge_layer(
-            i, desc, expected, got, foreign=expected in image.foreign_diff_ids, known_size=known
+            i, desc, expected, got, foreign=expected in image.foreign_diff_ids, known_size=seen
         )
         progress.finished(i, result.status.value)
         return result

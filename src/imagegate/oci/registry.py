@@ -47,6 +47,11 @@ USER_AGENT = f"imagegate/{__version__}"
 MAX_REDIRECTS = 5  # a registry sends a blob to its storage once; a loop ends here, named
 MAX_ERROR_BYTES = 64 << 10  # of an error body: enough for the registry's message
 MAX_TOKEN_BYTES = 1 << 20  # a token answer is a few KiB (a JWT and its expiry)
+# Listings (tags, _catalog): names per page asked, pages followed, names kept, bytes of a page.
+LIST_PAGE = 1000
+MAX_LIST_PAGES = 100
+MAX_LISTED = 10_000
+MAX_LIST_PAGE_BYTES = 1 << 20  # 1000 names of up to 256 bytes, quoted
 
 
 class RegistryError(SourceError):
@@ -443,24 +448,49 @@ class RegistryClient:
         finally:
             stream.close()
 
-    def list_tags(self, repository: str) -> list[str]:
-        tags: list[str] = []
-        url: str | None = f"/v2/{repository}/tags/list"
-        while url:
-            resp = self.request("GET", url, scope=self._scope(repository))
+    def list_tags(self, repository: str, *, limit: int = MAX_LISTED) -> list[str]:
+        """Every tag of `repository`, page by page (`Link: <…>; rel="next"`), at most `limit` names
+        and MAX_LIST_PAGES pages, each page's body bounded: a listing past either is refused, named."""
+        return self._listing(f"/v2/{repository}/tags/list", "tags", self._scope(repository), limit)
+
+    def catalog(self, *, limit: int = MAX_LISTED) -> list[str]:
+        """Every repository the registry lists (`/v2/_catalog`, often disabled or limited to what
+        the credentials may pull: a 401, 403 or 404 raises, to be named to the user), bounded as
+        list_tags is."""
+        return self._listing("/v2/_catalog", "repositories", "registry:catalog:*", limit)
+
+    def _listing(self, first: str, key: str, scope: str, limit: int) -> list[str]:
+        names: list[str] = []
+        url: str | None = f"{first}?n={min(limit, LIST_PAGE)}"
+        for _page in range(MAX_LIST_PAGES):
+            if url is None:
+                return names
+            resp = self.request(
+                "GET", url, scope=scope, max_bytes=MAX_LIST_PAGE_BYTES, what=f"the {key} list"
+            )
             try:
-                body = untrusted_json.loads(resp.content)
+                body = untrusted_json.loads(resp.content, max_bytes=MAX_LIST_PAGE_BYTES)
             except untrusted_json.UntrustedJSONError as e:
-                raise RegistryError(f"{self.registry}/{repository}: the tag list is {e}") from e
-            page = (body.get("tags") if isinstance(body, dict) else None) or []
-            if not isinstance(page, list) or not all(isinstance(t, str) for t in page):
+                raise RegistryError(f"{self.registry}: the {key} list ({first}) is {e}") from e
+            page = (body.get(key) if isinstance(body, dict) else None) or []
+            if not isinstance(page, list) or not all(isinstance(t, str) and len(t) <= 256 for t in page):
                 raise RegistryError(
-                    f"{self.registry}/{repository}: the tag list's `tags` is not a list of names"
+                    f"{self.registry}: the {key} list's `{key}` ({first}) is not a list of names"
                 )
-            tags += page
+            names += page
+            if len(names) > limit:
+                raise RegistryError(
+                    f"{self.registry}: {first} lists more than {limit} {key}; not read further",
+                    hint="name the tags (or repositories) to audit in the inventory",
+                )
             nxt = resp.links.get("next", {}).get("url")
             url = urljoin(str(resp.url), nxt) if nxt else None
-        return tags
+        if url is not None:
+            raise RegistryError(
+                f"{self.registry}: {first} has more than {MAX_LIST_PAGES} pages; not read further",
+                hint="name the tags (or repositories) to audit in the inventory",
+            )
+        return names
 
     # -- push ------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from rich.text import Text
 from imagegate.errors import UsageError
 from imagegate.pipeline.spec import API_VERSION
 from imagegate.report.console import one_line
+from imagegate.report.progress import size_text as _size
 
 if TYPE_CHECKING:  # a view of the batch use case's result; the use case runs on accept, which writes reports
     from imagegate.usecases.audit.run import BatchResult
@@ -75,6 +77,7 @@ def render(result: BatchResult, console: Console) -> None:
         key = _MEANING.get(i.exit_code, f"exit {i.exit_code}")
         counts[key] = counts.get(key, 0) + 1
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
+    _blobs(result, console)
     code = result.exit_code
     console.print(
         Text.assemble(
@@ -82,6 +85,19 @@ def render(result: BatchResult, console: Console) -> None:
             (f"{code} ({_MEANING.get(code, '?')})", _STYLE.get(code, "bold")),
         )
     )
+
+
+def _blobs(result: BatchResult, console: Console) -> None:
+    """What the listings skipped, and how many layers were read and how many known."""
+    for name in result.skipped:
+        console.print(f"skipped (listed, not a name): {name}", soft_wrap=True, highlight=False, markup=False)
+    if result.blobs is not None and (result.blobs.read or result.blobs.known):
+        b = result.blobs
+        console.print(
+            f"layers: {b.read} read ({_size(b.read_bytes)}), {b.known} known and not read again "
+            f"({_size(b.known_bytes)}: read once in this run, or a verified pair)",
+            highlight=False,
+        )
 
 
 def write_json(result: BatchResult, path: Path | None) -> bool:
@@ -110,6 +126,9 @@ def to_json(result: BatchResult) -> dict[str, object]:
         "startedOn": result.started_at,
         "finishedOn": result.finished_at,
         "exitCode": result.exit_code,
+        "outcomes": _outcomes(result),
+        "layers": None if result.blobs is None else asdict(result.blobs),
+        "skipped": list(result.skipped),
         "items": [
             {
                 "kind": i.kind,
@@ -125,3 +144,11 @@ def to_json(result: BatchResult) -> dict[str, object]:
             for i in result.items
         ],
     }
+
+
+def _outcomes(result: BatchResult) -> dict[str, int]:
+    """How many items ended each way (IDENTICAL, SAME_CONTENT, DIFFERENT, CORRUPT, a verdict, ERROR)."""
+    counts: dict[str, int] = {}
+    for i in result.items:
+        counts[i.outcome] = counts.get(i.outcome, 0) + 1
+    return counts

@@ -57,6 +57,9 @@ def render_verify(report: VerifyReport, out: Console) -> None:
     n = len(report.layers)
     if report.ok:
         foreign = f" ({report.foreign} foreign layers not verified)" if report.foreign else ""
+        known = sum(1 for x in report.layers if x.pair_recorded_at)
+        if known:  # said, since the bytes were not read now: --no-cache reads them
+            foreign += f" ({known} by a verified pair, not read now; --no-cache reads them)"
         out.print(f"OK: config {c.actual_digest}, {report.verified}/{n} layers verified{foreign}")
     else:
         # Name what failed, first things first; never "0 of N layers failed" as a reason.

@@ -67,12 +67,41 @@ class ItemsBar:
         )
         self._task: TaskID | None = None
         self._total, self._label = total, label
+        self._bytes = 0  # read by the items' layer reads (layercheck.Progress, below)
+        self._shown = 0.0
 
     def __enter__(self) -> ItemsBar:
         if self.enabled:
             self._progress.start()
             self._task = self._progress.add_task(self._label, total=self._total)
         return self
+
+    # layercheck.Progress: every item's blob reads, as one count of bytes beside the items'.
+    def started(self, key: int, label: str, total: int | None) -> None:
+        pass
+
+    def advanced(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            self._bytes += nbytes
+            now = time.monotonic()
+            if self._task is not None and now - self._shown >= 0.2:  # a few redraws a second
+                self._shown = now
+                self._progress.update(
+                    self._task, description=f"{self._label} · {size_text(self._bytes)} read"
+                )
+
+    def finished(self, key: int, status: str) -> None:
+        pass
+
+    def waiting(self, what: str, elapsed: float, done: bool) -> None:
+        pass
+
+    def more(self, n: int) -> None:
+        """`n` more items than counted at the start (a mirror set, once listed, is its pairs)."""
+        with self._lock:
+            self._total += n
+            if self._task is not None:
+                self._progress.update(self._task, total=self._total)
 
     def advance(self, line: str | None = None) -> None:
         with self._lock:  # called from worker threads
@@ -223,7 +252,7 @@ class LayerBars:
                 self.progress.update(self.tasks[key], description=text)
 
 
-def _size(nbytes: int) -> str:
+def size_text(nbytes: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
@@ -270,7 +299,7 @@ class WaitLines:
         secs = time.monotonic() - blob.start
         # One line however long (a CI log has no width): soft_wrap.
         self.console.print(
-            f"{blob.label}: {status}, {_size(blob.nbytes)} in {secs:.1f} s", markup=False, soft_wrap=True
+            f"{blob.label}: {status}, {size_text(blob.nbytes)} in {secs:.1f} s", markup=False, soft_wrap=True
         )
 
     def waiting(self, what: str, elapsed: float, done: bool) -> None:

@@ -67,12 +67,66 @@ class MirrorEntry(_Strict):
     insecure: bool = False
 
 
+class MirrorSet(_Strict):
+    """Many (official, mirror) pairs at once: every tag of a mirrored repository, or of every
+    repository under a namespace, each compared with the official image its pattern names."""
+
+    mirror: str = Field(
+        min_length=1,
+        description="REGISTRY/REPOSITORY (its tags), or REGISTRY/NAMESPACE/* (every repository the "
+        "registry's catalog lists under it, and their tags).",
+    )
+    official: str = Field(
+        min_length=1,
+        description="The official image of each: a reference with {repository} (the path below the "
+        "namespace, or the repository's name) and {tag}, e.g. docker.io/vllm/{repository}:{tag}.",
+    )
+    tags: list[str] | None = Field(
+        default=None,
+        description="Tags, or shell patterns of tags (v0.*); default every tag the registry lists. "
+        "Plain names need no listing (a registry with listing disabled).",
+    )
+    name: str | None = None
+    deep: bool = False
+    platform: str | None = None
+    insecure: bool = False
+
+    @field_validator("mirror")
+    @classmethod
+    def _mirror(cls, v: str) -> str:
+        body = v.removeprefix("docker://")
+        if "/" not in body or ":" in body.split("/", 1)[1] or "@" in body:
+            raise ValueError("REGISTRY/REPOSITORY or REGISTRY/NAMESPACE/*, with no tag or digest")
+        if ("*" in body and not body.endswith("/*")) or body.count("*") > 1:
+            raise ValueError("a namespace is written REGISTRY/NAMESPACE/* (one * at the end)")
+        return body
+
+    @field_validator("official")
+    @classmethod
+    def _official(cls, v: str) -> str:
+        if "{tag}" not in v and "@" not in v:
+            raise ValueError("name each tag's official image: put {tag} (and {repository}) in it")
+        unknown = {f for f in _fields(v) if f not in ("repository", "tag")}
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder {{{sorted(unknown)[0]}}}: {{repository}} and {{tag}} are known"
+            )
+        return v
+
+
+def _fields(pattern: str) -> list[str]:
+    import string
+
+    return [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
+
+
 class ImageList(_Strict):
     apiVersion: Literal["imagegate/v1"]
     kind: Literal["Inventory"]
     defaults: Defaults = Defaults()
     images: list[ImageEntry] = Field(default_factory=list)
     mirrors: list[MirrorEntry] = Field(default_factory=list)
+    mirror_sets: list[MirrorSet] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -81,8 +135,9 @@ class LoadedImageList:
     path: Path
 
     def __len__(self) -> int:
-        """The items to check: images and mirror pairs."""
-        return len(self.image_list.images) + len(self.image_list.mirrors)
+        """The items to check: images and mirror pairs (a mirror set counts once until listed)."""
+        inv = self.image_list
+        return len(inv.images) + len(inv.mirrors) + len(inv.mirror_sets)
 
 
 def _rebase(spec: str, folder: Path) -> str:
@@ -121,8 +176,8 @@ def load(path: Path) -> LoadedImageList:
             loc = tuple(item["loc"])
             lines.append(f"{path}:{line_of(node, loc)}: {key_text(loc) or '(top)'}: {message(item)}")
         raise UsageError("invalid inventory:\n  " + "\n  ".join(lines)) from e
-    if not inv.images and not inv.mirrors:
-        raise UsageError(f"{path}: nothing to audit", hint="list `images:` and/or `mirrors:`")
+    if not inv.images and not inv.mirrors and not inv.mirror_sets:
+        raise UsageError(f"{path}: nothing to audit", hint="list `images:`, `mirrors:` or `mirror_sets:`")
     folder = path.parent
     for img in inv.images:
         img.pipeline = _pipeline_path(img.pipeline or inv.defaults.pipeline, folder)

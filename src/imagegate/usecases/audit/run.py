@@ -16,9 +16,11 @@ from typing import Literal
 from imagegate.domain.results import exit_code
 from imagegate.drivers.interface import Driver
 from imagegate.errors import EXIT_UNDECIDED, EXIT_USAGE, ImagegateError
+from imagegate.oci.layercheck import Progress
 from imagegate.oci.pullfailure import worded
+from imagegate.rootfs.known import Known, Tally
 from imagegate.usecases import accept, runner
-from imagegate.usecases.audit.imagelist import ImageEntry, LoadedImageList, MirrorEntry
+from imagegate.usecases.audit.imagelist import ImageEntry, LoadedImageList, MirrorEntry, MirrorSet
 
 log = logging.getLogger("imagegate.audit")
 
@@ -51,6 +53,8 @@ class BatchResult:
     started_at: str
     finished_at: str
     items: list[ItemResult]
+    blobs: Tally | None = None  # the layers read, and those known (read once in the run, or a verified pair)
+    skipped: tuple[str, ...] = ()  # listed names that are no tag or repository
 
     @property
     def exit_code(self) -> int:
@@ -64,10 +68,14 @@ class BatchOptions:
     platform: str | None = None  # overrides the inventory's default for mirror pairs
     # Each image's attempt is signed as `run` signs it (the key checked before any item runs).
     outputs: accept.Outputs = accept.Outputs()
+    # The blobs known for the whole run: each unique blob read once across its mirror pairs.
+    known: Known | None = None
+    progress: Progress | None = None  # the mirror pairs' blob reads, byte by byte
 
 
 DriverFactory = Callable[[], Driver]
 OnDone = Callable[[ItemResult], None]
+OnListed = Callable[[int], None]  # a mirror set listed: how many more items than it counted for
 
 
 def _now() -> str:
@@ -140,7 +148,7 @@ def run_mirror(entry: MirrorEntry, inv: LoadedImageList, opts: BatchOptions) -> 
     try:
         for spec in (entry.official, entry.mirror):
             opened.append(open_source(spec, platform=platform, insecure=entry.insecure))
-        result = compare(opened[0], opened[1], deep=entry.deep)
+        result = compare(opened[0], opened[1], deep=entry.deep, known=opts.known, progress=opts.progress)
     except Exception as e:
         return _failed("mirror", name, subject, e, t0)
     finally:
@@ -164,10 +172,24 @@ def run_batch(
     opts: BatchOptions,
     make_driver: DriverFactory,
     on_done: OnDone = lambda _r: None,
+    on_listed: OnListed = lambda _n: None,
 ) -> BatchResult:
-    """Every item, at most `opts.jobs` at a time; results in inventory order."""
+    """Every item, at most `opts.jobs` at a time; results in inventory order (a mirror set's pairs
+    in listing order, after the inventory's own mirrors)."""
     started = _now()
-    images, mirrors = inv.image_list.images, inv.image_list.mirrors
+    images, skipped = inv.image_list.images, list[str]()
+    mirrors: list[MirrorEntry] = list(inv.image_list.mirrors)
+    listed: list[ItemResult] = []  # a mirror set that could not be listed: an item of its own
+    for ms in inv.image_list.mirror_sets:
+        try:
+            pairs = _expand(ms, skipped)
+            mirrors += pairs
+            on_listed(len(pairs) - 1)
+        except Exception as e:
+            listed.append(
+                _failed("mirror", ms.name or ms.mirror, f"{ms.official} -> {ms.mirror}", e, time.monotonic())
+            )
+            on_done(listed[-1])
     log.info(
         "audit %s: %d images, %d mirror pairs, %d at a time", inv.path, len(images), len(mirrors), opts.jobs
     )
@@ -187,4 +209,11 @@ def run_batch(
         futures = [pool.submit(one_image, e) for e in images]
         futures += [pool.submit(one_mirror, m) for m in mirrors]
         items = [f.result() for f in futures]
-    return BatchResult(str(inv.path), started, _now(), items)
+    tally = opts.known.tally if opts.known is not None else None
+    return BatchResult(str(inv.path), started, _now(), items + listed, tally, tuple(skipped))
+
+
+def _expand(ms: MirrorSet, skipped: list[str]) -> list[MirrorEntry]:
+    from imagegate.usecases.audit.expand import expand  # the registry client loads when a set is listed
+
+    return expand(ms, skipped)
