@@ -196,7 +196,9 @@ def old_tree(work: Path, commit: str) -> Path:
     tree = work / f"src-{commit}"
     if not tree.exists():
         tree.mkdir()
-        archive = subprocess.run(["git", "archive", commit, "src", "probes", "data"], cwd=ROOT, capture_output=True, check=True)
+        archive = subprocess.run(
+            ["git", "archive", commit, "src", "probes", "data"], cwd=ROOT, capture_output=True, check=True
+        )
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
         shutil.copy(ROOT / "src/imagegate/_version.py", tree / "src/imagegate/_version.py")
     return tree / "src"

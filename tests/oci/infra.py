@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,6 +205,19 @@ def other_gzip_layer(seed: str) -> bytes:
         out = Path(d) / "layer.tar"
         sh("tar", "-cf", str(out), "-C", d, "tampered")
         return gzip.compress(out.read_bytes())
+
+
+@contextlib.contextmanager
+def local_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on a free loopback port (its host:port), stopped on the way out."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # -- an HTTP proxy that fails on purpose ---------------------------------------------------

@@ -119,6 +119,8 @@ def test_tags_by_pattern_or_by_name_without_listing(mirrored: Mirrored, tmp_path
         sets = (
             f"  - {{mirror: '{proxy.host}/vllm/*', official: '{off}/vllm/{{repository}}:{{tag}}'}}\n"
             f"  - {{mirror: '{mir}/vllm/router', official: '{off}/vllm/router:{{tag}}', tags: [v1]}}\n"
+            f"  - {{mirror: '{proxy.host}/vllm/openai', official: '{off}/vllm/openai:{{tag}}', tags: ['v*'], name: via}}\n"
+            f"  - {{mirror: '{mir}/vllm/openai', official: '{off}/vllm/openai:{{tag}}', tags: ['zzz*']}}\n"
         )
         doc = _audit(_inventory(tmp_path, sets))
     finally:
@@ -129,7 +131,20 @@ def test_tags_by_pattern_or_by_name_without_listing(mirrored: Mirrored, tmp_path
     assert unlisted["outcome"] == "ERROR"
     assert "the registry's catalog could not be read" in unlisted["detail"]
     assert "catalog listing is often disabled: name the repositories" in unlisted["detail"]
-    assert proxy.seen and all("/v2/_catalog" in s or s.endswith("/v2/") for s in proxy.seen)
+    assert unlisted["detail"].startswith(f"mirror set {proxy.host}/vllm/*: ")
+    via = items["via"]
+    assert via["outcome"] == "ERROR" and via["detail"].startswith(
+        "mirror set via: the tags of vllm/openai could not be listed"
+    )
+    assert "tag listing may be disabled: name the tags (tags: [v1, v2]) in the inventory" in via["detail"]
+    none = items[f"{mir}/vllm/openai"]
+    assert none["exitCode"] == 3
+    assert none["detail"].startswith(
+        f"mirror set {mir}/vllm/openai: names no image (no repository or tag matched)"
+    )
+    assert proxy.seen and all(
+        ("/v2/_catalog" in s or "/tags/list" in s or s.endswith("/v2/")) for s in proxy.seen
+    )
 
 
 def test_a_mirror_set_is_checked_before_anything_is_read(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from imagegate.oci import registry
 from imagegate.oci.registry import AuthenticationError, NotFound, RegistryClient, RegistryError, read_capped
+from tests.oci.infra import local_http
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -257,12 +258,8 @@ class Listing(http.server.BaseHTTPRequestHandler):
 def test_a_listing_is_bounded_in_names_and_pages(names: int) -> None:
     """10 000 names, or 100 pages: a listing past either is refused, named, never read further."""
     pages: list[str] = []
-    handler = type("Handler", (Listing,), {"pages": pages, "names": names})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = _client(f"127.0.0.1:{server.server_address[1]}")
+    with local_http(type("Handler", (Listing,), {"pages": pages, "names": names})) as host:
+        client = _client(host)
         for listing in (lambda: client.list_tags("team/app"), client.catalog):
             pages.clear()
             with pytest.raises(RegistryError) as e:
@@ -273,6 +270,3 @@ def test_a_listing_is_bounded_in_names_and_pages(names: int) -> None:
                 assert "has more than 100 pages" in str(e.value) and len(pages) == registry.MAX_LIST_PAGES
             assert "name the tags (or repositories) to audit in the inventory" in (e.value.hint or "")
             assert pages[0].endswith("?n=1000")
-    finally:
-        server.shutdown()
-        server.server_close()

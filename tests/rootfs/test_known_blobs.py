@@ -22,6 +22,7 @@ from imagegate.rootfs.pairs import PairStore
 DIGEST = "sha256:" + "a" * 64
 DIFF_ID = "sha256:" + "b" * 64
 OTHER = "sha256:" + "c" * 64
+SMALLER = "sha256:" + "0" * 64  # sorts before the others: a comparison turned into < or > is seen
 
 
 def _desc(size: int = 100, digest: str = DIGEST) -> Descriptor:
@@ -82,23 +83,54 @@ def test_a_known_digest_vouches_only_for_its_size_and_diff_id() -> None:
     known.once(0, _desc(), DIFF_ID, reads(0))
     assert known.once(1, _desc(), DIFF_ID, reads(1)).pair_recorded_at is not None and reads.count == 1
     known.once(2, _desc(size=101), DIFF_ID, reads(2))  # another size declared: read
+    known.once(2, _desc(size=99), DIFF_ID, reads(2))
     known.once(3, _desc(), OTHER, reads(3))  # another diffID in the config: read
+    known.once(3, _desc(), SMALLER, reads(3))
     known.once(4, _desc(digest=OTHER), DIFF_ID, reads(4))  # another digest: read
-    assert reads.count == 4
+    assert reads.count == 6
+
+
+def test_a_blob_named_by_no_digest_is_read_every_time() -> None:
+    known, reads = Known(None), Reads()
+    legacy = Descriptor("application/x-tar", None, None, locator="layer.tar")
+    for i in range(2):
+        known.once(i, legacy, DIFF_ID, reads(i))
+    assert reads.count == 2 and (known.tally.read, known.tally.known) == (2, 0)
 
 
 def test_a_result_the_manifest_did_not_name_is_not_recorded() -> None:
-    reads = Reads()
+    """A result says OK, but what was read is not what the manifest and config name: each such
+    would, recorded, vouch for exactly what it read; none is recorded."""
+    t, ok = "application/vnd.oci.image.layer.v1.tar+gzip", LayerStatus.OK
     for wrong in (
-        LayerResult(0, LayerStatus.OK, "t", "gzip", DIGEST, OTHER, 100, 100, DIFF_ID, DIFF_ID, 1, ""),
-        LayerResult(0, LayerStatus.OK, "t", "gzip", DIGEST, DIGEST, 101, 100, DIFF_ID, DIFF_ID, 1, ""),
-        LayerResult(0, LayerStatus.OK, "t", "gzip", DIGEST, DIGEST, 100, 100, OTHER, DIFF_ID, 1, ""),
-        LayerResult(0, LayerStatus.OK, "t", "gzip", DIGEST, DIGEST, 100, 100, DIFF_ID, OTHER, 1, ""),
+        LayerResult(
+            0, ok, t, "gzip", OTHER, DIGEST, 100, 100, DIFF_ID, DIFF_ID, 1, ""
+        ),  # hashed to another digest
+        LayerResult(0, ok, t, "gzip", SMALLER, DIGEST, 100, 100, DIFF_ID, DIFF_ID, 1, ""),
+        LayerResult(0, ok, t, "gzip", DIGEST, DIGEST, 100, 101, DIFF_ID, DIFF_ID, 1, ""),  # another size
+        LayerResult(0, ok, t, "gzip", DIGEST, DIGEST, 100, 99, DIFF_ID, DIFF_ID, 1, ""),
+        LayerResult(0, ok, t, "gzip", DIGEST, DIGEST, 100, 100, DIFF_ID, OTHER, 1, ""),  # another diffID
+        LayerResult(0, ok, t, "gzip", DIGEST, DIGEST, 100, 100, DIFF_ID, SMALLER, 1, ""),
+        LayerResult(
+            0, ok, t, "gzip", DIGEST, DIGEST, 100, 100, DIFF_ID, DIFF_ID, 1, "", pair_recorded_at="x"
+        ),
+        LayerResult(
+            0, LayerStatus.DIFFID_MISMATCH, t, "gzip", DIGEST, DIGEST, 100, 100, DIFF_ID, DIFF_ID, 1, ""
+        ),
     ):
-        known = Known(None)
+        known, reads = Known(None), Reads()
         known.once(0, _desc(), DIFF_ID, lambda w=wrong: w)  # type: ignore[misc]
-        known.once(0, _desc(), DIFF_ID, reads(0))
-    assert reads.count == 4  # none of them vouched for the next read
+        assert wrong.actual_digest and wrong.actual_size and wrong.actual_diff_id
+        # What the result would vouch for, had it been recorded: read all the same.
+        known.once(1, _desc(wrong.actual_size, wrong.actual_digest), wrong.actual_diff_id, reads(1))
+        assert reads.count == 1, wrong
+
+
+def test_a_blob_the_source_does_not_have_counts_no_bytes() -> None:
+    known = Known(None)
+    missing = LayerResult(0, LayerStatus.MISSING, "t", None, DIGEST, None, 100, None, DIFF_ID, None, None, "")
+    known.once(0, _desc(), DIFF_ID, lambda: missing)
+    assert (known.tally.read, known.tally.read_bytes, known.tally.known) == (1, 0, 0)
 
 
 def test_the_pair_store_keeps_what_verified_for_the_next_run(tmp_path: Path) -> None:

@@ -202,6 +202,7 @@ def predicate(record: RunRecord, subject_kind: str) -> Acceptance:
         finished_on=record.finished_at,
         imagegate_version=record.imagegate_version,
         completes=j.freeze_object(record.completes) if record.completes else None,
+        reuses=j.freeze_object(record.reuses) if record.reuses else None,
     )
 
 

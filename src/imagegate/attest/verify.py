@@ -408,6 +408,57 @@ def check_link(statement: JsonMapping, root: Path, trusted: Trusted, rep: Report
     rep.add("link", "ok", "; ".join(held))
 
 
+REUSE_COPY = "reuses/attestation.dsse.json"  # imagegate.usecases.reuse keeps the reused envelope here
+# What a reuse carries of the attempt it reuses, each equal: the word and when it was made.
+_CARRIED = ("verdict", "startedOn", "finishedOn")
+
+
+def _carried(statement: JsonMapping) -> tuple[object, ...]:
+    pred = obj(statement.get("predicate"))
+    stages = [(s.get("id"), s.get("status"), s.get("detail")) for s in objects(pred.get("stages"))]
+    return (*(pred.get(k) for k in _CARRIED), json.dumps(stages, sort_keys=True))
+
+
+def _reuse_link(statement: JsonMapping, root: Path, ring: Sequence[PublicKey]) -> str:
+    """Why the link of a reuse (`run --reuse`) holds (a sentence starting "ok: "), or why not."""
+    link = obj(path(statement, "predicate", "reuses"))
+    attempt, want = link.get("attempt"), str(link.get("envelopeSha256") or "")
+    place = root / REUSE_COPY
+    try:
+        data = read_bounded(place)
+        env = one_envelope(data, place)
+    except UsageError as e:
+        return f"reuses attempt {attempt}: {e}"
+    got = hashlib.sha256(data).hexdigest()
+    if got != want:
+        return f"reuses attempt {attempt}: {place} has sha256 {got[:16]}…, the link says {want[:16]}…"
+    sub = verify_envelope(env, ring, source=str(place))
+    if not sub.ok or sub.statement is None or sub.signer is None:
+        return f"reuses attempt {attempt}: it does not verify: " + "; ".join(
+            f"{c.name}: {c.detail}" for c in sub.failures
+        )
+    earlier = sub.statement
+    if path(earlier, "predicate", "attempt", "id") != attempt:
+        return f"the link names attempt {attempt}, the linked envelope is another"
+    if _subject_of(earlier) != _subject_of(statement):
+        return f"reuses attempt {attempt}, about another image"
+    if _carried(earlier) != _carried(statement):
+        return f"reuses attempt {attempt}, but says another verdict, time or stage result than it"
+    return (
+        f"ok: reuses attempt {attempt} (verdict {sub.verdict}, finished {path(earlier, 'predicate', 'finishedOn')}): "
+        f"its signature verified with key {sub.signer.fingerprint}, envelope sha256 {want[:16]}… as linked, "
+        "the same subject, verdict, times and stage results"
+    )
+
+
+def check_reuse(statement: JsonMapping, root: Path, trusted: Trusted, rep: Report) -> None:
+    """A reuse names the attempt it answers from by its envelope's sha256, a copy of which it
+    keeps: that copy must be the linked one, verify with a trusted key, be about the same subject
+    and say the same verdict, times and stage results as the reuse carries."""
+    said = _reuse_link(statement, root, keyring(trusted))
+    rep.add("link", "ok" if said.startswith("ok: ") else "failed", said.removeprefix("ok: "))
+
+
 def choose(reports: Iterable[Report], predicate_type: str = PREDICATE_TYPE) -> Report | None:
     """Of several attestations (a .jsonl file, an image's `.att`): the first that passes; else the
     first of our predicate type, whose failures explain why; else the first."""
@@ -444,6 +495,8 @@ def verify_in_folder(
         return rep
     if path(rep.statement, "predicate", "completes") is not None:
         check_link(rep.statement, root, trusted, rep)
+    if path(rep.statement, "predicate", "reuses") is not None:
+        check_reuse(rep.statement, root, trusted, rep)
     if evidence:
         check_evidence(rep.statement, root, rep)
     else:

@@ -295,6 +295,11 @@ def finish(
 def done_lines(done: "accept.Accepted") -> list[str]:
     """What the run did after its verdict, as the use case returned it: signing, attaching."""
     lines = []
+    if done.reused is not None:
+        lines.append(
+            f"reused attempt {done.reused}: verified with this run's key, each evidence file hashed "
+            f"again; its stages ran then (finished {done.record.finished_at})"
+        )
     if done.signed is not None:
         lines.append(f"signed {done.signed.dsse_path} {_with(done.signed.signer)}")
     a = done.attached

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline 
     from imagegate.drivers.select import DriverName
     from imagegate.usecases import accept, runner
     from imagegate.usecases import index as multiplatform
+    from imagegate.usecases.reuse import ReusePolicy
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,20 @@ class Placement:
     expect_config: str | None = o.EXPECT_CONFIG
     cache_dir: str | None = CACHE_DIR
     model: str | None = o.MODEL
+    reuse: bool = Option(
+        False,
+        "--reuse",
+        help="Answer from an earlier attempt in --out of this very run (the image digest IMAGE names now, "
+        "the plan, probes bundle, imagegate version, driver and inputs), signed with this run's key and "
+        "verifying with every evidence file: a new attempt linking it, its stages' times kept. Never for "
+        "ERROR, never past --reuse-within, never for a plan with the vulnerability audit or the GPU node check.",
+    )
+    reuse_within: str = Option(
+        "24h",
+        "--reuse-within",
+        metavar="DURATION",
+        help="With --reuse: the oldest attempt reused (90s, 30m, 24h).",
+    )
     all_platforms: bool = Option(
         False,
         "--all-platforms",
@@ -76,6 +91,29 @@ class Placement:
             jobs=self.jobs or os.cpu_count() or 1,
             fail_fast=self.fail_fast,
         )
+
+    def reuse_policy(self, outputs: "accept.Outputs") -> "ReusePolicy | None":
+        """--reuse, checked before the image is looked at: it needs this run's own signing key."""
+        if not self.reuse:
+            return None
+        from imagegate.pipeline.spec import parse_duration
+        from imagegate.usecases.reuse import ReusePolicy
+
+        try:
+            within = parse_duration(self.reuse_within)
+        except ValueError as e:
+            raise UsageError(f"--reuse-within: {e}") from None
+        # Loaded only where the key is keyless (keys.resolve_signing_key): no import for a keyed run.
+        keyless = sys.modules.get("imagegate.attest.keyless")
+        if outputs.key is None or (keyless is not None and isinstance(outputs.key, keyless.KeylessKey)):
+            raise UsageError(
+                "--reuse answers from an attempt signed with this run's key, and this run has "
+                + ("none (--no-sign)" if outputs.key is None else "a new one each signature (keyless)"),
+                hint="sign with a key (--key PATH), or drop --reuse",
+            )
+        if self.all_platforms:
+            raise UsageError("--reuse is for one image: not with --all-platforms", hint="drop one of them")
+        return ReusePolicy(within, outputs.key.public)
 
     def make_driver(
         self,
@@ -149,7 +187,8 @@ def run(
             _checks.check_rootfs_reference(image, name)
             with run_shown(a.silent) as display:
                 observer = runner.DriverObserver(driver, image, opts, notify, display)
-                done = accept.accept(accept.Request(prep, observer, a.out, outputs), notify)
+                request = accept.Request(prep, observer, a.out, outputs, p.reuse_policy(outputs))
+                done = accept.accept(request, notify)
     o.finish(done, a.fmt, a.quiet, outputs.key)
 
 

@@ -76,14 +76,7 @@ class Attempt:
     def write(self, rel: str, data: bytes | str) -> EvidenceFile:
         if isinstance(data, str):
             data = data.encode("utf-8")
-        parts = Path(rel).parts
-        if not parts or ".." in parts or Path(rel).is_absolute():
-            raise ValueError(f"evidence path {rel!r} escapes the attempt folder")
-        parent = self.dir
-        for part in parts[:-1]:
-            parent = parent / part
-            _real_dir(parent)
-        path = self.dir / rel
+        path = self._place(rel)
         # O_EXCL: never an existing file, nor a link (even a dangling one) at the last component.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as f:
@@ -105,6 +98,34 @@ class Attempt:
             os.close(fd)
             raise UsageError(f"run index {path}: not a regular file; refusing to write to it", hint=_HINT)
         return _Index(fd)
+
+    def _place(self, rel: str) -> Path:
+        """Where `rel` goes in this attempt, its folders made (each a real one): never outside."""
+        parts = Path(rel).parts
+        if not parts or ".." in parts or Path(rel).is_absolute():
+            raise ValueError(f"evidence path {rel!r} escapes the attempt folder")
+        parent = self.dir
+        for part in parts[:-1]:
+            parent = parent / part
+            _real_dir(parent)
+        return self.dir / rel
+
+    def take(self, rel: str, src: Path) -> EvidenceFile:
+        """The file `src` (a regular file, never through a symlink) at `rel` in this attempt: hard
+        linked where it can be (the same bytes at no cost), else copied; hashed as it now is here."""
+        path = self._place(rel)
+        try:
+            os.link(src, path, follow_symlinks=False)  # the entry itself: a symlink stays one, refused below
+        except OSError:  # another file system: a copy, read never through a symlink, written exclusively
+            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(out, "wb") as f, os.fdopen(fd, "rb") as r:
+                while chunk := r.read(1 << 20):
+                    f.write(chunk)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            path.unlink()
+            raise UsageError(f"{src}: not a regular file; not taken as evidence")
+        return EvidenceFile(rel, sha256_file(path), path.stat().st_size)
 
     def write_conclusion(
         self, run_json: bytes, statement: Mapping[str, object], index_entry: dict[str, object]

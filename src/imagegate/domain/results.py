@@ -257,6 +257,9 @@ class RunRecord:
     # A completion (`imagegate complete`): the earlier attempt it completes, linked by the sha256
     # of that attempt's signed envelope (manifests/acceptance-v1.md, `completes`).
     completes: dict[str, object] | None = None
+    # A reuse (`run --reuse`): the earlier attempt whose verified results it carries, linked the same
+    # way (`reuses`); its times are that attempt's, the time its stages ran.
+    reuses: dict[str, object] | None = None
     # Evidence the attempt writes together with the statement (run.json): listed in it before
     # it is on disk, since the statement is built first and everything is then written at once.
     pending_evidence: tuple[EvidenceFile, ...] = ()

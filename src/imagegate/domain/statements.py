@@ -228,7 +228,7 @@ class ImageEntry:
 # The acceptance predicate's fields, in the order they are written; anything else is `extra`.
 _ACCEPTANCE_FIELDS = (
     "verdict", "pipeline", "plan", "image", "environment", "stages", "evidence", "bundleSha256",
-    "attempt", "startedOn", "finishedOn", "imagegate", "completes",
+    "attempt", "startedOn", "finishedOn", "imagegate", "completes", "reuses",
 )  # fmt: skip
 
 
@@ -249,6 +249,7 @@ class Acceptance:
     finished_on: str
     imagegate_version: str
     completes: JsonObject | None = None  # a completion's link to the earlier attempt
+    reuses: JsonObject | None = None  # a reuse's link to the attempt whose results it carries
     extra: JsonObject = field(default_factory=dict)  # fields a newer imagegate wrote
 
     def to_json(self) -> JsonObject:
@@ -268,12 +269,14 @@ class Acceptance:
         }
         if self.completes:
             out["completes"] = dict(self.completes)
+        if self.reuses:
+            out["reuses"] = dict(self.reuses)
         return {**out, **{k: v for k, v in self.extra.items() if k not in out}}
 
     @classmethod
     def from_json(cls, raw: object) -> Acceptance:
         d = j.obj(raw)
-        completes = j.obj(d.get("completes"))
+        completes, reuses = j.obj(d.get("completes")), j.obj(d.get("reuses"))
         return cls(
             verdict=j.text(d.get("verdict")) or "",
             pipeline=_plain(j.obj(d.get("pipeline"))),
@@ -288,6 +291,7 @@ class Acceptance:
             finished_on=j.text(d.get("finishedOn")) or "",
             imagegate_version=j.text(j.path(d, "imagegate", "version")) or "",
             completes=_plain(completes) if completes else None,
+            reuses=_plain(reuses) if reuses else None,
             extra=_plain({k: v for k, v in d.items() if k not in _ACCEPTANCE_FIELDS}),
         )
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # signing and its keys are loaded when a run signs, after the
     from imagegate.attest import keys
     from imagegate.attest.sign import Signed
     from imagegate.oci.reference import Reference
+    from imagegate.usecases.reuse import Found, ReusePolicy
 
 NOTHING_LEFT = (
     "nothing was left running"  # cli/_accept.py says it too, for interrupts before this is imported
@@ -87,6 +88,7 @@ class Request:
     observer: Observer
     out: Path
     outputs: Outputs = Outputs()
+    reuse: ReusePolicy | None = None  # run --reuse: an equal earlier attempt answers, linked
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class Accepted:
     exit_code: int  # 0 accepted, 1 rejected, 2 could not decide
     rejected_by: str | None  # what rejected a verdict that is accepted by itself (--require-complete)
     attached: Attachment | None = None  # --attach
+    reused: str | None = None  # run --reuse: the earlier attempt whose verified results this carries
 
 
 class NotAttachable(ImagegateError):
@@ -143,7 +146,7 @@ def accept(request: Request, notify: Notify = _silent) -> Accepted:
     r = request
     check_outputs(r.outputs, r.observer.reference)  # the use case's own invariant, whoever calls it
     try:
-        return _accept(r.prep, r.observer, r.out, r.outputs, notify)
+        return _accept(r.prep, r.observer, r.out, r.outputs, notify, r.reuse)
     except KeyboardInterrupt:
         raise Interrupted(r.observer.left_behind()) from None
 
@@ -156,13 +159,26 @@ def within(prep: Prepared, timeout: float | None) -> Iterator[None]:
         yield
 
 
-def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, notify: Notify) -> Accepted:
+def _accept(
+    prep: Prepared,
+    observer: Observer,
+    out: Path,
+    outputs: Outputs,
+    notify: Notify,
+    reuse: ReusePolicy | None = None,
+) -> Accepted:
     with deadline.armed():  # pulling, unpacking: a stalled engine or registry is cut at the deadline
         image = observer.subject(prep)
-    attempt = Attempt.begin(out, image, prep.evidence())
-    notify(f"attempt {attempt.dir}")
-    obs = observer.observe(prep, attempt)
-    concluded = conclude(prep, obs, judge(prep, obs, attempt, notify), attempt, now())
+    found = _reusable(prep, observer, out, image, reuse, notify) if reuse is not None else None
+    if found is not None:
+        from imagegate.usecases import reuse as reusing
+
+        attempt, concluded = reusing.reused(out, image, prep, found, now(), notify)
+    else:
+        attempt = Attempt.begin(out, image, prep.evidence())
+        notify(f"attempt {attempt.dir}")
+        obs = observer.observe(prep, attempt)
+        concluded = conclude(prep, obs, judge(prep, obs, attempt, notify), attempt, now())
     attempt.write_conclusion(concluded.run_json, concluded.statement.to_json(), concluded.index_entry)
     record, statement = concluded.record, concluded.statement
     pinned = _pinned(observer.reference, image, statement, outputs) if outputs.attach else None
@@ -182,7 +198,29 @@ def _accept(prep: Prepared, observer: Observer, out: Path, outputs: Outputs, not
     if left is not None and code == EXIT_ACCEPTED:
         # Attached, but beside earlier statements a controller still reads: not admitted as it is.
         code, rejected_by = EXIT_REJECTED, "--attach left earlier statements (named above)"
-    return Accepted(record, statement, signed, used_stdout, code, rejected_by, attached)
+    reused = found.acceptance.attempt_id if found is not None else None
+    return Accepted(record, statement, signed, used_stdout, code, rejected_by, attached, reused)
+
+
+def _reusable(
+    prep: Prepared, observer: Observer, out: Path, image: ImageFacts, policy: ReusePolicy, notify: Notify
+) -> Found | None:
+    """The earlier attempt this run answers from (usecases/reuse.py), each one passed over said."""
+    import datetime as dt
+
+    from imagegate.usecases import reuse as reusing
+
+    never = reusing.never(prep)
+    driver = getattr(getattr(observer, "driver", None), "name", None)
+    if never is not None or not isinstance(driver, str):
+        notify(f"--reuse: runs anew: {never or 'this run has no driver of its own'}")
+        return None
+    search = reusing.find(out, image, prep, driver, policy, dt.datetime.now(dt.timezone.utc))
+    for why in search.passed:
+        notify(f"--reuse: not reused: {why}")
+    if search.found is None:
+        notify("--reuse: no earlier attempt answers for this run: it runs")
+    return search.found
 
 
 def exit_for(

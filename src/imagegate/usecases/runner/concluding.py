@@ -36,6 +36,8 @@ def conclude(prep: Prepared, obs: Observation, judged: Judged, attempt: Attempt,
             "environment": judged.environment,
             "bundle_sha256": prep.bundle.sha256,
             "run": {"controllers": judged.controllers},
+            # The command line's choices besides the plan: what `run --reuse` must find equal.
+            "inputs": prep.inputs.to_json(),
         }
     )
     record = RunRecord(

@@ -51,6 +51,10 @@ class StageInputs:
     expect_config: str | None = None
     advisory_db: Path | None = None
 
+    def to_json(self) -> dict[str, object]:
+        db = str(self.advisory_db) if self.advisory_db is not None else None
+        return {"source": self.source, "expect_config": self.expect_config, "advisory_db": db}
+
 
 @dataclass(frozen=True)
 class Prepared:
