@@ -141,6 +141,31 @@ def test_pulled_image_is_verified_from_its_registry(pulled: tuple[str, str], tmp
     assert evidence["manifest_digest"] == facts.manifest_digest  # the registry's own manifest
 
 
+def test_a_blob_verified_before_is_not_read_from_the_registry_again(
+    pulled: tuple[str, str], tmp_path: Path
+) -> None:
+    """The root cache's verified pairs stand in for the registry's blobs the stage verified before
+    (the evidence marks each one); --no-cache reads them all."""
+    facts = _facts(pulled[0])
+
+    def stage(name: str, **kw: object) -> tuple[str, list[dict[str, object]]]:
+        folder = tmp_path / name
+        folder.mkdir()
+        ctx = OutsideContext(image=facts, driver="docker", stage_dir=folder, image_source=_engine(facts.config_digest),
+                             cache_dir=str(tmp_path / "cache"), **kw)  # type: ignore[arg-type]  # fmt: skip
+        out = run_layers_stage(ctx, LayersParams())
+        assert out.status is Status.PASS and "from registry" in out.detail, out.detail
+        return out.detail, json.loads((folder / "layers.json").read_text())["layers"]
+
+    detail, layers = stage("first")
+    assert "known verified pairs" not in detail and not any(x["pair_recorded_at"] for x in layers)
+    detail, layers = stage("again")
+    assert f"{len(layers)} known verified pairs, not read now" in detail
+    assert all(x["pair_recorded_at"] and x["status"] == "OK" for x in layers)
+    detail, layers = stage("no-cache", no_cache=True)
+    assert "known verified pairs" not in detail and not any(x["pair_recorded_at"] for x in layers)
+
+
 def test_a_tag_that_moved_since_the_run_is_not_read_again(
     pulled: tuple[str, str], oci_image: str, tmp_path: Path
 ) -> None:

@@ -137,6 +137,8 @@ class RunWords(TypedDict, total=False):
     model: str | None
     startup_budget: float | None
     fail_fast: bool
+    cache_dir: str | None
+    no_cache: bool
 
 
 @dataclass(frozen=True)

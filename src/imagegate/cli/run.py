@@ -57,6 +57,12 @@ class Placement:
     source: str | None = o.SOURCE
     expect_config: str | None = o.EXPECT_CONFIG
     cache_dir: str | None = CACHE_DIR
+    no_cache: bool = Option(
+        False,
+        "--no-cache",
+        help="The layers stage reads every blob: no verified pair of the root cache stands in for one "
+        "(the rootfs driver still unpacks into its cache).",
+    )
     model: str | None = o.MODEL
     reuse: bool = Option(
         False,
@@ -90,6 +96,8 @@ class Placement:
             skip=self.skip,
             jobs=self.jobs or os.cpu_count() or 1,
             fail_fast=self.fail_fast,
+            cache_dir=self.cache_dir,
+            no_cache=self.no_cache,
         )
 
     def reuse_policy(self, outputs: "accept.Outputs") -> "ReusePolicy | None":

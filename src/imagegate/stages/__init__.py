@@ -38,6 +38,10 @@ class OutsideContext:
     image_source: ImageSourceOpener | None = None
     inside_results: dict[str, StageResult] = field(default_factory=dict)
     advisory_db: Path | None = None  # --advisory-db: overrides the stage's own
+    # The root cache whose verified pairs (blob digest -> size, diffID) stand in for reading a
+    # registry's blob again (--cache-dir; None: the default folder); --no-cache: none.
+    cache_dir: str | None = None
+    no_cache: bool = False
     progress: Progress | None = None  # layer progress on a terminal, or wait lines in a CI log
     # A verification the driver already made of the very bytes the probes ran on (the rootfs
     # driver verifies every layer while unpacking it), or None.

@@ -62,6 +62,8 @@ def _run_outside(
         has_image=obs.has_image,
         inside_results=done,
         advisory_db=prep.inputs.advisory_db,
+        cache_dir=prep.inputs.cache_dir,
+        no_cache=prep.inputs.no_cache,
         progress=obs.progress,
         timeout_s=deadline.cap(stage.timeout),  # its own deadline, ending by the command's
     )

@@ -34,6 +34,8 @@ class RunOptions:
     model: str | None = None  # --model: the serve stages' model, where the sandbox sees it
     startup_budget: float | None = None  # --startup-budget: the serve stages' time to readiness
     fail_fast: bool = False  # --fail-fast: stop the stages still running once no verdict can accept
+    cache_dir: str | None = None  # --cache-dir: the root cache, whose verified pairs the layers stage uses
+    no_cache: bool = False  # --no-cache: the layers stage reads every blob
 
 
 Notify = Callable[[str], None]
@@ -50,10 +52,17 @@ class StageInputs:
     source: str | None = None
     expect_config: str | None = None
     advisory_db: Path | None = None
+    cache_dir: str | None = None  # where the layers stage finds verified pairs (its place is no input)
+    no_cache: bool = False
 
     def to_json(self) -> dict[str, object]:
         db = str(self.advisory_db) if self.advisory_db is not None else None
-        return {"source": self.source, "expect_config": self.expect_config, "advisory_db": db}
+        return {
+            "source": self.source,
+            "expect_config": self.expect_config,
+            "advisory_db": db,
+            "no_cache": self.no_cache,
+        }
 
 
 @dataclass(frozen=True)
@@ -114,5 +123,5 @@ def prepare(opts: RunOptions) -> Prepared:
         model=opts.model,
         startup_budget=opts.startup_budget,
     )
-    inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db)
+    inputs = StageInputs(opts.source, opts.expect_config, opts.advisory_db, opts.cache_dir, opts.no_cache)
     return Prepared.of(loaded, plan, inputs)
