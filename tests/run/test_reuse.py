@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from imagegate.attest import dsse, keys
-from imagegate.usecases import reuse, runner
+from imagegate.usecases import reuse_attempt as reuse
+from imagegate.usecases import runner
 from tests.helpers import Result, imagegate
 
 pytestmark = pytest.mark.engine

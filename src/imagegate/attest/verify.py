@@ -408,7 +408,7 @@ def check_link(statement: JsonMapping, root: Path, trusted: Trusted, rep: Report
     rep.add("link", "ok", "; ".join(held))
 
 
-REUSE_COPY = "reuses/attestation.dsse.json"  # imagegate.usecases.reuse keeps the reused envelope here
+REUSE_COPY = "reuses/attestation.dsse.json"  # imagegate.usecases.reuse_attempt keeps the reused envelope here
 # What a reuse carries of the attempt it reuses, each equal: the word and when it was made.
 _CARRIED = ("verdict", "startedOn", "finishedOn")
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # imported where used: `run --help` never loads the pipeline 
     from imagegate.drivers.select import DriverName
     from imagegate.usecases import accept, runner
     from imagegate.usecases import index as multiplatform
-    from imagegate.usecases.reuse import ReusePolicy
+    from imagegate.usecases.reuse_attempt import ReusePolicy
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Placement:
         if not self.reuse:
             return None
         from imagegate.pipeline.spec import parse_duration
-        from imagegate.usecases.reuse import ReusePolicy
+        from imagegate.usecases.reuse_attempt import ReusePolicy
 
         try:
             within = parse_duration(self.reuse_within)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # signing and its keys are loaded when a run signs, after the
     from imagegate.attest import keys
     from imagegate.attest.sign import Signed
     from imagegate.oci.reference import Reference
-    from imagegate.usecases.reuse import Found, ReusePolicy
+    from imagegate.usecases.reuse_attempt import Found, ReusePolicy
 
 NOTHING_LEFT = (
     "nothing was left running"  # cli/_accept.py says it too, for interrupts before this is imported
@@ -171,7 +171,7 @@ def _accept(
         image = observer.subject(prep)
     found = _reusable(prep, observer, out, image, reuse, notify) if reuse is not None else None
     if found is not None:
-        from imagegate.usecases import reuse as reusing
+        from imagegate.usecases import reuse_attempt as reusing
 
         attempt, concluded = reusing.reused(out, image, prep, found, now(), notify)
     else:
@@ -205,10 +205,10 @@ def _accept(
 def _reusable(
     prep: Prepared, observer: Observer, out: Path, image: ImageFacts, policy: ReusePolicy, notify: Notify
 ) -> Found | None:
-    """The earlier attempt this run answers from (usecases/reuse.py), each one passed over said."""
+    """The earlier attempt this run answers from (usecases/reuse_attempt.py), each one passed over said."""
     import datetime as dt
 
-    from imagegate.usecases import reuse as reusing
+    from imagegate.usecases import reuse_attempt as reusing
 
     never = reusing.never(prep)
     driver = getattr(getattr(observer, "driver", None), "name", None)
