@@ -76,6 +76,11 @@ def test_a_set_of_one_repository_names_it_by_its_last_part(served: tuple[str, di
         "d.example/vllm/openai:v1",
         f"docker://{host}/team/vllm/openai:v1",
     )
+    bodies["/v2/app/tags/list"] = json.dumps({"tags": ["v1"]}).encode()  # a repository at the top
+    (top,) = expand(
+        MirrorSet(mirror=f"{host}/app", official="d.example/{repository}:{tag}"), [], _client(host)
+    )
+    assert top.official == "d.example/app:v1"
 
 
 @pytest.mark.parametrize(
