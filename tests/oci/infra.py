@@ -235,6 +235,7 @@ class FaultyProxy:
     retry_after: str | None = None
     cut_first_blob: bool = False
     stall_first_blob_s: float = 0.0  # send half of the first blob, then nothing for this long
+    blob_over: int = 1000  # what counts as a blob to cut or stall: a body over this many bytes
     stalling: bool = False  # the first blob's stall is under way
     ranges_while_stalled: list[bool] = field(default_factory=list)  # per Range request
     _released: threading.Event = field(default_factory=threading.Event)  # stop() ends a stall
@@ -282,7 +283,7 @@ class FaultyProxy:
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                is_blob = self.command == "GET" and "/blobs/" in self.path and len(data) > 1000
+                is_blob = self.command == "GET" and "/blobs/" in self.path and len(data) > proxy.blob_over
                 cutting = proxy.cut_first_blob or proxy.stall_first_blob_s
                 if cutting and is_blob and proxy.cut == 0 and resp.status == 200:
                     proxy.cut += 1

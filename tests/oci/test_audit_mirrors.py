@@ -106,6 +106,27 @@ def test_a_namespace_is_audited_with_each_unique_blob_read_once(mirrored: Mirror
     assert (fresh["layers"]["read"], fresh["layers"]["known"]) == (mirrored.blobs, 15 - mirrored.blobs)
 
 
+def test_an_audit_cut_short_reads_again_only_what_it_had_not_verified(
+    mirrored: Mirrored, tmp_path: Path
+) -> None:
+    """Each blob's pair is kept as soon as it verifies: an audit ended half-way (here by its
+    --timeout, while the registry sends nothing of one layer), run again, reads that layer alone."""
+    off, mir = mirrored.official.host, mirrored.mirror.host
+    proxy = FaultyProxy(mir, stall_first_blob_s=120, blob_over=100_000).start()
+    try:
+        sets = (
+            f"  - {{mirror: '{proxy.host}/vllm/router', official: '{off}/vllm/router:{{tag}}', tags: [v1]}}\n"
+        )
+        cut = imagegate("audit", str(_inventory(tmp_path, sets)), "-q", "--timeout", "8", cwd=tmp_path)
+    finally:
+        proxy.stop()
+    assert cut.returncode == 2 and proxy.cut == 1, cut.stdout + cut.stderr
+    sets = f"  - {{mirror: '{mir}/vllm/router', official: '{off}/vllm/router:{{tag}}', tags: [v1]}}\n"
+    again = _audit(_inventory(tmp_path, sets))
+    assert again["outcomes"] == {"SAME_CONTENT": 1}
+    assert (again["layers"]["read"], again["layers"]["known"]) == (1, 2)
+
+
 def test_tags_by_pattern_or_by_name_without_listing(mirrored: Mirrored, tmp_path: Path) -> None:
     off, mir = mirrored.official.host, mirrored.mirror.host
     pattern = f"  - {{mirror: '{mir}/vllm/openai', official: '{off}/vllm/openai:{{tag}}', tags: ['v*']}}\n"
