@@ -325,10 +325,12 @@ def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[st
     checks this run's statement, as the user can paste it (paths relative under the cwd)."""
     if done.signed is None or key is None:
         return []
-    from imagegate.attest import keyless, keys, sign
+    from imagegate.attest import keys, sign
 
     statement = pasteable(done.signed.dsse_path)
-    if keyless.is_uri(key.where):  # who signed is the certificate's identity, not a key
+    # Loaded only where the key is keyless (keys.resolve_signing_key): a keyed run imports none of it.
+    keyless = sys.modules.get("imagegate.attest.keyless")
+    if keyless is not None and keyless.is_uri(key.where):  # who signed is the certificate's identity
         assert isinstance(key, keyless.KeylessKey)
         who = key.identity
         bundle = pasteable(done.signed.dsse_path.with_name(sign.BUNDLE_FILE))
