@@ -156,14 +156,20 @@ def _one(
     run_json = _run_json(earlier, acc)
     if isinstance(run_json, str):
         return run_json
-    try:
-        inputs = json.loads(run_json).get("inputs")
-    except (ValueError, AttributeError):
-        inputs = None
+    inputs = inputs_of(run_json)
     if inputs != prep.inputs.to_json():
-        return f"other inputs (--source, --expect-config, --advisory-db): {inputs} then"
+        return f"other inputs (--source, --expect-config, --advisory-db, --no-cache): {inputs} then"
     search.found = Found(earlier, acc, run_json)
     return None
+
+
+def inputs_of(run_json: bytes) -> object:
+    """run.json's `inputs` (None where it has none: a run of an imagegate that kept none)."""
+    try:
+        doc = json.loads(run_json)
+    except ValueError:
+        return None
+    return doc.get("inputs") if isinstance(doc, dict) else None
 
 
 def _differs(
