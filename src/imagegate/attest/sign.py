@@ -6,6 +6,7 @@ attestation."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,9 +96,9 @@ def seal(payload: bytes, key: SigningKey) -> tuple[dsse.Envelope, JsonObject]:
     """`payload` signed in a DSSE envelope, and its Sigstore bundle's verificationMaterial: the
     key's hint, or for a keyless signer its certificate, log entry and timestamps (made with
     the signature, one per statement)."""
-    from imagegate.attest import keyless
-
-    if isinstance(key, keyless.KeylessKey):
+    # Loaded only where the key is keyless (keys.resolve_signing_key): a keyed run imports none of it.
+    keyless = sys.modules.get("imagegate.attest.keyless")
+    if keyless is not None and isinstance(key, keyless.KeylessKey):
         made = key.seal(payload)
         envelope = bundle.envelope_of(made)
         if (envelope.payload_type, envelope.payload) != (dsse.INTOTO_PAYLOAD_TYPE, payload):
@@ -107,9 +108,11 @@ def seal(payload: bytes, key: SigningKey) -> tuple[dsse.Envelope, JsonObject]:
 
 
 def signer_of(key: SigningKey) -> str:
-    from imagegate.attest import keyless
-
-    return keyless.describe(key) if isinstance(key, keyless.KeylessKey) else f"key {key.public.fingerprint}"
+    keyless = sys.modules.get("imagegate.attest.keyless")  # loaded only where the key is keyless
+    if keyless is not None and isinstance(key, keyless.KeylessKey):
+        described: str = keyless.describe(key)
+        return described
+    return f"key {key.public.fingerprint}"
 
 
 def sign_attempt(attempt_dir: Path, statement: Statement[Predicate] | JsonMapping, key: SigningKey) -> Signed:
