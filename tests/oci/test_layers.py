@@ -53,6 +53,16 @@ def test_zstd_layers_verify(zstd_mirror: str) -> None:
     assert {x["compression"] for x in doc["layers"]} == {"zstd"}
 
 
+def test_a_root_cache_that_cannot_be_used_reads_every_blob(pushed: Pushed, tmp_path: Path) -> None:
+    """A home that is read-only (a Pod's) or a --cache-dir that is no folder: said, and every blob is
+    read as it always was."""
+    (tmp_path / "file").write_text("not a folder")
+    r = imagegate("layers", f"docker://{pushed.ref}", "--cache-dir", str(tmp_path / "file"))
+    assert r.returncode == 0, r.stderr
+    assert "imagegate: no verified pairs used (root cache" in r.stderr and "every blob is read" in r.stderr
+    assert "3/3 layers verified" in r.stdout and "by a verified pair" not in r.stdout
+
+
 def test_flipped_byte_in_stored_blob_is_digest_mismatch(pushed: Pushed, tmp_path: Path) -> None:
     from tests.oci.infra import skopeo, start_registry
 
