@@ -41,14 +41,14 @@ def _statement(attempt: Path) -> dict[str, Any]:
 
 
 def test_a_repeated_run_answers_from_the_earlier_attempt_linked(
-    images: dict[str, str], tmp_path: Path, key_files: dict[str, tuple[Path, Path]]
+    own_image: str, tmp_path: Path, key_files: dict[str, tuple[Path, Path]]
 ) -> None:
     key, pub = key_files["A"]
     out = tmp_path / "runs"
-    first = _run(images["python"], out, key, "-m", "json", "-q")
+    first = _run(own_image, out, key, "-m", "json", "-q")
     assert first.returncode == 0, first.stderr
     (earlier,) = _attempts(out)
-    r = _run(images["python"], out, key, "-m", "json", "--reuse")
+    r = _run(own_image, out, key, "-m", "json", "--reuse")
     assert r.returncode == 0, r.stderr
     assert f"reused attempt {earlier.name}: verified with this run's key" in r.stderr
     (new,) = [a for a in _attempts(out) if a != earlier]
@@ -74,17 +74,17 @@ def test_a_repeated_run_answers_from_the_earlier_attempt_linked(
     assert f"ok      link: reuses attempt {earlier.name} (verdict PASS" in v.stdout
 
     # A reuse is never reused: the attempt that ran answers again, and nothing else was looked at.
-    again = _run(images["python"], out, key, "-m", "json", "--reuse")
+    again = _run(own_image, out, key, "-m", "json", "--reuse")
     assert f"reused attempt {earlier.name}" in again.stderr and "not reused" not in again.stderr
 
 
 def test_a_reuse_that_claims_another_time_or_copy_does_not_verify(
-    images: dict[str, str], tmp_path: Path, key_files: dict[str, tuple[Path, Path]]
+    own_image: str, tmp_path: Path, key_files: dict[str, tuple[Path, Path]]
 ) -> None:
     key, pub = key_files["A"]
     out = tmp_path / "runs"
-    assert _run(images["python"], out, key, "-q").returncode == 0
-    assert _run(images["python"], out, key, "--reuse", "-q").returncode == 0
+    assert _run(own_image, out, key, "-q").returncode == 0
+    assert _run(own_image, out, key, "--reuse", "-q").returncode == 0
     new = next(a for a in _attempts(out) if "reuses" in _statement(a)["predicate"])
     signer = keys.load_signing_key(key)
     # Signed by the same key, but newer than the run it carries: the link says so.
@@ -105,11 +105,11 @@ def test_a_reuse_that_claims_another_time_or_copy_does_not_verify(
 
 
 def test_an_edited_old_or_foreign_attempt_is_never_reused(
-    images: dict[str, str], tmp_path: Path, key_files: dict[str, tuple[Path, Path]]
+    images: dict[str, str], own_image: str, tmp_path: Path, key_files: dict[str, tuple[Path, Path]]
 ) -> None:
     (key, _), (other, _) = key_files["A"], key_files["B"]
     out = tmp_path / "runs"
-    assert _run(images["python"], out, key, "-q").returncode == 0
+    assert _run(own_image, out, key, "-q").returncode == 0
     (earlier,) = _attempts(out)
 
     def not_reused(r: Result, why: str) -> None:
@@ -119,23 +119,23 @@ def test_an_edited_old_or_foreign_attempt_is_never_reused(
         newest = _attempts(out)[-1]
         assert "reuses" not in _statement(newest)["predicate"]  # it ran
 
-    not_reused(_run(images["python"], out, other, "--reuse"), "does not verify with this run's key")
+    not_reused(_run(own_image, out, other, "--reuse"), "does not verify with this run's key")
     undecided = tmp_path / "undecided"  # an ERROR is never an answer: the run runs again
     assert _run(images["nopython"], undecided, key, "-q").returncode == 2
     r = _run(images["nopython"], undecided, key, "--reuse")
     assert r.returncode == 2
     assert "its verdict is ERROR: the run could not decide, so it runs again" in r.stderr
-    not_reused(_run(images["python"], out, key, "--reuse", "-m", "json"), "another plan")
+    not_reused(_run(own_image, out, key, "--reuse", "-m", "json"), "another plan")
     stdout = next(earlier.glob("stages/*/stdout.txt"))
     kept = stdout.read_bytes()
     stdout.write_bytes(kept + b"edited\n")
-    not_reused(_run(images["python"], out, key, "--reuse"), "does not verify with this run's key")
+    not_reused(_run(own_image, out, key, "--reuse"), "does not verify with this run's key")
     for attempt in _attempts(out)[1:]:  # the runs just made would answer the next one
         (attempt / "attestation.dsse.json").unlink()
     stdout.write_bytes(kept)
     time.sleep(2.1)
     not_reused(
-        _run(images["python"], out, key, "--reuse", "--reuse-within", "2s"),
+        _run(own_image, out, key, "--reuse", "--reuse-within", "2s"),
         "finished 0.0 h ago, past --reuse-within",
     )
 

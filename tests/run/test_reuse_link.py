@@ -24,7 +24,7 @@ COPY = "reuses/attestation.dsse.json"
 
 
 @pytest.fixture(scope="module")
-def made(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+def made(own_image: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(the reuse attempt, the attempt it reuses, the key's prefix): a real run and its reuse."""
     folder = tmp_path_factory.mktemp("reuse-link")
     keys.write_keypair(folder / "a", keys.generate(), None)
@@ -33,7 +33,7 @@ def made(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tu
     for extra in ((), ("--reuse",)):
         r = imagegate(
             "run",
-            images["python"],
+            own_image,
             "-p",
             "python",
             "-o",

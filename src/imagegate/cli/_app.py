@@ -122,8 +122,9 @@ CACHE_DIR = Option(
 NO_CACHE = Option(
     False,
     "--no-cache",
-    help="Read every blob, even one this machine verified before (its verified pair in the root "
-    "cache is neither used nor written); a blob shared by images of this run is still read once.",
+    help="Read every blob (run: the layers stage's), even one this machine verified before: no "
+    "verified pair of the root cache is used or written; a blob shared by images of this run is "
+    "still read once.",
 )
 FORMAT = Option(Format.table, "--format", help="table, or json on stdout.")
 # The Kubernetes objects: pod render/run/collect and fleet render

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 from imagegate.cli import _accept as o
-from imagegate.cli._app import CACHE_DIR, Format, Option, app
+from imagegate.cli._app import CACHE_DIR, NO_CACHE, Format, Option, app
 from imagegate.domain import servemodel as modelpath
 from imagegate.domain.gpus import GpuRequest
 from imagegate.domain.gpus import parse as gpus_parse
@@ -57,12 +57,7 @@ class Placement:
     source: str | None = o.SOURCE
     expect_config: str | None = o.EXPECT_CONFIG
     cache_dir: str | None = CACHE_DIR
-    no_cache: bool = Option(
-        False,
-        "--no-cache",
-        help="The layers stage reads every blob: no verified pair of the root cache stands in for one "
-        "(the rootfs driver still unpacks into its cache).",
-    )
+    no_cache: bool = NO_CACHE
     model: str | None = o.MODEL
     reuse: bool = Option(
         False,
