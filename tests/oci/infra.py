@@ -132,6 +132,11 @@ def build_test_image(workdir: Path) -> str:
     for p in COPY_PARTS:
         shutil.copytree(PY_LIB / p, ctx / p, ignore=shutil.ignore_patterns("__pycache__"))
     (ctx / "Dockerfile").write_text(dockerfile.format(base=base))
+    return build_offline(ctx, ref)
+
+
+def build_offline(ctx: Path, tag: str) -> str:
+    """`docker build` of the folder `ctx` as `tag`, with no network (the classic builder); the tag."""
     sh(
         "docker",
         "build",
@@ -139,11 +144,11 @@ def build_test_image(workdir: Path) -> str:
         "--network",
         "none",
         "-t",
-        ref,
+        tag,
         str(ctx),
         env={**os.environ, "DOCKER_BUILDKIT": "0"},
     )
-    return ref
+    return tag
 
 
 # -- OCI layout surgery -------------------------------------------------------------------

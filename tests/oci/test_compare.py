@@ -4,7 +4,6 @@ re-compressed into the mirror by skopeo."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from imagegate.oci.manifest import DOCKER_MANIFEST
 from imagegate.oci.registry import RegistryClient
 from tests.helpers import imagegate
 from tests.oci.conftest import Pushed
-from tests.oci.infra import Registry, free_port, other_gzip_layer, sh, skopeo
+from tests.oci.infra import Registry, build_offline, free_port, other_gzip_layer, sh, skopeo
 
 pytestmark = pytest.mark.engine
 
@@ -95,17 +94,7 @@ def test_different_image_lists_fields_and_layers(
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(f"FROM {oci_image}\nENV EXTRA=1\nUSER 1000\nCOPY Dockerfile /x\n")
-    sh(
-        "docker",
-        "build",
-        "-q",
-        "--network",
-        "none",
-        "-t",
-        ref,
-        str(ctx),
-        env={**os.environ, "DOCKER_BUILDKIT": "0"},
-    )
+    build_offline(ctx, ref)
     sh("docker", "push", "-q", ref)
     subprocess.run(["docker", "rmi", ref], capture_output=True)  # the registry keeps it; the engine need not
     r = imagegate("compare", pushed.ref, ref)

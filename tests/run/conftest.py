@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests.oci.infra import sh
+from tests.oci.infra import build_offline
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +20,7 @@ def own_image(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     ctx = tmp_path_factory.mktemp("own-image")
     (ctx / "Dockerfile").write_text(f'FROM {images["python"]}\nLABEL org.example.own="{token}"\n')
     tag = f"imagegate-own/python:{token}"
-    sh(
-        "docker",
-        "build",
-        "-q",
-        "--network",
-        "none",
-        "-t",
-        tag,
-        str(ctx),
-        env={**os.environ, "DOCKER_BUILDKIT": "0"},
-    )
+    build_offline(ctx, tag)
     try:
         yield tag
     finally:
