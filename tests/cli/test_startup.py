@@ -43,13 +43,15 @@ main()
 """
 
 
-def forbidden_imports(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
-    """Run the real CLI with `args`; its exit code and the forbidden modules it imported."""
+def forbidden_imports(
+    args: list[str], tmp: Path, env: dict[str, str] | None = None, forbidden: tuple[str, ...] = FORBIDDEN
+) -> tuple[int, list[str]]:
+    """Run the real CLI with `args`; its exit code and the `forbidden` modules it imported."""
     out = tmp / "imported.txt"
     full_env = dict(os.environ, IMPORTED_TO=str(out), COLUMNS="200", **(env or {}))
     p = subprocess.run([sys.executable, "-c", RUNNER, *args], capture_output=True, text=True, env=full_env)
     imported = out.read_text().split()
-    heavy = [m for m in imported if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+    heavy = [m for m in imported if any(m == f or m.startswith(f + ".") for f in forbidden)]
     # The top of each forbidden tree is enough to name the culprit.
     return p.returncode, sorted(m for m in heavy if "." not in m or m.rsplit(".", 1)[0] not in heavy)
 

@@ -9,10 +9,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
 
 from imagegate.errors import EngineError
+from imagegate.oci import engineapi
 from imagegate.oci.layercheck import verify_source
 from imagegate.oci.sources.daemon import DaemonArchive
 from tests.helpers import DOCKER_SOCK, PODMAN_SOCK, imagegate
@@ -58,7 +58,7 @@ def test_export_slower_than_the_clients_read_timeout(oci_image: str, sock_dir: P
     has one): the export still verifies, and the wait is heard and recorded."""
     proxy = EngineProxy(sock_dir / "e.sock", DOCKER_SOCK, delay=5)
     try:
-        client = docker.DockerClient(base_url=proxy.url, timeout=2)
+        client = engineapi.connect(proxy.url, timeout=2)
         heard = Heard()
         report = verify_source(DaemonArchive(_image_id(oci_image), client), progress=heard)
         client.close()
@@ -115,7 +115,7 @@ def test_engine_breaking_off_the_export_is_named(oci_image: str, sock_dir: Path,
 def test_deadline_on_an_engine_that_never_answers(oci_image: str, sock_dir: Path) -> None:
     proxy = EngineProxy(sock_dir / "e.sock", DOCKER_SOCK, delay=30)
     try:
-        client = docker.DockerClient(base_url=proxy.url)
+        client = engineapi.connect(proxy.url, timeout=60)
         with pytest.raises(
             EngineError, match=r"gave up after 2 s: the engine prepared no byte of the export"
         ):
@@ -133,10 +133,9 @@ def test_slow_export_through_podman(oci_image: str, sock_dir: Path, tmp_path: Pa
     sh("podman", "load", "-q", "-i", str(saved))
     proxy = EngineProxy(sock_dir / "p.sock", PODMAN_SOCK, delay=15)
     try:
-        # A pinned API version: no version request, which a busy Podman may answer slowly; the
-        # client's 10 s read timeout leaves a busy machine's Podman time for the calls before the
-        # export, whose 15 s wait still outlasts it.
-        client = docker.DockerClient(base_url=proxy.url, timeout=10, version="1.40")
+        # The client's 10 s read timeout leaves a busy machine's Podman time for the calls before
+        # the export (its version, the image's inspect), whose 15 s wait still outlasts it.
+        client = engineapi.connect(proxy.url, timeout=10)
         report = verify_source(DaemonArchive(oci_image, client))
         client.close()
     finally:

@@ -12,11 +12,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
 
 from imagegate.domain.results import ImageFacts, Status
 from imagegate.drivers.docker import DockerDriver
+from imagegate.oci import engineapi
 from imagegate.oci.sources.daemon import DaemonArchive
 from imagegate.pipeline.params import LayersParams
 from imagegate.stages import ImageSourceOpener, OutsideContext
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.engine
 
 def _engine(image_id: str | None, base_url: str = DOCKER_SOCK) -> ImageSourceOpener:
     """What the docker driver offers the layers stage: its engine's export of the image it ran."""
-    client = docker.DockerClient(base_url=base_url)
+    client = engineapi.connect(base_url, timeout=60)
     assert image_id is not None
     return lambda timeout: DaemonArchive(image_id, client, timeout=timeout)
 

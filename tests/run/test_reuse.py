@@ -16,6 +16,7 @@ import pytest
 from imagegate.attest import dsse, keys
 from imagegate.usecases import reuse_attempt as reuse
 from imagegate.usecases import runner
+from tests.cli.test_startup import forbidden_imports
 from tests.helpers import Result, imagegate
 
 pytestmark = pytest.mark.engine
@@ -76,6 +77,18 @@ def test_a_repeated_run_answers_from_the_earlier_attempt_linked(
     # A reuse is never reused: the attempt that ran answers again, and nothing else was looked at.
     again = _run(own_image, out, key, "-m", "json", "--reuse")
     assert f"reused attempt {earlier.name}" in again.stderr and "not reused" not in again.stderr
+
+
+def test_a_reuse_imports_no_docker_sdk(
+    own_image: str, tmp_path: Path, key_files: dict[str, tuple[Path, Path]]
+) -> None:
+    """The SDK (and requests) take longer to import than a reuse takes to answer: the engine's
+    inspect and /version are read without it; a run that starts containers still loads it."""
+    key, _ = key_files["A"]
+    args = ["run", own_image, "-p", "python", "-o", str(tmp_path / "runs"), "--key", str(key), "-q"]
+    sdk = ("docker", "requests", "urllib3")
+    assert forbidden_imports(args, tmp_path, forbidden=sdk) == (0, ["docker", "requests", "urllib3"])
+    assert forbidden_imports([*args, "--reuse"], tmp_path, forbidden=sdk) == (0, [])
 
 
 def test_a_reuse_that_claims_another_time_or_copy_does_not_verify(

@@ -10,10 +10,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -26,6 +27,9 @@ from imagegate.attest.publickeys import ALGORITHMS as ALGORITHMS
 from imagegate.attest.publickeys import Algorithm as Algorithm
 from imagegate.attest.publickeys import PublicKey as PublicKey
 from imagegate.errors import UsageError
+
+if TYPE_CHECKING:
+    from imagegate.attest.keyless import KeylessKey
 
 DEFAULT_KEY_NAME = "signing.key"
 
@@ -236,6 +240,13 @@ def named_signer(key: str | Path | None = None, env: Mapping[str, str] | None = 
     neither names one (the user's default key then)."""
     env = os.environ if env is None else env
     return str(key) if key else env.get(KEY_ENV)
+
+
+def keyless_key(key: object) -> KeylessKey | None:
+    """`key` as a keyless signer, else None. attest/keyless.py is loaded only where a key is keyless
+    (resolve_signing_key): asking here, not importing it, keeps a keyed run from loading it."""
+    keyless = sys.modules.get("imagegate.attest.keyless")
+    return key if keyless is not None and isinstance(key, keyless.KeylessKey) else None
 
 
 def resolve_signing_key(

@@ -6,13 +6,12 @@ attestation."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from imagegate._support.jsontypes import JsonMapping, JsonObject, canonical_json, freeze_object, obj
 from imagegate.attest import bundle, dsse
-from imagegate.attest.keys import PublicKey, SigningKey
+from imagegate.attest.keys import PublicKey, SigningKey, keyless_key
 from imagegate.attest.vsa import standard
 from imagegate.domain.statements import Predicate, Statement, TestResult, Vsa
 from imagegate.errors import UsageError
@@ -96,22 +95,22 @@ def seal(payload: bytes, key: SigningKey) -> tuple[dsse.Envelope, JsonObject]:
     """`payload` signed in a DSSE envelope, and its Sigstore bundle's verificationMaterial: the
     key's hint, or for a keyless signer its certificate, log entry and timestamps (made with
     the signature, one per statement)."""
-    # Loaded only where the key is keyless (keys.resolve_signing_key): a keyed run imports none of it.
-    keyless = sys.modules.get("imagegate.attest.keyless")
-    if keyless is not None and isinstance(key, keyless.KeylessKey):
-        made = key.seal(payload)
+    keyless = keyless_key(key)
+    if keyless is not None:
+        made = keyless.seal(payload)
         envelope = bundle.envelope_of(made)
         if (envelope.payload_type, envelope.payload) != (dsse.INTOTO_PAYLOAD_TYPE, payload):
-            raise UsageError(f"{key.uri}: the bundle signs other bytes than the statement")
+            raise UsageError(f"{keyless.uri}: the bundle signs other bytes than the statement")
         return envelope, freeze_object(obj(made.get("verificationMaterial")))
     return dsse.sign(payload, key), bundle.verification_material(key.public)
 
 
 def signer_of(key: SigningKey) -> str:
-    keyless = sys.modules.get("imagegate.attest.keyless")  # loaded only where the key is keyless
-    if keyless is not None and isinstance(key, keyless.KeylessKey):
-        described: str = keyless.describe(key)
-        return described
+    keyless = keyless_key(key)
+    if keyless is not None:
+        from imagegate.attest.keyless import describe
+
+        return describe(keyless)
     return f"key {key.public.fingerprint}"
 
 

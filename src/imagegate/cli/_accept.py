@@ -328,11 +328,9 @@ def next_step(done: "accept.Accepted", key: "keys.SigningKey | None") -> list[st
     from imagegate.attest import keys, sign
 
     statement = pasteable(done.signed.dsse_path)
-    # Loaded only where the key is keyless (keys.resolve_signing_key): a keyed run imports none of it.
-    keyless = sys.modules.get("imagegate.attest.keyless")
-    if keyless is not None and keyless.is_uri(key.where):  # who signed is the certificate's identity
-        assert isinstance(key, keyless.KeylessKey)
-        who = key.identity
+    keyless = keys.keyless_key(key)
+    if keyless is not None:  # who signed is the certificate's identity
+        who = keyless.identity
         bundle = pasteable(done.signed.dsse_path.with_name(sign.BUNDLE_FILE))
         return [
             f"signed keyless: identity {who.identity}, issuer {who.issuer}; the bundle carries the "

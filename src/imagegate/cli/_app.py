@@ -163,22 +163,11 @@ EVIDENCE_HELP = "Evidence folder; each run adds a new attempt (complete: by defa
 
 @contextlib.contextmanager
 def known_blobs(cache_dir: str | None, no_cache: bool) -> "Iterator[Known]":
-    """The blobs a run need not read again: its own reads, and the root cache's verified pairs
-    unless `no_cache`."""
-    from imagegate.rootfs.cache import RootCache
-    from imagegate.rootfs.known import Known
+    """rootfs/known.py's known_blobs for a command: a cache that cannot be used is said on stderr."""
+    from imagegate.rootfs.known import known_blobs as opened
 
-    if no_cache:
-        yield Known(None)
-        return
-    try:
-        cache = RootCache(cache_dir)
-    except ImagegateError as e:  # a read-only home in a Pod: every blob is read, as it always was
-        typer.echo(f"imagegate: no verified pairs used ({e}); every blob is read", err=True)
-        yield Known(None)
-        return
-    with cache:
-        yield Known(cache.pairs)
+    with opened(cache_dir, no_cache, lambda m: typer.echo(f"imagegate: {m}", err=True)) as known:
+        yield known
 
 
 @contextlib.contextmanager

@@ -106,9 +106,9 @@ class Placement:
             within = parse_duration(self.reuse_within)
         except ValueError as e:
             raise UsageError(f"--reuse-within: {e}") from None
-        # Loaded only where the key is keyless (keys.resolve_signing_key): no import for a keyed run.
-        keyless = sys.modules.get("imagegate.attest.keyless")
-        if outputs.key is None or (keyless is not None and isinstance(outputs.key, keyless.KeylessKey)):
+        from imagegate.attest.keys import keyless_key
+
+        if outputs.key is None or keyless_key(outputs.key) is not None:
             raise UsageError(
                 "--reuse answers from an attempt signed with this run's key, and this run has "
                 + ("none (--no-sign)" if outputs.key is None else "a new one each signature (keyless)"),

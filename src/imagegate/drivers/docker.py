@@ -22,10 +22,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import docker
-import docker.errors
-import docker.types
-
 from imagegate._support import interrupts
 from imagegate._support.jsontypes import JsonMapping, JsonObject, obj
 from imagegate.domain import servemodel as modelpath
@@ -53,6 +49,12 @@ from imagegate.oci.ran import RanManifest, ran_manifest
 from imagegate.oci.reference import ImageName, parse_image_name
 
 if TYPE_CHECKING:  # loaded when an image is verified or read from a registry, not to run one
+    # The Docker SDK: imported when a container runs, an image is pulled or exported
+    # (oci/engineapi.py reads the engine's JSON answers without it).
+    import docker
+    import docker.errors
+    import docker.types
+
     from imagegate.oci.layercheck import VerifyReport
     from imagegate.oci.sources.interface import Source
 
@@ -76,6 +78,8 @@ def device_requests(gpus: GpuRequest | None) -> list[docker.types.DeviceRequest]
     named, else a count (-1: all); none by default."""
     if gpus is None:
         return None
+    import docker.types
+
     if gpus.ids:
         return [docker.types.DeviceRequest(device_ids=list(gpus.ids), capabilities=[["gpu"]])]
     return [docker.types.DeviceRequest(count=gpus.count, capabilities=[["gpu"]])]
@@ -159,7 +163,7 @@ class DockerDriver(DriverBase):
         # `host`: an engine address other than DOCKER_HOST's (--driver podman's default socket).
         self.host = host or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         # A bounded /version answers for the engine (the SDK's ping and "auto" read whole bodies).
-        self.client = engineapi.connect(host, timeout=120)
+        self.engine = engineapi.connect(host, timeout=120)
         if pull not in PULL_POLICIES:
             raise UsageError(f"--pull {pull!r}: unknown policy", hint=f"one of {', '.join(PULL_POLICIES)}")
         self.pull = pull
@@ -172,9 +176,14 @@ class DockerDriver(DriverBase):
         # Images the engine would not pull and imagegate's own verification refused.
         self.refused: dict[ImageFacts, tuple[Refusal, VerifyReport]] = {}
 
+    @property
+    def client(self) -> docker.DockerClient:
+        """The Docker SDK's client: made when a container runs, an image is pulled or exported."""
+        return self.engine.sdk
+
     def environment(self) -> JsonObject:
         if self._env is None:
-            v = engineapi.version(self.client)
+            v = engineapi.version(self.engine)
             names = [c.get("Name", "") for c in v.get("Components") or []]
             engine = "podman" if any("podman" in n.lower() for n in names) else "docker"
             self._env = {
@@ -257,7 +266,7 @@ class DockerDriver(DriverBase):
 
         # The very engine the probes ran in, by image ID: what is read is what ran.
         return (
-            DaemonArchive(image.config_digest, self.client, timeout=timeout) if image.config_digest else None
+            DaemonArchive(image.config_digest, self.engine, timeout=timeout) if image.config_digest else None
         )
 
     def _pull(self, name: ImageName, why: str = "") -> None:
@@ -269,6 +278,8 @@ class DockerDriver(DriverBase):
             )
         repo, tag = name.repository, name.reference.ref  # a bare name means :latest
         self.notify(f"{why}; pulling it" if why else f"pulling {reference}")
+        import docker.errors
+
         hint = "check the reference, the registry's reachability and your credentials (docker login)"
         try:
             for msg in self.client.api.pull(repo, tag=tag, stream=True, decode=True):
@@ -289,8 +300,8 @@ class DockerDriver(DriverBase):
                     raise
                 return refused
         try:
-            attrs = engineapi.inspect_image(self.client, reference)
-        except docker.errors.ImageNotFound as e:
+            attrs = engineapi.inspect_image(self.engine, reference)
+        except engineapi.EngineNotFound as e:
             missing = f"image {reference}: not found in the {self.environment()['engine']} engine"
             if self.pull == "missing":
                 # Say first what the user can act on (a typo, an image not built yet), then why
@@ -311,8 +322,8 @@ class DockerDriver(DriverBase):
             raise UsageError(
                 missing, hint=f"build or pull it (docker pull {reference}), or drop --pull never"
             ) from e
-        except docker.errors.APIError as e:
-            if e.status_code is not None and 400 <= e.status_code < 500:
+        except engineapi.EngineAnswered as e:
+            if 400 <= e.status_code < 500:
                 raise UsageError(f"image reference {reference!r}: {e.explanation or e}") from e
             raise EngineError(f"inspecting image {reference}: {e}") from e
         image_id = attrs["Id"] if attrs["Id"].startswith("sha256:") else "sha256:" + attrs["Id"]
@@ -374,6 +385,8 @@ class DockerDriver(DriverBase):
         cancel: threading.Event | None = None,
     ) -> BundleRun | str:
         """A string says why this interpreter cannot run the bundle (absent, too old)."""
+        import docker.errors
+
         api = self.client.api
         # Named before it exists: an interrupt that cuts the create call's answer still leaves a
         # name to remove by. An interrupt is held while the engine creates and removes it.
@@ -444,7 +457,7 @@ class DockerDriver(DriverBase):
         not what was asked): a GPU level rests on this, never on the image's report."""
         if self.gpus is None:
             return None
-        doc = engineapi.get_json(self.client, "/containers/{0}/json", cid)
+        doc = engineapi.get_json(self.engine, "/containers/{0}/json", cid)
         host = doc.get("HostConfig") if isinstance(doc, dict) else None
         return engine_grant(host if isinstance(host, dict) else {})
 
@@ -479,6 +492,8 @@ class DockerDriver(DriverBase):
     def _start(self, cid: str, image: ImageFacts, interpreter: str) -> BundleRun | str | None:
         """Start it. None: started; else this interpreter cannot run the bundle: why (absent), or
         the run's end (an image for another machine)."""
+        import docker.errors
+
         try:
             self.client.api.start(cid)
         except docker.errors.APIError as e:
@@ -552,6 +567,8 @@ class DockerDriver(DriverBase):
     def _remove(self, name: str) -> None:
         """Remove the container by name; `live` keeps it only when that was not confirmed. An
         engine busy with the container (starting, being killed) is asked again, briefly."""
+        import docker.errors
+
         log.debug("removing container %s", name)
         last: docker.errors.APIError | None = None
         for attempt in range(6):
@@ -572,6 +589,8 @@ class DockerDriver(DriverBase):
         self.live.discard(name)
 
     def _exists(self, name: str) -> bool:
+        import docker.errors
+
         try:
             self.client.api.inspect_container(name)
         except docker.errors.NotFound:
@@ -586,11 +605,11 @@ class DockerDriver(DriverBase):
         found, others = [], 0
         try:  # bounded and typed like every engine answer; advice only, so never fatal
             listed = engineapi.get_json(
-                self.client,
+                self.engine,
                 "/containers/json",
                 params={"all": "1", "filters": json.dumps({"label": [LABEL]})},
             )
-        except (EngineError, docker.errors.DockerException) as e:
+        except EngineError as e:
             log.info("could not list imagegate containers: %s", e)
             return []
         for c in listed if isinstance(listed, list) else []:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from imagegate._support.enginehost import check_docker_host
 from imagegate.errors import UsageError
-from imagegate.oci.engineapi import EngineClient
+from imagegate.oci.engineapi import Engine
 from imagegate.oci.hashing import decompressing_reader
 from imagegate.oci.manifest import DEFAULT_PLATFORM, Platform, parse_platform
 from imagegate.oci.reference import parse_image_name, parse_reference
@@ -36,7 +36,7 @@ def open_source(
     *,
     platform: str | None = None,
     insecure: bool = False,
-    docker_client: EngineClient | None = None,
+    docker_client: Engine | None = None,
 ) -> Source:
     """The source named by `spec`. Malformed strings raise UsageError (exit 3)."""
     plat = parse_platform(platform or DEFAULT_PLATFORM)

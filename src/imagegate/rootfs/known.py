@@ -11,14 +11,17 @@ not verify vouches for nothing, and the next reader reads its own source's bytes
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from imagegate._support import deadline, interrupts
+from imagegate.errors import ImagegateError
 from imagegate.oci.layercheck import LayerResult, LayerStatus
 from imagegate.oci.manifest import Descriptor
+from imagegate.rootfs.cache import RootCache
 from imagegate.rootfs.pairs import Pair, PairStore
 from imagegate.rootfs.reuse import known_pair, pair_result
 
@@ -115,6 +118,24 @@ class Known:
                 self.tally.known += 1
                 self.tally.known_bytes += size
         return result
+
+
+@contextlib.contextmanager
+def known_blobs(cache_dir: str | None, no_cache: bool, say: Callable[[str], None]) -> Iterator[Known]:
+    """What a reader (a command, the layers stage) need not read again: its own reads, and the
+    root cache's verified pairs unless `no_cache`. A cache that cannot be used (a read-only home
+    in a Pod, a --cache-dir that is no folder) is said through `say`, and every blob is read."""
+    if no_cache:
+        yield Known(None)
+        return
+    try:
+        cache = RootCache(cache_dir)
+    except ImagegateError as e:
+        say(f"no verified pairs used ({e}); every blob is read")
+        yield Known(None)
+        return
+    with cache:
+        yield Known(cache.pairs)
 
 
 def _wait(flight: threading.Event, digest: str) -> None:

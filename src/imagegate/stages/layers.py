@@ -10,9 +10,7 @@ source was read, and why, is in the evidence; per-layer results go to `layers.js
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from imagegate._support.jsontypes import JsonObject
@@ -28,8 +26,7 @@ from imagegate.oci.sources.interface import ImageSource, Source
 from imagegate.oci.sources.registry import RegistrySource
 from imagegate.oci.transports import open_source
 from imagegate.pipeline.params import LayersParams
-from imagegate.rootfs.cache import RootCache
-from imagegate.rootfs.known import Known
+from imagegate.rootfs.known import known_blobs
 from imagegate.stages import Outcome, OutsideContext
 
 EVIDENCE_FILE = "layers.json"
@@ -167,7 +164,7 @@ def _verify(
         source, choice = _open(ctx, params)
         if source is None:
             return _no_image(ctx, choice)
-        with _known(ctx, choice) as known:
+        with known_blobs(ctx.cache_dir, ctx.no_cache, choice.notes.append) as known:
             report = verify_source(
                 source, expect_config=expect, jobs=params.jobs, progress=ctx.progress, known=known
             )
@@ -183,24 +180,6 @@ def _verify(
     finally:
         if isinstance(source, ImageSource):
             source.close()
-
-
-@contextlib.contextmanager
-def _known(ctx: OutsideContext, choice: Choice) -> Iterator[Known | None]:
-    """The root cache's verified pairs for a registry's or a file's blobs (an engine's export is
-    read whole anyway), unless --no-cache; a cache folder that is not the runner's own is said in
-    the evidence and every blob read."""
-    if ctx.no_cache:
-        yield None
-        return
-    try:
-        cache = RootCache(ctx.cache_dir)
-    except ImagegateError as e:
-        choice.notes.append(f"no verified pairs used: {e}")
-        yield None
-        return
-    with cache:
-        yield Known(cache.pairs)
 
 
 def _no_image(ctx: OutsideContext, choice: Choice) -> Outcome:

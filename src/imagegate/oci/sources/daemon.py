@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from imagegate._support import interrupts
-from imagegate.errors import EngineError, UsageError, describe_exception
-from imagegate.oci.engineapi import EngineClient, connect, engine_endpoint, inspect_image
+from imagegate.errors import EngineError, UsageError
+from imagegate.oci.engineapi import Engine, EngineNotFound, connect, engine_endpoint, inspect_image
 from imagegate.oci.readahead import ThreadedReader
 from imagegate.oci.reference import ImageName, parse_image_name
 from imagegate.oci.sources.archive import TarStream
@@ -113,9 +113,7 @@ def _sizeof(n: int) -> str:
 
 
 class DaemonArchive(TarStream):
-    def __init__(
-        self, image: ImageName | str, client: EngineClient | None = None, *, timeout: float | None = None
-    ):
+    def __init__(self, image: ImageName | str, client: Engine | None = None, *, timeout: float | None = None):
         name = image if isinstance(image, ImageName) else parse_image_name(image, "docker-daemon: image")
         ref = name.text
         # saving a bare repository name would save all of its tags: one image, `:latest`
@@ -125,7 +123,7 @@ class DaemonArchive(TarStream):
         self.first_byte_s: float | None = None  # how long the engine prepared, once known
         super().__init__(f"docker-daemon:{ref}", lambda: None)
 
-    def _engine(self) -> EngineClient:
+    def _engine(self) -> Engine:
         if self._client is not None:
             return self._client
         try:
@@ -138,29 +136,22 @@ class DaemonArchive(TarStream):
         return self._client
 
     def open_raw(self, waiting: Waiting | None) -> EngineStream:
-        import requests
-        from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+        from docker.errors import APIError, DockerException, NotFound
 
         client = self._engine()
         engine = f"the engine ({engine_endpoint(client)})"
-        not_found = (ImageNotFound, NotFound)
         try:
             inspect_image(client, self.ref)
-        except not_found as e:
+        except EngineNotFound as e:
             raise UsageError(
                 f"{self.description}: the engine has no image {self.ref} ({engine_endpoint(client)})",
                 hint="list its images with `docker images`; pull or load the image first",
             ) from e
         except EngineError as e:
             raise EngineError(f"{self.description}: {e}", hint=e.hint) from e
-        except (APIError, DockerException, requests.exceptions.RequestException) as e:
-            raise EngineError(
-                f"{self.description}: {engine} could not be asked for {self.ref}: {describe_exception(e)}",
-                hint="is the engine running? DOCKER_HOST selects it (e.g. unix:///run/podman.sock for Podman)",
-            ) from e
+        api = client.api  # the export streams through the SDK's session
 
         def start() -> Iterator[bytes]:
-            api = client.api
             log.debug("%s: asking %s for the export of %s", self.description, engine, self.ref)
             # The SDK's get_image() waits for the first byte under the client's read timeout
             # (60 s by default): far less than an engine takes to prepare a 10 GB export. The
@@ -174,7 +165,7 @@ class DaemonArchive(TarStream):
             return _until_end(chunks, interrupts.on_stop(functools.partial(interrupts.shutdown_socket, sock)))
 
         def describe(error: BaseException, nbytes: int, elapsed: float) -> Exception:
-            if isinstance(error, not_found):
+            if isinstance(error, NotFound):  # ImageNotFound is one
                 return UsageError(f"{self.description}: {engine} has no image {self.ref} (any more)")
             if isinstance(error, (APIError, DockerException)):
                 return EngineError(
