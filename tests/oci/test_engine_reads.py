@@ -179,7 +179,7 @@ def test_an_endless_error_body_is_read_to_64_kib(engine: Engine) -> None:
     engine.answers["/v1.50/images/x/json"] = stream(status=500)
     with pytest.raises(EngineAnswered) as caught:
         engineapi.inspect_image(_connect(engine), "x")
-    assert caught.value.status_code == 500 and len(caught.value.explanation) <= 1000
+    assert caught.value.status_code == 500 and len(caught.value.explanation) == 1000  # cut for a message
     assert engine.sent < MAX_ERROR_BYTES + (2 << 20)
 
 
@@ -243,6 +243,13 @@ def test_no_engine_at_the_socket_is_not_reachable_naming_it(tmp_path: Path) -> N
         str(caught.value) == f"container engine at unix://{where}: not reachable (no such file or directory)"
     )
     assert caught.value.hint and "DOCKER_HOST" in caught.value.hint
+
+
+def test_no_engine_at_docker_host_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    where = tmp_path / "gone.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{where}")
+    with pytest.raises(EngineError, match=f"^container engine at unix://{where}: not reachable"):
+        engineapi.connect(None, timeout=1)
 
 
 def test_a_silent_engine_ends_at_the_read_timeout(engine: Engine) -> None:

@@ -340,8 +340,7 @@ def connect(host: str | None, *, timeout: float) -> Engine:
         if not isinstance(cause, OSError):  # nothing listens, no such socket (requests' errors are OSErrors)
             raise
         raise EngineError(
-            f"container engine at {host or os.environ.get('DOCKER_HOST') or 'the default socket'}: "
-            f"not reachable ({describe_exception(cause)})",
+            f"container engine at {engine.endpoint}: not reachable ({describe_exception(cause)})",
             hint=_UNREACHABLE_HINT,
         ) from e
     if not isinstance(api_version, str) or not _API_VERSION.fullmatch(api_version):
