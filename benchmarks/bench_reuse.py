@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -50,9 +51,9 @@ def main() -> int:
     a = ap.parse_args()
     size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", a.image],
                               capture_output=True, text=True, check=True).stdout)  # fmt: skip
-    import imagegate
-
-    compileall.compile_dir(Path(imagegate.__file__).parent, quiet=1)
+    spec = importlib.util.find_spec("imagegate")
+    assert spec is not None and spec.origin is not None
+    compileall.compile_dir(Path(spec.origin).parent, quiet=1)
     work = Path(tempfile.mkdtemp(prefix="bench-reuse-"))
     key, out = work / "k", work / "runs"
     subprocess.run([sys.executable, "-c", f"from imagegate.attest import keys; keys.write_keypair(__import__('pathlib').Path('{key}'), keys.generate(), None)"], check=True)  # fmt: skip
