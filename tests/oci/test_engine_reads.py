@@ -30,7 +30,7 @@ Answer = Callable[["Handler"], None]
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: Engine
+    server: Engine | TcpEngine
 
     def log_message(self, *args: object) -> None:
         pass
@@ -86,6 +86,29 @@ def stream(declared: str | None = None, status: int = 200) -> Answer:
 
 def silent(h: Handler) -> None:
     time.sleep(3)  # no byte: the client's read timeout or deadline ends the wait
+
+
+class TcpEngine(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """The same answers on 127.0.0.1 (DOCKER_HOST=tcp://…): read through the Docker SDK's session."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.paths: list[str] = []
+        self.sent = 0
+        self.answers: dict[str, Answer] = {"/version": lambda h: send(h, VERSION)}
+
+
+@pytest.fixture
+def tcp_engine() -> Iterator[TcpEngine]:
+    server = TcpEngine()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture
@@ -280,3 +303,36 @@ def test_no_sdk_client_is_made_for_the_reads(engine: Engine) -> None:
     engineapi.version(e)
     assert e._sdk is None
     e.close()  # nothing to close
+
+
+def test_a_tcp_engine_is_read_through_the_sdks_session_with_the_same_bounds(tcp_engine: TcpEngine) -> None:
+    """tcp (and TLS, ssh) addresses keep the SDK's transport: the same bounds, the same errors."""
+    tcp_engine.answers["/v1.50/images/x/json"] = lambda h: send(h, IMAGE)
+    tcp_engine.answers["/v1.50/images/gone/json"] = lambda h: send(h, {"message": "No such image: gone"}, 404)
+    tcp_engine.answers["/v1.50/images/broken/json"] = lambda h: send(h, {"message": "store broken"}, 500)
+    tcp_engine.answers["/v1.50/images/huge/json"] = stream(declared=str(10 << 30))
+    tcp_engine.answers["/v1.50/images/endless/json"] = stream()
+    e = engineapi.connect(f"tcp://127.0.0.1:{tcp_engine.server_address[1]}", timeout=5)
+    assert e.socket_path is None and e.api_version == "1.50" and e._sdk is not None
+    assert engineapi.inspect_image(e, "x") == IMAGE
+    with pytest.raises(EngineNotFound, match="its answer to GET /images/gone/json: 404 No such image: gone"):
+        engineapi.inspect_image(e, "gone")
+    with pytest.raises(EngineAnswered, match="500 store broken") as caught:
+        engineapi.inspect_image(e, "broken")
+    assert type(caught.value) is EngineAnswered and caught.value.status_code == 500
+    with pytest.raises(EngineError, match=f"declares {10 << 30}"):
+        engineapi.inspect_image(e, "huge")
+    with pytest.raises(EngineError, match=f"larger than {MAX_ENGINE_JSON_BYTES} bytes"):
+        engineapi.inspect_image(e, "endless")
+    assert tcp_engine.paths[:2] == [
+        "/version",
+        "/v1.50/images/x/json",
+    ]  # the SDK asked at the engine's version
+    e.close()
+
+
+def test_no_tcp_engine_is_not_reachable_naming_it() -> None:
+    with socketserver.TCPServer(("127.0.0.1", 0), Handler) as closed:
+        port = closed.server_address[1]  # a port nothing listens on once closed
+    with pytest.raises(EngineError, match=f"^container engine at tcp://127.0.0.1:{port}: not reachable"):
+        engineapi.connect(f"tcp://127.0.0.1:{port}", timeout=1)
