@@ -8,6 +8,7 @@ set per test; it records each request's path and how many body bytes it got out.
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import json
 import socketserver
@@ -54,10 +55,12 @@ class Engine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.answers: dict[str, Answer] = {"/version": lambda h: send(h, VERSION)}
 
 
-def send(h: Handler, doc: object, status: int = 200, raw: bytes | None = None) -> None:
+def send(h: Handler, doc: object, status: int = 200, raw: bytes | None = None, encoding: str = "") -> None:
     body = json.dumps(doc).encode() if raw is None else raw
     h.send_response(status)
     h.send_header("Content-Type", "application/json")
+    if encoding:
+        h.send_header("Content-Encoding", encoding)
     h.send_header("Content-Length", str(len(body)))
     h.end_headers()
     h.wfile.write(body)
@@ -336,3 +339,45 @@ def test_no_tcp_engine_is_not_reachable_naming_it() -> None:
         port = closed.server_address[1]  # a port nothing listens on once closed
     with pytest.raises(EngineError, match=f"^container engine at tcp://127.0.0.1:{port}: not reachable"):
         engineapi.connect(f"tcp://127.0.0.1:{port}", timeout=1)
+
+
+def _both(engine: Engine, tcp_engine: TcpEngine) -> list[tuple[Engine | TcpEngine, engineapi.Engine]]:
+    return [
+        (engine, _connect(engine)),
+        (tcp_engine, engineapi.connect(f"tcp://127.0.0.1:{tcp_engine.server_address[1]}", timeout=5)),
+    ]
+
+
+def test_an_answer_in_an_encoding_not_asked_for_is_not_inflated(
+    engine: Engine, tcp_engine: TcpEngine
+) -> None:
+    """Identity is asked for: a gzip body (a bomb, or an odd proxy) is read as the bytes it is."""
+    for server, e in _both(engine, tcp_engine):
+        server.answers["/v1.50/images/x/json"] = lambda h: send(
+            h, None, raw=gzip.compress(json.dumps(IMAGE).encode()), encoding="gzip"
+        )
+        server.answers["/v1.50/images/y/json"] = lambda h: send(
+            h, None, 500, raw=gzip.compress(b'{"message":"store broken"}'), encoding="gzip"
+        )
+        with pytest.raises(EngineError, match="its answer to GET /images/x/json is not JSON"):
+            engineapi.inspect_image(e, "x")
+        with pytest.raises(EngineAnswered) as caught:
+            engineapi.inspect_image(e, "y")
+        assert caught.value.status_code == 500 and "store broken" not in caught.value.explanation
+
+
+def test_the_sdks_session_takes_the_same_statuses_and_limits(tcp_engine: TcpEngine) -> None:
+    doc = {"Id": "sha256:" + "c" * 64, "Pad": ""}
+    doc["Pad"] = "x" * (MAX_ENGINE_JSON_BYTES - len(json.dumps(doc)))
+    tcp_engine.answers["/v1.50/images/big/json"] = lambda h: send(h, doc)
+    tcp_engine.answers["/v1.50/images/bad/json"] = lambda h: send(
+        h, {"message": "invalid reference format"}, 400
+    )
+    tcp_engine.answers["/v1.50/images/odd/json"] = lambda h: send(h, ["not", "an", "object"], 500)
+    e = engineapi.connect(f"tcp://127.0.0.1:{tcp_engine.server_address[1]}", timeout=5)
+    assert engineapi.inspect_image(e, "big")["Id"] == doc["Id"]  # at the limit: read
+    with pytest.raises(EngineAnswered, match="400 invalid reference format"):
+        engineapi.inspect_image(e, "bad")
+    # The SDK reads an error's `message` from a JSON object: a list makes it fail, said as ours.
+    with pytest.raises(EngineError, match="answered 500 with a malformed error"):
+        engineapi.inspect_image(e, "odd")
